@@ -1,0 +1,86 @@
+"""``GET /hub/api/gpulab/me``: the caller's teams, quota, profiles and GPU sessions.
+
+The lab extension's sidebar and the job dialog read this; admins may pass
+``?user=NAME`` to see another user's view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado import web
+
+from spawner.policy import choices_for_user, device_capacity
+from spawner.units import format_gpus
+
+from ..scopes import ADMIN, JOBS
+from .base import GPULabAPIHandler
+
+
+def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
+    """JSON-ready view of what ``user_name`` may start and holds now."""
+    packer = runtime.packer
+    capacity = (lambda p: device_capacity(packer, p)) if packer is not None else None
+    choices = choices_for_user(runtime.catalog, runtime.ledger, user_name, groups, capacity)
+    teams: dict[str, dict[str, Any]] = {}
+    for team in runtime.catalog.teams_for(user_name, groups):
+        u = runtime.ledger.usage(team.name)
+        teams[team.name] = {
+            "name": team.name,
+            "display_name": team.label,
+            "guarantee_milli": team.guarantee_milli,
+            "burst_milli": team.burst_milli,
+            "per_user_cap_milli": team.per_user_cap_milli,
+            "held_milli": u.held_milli,
+            "in_quota_milli": u.in_quota_milli,
+            "over_quota_milli": u.over_quota_milli,
+            "free_milli": u.free_milli,
+            "user_held_milli": runtime.ledger.user_held(team.name, user_name),
+            "summary": f"{format_gpus(u.free_milli)} of {format_gpus(team.burst_milli)} GPUs free for team {team.name}",
+            "profiles": [],
+        }
+    for c in choices:
+        teams[c.team.name]["profiles"].append({
+            "slug": c.profile.slug,
+            "display_name": c.profile.display_name,
+            "description": c.profile.description,
+            "gpu_milli": c.profile.gpu_milli,
+            "gpu_model": c.profile.gpu_model,
+            "priority_class": c.profile.priority_class.name,
+            "available": c.available,
+            "reason": c.reason,
+            "over_quota": c.over_quota,
+            "capacity": c.capacity_summary,
+            "images": [{"slug": i.slug, "display_name": i.display_name} for i in c.profile.images],
+        })
+    holdings = [
+        {"key": w.key, "team": w.team, "profile": w.profile, "gpu_milli": w.milli, "kind": w.kind,
+         "over_quota": w.over_quota, "state": w.state}
+        for w in runtime.ledger.workloads() if w.user == user_name
+    ]
+    return {"user": user_name, "teams": list(teams.values()), "holdings": holdings}
+
+
+class MeHandler(GPULabAPIHandler):
+    async def get(self) -> None:
+        if not self.current_user:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        target = self.get_argument("user", None)
+        if target is None:
+            target = self.caller_name
+            if getattr(self.current_user, "kind", "user") != "user":
+                raise web.HTTPError(400, "a service must name a user with ?user=NAME")
+            if not (self.has_scope(JOBS, target) or self.has_scope("read:users", target)):
+                raise web.HTTPError(403, f"requires {JOBS}")
+        else:
+            if len(target) > 255:
+                raise web.HTTPError(400, "user name too long")
+            if not (self.has_scope(ADMIN) or self.has_scope(JOBS, target)):
+                raise web.HTTPError(403, f"requires {ADMIN} to read another user's GPU view")
+        user = self.find_user(target)
+        if user is None:
+            raise web.HTTPError(404, f"no such user {target!r}")
+        self.write_json(user_view(self.gpulab, user.name, [g.name for g in user.groups]))
+
+
+handlers = [(r"/api/gpulab/me", MeHandler)]

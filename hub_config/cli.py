@@ -1,0 +1,72 @@
+"""The ``gpulab`` command: ``gpulab up`` and ``gpulab check-config FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from spawner.catalog import CatalogError, catalog_from_yaml
+from spawner.units import format_gpus
+
+CONFIG = Path(__file__).with_name("jupyterhub_config.py")
+
+
+def check_config(path: str) -> int:
+    """Validate a teams/profiles YAML file; print every problem, one per line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        print(f"{path}: cannot read: {e.strerror or e}", file=sys.stderr)
+        return 2
+    try:
+        catalog = catalog_from_yaml(text, path)
+    except CatalogError as e:
+        for issue in e.issues:
+            print(issue.format(path))
+        print(f"{path}: {len(e.issues)} problem(s) found", file=sys.stderr)
+        return 1
+    print(f"{path}: OK: {len(catalog.teams)} team(s), {len(catalog.profiles)} profile(s)")
+    for team in catalog.teams.values():
+        profiles = ", ".join(p.slug for p in catalog.profiles_for(team)) or "none"
+        print(f"  team {team.name}: guarantee {format_gpus(team.guarantee_milli)} GPU, "
+              f"burst {format_gpus(team.burst_milli)} GPU; profiles: {profiles}")
+    return 0
+
+
+def up(args: argparse.Namespace, extra: list[str]) -> int:
+    """Start the embedded hub (exec jupyterhub with gpulab's config)."""
+    env = os.environ
+    env.setdefault("GPULAB_BIND", f"http://{args.ip}:{args.port}")
+    if args.catalog:
+        env["GPULAB_CATALOG"] = str(Path(args.catalog).resolve())
+    if args.data_dir:
+        env["GPULAB_DATA_DIR"] = str(Path(args.data_dir).resolve())
+    jupyterhub = Path(sys.executable).with_name("jupyterhub")
+    cmd = [str(jupyterhub), "-f", str(CONFIG), *extra]
+    print(f"gpulab: starting the embedded hub on {env['GPULAB_BIND']}", file=sys.stderr, flush=True)
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpulab", description="Self-service fractional GPUs for JupyterHub.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start the embedded single-server hub")
+    p_up.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p_up.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p_up.add_argument("--catalog", help="teams/profiles YAML (default: the demo teams)")
+    p_up.add_argument("--data-dir", help="where the hub keeps its state (default ./.gpulab)")
+    p_check = sub.add_parser("check-config", help="validate a teams/profiles YAML file")
+    p_check.add_argument("file")
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "check-config":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return check_config(args.file)
+    return up(args, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

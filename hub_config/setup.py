@@ -1,0 +1,38 @@
+"""``configure_gpulab(c)``: what every gpulab hub needs, embedded or on Kubernetes.
+
+Registers the hub-side APIs, the custom scopes and roles, and the templates.
+Called from ``hub_config/jupyterhub_config.py`` (embedded) and from the z2jh
+overlay's ``hub.extraConfig``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import scopes
+
+TEMPLATES = str(Path(__file__).parent / "templates")
+
+
+def configure_gpulab(c, *, admin_users: list[str] | None = None) -> None:
+    from .api import all_handlers
+
+    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + all_handlers()
+    custom = dict(c.JupyterHub.get("custom_scopes", {}))
+    custom.update(scopes.CUSTOM_SCOPES)
+    c.JupyterHub.custom_scopes = custom
+    existing = [r for r in c.JupyterHub.get("load_roles", []) if r.get("name") not in ("user", "server")]
+    ours = scopes.roles(admin_users)
+    by_name = {r["name"]: r for r in existing}
+    for role in ours:
+        if role["name"] in by_name:
+            merged = by_name[role["name"]]
+            merged["scopes"] = sorted(set(merged.get("scopes", [])) | set(role["scopes"]))
+            merged["users"] = sorted(set(merged.get("users", [])) | set(role.get("users", [])))
+        else:
+            existing.append(role)
+    c.JupyterHub.load_roles = existing
+    paths = list(c.JupyterHub.get("template_paths", []))
+    if TEMPLATES not in paths:
+        paths.insert(0, TEMPLATES)
+    c.JupyterHub.template_paths = paths

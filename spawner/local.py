@@ -1,0 +1,304 @@
+"""The single-server spawners: JupyterHub's local process spawners + the GPU core.
+
+``GPULocalSpawner`` (entry point ``gpu-local``) runs each server as the
+user's own system account, like ``LocalProcessSpawner``;
+``GPUSimpleLocalSpawner`` (``gpu-simple-local``, the embedded default) runs
+every server as the hub's own account with a home per user, like
+``SimpleLocalProcessSpawner``. Both:
+
+- offer the profiles of the user's teams with live availability;
+- validate the choice again on the server and reserve quota in the shared
+  ledger before anything starts;
+- place the request on physical devices (best fit, never above one GPU per
+  device) and start the server with ``CUDA_VISIBLE_DEVICES`` and variables
+  that tell the user's code its share;
+- free the share at once when the server stops or dies, and re-adopt it from
+  saved state after a hub restart.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from tornado import web
+from traitlets import Bool, CaselessStrEnum, default
+from traitlets.config import LoggingConfigurable
+
+from .config import GPULabRuntime, get_runtime
+from .form import options_from_formdata, render_options_form
+from .ledger import Workload
+from .packer import DevicePacker, Placement, devices_from_inventory
+from .policy import Capacity, PolicyError, SpawnRequest, choices_for_user, device_capacity, resolve_request
+from .units import format_gpus, milli_to_fraction_str
+
+
+def workload_key(username: str, server_name: str) -> str:
+    """Ledger key of a notebook server (one per user and named server)."""
+    return f"notebook:{username}/{server_name}"
+
+
+class GPULocalMixin(LoggingConfigurable):
+    """GPU profiles, quota and device placement for local-process spawners."""
+
+    #: What this server holds (team, profile, milli, devices); saved in the hub's state.
+    _gpulab_state: dict[str, Any] | None = None
+
+    gpu_inventory_source = CaselessStrEnum(
+        ["auto", "nvml", "declared"],
+        default_value="auto",
+        config=True,
+        help="""Where the GPU inventory comes from. `auto`: NVML when an NVIDIA
+        driver is present, else the declared inventory (`c.GPULab.inventory`),
+        labelled as declared on the spawn page. `nvml`: refuse to start without
+        a driver. `declared`: always use the declared inventory.""",
+    )
+    allow_root_when_root = Bool(
+        True,
+        config=True,
+        help="""Pass `--allow-root` to the single-user server when (and only when)
+        the hub runs as root; jupyter-server refuses to start as root otherwise.""",
+    )
+
+    # -- runtime ------------------------------------------------------------
+
+    @property
+    def gpulab(self) -> GPULabRuntime:
+        runtime = get_runtime(parent=self)
+        if runtime.packer is None:
+            with runtime.lock:
+                if runtime.packer is None:
+                    self._init_packer(runtime)
+        return runtime
+
+    def _init_packer(self, runtime: GPULabRuntime) -> None:
+        devices = None
+        if self.gpu_inventory_source in ("auto", "nvml"):
+            from .nvml import detect_gpus
+
+            devices = detect_gpus()
+            if devices is None and self.gpu_inventory_source == "nvml":
+                raise RuntimeError("gpu_inventory_source is 'nvml' but NVML found no NVIDIA driver")
+        if devices:
+            source = "nvml"
+        else:
+            devices = devices_from_inventory(runtime.catalog.inventory)
+            source = "declared"
+        runtime.packer = DevicePacker(devices)
+        runtime.inventory_source = source  # type: ignore[attr-defined]
+        self.log.info(
+            "gpulab: %d GPU(s) from %s: %s", len(devices), source,
+            ", ".join(sorted({d.model for d in devices})) or "none",
+        )
+
+    def _groups(self) -> list[str]:
+        return [g.name for g in getattr(self.user, "groups", [])]
+
+    @property
+    def _key(self) -> str:
+        return workload_key(self.user.name, self.name or "")
+
+    # -- the spawn page -----------------------------------------------------
+
+    def _capacity(self, profile) -> Capacity:
+        return device_capacity(self.gpulab.packer, profile)
+
+    def inventory_note(self) -> tuple[str, bool]:
+        runtime = self.gpulab
+        packer = runtime.packer
+        counts: dict[str, int] = {}
+        for d in packer.devices.values():
+            counts[d.model] = counts.get(d.model, 0) + 1
+        what = ", ".join(f"{n} × {m}" for m, n in counts.items()) or "no GPUs"
+        if getattr(runtime, "inventory_source", "declared") == "nvml":
+            return f"This server: {what} (detected by NVML).", False
+        return f"This server: {what} declared in config — not detected (no NVIDIA driver found).", True
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._render_options_form
+
+    def _render_options_form(self, spawner=None) -> str:
+        runtime = self.gpulab
+        choices = choices_for_user(runtime.catalog, runtime.ledger, self.user.name, self._groups(), self._capacity)
+        note, declared = self.inventory_note()
+        return render_options_form(choices, note, declared)
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
+        try:
+            options = options_from_formdata(formdata)
+            self._resolve(options, check_now=True)
+        except PolicyError as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        return options
+
+    def _resolve(self, options: dict[str, Any], check_now: bool = False) -> SpawnRequest:
+        runtime = self.gpulab
+        request = resolve_request(runtime.catalog, self.user.name, self._groups(), options)
+        if check_now:
+            # Early feedback on the form; start() decides for real, atomically.
+            decision = runtime.ledger.admit(request.team.name, self.user.name, request.milli,
+                                            may_burst=request.profile.priority_class.may_burst)
+            if not decision.allowed:
+                raise PolicyError(decision.reason, 403)
+            if request.milli:
+                cap = self._capacity(request.profile)
+                if not cap.ok:
+                    raise PolicyError(cap.reason, 409)
+        return request
+
+    # -- start / stop -------------------------------------------------------
+
+    async def start(self):
+        runtime = self.gpulab
+        try:
+            request = self._resolve(dict(self.user_options or {}))
+        except PolicyError as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        key = self._key
+        profile = request.profile
+        decision = runtime.ledger.reserve(
+            key, request.team.name, self.user.name, request.milli,
+            profile=profile.slug, kind="notebook", may_burst=profile.priority_class.may_burst,
+        )
+        if not decision.allowed:
+            self.log.warning("gpulab: refused %s: %s", key, decision.reason)
+            raise web.HTTPError(403, decision.reason)
+        placement: Placement | None = None
+        if request.milli:
+            with runtime.lock:
+                placement = runtime.packer.place(
+                    key, request.milli, {profile.gpu_model} if profile.gpu_model else None
+                )
+            if placement is None:
+                runtime.ledger.release(key)
+                raise web.HTTPError(409, self._capacity(profile).reason or "no free GPU fits this profile")
+        self._gpulab_state = {
+            "team": request.team.name,
+            "profile": profile.slug,
+            "image": request.image.slug if request.image else "",
+            "milli": request.milli,
+            "over_quota": decision.over_quota,
+            "shares": [list(s) for s in placement.shares] if placement else [],
+        }
+        self.log.info(
+            "gpulab: %s admitted in team %s: %s GPU (%s) on devices %s",
+            key, request.team.name, format_gpus(request.milli), decision.quota_label,
+            placement.device_indices if placement else "()",
+        )
+        try:
+            result = await super().start()
+        except BaseException:
+            self._release()
+            raise
+        runtime.ledger.confirm(key)
+        return result
+
+    def _release(self) -> None:
+        runtime = self.gpulab
+        key = self._key
+        with runtime.lock:
+            runtime.packer.release(key)
+        if runtime.ledger.release(key) is not None:
+            self.log.info("gpulab: released %s", key)
+        self._gpulab_state = None
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None and getattr(self, "_gpulab_state", None):
+            self._release()
+        return status
+
+    async def stop(self, now: bool = False):
+        try:
+            await super().stop(now=now)
+        finally:
+            self._release()
+
+    # -- environment --------------------------------------------------------
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        env.update(self.gpu_env())
+        return env
+
+    def gpu_env(self) -> dict[str, str]:
+        """Variables that tell the user's code which GPUs it has and its share."""
+        state = getattr(self, "_gpulab_state", None)
+        if not state:
+            return {}
+        env = {
+            "GPULAB_TEAM": state["team"],
+            "GPULAB_PROFILE": state["profile"],
+            "GPULAB_GPU_MILLI": str(state["milli"]),
+            "GPULAB_GPU_FRACTION": milli_to_fraction_str(state["milli"]),
+            "GPULAB_QUOTA": "over-quota" if state["over_quota"] else "in-quota",
+            "GPULAB_PREEMPTIBLE": "1" if state["over_quota"] else "0",
+        }
+        shares = state.get("shares") or []
+        if not shares:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            return env
+        devices = self.gpulab.packer.devices
+        chosen = [devices[i] for i, _ in shares]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in chosen)
+        env["GPULAB_GPU_MODEL"] = chosen[0].model
+        env["GPULAB_GPU_SOURCE"] = chosen[0].source
+        if state["milli"] < 1000:
+            per_device = shares[0][1]
+            memory_mib = chosen[0].memory_mib * per_device // 1000
+            env["GPULAB_GPU_MEMORY_MIB"] = str(memory_mib)
+            # Framework knobs that keep a process inside its share of memory.
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = milli_to_fraction_str(per_device)
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+            env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+        else:
+            env["GPULAB_GPU_MEMORY_MIB"] = str(sum(d.memory_mib for d in chosen))
+        return env
+
+    def get_args(self) -> list[str]:
+        args = super().get_args()
+        if self.allow_root_when_root and hasattr(os, "geteuid") and os.geteuid() == 0:
+            args.append("--allow-root")
+        return args
+
+    # -- hub restarts -------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if getattr(self, "_gpulab_state", None):
+            state["gpulab"] = self._gpulab_state
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        saved = state.get("gpulab")
+        if not saved or not state.get("pid"):
+            return
+        # A server that was running before the hub restarted: count it again.
+        runtime = self.gpulab
+        key = self._key
+        runtime.ledger.adopt(Workload(
+            key, saved["team"], self.user.name, int(saved["milli"]), saved["profile"],
+            "notebook", bool(saved["over_quota"]),
+        ))
+        if saved.get("shares"):
+            with runtime.lock:
+                try:
+                    runtime.packer.adopt(key, saved["shares"])
+                except Exception as e:
+                    self.log.error("gpulab: cannot re-adopt devices of %s: %s", key, e)
+        self._gpulab_state = saved
+        self.log.info("gpulab: re-adopted %s (%s GPU in team %s)", key, format_gpus(int(saved["milli"])), saved["team"])
+
+    def clear_state(self) -> None:
+        super().clear_state()
+
+
+class GPULocalSpawner(GPULocalMixin, LocalProcessSpawner):
+    """Local processes as each user's own system account, with GPU profiles."""
+
+
+class GPUSimpleLocalSpawner(GPULocalMixin, SimpleLocalProcessSpawner):
+    """All servers as the hub's account (one-box demo / lab), with GPU profiles."""

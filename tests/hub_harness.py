@@ -1,0 +1,214 @@
+"""A real JupyterHub (with configurable-http-proxy) for integration tests.
+
+Starts ``jupyterhub`` as a subprocess from a config file that calls the same
+``configure_embedded(c)`` the product uses, plus test-only lines (an admin
+service token). Nothing in the hub is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningHub:
+    """One hub process; ``start()``, ``stop()``, ``restart()``; HTTP helpers."""
+
+    def __init__(self, workdir: Path, catalog_yaml: str | None = None, extra_config: str = "",
+                 env: dict[str, str] | None = None, admin_scopes: list[str] | None = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.hub_port = free_port()
+        self.api_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = secrets.token_hex(16)
+        self.catalog_path = self.workdir / "catalog.yaml"
+        if catalog_yaml is not None:
+            self.catalog_path.write_text(catalog_yaml)
+        else:
+            self.catalog_path.write_text((REPO / "hub_config" / "demo-teams.yaml").read_text())
+        self.log_path = self.workdir / "hub.log"
+        self.proc: subprocess.Popen | None = None
+        self.env = dict(env or {})
+        scopes = admin_scopes or [
+            "admin:users", "admin:servers", "admin:server_state", "list:users", "read:users",
+            "read:servers", "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs",
+        ]
+        self.config_path = self.workdir / "jupyterhub_config.py"
+        self.config_path.write_text(textwrap.dedent(f"""
+            from hub_config.embedded import configure_embedded
+            c = get_config()
+            configure_embedded(c)
+            c.JupyterHub.hub_port = {self.hub_port}
+            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
+            c.JupyterHub.services = list(c.JupyterHub.get("services", [])) + [
+                {{"name": "test-admin", "api_token": "{self.token}"}}]
+            c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [
+                {{"name": "test-admin", "scopes": {scopes!r}, "services": ["test-admin"]}}]
+            c.JupyterHub.log_level = "DEBUG"
+        """) + textwrap.dedent(extra_config))
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self, timeout: float = 60) -> RunningHub:
+        env = dict(os.environ)
+        env.update({
+            "GPULAB_BIND": self.url,
+            "GPULAB_DATA_DIR": str(self.workdir / "data"),
+            "GPULAB_CATALOG": str(self.catalog_path),
+            "PATH": f"{VENV_BIN}:{REPO / 'node_modules' / '.bin'}:{env.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(self.env)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_path)],
+            cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"hub did not come up in {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, kill_servers: bool = False) -> None:
+        """Stop the hub (and its proxy). Single-user servers keep running unless ``kill_servers``."""
+        if kill_servers:
+            self._kill_servers()
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.proc = None
+        # configurable-http-proxy runs in the hub's session; make sure it is gone.
+        pid_file = self.workdir / "data" / "jupyterhub-proxy.pid"
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+            except (ValueError, ProcessLookupError):
+                pass
+
+    def restart(self) -> RunningHub:
+        self.stop()
+        return self.start()
+
+    def _kill_servers(self) -> None:
+        try:
+            users = self.api("GET", "/users").json()
+        except Exception:
+            return
+        for u in users:
+            for name, server in (u.get("servers") or {}).items():
+                pid = (server.get("state") or {}).get("pid")
+                if pid:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+    def close(self) -> None:
+        self.stop(kill_servers=True)
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    # -- HTTP helpers -------------------------------------------------------
+
+    def api(self, method: str, path: str, token: str | None = None, **kwargs: Any) -> requests.Response:
+        headers = kwargs.pop("headers", {})
+        headers.setdefault("Authorization", f"token {token or self.token}")
+        return requests.request(method, self.url + "/hub/api" + path, headers=headers, timeout=30, **kwargs)
+
+    def login(self, username: str, password: str = "gpulab-demo") -> requests.Session:
+        s = requests.Session()
+        r = s.get(self.url + "/hub/login", timeout=10)
+        xsrf = _xsrf(r.text) or s.cookies.get("_xsrf")
+        r = s.post(self.url + "/hub/login", data={"username": username, "password": password, "_xsrf": xsrf},
+                   timeout=30, allow_redirects=True)
+        if "jupyterhub-session-id" not in s.cookies and "jupyterhub-hub-login" not in s.cookies:
+            raise RuntimeError(f"login of {username} failed: {r.status_code}")
+        return s
+
+    def spawn_page(self, session: requests.Session, server_name: str = "", user: str = "") -> requests.Response:
+        path = f"/hub/spawn/{user}/{server_name}" if server_name else "/hub/spawn"
+        return session.get(self.url + path, timeout=30)
+
+    def post_spawn(self, session: requests.Session, user: str, data: dict[str, Any],
+                   server_name: str = "") -> requests.Response:
+        page = self.spawn_page(session, server_name, user)
+        xsrf = _xsrf(page.text) or session.cookies.get("_xsrf", path="/hub/")
+        body = dict(data)
+        body.setdefault("_xsrf", xsrf)
+        path = f"/hub/spawn/{user}/{server_name}" if server_name else f"/hub/spawn/{user}"
+        return session.post(self.url + path, data=body, timeout=90, allow_redirects=False)
+
+    def wait_server(self, user: str, server_name: str = "", ready: bool = True, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        model: dict = {}
+        while time.monotonic() < deadline:
+            model = self.api("GET", f"/users/{user}").json()
+            server = (model.get("servers") or {}).get(server_name)
+            if ready and server and server.get("ready"):
+                return server
+            if not ready and not server:
+                return {}
+            time.sleep(0.3)
+        raise TimeoutError(f"server {user}/{server_name} ready={ready} not reached: {model}\n{self.log_tail()}")
+
+    def me(self, user: str) -> dict:
+        r = self.api("GET", "/gpulab/me", params={"user": user})
+        r.raise_for_status()
+        return r.json()
+
+    def holdings(self) -> list[dict]:
+        """Every ledger holding of every team member (through the hub API)."""
+        out = []
+        for u in self.api("GET", "/users").json():
+            r = self.api("GET", "/gpulab/me", params={"user": u["name"]})
+            if r.status_code == 200:
+                out.extend(r.json()["holdings"])
+        return out
+
+
+def _xsrf(html: str) -> str | None:
+    m = re.search(r'name="_xsrf" value="([^"]+)"', html)
+    return m.group(1) if m else None
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """The environment a running process was started with (Linux /proc)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
