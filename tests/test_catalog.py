@@ -1,0 +1,131 @@
+"""Catalog loading and validation, units, policy, and `gpulab check-config`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spawner.catalog import CatalogError, catalog_from_dict, catalog_from_yaml, catalog_to_dict
+from spawner.config import GPULab
+from spawner.ledger import Ledger
+from spawner.policy import PolicyError, choices_for_user, resolve_request
+from spawner.units import UnitError, format_gpus, parse_duration, parse_gpus, parse_memory
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "hub_config" / "demo-teams.yaml"
+
+
+@pytest.mark.parametrize("value, milli", [(0.25, 250), ("0.5", 500), (2, 2000), ("7.5", 7500), (0.001, 1)])
+def test_parse_gpus(value, milli):
+    assert parse_gpus(value) == milli
+
+
+@pytest.mark.parametrize("value", [-1, "0.0001", 0.2501, float("nan"), float("inf"), True, None, "1e9999", "x", [1]])
+def test_parse_gpus_refuses(value):
+    with pytest.raises(UnitError):
+        parse_gpus(value)
+
+
+@given(st.integers(0, 10**7))
+def test_format_parse_roundtrip(milli):
+    assert parse_gpus(format_gpus(milli)) == milli
+
+
+def test_units_misc():
+    assert parse_memory("16Gi") == 16 * 2**30 and parse_memory("8G") == 8 * 10**9
+    assert parse_duration("1h30m") == 5400 and parse_duration(60) == 60
+    with pytest.raises(UnitError):
+        parse_duration("soon")
+
+
+def test_demo_catalog_loads_and_roundtrips():
+    c = catalog_from_yaml(DEMO.read_text(), str(DEMO))
+    assert c.teams["vision"].burst_milli == 3000
+    assert c.profiles["h100-half"].gpu_milli == 500
+    again = catalog_from_dict(catalog_to_dict(c))
+    assert again == c
+
+
+BROKEN = """\
+profiles:
+  - slug: Bad_Slug
+    gpus: 0.25
+  - slug: ok
+    gpus: 1.5
+    priority_class: urgent
+teams:
+  - name: vision
+    guarantee: 4
+    burst: 2
+    allowed_profiles: [ok, missing]
+    per_usr_cap: 1
+"""
+
+
+def test_errors_name_file_line_key_and_problem():
+    with pytest.raises(CatalogError) as e:
+        catalog_from_yaml(BROKEN, "teams.yaml")
+    text = str(e.value)
+    assert "teams.yaml:2: profiles[0].slug: profile slug 'Bad_Slug' must be lowercase" in text
+    assert "teams.yaml:5: profiles[1].gpus: 1.5 GPUs: more than one GPU must be a whole number" in text
+    assert "teams.yaml:6: profiles[1].priority_class: unknown priority class 'urgent'" in text
+    assert "teams.yaml:10: teams[0].burst: burst limit (2 GPUs) is below the guarantee (4 GPUs)" in text
+    assert "teams.yaml:11: teams[0].allowed_profiles[1]: unknown profile 'missing'" in text
+    assert "teams.yaml:12: teams[0].per_usr_cap: unknown key (did you mean 'per_user_cap'?)" in text
+
+
+def test_invalid_yaml_reports_line():
+    with pytest.raises(CatalogError) as e:
+        catalog_from_yaml("teams:\n  - name: [unclosed\n", "x.yaml")
+    assert "x.yaml:" in str(e.value) and "not valid YAML" in str(e.value)
+
+
+def test_traitlets_config_merges_with_file(tmp_path):
+    cfg = GPULab(catalog_file=str(DEMO), teams=[{"name": "extra", "users": ["zed"], "guarantee": 1}])
+    c = cfg.load_catalog()
+    assert set(c.teams) == {"vision", "nlp", "extra"}
+    dup = GPULab(catalog_file=str(DEMO), teams=[{"name": "vision"}])
+    with pytest.raises(CatalogError, match="duplicate team name 'vision'"):
+        dup.load_catalog()
+    missing = GPULab(catalog_file=str(tmp_path / "nope.yaml"))
+    with pytest.raises(CatalogError, match="cannot read"):
+        missing.load_catalog()
+
+
+def test_check_config_cli(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(DEMO)],
+                        capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0 and "OK: 2 team(s), 6 profile(s)" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BROKEN)
+    out = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(bad)],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 1
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 6 and all(line.startswith(f"{bad}:") for line in lines)
+
+
+def test_policy_choices_and_resolution():
+    c = catalog_from_yaml(DEMO.read_text(), "demo")
+    ledger = Ledger(c.teams)
+    choices = choices_for_user(c, ledger, "alice")
+    assert {ch.team.name for ch in choices} == {"vision", "nlp"}
+    assert all(ch.available for ch in choices)
+    assert not any(ch.profile.slug == "h100-4" and ch.team.name == "vision" for ch in choices)
+    with pytest.raises(PolicyError, match="several teams"):
+        resolve_request(c, "alice", [], {"profile": "h100-half"})
+    r = resolve_request(c, "bob", [], {"profile": "h100-half"})
+    assert r.team.name == "vision" and r.milli == 500
+    for bad, status in [({"profile": "h100-4"}, 403), ({"profile": "nope"}, 400),
+                        ({"profile": "h100-half", "team": "nlp"}, 403),
+                        ({"profile": "h100-half", "gpus": 8}, 400), ({"profile": 5}, 400)]:
+        with pytest.raises(PolicyError) as e:
+            resolve_request(c, "bob", [], bad)
+        assert e.value.status == status
+    with pytest.raises(PolicyError, match="not a member of any GPU team"):
+        resolve_request(c, "mallory", [], {"profile": "h100-half"})
