@@ -45,16 +45,15 @@ fi
 STAMP=.venv/.gpulab-install
 EXTRAS="kubernetes,lab"
 [[ $WANT_TEST == 1 ]] && EXTRAS="kubernetes,lab,test"
-HASH="$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS"
-if [[ ! -f $STAMP ]] || ! grep -qx -- "$HASH" "$STAMP" 2>/dev/null; then
-  if [[ -f $STAMP ]] && grep -q "kubernetes,lab,test" "$STAMP" && [[ $WANT_TEST == 0 ]] && grep -q "^$(cat pyproject.toml | sha256sum | cut -c1-16)" "$STAMP"; then
-    : # a test install is a superset of the run install
-  else
-    log "pip install -e .[$EXTRAS]"
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
-    echo "$HASH" > "$STAMP"
-  fi
+PYPROJECT_HASH=$(sha256sum pyproject.toml | cut -c1-16)
+# The stamp records the pyproject hash and the extras installed; a test
+# install also satisfies the run install.
+if ! grep -qx -- "$PYPROJECT_HASH $EXTRAS" "$STAMP" 2>/dev/null \
+   && ! { [[ $WANT_TEST == 0 ]] && grep -qx -- "$PYPROJECT_HASH kubernetes,lab,test" "$STAMP" 2>/dev/null; }; then
+  log "pip install -e .[$EXTRAS]"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+  echo "$PYPROJECT_HASH $EXTRAS" > "$STAMP"
 fi
 
 # 3. npm packages (configurable-http-proxy), from the committed lock file.
