@@ -18,6 +18,7 @@ every server as the hub's own account with a home per user, like
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -27,16 +28,47 @@ from traitlets import Bool, CaselessStrEnum, default
 from traitlets.config import LoggingConfigurable
 
 from .config import GPULabRuntime, get_runtime
+from .env import gpu_env
 from .form import options_from_formdata, render_options_form
 from .ledger import Workload
 from .packer import DevicePacker, Placement, devices_from_inventory
 from .policy import Capacity, PolicyError, SpawnRequest, choices_for_user, device_capacity, resolve_request
-from .units import format_gpus, milli_to_fraction_str
+from .units import format_gpus
 
 
 def workload_key(username: str, server_name: str) -> str:
     """Ledger key of a notebook server (one per user and named server)."""
     return f"notebook:{username}/{server_name}"
+
+
+def ensure_packer(runtime: GPULabRuntime, inventory_source: str = "auto", log=None) -> DevicePacker:
+    """The runtime's device packer, created on first use (spawners and the job runner share it).
+
+    ``inventory_source``: ``auto`` (NVML when a driver is present, else the
+    declared inventory), ``nvml`` (refuse without a driver) or ``declared``.
+    """
+    with runtime.lock:
+        if runtime.packer is not None:
+            return runtime.packer
+        devices = None
+        if inventory_source in ("auto", "nvml"):
+            from .nvml import detect_gpus
+
+            devices = detect_gpus()
+            if devices is None and inventory_source == "nvml":
+                raise RuntimeError("gpu_inventory_source is 'nvml' but NVML found no NVIDIA driver")
+        if devices:
+            source = "nvml"
+        else:
+            devices = devices_from_inventory(runtime.catalog.inventory)
+            source = "declared"
+        runtime.packer = DevicePacker(devices)
+        runtime.inventory_source = source  # type: ignore[attr-defined]
+        (log or logging.getLogger("gpulab")).info(
+            "gpulab: %d GPU(s) from %s: %s", len(devices), source,
+            ", ".join(sorted({d.model for d in devices})) or "none",
+        )
+        return runtime.packer
 
 
 class GPULocalMixin(LoggingConfigurable):
@@ -73,24 +105,7 @@ class GPULocalMixin(LoggingConfigurable):
         return runtime
 
     def _init_packer(self, runtime: GPULabRuntime) -> None:
-        devices = None
-        if self.gpu_inventory_source in ("auto", "nvml"):
-            from .nvml import detect_gpus
-
-            devices = detect_gpus()
-            if devices is None and self.gpu_inventory_source == "nvml":
-                raise RuntimeError("gpu_inventory_source is 'nvml' but NVML found no NVIDIA driver")
-        if devices:
-            source = "nvml"
-        else:
-            devices = devices_from_inventory(runtime.catalog.inventory)
-            source = "declared"
-        runtime.packer = DevicePacker(devices)
-        runtime.inventory_source = source  # type: ignore[attr-defined]
-        self.log.info(
-            "gpulab: %d GPU(s) from %s: %s", len(devices), source,
-            ", ".join(sorted({d.model for d in devices})) or "none",
-        )
+        ensure_packer(runtime, self.gpu_inventory_source, self.log)
 
     def _groups(self) -> list[str]:
         return [g.name for g in getattr(self.user, "groups", [])]
@@ -228,34 +243,8 @@ class GPULocalMixin(LoggingConfigurable):
         state = getattr(self, "_gpulab_state", None)
         if not state:
             return {}
-        env = {
-            "GPULAB_TEAM": state["team"],
-            "GPULAB_PROFILE": state["profile"],
-            "GPULAB_GPU_MILLI": str(state["milli"]),
-            "GPULAB_GPU_FRACTION": milli_to_fraction_str(state["milli"]),
-            "GPULAB_QUOTA": "over-quota" if state["over_quota"] else "in-quota",
-            "GPULAB_PREEMPTIBLE": "1" if state["over_quota"] else "0",
-        }
-        shares = state.get("shares") or []
-        if not shares:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            return env
-        devices = self.gpulab.packer.devices
-        chosen = [devices[i] for i, _ in shares]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in chosen)
-        env["GPULAB_GPU_MODEL"] = chosen[0].model
-        env["GPULAB_GPU_SOURCE"] = chosen[0].source
-        if state["milli"] < 1000:
-            per_device = shares[0][1]
-            memory_mib = chosen[0].memory_mib * per_device // 1000
-            env["GPULAB_GPU_MEMORY_MIB"] = str(memory_mib)
-            # Framework knobs that keep a process inside its share of memory.
-            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = milli_to_fraction_str(per_device)
-            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-            env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
-        else:
-            env["GPULAB_GPU_MEMORY_MIB"] = str(sum(d.memory_mib for d in chosen))
-        return env
+        return gpu_env(state["team"], state["profile"], state["milli"], state["over_quota"],
+                       state.get("shares") or [], self.gpulab.packer.devices)
 
     def get_args(self) -> list[str]:
         args = super().get_args()

@@ -1,0 +1,442 @@
+"""GPUKubeSpawner: KubeSpawner with team GPU profiles, quotas and GPU sharing.
+
+A thin adapter: the policy core decides (``policy.resolve_request``,
+``Ledger.reserve``, ``sharing.pod_gpu_spec``, ``labels``, ``priority``);
+this class only feeds KubeSpawner's traits from those decisions and lets
+KubeSpawner's own code create, watch and delete the pod.
+
+- The spawn form is KubeSpawner's, from a callable ``profile_list`` built
+  from the user's teams with live availability; unavailable profiles are
+  shown disabled with the reason.
+- ``load_user_options`` (KubeSpawner runs it first thing in ``_start``)
+  validates the request and reserves quota before any object is created.
+- The ledger is rebuilt from labelled pods (``gpulab.io/gpu-milli``) seen by
+  KubeSpawner-style reflectors over the teams' namespaces: started once per
+  hub process, so a spawn costs no extra API request.
+
+Configure with ``c.JupyterHub.spawner_class = "gpu-kube"`` (see docs/kubernetes.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import weakref
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio.client.rest import ApiException
+from kubespawner import KubeSpawner
+from kubespawner.spawner import PodReflector
+from traitlets import List, Unicode, default
+
+from . import labels as gl
+from .config import GPULabRuntime, get_runtime
+from .env import gpu_env
+from .form import choice_value
+from .ledger import Workload
+from .local import workload_key
+from .policy import Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request
+from .priority import effective_priority_class
+from .sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
+from .units import format_gpus
+
+try:  # JupyterHub >= 6: a policy refusal, shown to the user without a traceback
+    from jupyterhub.spawner import SpawnException as _SpawnException
+except ImportError:  # pragma: no cover - JupyterHub 5
+    from tornado.web import HTTPError as _SpawnException  # type: ignore[assignment]
+
+FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
+_QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
+#: Runtimes whose ledger has been rebuilt from the cluster at least once.
+_LOADED_RUNTIMES: weakref.WeakSet = weakref.WeakSet()
+#: Traits this class sets per spawn; restored to the configured value before each spawn.
+_APPLIED_TRAITS = (
+    "namespace", "extra_labels", "extra_annotations", "extra_resource_limits",
+    "extra_resource_guarantees", "node_selector", "scheduler_name", "priority_class_name",
+    "cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit", "image", "environment",
+)
+
+
+def refusal(message: str, status: int = 400, reason: str = "gpulab") -> Exception:
+    """An HTTP error whose message the spawn page and the REST API show as is."""
+    try:
+        e = _SpawnException(message, reason=reason, status_code=status)
+    except TypeError:  # pragma: no cover - plain HTTPError
+        e = _SpawnException(status, message)
+    e.jupyterhub_message = message  # the form shows this instead of "403 SpawnException(...)"
+    return e
+
+
+def _escape(value: str) -> str:
+    """KubeSpawner str.format()s label/annotation values: keep user text literal."""
+    return value.replace("{", "{{").replace("}", "}}")
+
+
+def quota_refusal_message(namespace: str, api_message: str) -> str:
+    """Turn the API server's ResourceQuota 403 into a sentence for the spawn page."""
+    m = _QUOTA_RE.search(api_message)
+    if not m:
+        return f"The cluster refused to create the server in namespace {namespace}: {api_message}"
+    name, requested, used, limited = (s.strip() for s in m.groups())
+    return (f"The cluster refused the server: namespace {namespace} is at its ResourceQuota "
+            f"'{name}' (in use: {used}; limit: {limited}; this server asks for {requested}). "
+            f"Stop another server in your team or ask an admin to raise the quota.")
+
+
+class GPUPodReflector(PodReflector):
+    """Watches every pod gpulab counts (``gpulab.io/gpu-milli`` exists), in one namespace or all."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # ResourceReflector only builds key=value selectors; this one selects on existence.
+        self.label_selector = gl.SELECTOR
+
+
+def workload_from_pod(pod: dict) -> Workload | None:
+    """The ledger entry a pod stands for; ``None`` if it holds nothing (not ours, or finished)."""
+    md = pod.get("metadata") or {}
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    return gl.workload_from_labels(md.get("labels") or {}, md.get("annotations") or {},
+                                   fallback_key=f"pod:{md.get('namespace')}/{md.get('name')}")
+
+
+class GPUKubeSpawner(KubeSpawner):
+    """KubeSpawner with GPU profiles per team, quota admission and GPU sharing backends."""
+
+    ledger_namespaces = List(
+        Unicode(),
+        config=True,
+        help="""Namespaces whose labelled pods count towards team quotas. Default:
+        the hub's namespace plus every team's namespace. `["*"]` watches all
+        namespaces (needs cluster-wide list/watch on pods). Implied by
+        `enable_user_namespaces`.""",
+    )
+
+    @default("profile_list")
+    def _default_profile_list(self):
+        return self._gpulab_profile_list
+
+    @default("profile_form_template")
+    def _default_profile_form_template(self) -> str:
+        return FORM_TEMPLATE.read_text()
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return self._gpulab_options_from_form
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # The configured values, so each spawn starts from them (a spawner object is reused).
+        self._configured = {name: copy.deepcopy(getattr(self, name)) for name in _APPLIED_TRAITS}
+        self._hub_namespace = self.namespace
+        self._reserved_key: str | None = None
+        self._refused_early = False
+        self._starting = False
+        self.gpu_spec: PodGPUSpec | None = None
+
+    # -- the core's view ---------------------------------------------------
+
+    @property
+    def runtime(self) -> GPULabRuntime:
+        return get_runtime(parent=self)
+
+    @property
+    def workload_key(self) -> str:
+        return workload_key(self.user.name, self.name)  # the same key as on a single server
+
+    def _user_groups(self) -> list[str]:
+        return [getattr(g, "name", g) for g in (getattr(self.user, "groups", None) or [])]
+
+    # -- accounting from the cluster ------------------------------------------
+
+    def _watched_namespaces(self) -> list[str | None]:
+        if self.enable_user_namespaces or "*" in self.ledger_namespaces:
+            return [None]
+        if self.ledger_namespaces:
+            return sorted(set(self.ledger_namespaces))
+        teams = self.runtime.catalog.teams.values()
+        return sorted({self._hub_namespace, *(t.namespace for t in teams if t.namespace)})
+
+    async def _ledger_reflectors(self) -> list[GPUPodReflector]:
+        """Start (once per process) and return the reflectors the ledger is rebuilt from."""
+        out = []
+        for ns in self._watched_namespaces():
+            key = ("gpulab-pods", ns)
+            reflector = self.__class__.reflectors.get(key)
+            if reflector is not None and reflector.watch_task is not None and reflector.watch_task.done():
+                # Its watch gave up (API unreachable for a while): its copy is stale, start afresh.
+                self.log.warning("gpulab: GPU pod watch in %s had stopped; restarting it", ns or "all namespaces")
+                self.__class__.reflectors.pop(key, None)
+                reflector = None
+            if reflector is None:
+                self.log.info("gpulab: watching GPU pods in %s", ns or "all namespaces")
+                reflector = GPUPodReflector(parent=self, namespace=ns, omit_namespace=ns is None)
+                self.__class__.reflectors[key] = reflector
+                try:
+                    await reflector.start()
+                except Exception:
+                    self.__class__.reflectors.pop(key, None)
+                    raise
+            elif not reflector.first_load_future.done():
+                await reflector.first_load_future
+            out.append(reflector)
+        return out
+
+    def _live_workloads(self, reflectors: list[GPUPodReflector]) -> dict[str, Workload]:
+        live: dict[str, Workload] = {}
+        for reflector in reflectors:
+            for pod in list(reflector.pods.values()):
+                w = workload_from_pod(pod)
+                if w is not None:
+                    live[w.key] = w
+        return live
+
+    async def refresh_ledger(self) -> None:
+        """Rebuild the ledger from the pods the cluster runs; pending spawns stay reserved.
+
+        Cheap: reads the reflectors' local copies (no API request once they run).
+        """
+        reflectors = await self._ledger_reflectors()
+        self.runtime.ledger.rebuild(self._live_workloads(reflectors).values(), keep_reserved=True)
+        _LOADED_RUNTIMES.add(self.runtime)
+
+    # -- the spawn form ---------------------------------------------------
+
+    def _gpu_spec(self, profile, team=None) -> PodGPUSpec:
+        return pod_gpu_spec(profile, self.runtime.catalog.sharing, team)
+
+    def _capacity(self, profile) -> Capacity:
+        try:
+            spec = self._gpu_spec(profile)
+        except SharingError as e:
+            return Capacity(False, reason=str(e))
+        return Capacity(True, summary=spec.summary)
+
+    def _choices(self) -> list[ProfileChoice]:
+        runtime = self.runtime
+        return choices_for_user(
+            runtime.catalog, runtime.ledger, self.user.name, self._user_groups(),
+            capacity=self._capacity,
+            effective_milli=lambda p: effective_milli(p, runtime.catalog.sharing),
+        )
+
+    async def _gpulab_profile_list(self, spawner: KubeSpawner | None = None) -> list[dict]:
+        """KubeSpawner's ``profile_list``: one entry per (team, profile) the user may pick."""
+        try:
+            await self.refresh_ledger()
+        except Exception:
+            self.log.exception("gpulab: cannot read GPU usage from the cluster")
+            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503)
+        choices = self._choices()
+        several_teams = len({c.team.name for c in choices}) > 1
+        chosen = (self.user_options or {}).get("team"), (self.user_options or {}).get("profile")
+        out = []
+        for c in choices:
+            p = c.profile
+            size = format_gpus(c.effective_milli or p.gpu_milli)
+            notes = [c.team_summary]
+            if c.capacity_summary:
+                notes.append(c.capacity_summary)
+            if c.available and c.over_quota:
+                notes.append("starts above the team guarantee, so it is preemptible")
+            entry: dict[str, Any] = {
+                "slug": choice_value(c),  # "team:profile", as on the single-server form
+                "display_name": p.display_name + (f" — team {c.team.label}" if several_teams else ""),
+                "description": p.description,
+                "gpulab": {
+                    "available": c.available, "reason": c.reason, "notes": notes,
+                    "gpus": size if p.is_gpu else "", "rounded": c.effective_milli is not None,
+                    "selected": c.available and chosen[1] == p.slug and chosen[0] in (None, c.team.name),
+                },
+            }
+            if len(p.images) > 1:
+                entry["profile_options"] = {"image": {"display_name": "Image", "choices": {
+                    i.slug: {"display_name": i.display_name, "default": n == 0} for n, i in enumerate(p.images)
+                }}}
+            out.append(entry)
+        if out and not any(e["gpulab"]["selected"] for e in out):
+            first = next((e for e in out if e["gpulab"]["available"]), None)
+            if first is not None:
+                first["gpulab"]["selected"] = True
+        for e in out:  # KubeSpawner marks a default itself when none is; keep ours
+            e["default"] = e["gpulab"]["selected"]
+        return out
+
+    def _validate_user_options(self, profile_list: list) -> None:
+        """KubeSpawner's pre-selection check: the saved options must still resolve."""
+        if self.user_options:
+            try:
+                self._resolve(self.user_options)
+            except Exception as e:  # KubeSpawner then just skips pre-selecting them
+                raise ValueError(getattr(e, "jupyterhub_message", str(e))) from None
+
+    def _gpulab_options_from_form(self, formdata: dict[str, list]) -> dict[str, Any]:
+        """Form fields -> ``{"team", "profile", "image"}``; anything else is kept so it is refused."""
+        options: dict[str, Any] = {}
+        choice = formdata.get("profile", [None])
+        choice = choice[0] if isinstance(choice, list) and len(choice) == 1 else choice
+        prefix = None
+        if isinstance(choice, str) and ":" in choice:
+            options["team"], _, options["profile"] = choice.partition(":")
+            prefix = f"profile-option-{choice}--"
+        elif choice is not None:
+            options["profile"] = choice
+        for key, value in formdata.items():
+            if key in ("profile", "_xsrf"):
+                continue
+            if key.startswith("profile-option-"):
+                if prefix and key.startswith(prefix):
+                    options[key[len(prefix):]] = value[0] if isinstance(value, list) and len(value) == 1 else value
+                continue  # options of profiles not chosen
+            options[key] = value
+        self._resolve(options)  # refuse on the form page, before anything starts
+        return options
+
+    # -- admission ----------------------------------------------------------
+
+    def _resolve(self, options: Any) -> SpawnRequest:
+        try:
+            return resolve_request(self.runtime.catalog, self.user.name, self._user_groups(), options)
+        except PolicyError as e:
+            raise refusal(str(e), e.status, "invalid-options" if e.status == 400 else "forbidden") from None
+
+    async def load_user_options(self) -> None:
+        """Validate, reserve quota and set the pod's traits. Refusals create nothing."""
+        for name, value in self._configured.items():
+            setattr(self, name, copy.deepcopy(value))
+        self._refused_early = True
+        request = self._resolve(self.user_options or {})
+        team, profile = request.team, request.profile
+        try:
+            spec = self._gpu_spec(profile, team)
+        except SharingError as e:
+            raise refusal(str(e), 403, "sharing") from None
+        try:
+            await self.refresh_ledger()
+        except Exception:
+            self.log.exception("gpulab: cannot read GPU usage from the cluster")
+            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503)
+        # No await between the rebuild and the reservation: concurrent spawns see each other.
+        key = self.workload_key
+        decision = self.runtime.ledger.reserve(
+            key, team.name, self.user.name, spec.effective_milli, profile=profile.slug,
+            kind="notebook", may_burst=profile.priority_class.may_burst,
+        )
+        if not decision.allowed:
+            self.log.info("gpulab: refused %s (%s, %s GPU): %s", key, profile.slug,
+                          format_gpus(spec.effective_milli), decision.reason)
+            raise refusal(decision.reason, 403, "quota")
+        self._reserved_key = key
+        self._refused_early = False
+        self.gpu_spec = spec
+        workload = Workload(key, team.name, self.user.name, spec.effective_milli, profile.slug,
+                            "notebook", decision.over_quota)
+        self._apply(request, spec, workload)
+        self.log.info("gpulab: admitted %s in team %s: %s (%s), %s", key, team.name, profile.slug,
+                      spec.summary, decision.quota_label)
+
+    def _apply(self, request: SpawnRequest, spec: PodGPUSpec, workload: Workload) -> None:
+        team, profile = request.team, request.profile
+        self.namespace = team.namespace or self._hub_namespace
+        self.dns_name = self.dns_name_template.format(namespace=self.namespace, name=self.pod_name)
+        labels = {**gl.workload_labels(workload), **spec.labels}
+        self.extra_labels = {**self.extra_labels, **{k: _escape(v) for k, v in labels.items()}}
+        annotations = {**gl.workload_annotations(workload), **spec.annotations}
+        self.extra_annotations = {**self.extra_annotations, **{k: _escape(v) for k, v in annotations.items()}}
+        self.extra_resource_limits = {**self.extra_resource_limits, **spec.limits}
+        self.extra_resource_guarantees = {**self.extra_resource_guarantees, **spec.requests}
+        self.node_selector = {**self.node_selector, **spec.node_selector}
+        if spec.scheduler_name:
+            self.scheduler_name = spec.scheduler_name
+        self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
+        for trait, value in (("cpu_guarantee", profile.cpu_guarantee), ("cpu_limit", profile.cpu_limit),
+                             ("mem_guarantee", profile.mem_guarantee), ("mem_limit", profile.mem_limit)):
+            if value is not None:
+                setattr(self, trait, value)
+        if request.image is not None:
+            self.image = request.image.image
+        env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota, (), {})
+        env.pop("CUDA_VISIBLE_DEVICES")  # on Kubernetes the device plugin picks the devices
+        self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def _start(self):
+        """KubeSpawner's start; a failure frees the reservation, a quota 403 becomes a message."""
+        self._reserved_key = None
+        self._starting = True
+        try:
+            url = await super()._start()
+        except ApiException as e:
+            self._release_reservation()
+            if e.status == 403:
+                message = _api_message(e)
+                self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
+                raise refusal(quota_refusal_message(self.namespace, message), 403, "resource-quota") from None
+            raise
+        except BaseException:
+            self._release_reservation()
+            raise
+        finally:
+            self._starting = False
+        # Running: the reservation becomes a running workload once the ledger's
+        # own reflector has seen the pod (a local wait, no API request); until
+        # then it stays counted as reserved and poll() confirms it later.
+        watched = self._watched_namespaces()
+        for _ in range(50 if None in watched or self.namespace in watched else 0):
+            if await self._confirm_if_seen():
+                break
+            await asyncio.sleep(0.1)
+        return url
+
+    async def _confirm_if_seen(self) -> bool:
+        live = self._live_workloads(await self._ledger_reflectors())
+        if self.workload_key in live:
+            self.runtime.ledger.confirm(self.workload_key)
+            return True
+        return False
+
+    async def poll(self) -> int | None:
+        if self.runtime not in _LOADED_RUNTIMES:
+            # The hub polls every server it knows right after it starts: count
+            # what the cluster runs then, not only at the next spawn.
+            await self.refresh_ledger()
+        status = await super().poll()
+        if status is None:
+            w = self.runtime.ledger.get(self.workload_key)
+            if w is not None and w.state != "running":
+                await self._confirm_if_seen()
+        return status
+
+    def _release_reservation(self) -> None:
+        if self._reserved_key:
+            self.runtime.ledger.release(self._reserved_key)
+            self._reserved_key = None
+
+    async def stop(self, now: bool = False) -> None:
+        if self._refused_early:
+            # Refused in load_user_options: no object was created, nothing to delete.
+            self._refused_early = False
+            return
+        try:
+            await super().stop(now=now)
+        finally:
+            # KubeSpawner also stops a stale pod of the same name (409) in the middle
+            # of a start: that start's reservation is not this stop's to free.
+            if not self._starting:
+                self.runtime.ledger.release(self.workload_key)
+                self._reserved_key = None
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body).get("message") or e.reason or str(e)
+    except (TypeError, ValueError, AttributeError):
+        return e.reason or str(e)
+
+
+__all__ = ["GPUKubeSpawner", "GPUPodReflector", "quota_refusal_message", "workload_from_pod"]

@@ -1,0 +1,585 @@
+"""GPUKubeSpawner against a Kubernetes API server over real HTTP.
+
+KubeSpawner's own start / poll / stop code and its kubernetes_asyncio client
+talk HTTP to ``tests/kube_api_server.py``; assertions are on the objects
+that server received and stores. Nothing of gpulab is mocked: the catalog,
+ledger, policy and sharing code run as in the hub. The spawners are built
+the way KubeSpawner's test suite builds them, without a hub process (a user
+object with ``name``/``groups`` and a hub object with its URLs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import Counter
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_asyncio.config import kube_config
+from kubespawner import KubeSpawner
+from tornado.web import HTTPError
+from traitlets.config import Config
+from jupyterhub.utils import maybe_future
+
+from spawner import labels as gl
+from spawner.catalog import catalog_from_dict
+from spawner.config import GPULabRuntime, get_runtime, set_runtime
+from spawner.kube import GPUKubeSpawner
+from tests.kube_api_server import KubeAPIServer
+
+K8S_VERSION = "1.30"
+
+CATALOG = {
+    "profiles": [
+        {"slug": "cpu", "display_name": "CPU only", "gpus": 0},
+        {"slug": "h100-quarter", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
+        {"slug": "h100-half", "display_name": "0.5 × H100", "gpus": 0.5, "gpu_model": "H100-80GB",
+         "cpu": {"guarantee": 1, "limit": 4}, "memory": {"guarantee": "8G", "limit": "16G"},
+         "images": [{"slug": "torch", "display_name": "PyTorch", "image": "quay.io/jupyter/pytorch-notebook:2024-10-07"},
+                    {"slug": "base", "display_name": "Base", "image": "quay.io/jupyter/base-notebook:2024-10-07"}]},
+        {"slug": "h100-third", "display_name": "0.3 × H100", "gpus": 0.3, "gpu_model": "H100-80GB"},
+        {"slug": "h100-1", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
+        {"slug": "h100-2-whole", "display_name": "2 × H100", "gpus": 2, "gpu_model": "H100-80GB", "sharing": "whole"},
+        {"slug": "nlp-only", "display_name": "NLP box", "gpus": 1, "gpu_model": "H100-80GB", "teams": ["nlp"]},
+    ],
+    "teams": [
+        {"name": "vision", "users": ["alice", "bob"], "guarantee": 2, "burst": 3, "namespace": "team-vision",
+         "allowed_profiles": ["cpu", "h100-quarter", "h100-half", "h100-third", "h100-1", "h100-2-whole"]},
+        {"name": "nlp", "users": ["carol", "alice"], "guarantee": 1, "burst": 2, "namespace": "team-nlp"},
+        {"name": "crowd", "groups": ["crowd"], "guarantee": 4, "burst": 6, "namespace": "team-crowd"},
+    ],
+    "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4},
+                "kai": {"queue": "gpulab-{team}"}},
+}
+
+
+class User:
+    """What a spawner reads from JupyterHub's User (as KubeSpawner's tests use)."""
+
+    def __init__(self, name: str, groups: tuple[str, ...] = ()):
+        self.name = name
+        self.id = abs(hash(name)) % 10**6
+        self.url = f"/user/{name}/"
+        self.groups = [type("Group", (), {"name": g})() for g in groups]
+        self.escaped_name = name
+
+
+class Hub:
+    public_host = ""
+    url = "http://hub:8081/hub/"
+    base_url = "/hub/"
+    api_url = "http://hub:8081/hub/api"
+
+
+@pytest.fixture
+async def api(tmp_path, monkeypatch):
+    server = KubeAPIServer(kubelet_delay=0.02)
+    await server.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(server.kubeconfig()))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    # kubernetes_asyncio reads $KUBECONFIG once, at import: point its default there too.
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    for ns in ("default", "team-vision", "team-nlp", "team-crowd"):
+        server.namespaces[ns] = {"metadata": {"name": ns}}
+    yield server
+    await KubeSpawner._stop_all_reflectors()
+    set_runtime(None)
+    await server.stop()
+
+
+def make_config(api: KubeAPIServer, catalog: dict | None = None) -> Config:
+    c = Config()
+    data = catalog or CATALOG
+    c.GPULab.teams = data["teams"]
+    c.GPULab.profiles = data["profiles"]
+    c.GPULab.sharing = data.get("sharing", {})
+    c.KubeSpawner.k8s_api_host = api.url
+    c.KubeSpawner.namespace = "default"
+    c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-10-07"
+    c.KubeSpawner.start_timeout = 20
+    c.KubeSpawner.delete_grace_period = 1
+    return c
+
+
+def spawner_for(api: KubeAPIServer, user: str, options: dict | None = None, groups=(), config=None,
+                cls=GPUKubeSpawner, name: str = "") -> KubeSpawner:
+    # named servers: JupyterHub's orm row gives the server name
+    orm_spawner = type("ORMSpawner", (), {"name": name, "server": None, "user_options": {}})()
+    s = cls(config=config or make_config(api), user=User(user, groups), hub=Hub(), orm_spawner=orm_spawner)
+    s.api_token = "token-" + user
+    s.user_options = options or {}
+    return s
+
+
+def created_pods(api: KubeAPIServer, namespace: str | None = None) -> list[dict]:
+    return [b for verb, plural, ns, b in api.received
+            if verb == "create" and plural == "pods" and namespace in (None, ns)]
+
+
+def resources(pod: dict) -> dict:
+    return pod["spec"]["containers"][0].get("resources", {})
+
+
+def gpu_limits(pod: dict) -> dict:
+    return {k: v for k, v in resources(pod).get("limits", {}).items() if k not in ("cpu", "memory")}
+
+
+# --------------------------------------------------------------------------
+
+
+async def test_start_poll_stop(api):
+    s = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half", "image": "base"})
+    url = await s.start()
+    assert re.fullmatch(r"http://10\.244\.0\.\d+:8888", url)
+
+    [pod] = created_pods(api, "team-vision")
+    md, spec = pod["metadata"], pod["spec"]
+    assert md["labels"][gl.TEAM] == "vision" and md["labels"][gl.PROFILE] == "h100-half"
+    assert md["labels"][gl.GPU_MILLI] == "500" and md["labels"][gl.QUOTA] == "in-quota"
+    assert md["labels"][gl.USER] == "alice" and md["labels"]["component"] == "singleuser-server"
+    assert md["annotations"][gl.WORKLOAD_ANNOTATION] == "notebook:alice/"
+    assert spec["priorityClassName"] == "gpulab-development"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert resources(pod)["limits"]["nvidia.com/gpu.shared"] == "2"
+    assert resources(pod)["requests"]["nvidia.com/gpu.shared"] == "2"
+    assert resources(pod)["limits"]["cpu"] == 4.0 and resources(pod)["requests"]["memory"] == 8 * 10**9
+    assert spec["containers"][0]["image"] == "quay.io/jupyter/base-notebook:2024-10-07"
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["GPULAB_GPU_MILLI"] == "500" and env["GPULAB_PREEMPTIBLE"] == "0"
+    assert "CUDA_VISIBLE_DEVICES" not in env  # the device plugin decides on Kubernetes
+
+    stored = api.get("pods", "team-vision", s.pod_name)
+    assert stored["status"]["phase"] == "Running" and stored["metadata"]["uid"]
+    assert await s.poll() is None
+    ledger = get_runtime().ledger
+    assert ledger.usage("vision").held_milli == 500
+    assert ledger.get("notebook:alice/").state == "running"
+
+    await s.stop()
+    assert api.get("pods", "team-vision", s.pod_name) is None
+    assert ledger.usage("vision").held_milli == 0
+    assert await s.poll() == 1
+
+
+@pytest.mark.parametrize("backend,slug,check", [
+    ("whole", "h100-1", lambda p: gpu_limits(p) == {"nvidia.com/gpu": "1"}),
+    ("timeslice", "h100-half", lambda p: gpu_limits(p) == {"nvidia.com/gpu.shared": "2"}),
+    ("mig", "h100-half", lambda p: gpu_limits(p) == {"nvidia.com/mig-4g.40gb": "1"}),
+    ("hami", "h100-half", lambda p: gpu_limits(p) == {
+        "nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "50"}),
+    ("kai", "h100-half", lambda p: p["spec"]["schedulerName"] == "kai-scheduler"
+        and p["metadata"]["annotations"]["gpu-fraction"] == "0.5"
+        and p["metadata"]["labels"]["kai.scheduler/queue"] == "gpulab-vision"
+        and "nvidia.com/gpu" not in json.dumps(resources(p))),
+])
+async def test_backend_manifest_is_valid_kubernetes(api, backend, slug, check):
+    catalog = {**CATALOG, "sharing": {**CATALOG["sharing"], "backend": backend}}
+    s = spawner_for(api, "bob", {"team": "vision", "profile": slug}, config=make_config(api, catalog))
+    await s.start()
+    [pod] = created_pods(api)
+    assert check(pod), json.dumps(pod, indent=1)
+    assert pod["metadata"]["labels"][gl.GPU_MILLI] == str(s.gpu_spec.effective_milli)
+    # The exact body the API server received is a valid v1 Pod (strict: no unknown fields).
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    await s.stop()
+
+
+async def test_whole_backend_refuses_fraction_before_creating_anything(api):
+    catalog = {**CATALOG, "sharing": {"backend": "whole"}}
+    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"}, config=make_config(api, catalog))
+    with pytest.raises(HTTPError) as e:
+        await s.start()
+    assert e.value.status_code == 403
+    assert "gives whole GPUs only" in e.value.jupyterhub_message
+    await s.stop()  # what the hub does after a failed start: no request needed
+    assert api.count("create") == 0 and api.count("delete") == 0
+
+
+async def test_timeslice_rounds_up_and_counts_the_rounded_size(api):
+    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-third"})
+    await s.start()
+    [pod] = created_pods(api)
+    assert resources(pod)["limits"] == {"nvidia.com/gpu.shared": "2"}  # 0.3 -> 2/4
+    assert pod["metadata"]["labels"][gl.GPU_MILLI] == "500"
+    assert get_runtime().ledger.usage("vision").held_milli == 500
+    await s.stop()
+
+
+async def test_100_concurrent_spawns_guarantee_4_burst_6(api):
+    users = [f"user{i:03d}" for i in range(100)]
+    spawners = [spawner_for(api, u, {"profile": "h100-half"}, groups=("crowd",)) for u in users]
+    results = await asyncio.gather(*(s.start() for s in spawners), return_exceptions=True)
+
+    started = [s for s, r in zip(spawners, results) if isinstance(r, str)]
+    refused = [r for r in results if not isinstance(r, str)]
+    assert len(started) == 12
+    assert len(refused) == 88
+    assert all(isinstance(r, HTTPError) and r.status_code == 403 for r in refused), refused[:3]
+    assert {r.jupyterhub_message for r in refused} == {
+        "team crowd holds 6 of its 6 GPU burst limit; this request needs 0.5"}
+
+    pods = created_pods(api, "team-crowd")
+    assert len(pods) == 12 and api.count("create", "pods") == 12
+    quota = Counter(p["metadata"]["labels"][gl.QUOTA] for p in pods)
+    assert quota == {"in-quota": 8, "over-quota": 4}
+    for p in pods:
+        over = p["metadata"]["labels"][gl.QUOTA] == "over-quota"
+        assert p["spec"]["priorityClassName"] == ("gpulab-over-quota" if over else "gpulab-development")
+    running = api.list("pods", "team-crowd", gl.SELECTOR, "status.phase=Running")
+    assert len(running) == 12
+    u = get_runtime().ledger.usage("crowd")
+    assert (u.held_milli, u.in_quota_milli, u.over_quota_milli) == (6000, 4000, 2000)
+
+    await asyncio.gather(*(s.stop() for s in spawners))
+    assert api.list("pods", "team-crowd") == []
+    assert get_runtime().ledger.usage("crowd").held_milli == 0
+
+
+async def test_restart_rebuilds_the_same_ledger_from_the_cluster(api):
+    plan = [("alice", "vision", "h100-1"), ("bob", "vision", "h100-half"), ("alice", "nlp", "h100-1"),
+            ("carol", "nlp", "h100-1")]
+    for user, team, slug in plan:
+        s = spawner_for(api, user, {"team": team, "profile": slug}, name=team)
+        await s.start()
+    before = sorted(get_runtime().ledger.workloads(), key=lambda w: w.key)
+    # by key: alice/nlp, alice/vision, bob/vision, carol/nlp (nlp's guarantee is 1 GPU)
+    assert [w.over_quota for w in before] == [False, False, False, True]
+
+    # "Restart": reflectors gone, a fresh runtime from the same config, a new spawner.
+    await KubeSpawner._stop_all_reflectors()
+    set_runtime(None)
+    fresh = spawner_for(api, "dave", {})
+    assert get_runtime(parent=fresh).ledger.workloads() == []
+    await fresh.refresh_ledger()
+    after = sorted(get_runtime().ledger.workloads(), key=lambda w: w.key)
+    assert after == before
+    # Rebuilding again (e.g. on every spawn) never double counts.
+    await fresh.refresh_ledger()
+    assert get_runtime().ledger.usage("nlp").held_milli == 2000
+
+    # A spawn still starting is kept; a pod deleted behind the hub's back is dropped.
+    get_runtime().ledger.reserve("notebook:eve/", "vision", "eve", 250)
+    api.delete("pods", "team-nlp", "jupyter-carol--nlp", grace=0)
+    for _ in range(100):
+        await fresh.refresh_ledger()
+        if get_runtime().ledger.usage("nlp").held_milli == 1000:
+            break
+        await asyncio.sleep(0.02)
+    usage = get_runtime().ledger.usage("nlp")
+    assert usage.held_milli == 1000 and get_runtime().ledger.get("notebook:carol/nlp") is None
+    assert get_runtime().ledger.get("notebook:eve/").state == "reserved"
+    assert get_runtime().ledger.usage("vision").held_milli == 1750
+
+
+TAMPERED = [
+    ({"team": "vision", "profile": "h100-9000"}, 400, "unknown profile"),
+    ({"team": "vision", "profile": "nlp-only"}, 403, "may not use profile"),
+    ({"team": "nlp", "profile": "h100-1"}, 403, "not a member of team 'nlp'"),
+    ({"team": "vision", "profile": "h100-half", "gpus": "-1"}, 400, "unknown spawn option"),
+    ({"team": "vision", "profile": "h100-half", "priority_class_name": "gpulab-production"}, 400, "unknown spawn option"),
+    ({"team": "vision", "profile": "h100-half", "image": "evil/miner:latest"}, 400, "offers no image"),
+    ({"team": "vision", "profile": "h" * 100_000}, 400, "longer than"),
+    ({"team": "vision", "profile": 5}, 400, "must be a string"),
+    ({"team": "vision", "profile": ["h100-half", "h100-1"]}, 400, "must be a string"),
+    ({"team": "vision", "profile": None}, 400, "choose a profile"),
+]
+
+
+@pytest.mark.parametrize("options,status,text", TAMPERED)
+async def test_tampered_options_are_refused_before_any_object(api, options, status, text):
+    s = spawner_for(api, "bob", options)
+    with pytest.raises(HTTPError) as e:
+        await s.start()
+    assert e.value.status_code == status
+    assert text in e.value.jupyterhub_message
+    await s.stop()
+    assert api.count("create") == 0 and api.count("delete") == 0
+    assert get_runtime().ledger.workloads() == []
+
+
+@pytest.mark.parametrize("formdata,status,text", [
+    ({"profile": ["vision:h100-9000"]}, 400, "unknown profile"),
+    ({"profile": ["nlp:h100-1"]}, 403, "not a member"),
+    ({"profile": ["vision:h100-half"], "gpus": ["-1"]}, 400, "unknown spawn option"),
+    ({"profile": ["vision:h100-half"], "profile-option-vision:h100-half--image": ["evil"]}, 400, "offers no image"),
+    ({"profile": ["vision:h100-half"], "profile-option-vision:h100-half--gpus": ["8"]}, 400, "unknown spawn option"),
+    ({"profile": ["vision:h100-half", "vision:h100-1"]}, 400, "must be a string"),
+])
+async def test_tampered_form_is_refused(api, formdata, status, text):
+    s = spawner_for(api, "bob")
+    with pytest.raises(HTTPError) as e:
+        await maybe_future(s.run_options_from_form({**formdata, "_xsrf": ["x"]}))
+    assert e.value.status_code == status and text in e.value.jupyterhub_message
+    assert api.count("create") == 0
+
+
+async def test_form_parses_the_chosen_profile_and_image(api):
+    s = spawner_for(api, "alice")
+    options = await maybe_future(s.run_options_from_form({
+        "_xsrf": ["x"], "profile": ["vision:h100-half"],
+        "profile-option-vision:h100-half--image": ["base"],
+        "profile-option-nlp:h100-1--image": ["ignored"],
+    }))
+    assert options == {"team": "vision", "profile": "h100-half", "image": "base"}
+
+
+async def test_form_shows_availability_and_disables_with_reason(api):
+    holder = spawner_for(api, "alice", {"team": "nlp", "profile": "h100-1"})
+    await holder.start()
+    s = spawner_for(api, "alice")
+    html = await s._render_options_form_dynamically(s)
+    # alice is in two teams; nlp holds 1 of its 2 GPU burst limit.
+    assert "1 of 2 GPUs free for team nlp" in html
+    assert "3 of 3 GPUs free for team vision" in html
+    assert "2 of 4 time-slices of one H100-80GB (0.5 GPU)" in html
+    assert re.search(r'value="nlp:h100-2-whole"\s+disabled', html)
+    assert "Unavailable: team nlp holds 1 of its 2 GPU burst limit; this request needs 2" in html
+    assert not re.search(r'value="vision:h100-2-whole"\s+disabled', html)
+    assert "starts above the team guarantee, so it is preemptible" in html  # nlp's guarantee is used
+    assert "0.5 GPU (rounded up" in html  # the 0.3 profile shows what it really gets
+    assert not re.search(r'value="vision:h100-half"\s+disabled', html)
+    assert 'name="profile-option-vision:h100-half--image"' in html
+    await holder.stop()
+
+
+async def test_stale_pod_of_the_same_name_is_replaced_and_the_reservation_kept(api):
+    api.create("pods", "team-vision", {"metadata": {"name": "jupyter-bob", "labels": {"component": "singleuser-server"}},
+                                       "spec": {"containers": [{"name": "notebook", "image": "old"}]}})
+    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"})
+    await s.start()  # KubeSpawner: 409 Conflict -> stop(now=True) deletes the old pod -> create again
+    assert api.count("create", "pods") == 2 and api.count("delete", "pods") >= 1
+    assert api.get("pods", "team-vision", "jupyter-bob")["metadata"]["labels"][gl.GPU_MILLI] == "500"
+    assert get_runtime().ledger.usage("vision").held_milli == 500
+    await s.stop()
+    assert get_runtime().ledger.usage("vision").held_milli == 0
+
+
+async def test_user_in_no_team_sees_why_and_cannot_spawn(api):
+    s = spawner_for(api, "mallory", {"profile": "h100-half"})
+    html = await s._render_options_form_dynamically(s)
+    assert "You are not a member of any GPU team; ask an admin to add you." in html
+    assert 'name="profile"' not in html
+    with pytest.raises(HTTPError) as e:
+        await s.start()
+    assert e.value.status_code == 403 and "mallory is not a member of any GPU team" in e.value.jupyterhub_message
+    assert api.count("create") == 0
+
+
+async def test_resource_quota_refusal_becomes_a_clear_message(api):
+    api.create("resourcequotas", "team-vision", {
+        "metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu.shared": "2"}}})
+    first = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half"})
+    await first.start()
+    second = spawner_for(api, "bob", {"team": "vision", "profile": "h100-quarter"})
+    with pytest.raises(HTTPError) as e:
+        await second.start()
+    assert e.value.status_code == 403
+    msg = e.value.jupyterhub_message
+    assert "namespace team-vision is at its ResourceQuota 'gpu-quota'" in msg
+    assert "requests.nvidia.com/gpu.shared=2" in msg and "asks for requests.nvidia.com/gpu.shared=1" in msg
+    assert len(created_pods(api)) == 2 and len(api.list("pods", "team-vision")) == 1
+    assert get_runtime().ledger.usage("vision").held_milli == 500  # the refused one was released
+    await second.stop()
+    await first.stop()
+
+
+async def test_no_extra_api_requests_per_spawn_compared_with_kubespawner(api):
+    config = make_config(api)
+    # Reflectors re-list on a timer, independent of spawns: keep that out of the window.
+    config.ResourceReflector.timeout_seconds = 300
+    config.ResourceReflector.restart_seconds = 300
+
+    async def one_cycle(cls, user, options, name=""):
+        s = spawner_for(api, user, options, cls=cls, name=name, config=config)
+        if cls is KubeSpawner:
+            s.namespace = "team-vision"
+        await s.start()
+        await s.stop()
+
+    async def requests_for(cls, user, options):
+        await one_cycle(cls, user, options, name="warm")  # reflectors start once per process
+        before = Counter(api.requests)
+        await one_cycle(cls, user, options)
+        diff = Counter(api.requests)
+        diff.subtract(before)
+        return Counter({(verb, path.rsplit("/", 1)[0] if verb == "delete" else path): n
+                        for (verb, path), n in diff.items() if n})
+
+    plain = await requests_for(KubeSpawner, "alice", {})
+    ours = await requests_for(GPUKubeSpawner, "bob", {"team": "vision", "profile": "h100-half"})
+    assert ours == plain == Counter({("create", "/api/v1/namespaces/team-vision/pods"): 1,
+                                     ("delete", "/api/v1/namespaces/team-vision/pods"): 1})
+
+
+async def test_odd_user_names_reach_labels_escaped_and_annotations_verbatim(api):
+    name = "Dr. {Ünïcode} <o'brien>"
+    catalog = {**CATALOG, "profiles": [{**p, "description": "<img src=x onerror=alert(1)>"}
+                                       if p["slug"] == "h100-quarter" else p for p in CATALOG["profiles"]]}
+    s = spawner_for(api, name, {"profile": "h100-quarter"}, groups=("crowd",), config=make_config(api, catalog))
+    await s.start()
+    [pod] = created_pods(api, "team-crowd")
+    assert pod["metadata"]["annotations"][gl.USER_ANNOTATION] == name
+    assert pod["metadata"]["labels"][gl.USER] == gl.label_value(name)
+    assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", pod["metadata"]["labels"][gl.USER])
+    assert get_runtime().ledger.get(f"notebook:{name}/").user == name
+    html = await s._render_options_form_dynamically(s)
+    assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    await s.stop()
+    assert get_runtime().ledger.usage("crowd").held_milli == 0
+
+
+async def test_catalog_rejects_bad_sharing_options():
+    with pytest.raises(ValueError) as e:
+        catalog_from_dict({**CATALOG, "sharing": {"backend": "timeslice", "timeslice": {"replicas": "four"}}})
+    assert "sharing.timeslice.replicas: expected a whole number of replicas" in str(e.value)
+    runtime = GPULabRuntime(catalog_from_dict(CATALOG))
+    assert runtime.catalog.sharing["timeslice"]["replicas"] == 4
+
+
+async def test_api_server_stand_in_semantics(api):
+    """The stand-in behaves like an API server for what the tests rely on (real client, real HTTP)."""
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio.client.rest import ApiException
+
+    conf = k8s.Configuration(host=api.url)
+    async with k8s.ApiClient(conf) as c:
+        v1 = k8s.CoreV1Api(c)
+        for name, labels in (("a", {"app": "x", "tier": "gpu"}), ("b", {"app": "y"}), ("c", {"app": "x"})):
+            body = {"metadata": {"name": name, "labels": labels},
+                    "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+            made = await v1.create_namespaced_pod("default", body)
+            assert made.metadata.namespace == "default" and made.metadata.uid and made.status.phase == "Pending"
+        with pytest.raises(ApiException) as e:
+            await v1.create_namespaced_pod("default", {"metadata": {"name": "a"}, "spec": {"containers": []}})
+        assert e.value.status == 409 and json.loads(e.value.body)["reason"] == "AlreadyExists"
+        names = lambda r: sorted(p.metadata.name for p in r.items)  # noqa: E731
+        assert names(await v1.list_namespaced_pod("default", label_selector="app=x")) == ["a", "c"]
+        assert names(await v1.list_namespaced_pod("default", label_selector="app in (x,y),!tier")) == ["b", "c"]
+        assert names(await v1.list_namespaced_pod("default", field_selector="metadata.name!=a")) == ["b", "c"]
+        listed = await v1.list_namespaced_pod("default")
+        rv = listed.metadata.resource_version
+        await v1.patch_namespaced_pod("b", "default", {"metadata": {"labels": {"tier": "gpu", "app": None}}})
+        assert (await v1.read_namespaced_pod("b", "default")).metadata.labels == {"tier": "gpu"}
+        # A watch from the listed version replays what happened since, filtered by selector.
+        resp = await v1.list_namespaced_pod("default", watch=True, resource_version=rv,
+                                            label_selector="tier", timeout_seconds=1, _preload_content=False)
+        events = [json.loads(line) for line in (await resp.read()).decode().splitlines()]
+        seen = [(e["type"], e["object"]["metadata"]["name"]) for e in events]
+        assert ("ADDED", "b") in seen and all(name == "a" or name == "b" for _, name in seen)
+        assert all(int(e["object"]["metadata"]["resourceVersion"]) > int(rv) for e in events)
+        await v1.delete_namespaced_pod("c", "default", grace_period_seconds=0)
+        with pytest.raises(ApiException) as e:
+            await v1.read_namespaced_pod("c", "default")
+        assert e.value.status == 404
+    assert api.count("create", "pods") == 4 and api.count("watch") == 1 and api.count("patch") == 1
+
+
+# --------------------------------------------------------------------------
+# docs/kubernetes.md shows what each backend produces; generated here, checked here.
+
+DOC_CATALOG = {
+    "profiles": [{"slug": "h100-half", "display_name": "0.5 × H100", "gpus": 0.5, "gpu_model": "H100-80GB"}],
+    "teams": [{"name": "vision", "users": ["alice"], "guarantee": 2, "burst": 3, "namespace": "team-vision"}],
+}
+DOCS = __import__("pathlib").Path(__file__).resolve().parent.parent / "docs" / "kubernetes.md"
+_GPU_KEYS = ("gpulab.io/", "kai.scheduler/", "gpu-fraction", "component")
+
+
+def pod_excerpt(pod: dict) -> dict:
+    """The parts of a pod that gpulab sets (the rest is KubeSpawner's usual pod)."""
+    md, spec = pod["metadata"], pod["spec"]
+    keep = lambda d: {k: v for k, v in sorted((d or {}).items()) if k.startswith(_GPU_KEYS)}  # noqa: E731
+    out = {"metadata": {"namespace": "team-vision", "labels": keep(md.get("labels")),
+                        "annotations": keep(md.get("annotations"))},
+           "spec": {"priorityClassName": spec.get("priorityClassName")}}
+    if spec.get("schedulerName"):
+        out["spec"]["schedulerName"] = spec["schedulerName"]
+    out["spec"]["nodeSelector"] = spec.get("nodeSelector")
+    res = spec["containers"][0].get("resources") or {}
+    out["spec"]["containers"] = [{"name": "notebook", "resources": {
+        k: v for k, v in (("requests", res.get("requests")), ("limits", res.get("limits"))) if v}}]
+    if not out["metadata"]["annotations"]:
+        del out["metadata"]["annotations"]
+    return out
+
+
+async def backend_examples(api: KubeAPIServer) -> dict[str, str]:
+    """backend -> YAML of the pod excerpt (or the refusal) for a 0.5-GPU H100-80GB profile."""
+    out = {}
+    for backend in ("whole", "timeslice", "mig", "hami", "kai"):
+        catalog = {**DOC_CATALOG, "sharing": {"backend": backend}}
+        s = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half"},
+                        config=make_config(api, catalog))
+        n = len(created_pods(api))
+        try:
+            await s.start()
+        except HTTPError as e:
+            out[backend] = f"# refused, nothing created:\n# {e.jupyterhub_message}\n"
+        else:
+            [pod] = created_pods(api)[n:]
+            assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+            out[backend] = yaml.safe_dump(pod_excerpt(pod), sort_keys=False, allow_unicode=True)
+        await s.stop()
+        await KubeSpawner._stop_all_reflectors()
+        set_runtime(None)
+    return out
+
+
+async def test_docs_show_the_objects_each_backend_produces(api):
+    docs = DOCS.read_text()
+    for backend, text in (await backend_examples(api)).items():
+        assert f"```yaml\n{text}```" in docs, f"docs/kubernetes.md is stale for {backend}; " \
+            "regenerate with: .venv/bin/python -m tests.test_kube_spawner"
+
+
+def test_docs_hub_configs_load(tmp_path):
+    """Every jupyterhub_config.py example in docs/kubernetes.md loads with the docs' catalog."""
+    from spawner.config import GPULab
+
+    docs = DOCS.read_text()
+    catalog_yaml = re.search(r"```yaml\n(teams:\n.*?)```", docs, re.S).group(1)
+    (tmp_path / "catalog.yaml").write_text(catalog_yaml)
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", docs, re.S) if "c.GPULab.sharing" in b]
+    assert len(blocks) == 5
+    for block in blocks:
+        c = Config()
+        exec(compile(block, "docs/kubernetes.md", "exec"), {"c": c})
+        assert c.JupyterHub.spawner_class == "gpu-kube"
+        c.GPULab.catalog_file = str(tmp_path / "catalog.yaml")
+        catalog = GPULab(config=c).load_catalog()
+        assert catalog.sharing["backend"] == c.GPULab.sharing["backend"]
+        assert catalog.teams["vision"].namespace == "team-vision"
+
+
+def _regenerate_docs() -> None:  # pragma: no cover - a maintenance command
+    import tempfile
+
+    async def run() -> dict[str, str]:
+        api = KubeAPIServer(kubelet_delay=0.02)
+        await api.start()
+        path = tempfile.mktemp()
+        with open(path, "w") as f:
+            yaml.safe_dump(api.kubeconfig(), f)
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = path
+        try:
+            return await backend_examples(api)
+        finally:
+            await KubeSpawner._stop_all_reflectors()
+            await api.stop()
+
+    examples = asyncio.run(run())
+    text = DOCS.read_text()
+    for backend, block in examples.items():
+        start = text.index(f"<!-- {backend}-example -->")
+        end = text.index("<!-- /example -->", start)
+        text = text[:start] + f"<!-- {backend}-example -->\n```yaml\n{block}```\n" + text[end:]
+    DOCS.write_text(text)
+    print("updated", DOCS)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _regenerate_docs()
