@@ -1,0 +1,150 @@
+{{/*
+Shared helpers. GPU amounts are handled the way spawner/units.py does it:
+as integer milli-GPUs, never as floats, and quota units are rounded UP, so
+the cluster never refuses a pod that gpulab's exact ledger admitted.
+*/}}
+
+{{- define "gpulab.labels" -}}
+app.kubernetes.io/name: gpulab
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
+{{- end }}
+
+{{- define "gpulab.hubNamespace" -}}
+{{- .Values.hub.serviceAccount.namespace | default .Release.Namespace -}}
+{{- end }}
+
+{{/* The namespace a team's pods run in. Call with (dict "team" $team "root" $). */}}
+{{- define "gpulab.teamNamespace" -}}
+{{- $v := .root.Values -}}
+{{- if $v.teamNamespaces.enabled -}}
+{{- .team.namespace | default (printf "%s%s" $v.teamNamespaces.prefix .team.name) -}}
+{{- else -}}
+{{- .root.Release.Namespace -}}
+{{- end -}}
+{{- end }}
+
+{{/* A GPU amount (number or numeric string) as integer milli-GPUs. */}}
+{{- define "gpulab.milli" -}}
+{{- $s := toString . -}}
+{{- if not (regexMatch "^[0-9]+([.][0-9]{1,3})?$" $s) -}}
+{{- fail (printf "gpulab: %q is not a GPU amount (a number with at most 3 decimals)" $s) -}}
+{{- end -}}
+{{- $parts := splitList "." $s -}}
+{{- $whole := int64 (first $parts) -}}
+{{- $frac := 0 -}}
+{{- if gt (len $parts) 1 -}}
+{{- $frac = int64 (printf "%s000" (index $parts 1) | trunc 3 | trimPrefix "0" | trimPrefix "0" | default "0") -}}
+{{- end -}}
+{{- add (mul $whole 1000) $frac -}}
+{{- end }}
+
+{{/* A team's guarantee and burst in milli-GPUs, as YAML {guarantee, burst}. */}}
+{{- define "gpulab.teamMilli" -}}
+{{- $g := include "gpulab.milli" (.guarantee | default 0) | int64 -}}
+{{- $b := $g -}}
+{{- if hasKey . "burst" -}}{{- $b = include "gpulab.milli" .burst | int64 -}}{{- end -}}
+guarantee: {{ $g }}
+burst: {{ $b }}
+{{- end }}
+
+{{/*
+The GPU resources the catalog's profiles make pods request, as YAML
+{resource: {per: units per GPU}} or {resource: {share: milli-GPUs per unit}}.
+It follows spawner/sharing.py (the spawner's mapping), profile by profile:
+  1 GPU or more, any backend   whole resource (whole.resource, hami.resource,
+                               else <backend>.whole_resource; nvidia.com/gpu)  per 1
+  fraction, timeslice          timeslice.resource (nvidia.com/gpu.shared)     per replicas (4)
+  fraction, mig                nvidia.com/mig-<slice> for every slice of the
+                               profile's GPU model                            share of the slice
+  fraction, hami               gpumem-percentage and gpucores resources       per 100
+  fraction, kai                nothing (KAI counts the gpu-fraction annotation)
+  fraction, whole              nothing (the spawner refuses it)
+HAMi's GPU-count resource is never quota'd: every fractional HAMi pod asks
+for one of it, so no number of GPUs bounds it.
+*/}}
+{{- define "gpulab.gpuResources" -}}
+{{- $v := .Values -}}
+{{- $sh := $v.gpulab.sharing | default dict -}}
+{{- $default := $sh.backend | default "whole" -}}
+{{- $out := dict -}}
+{{- $noQuota := dict -}}
+{{- range $p := $v.gpulab.profiles -}}
+{{- $b := $p.sharing | default $default -}}
+{{- $opts := get $sh $b | default dict -}}
+{{- $milli := 0 -}}
+{{- if hasKey $p "gpu_milli" -}}{{- $milli = int64 (toString $p.gpu_milli | trimPrefix "0" | default "0") -}}
+{{- else if hasKey $p "gpus" -}}{{- $milli = include "gpulab.milli" $p.gpus | int64 -}}{{- end -}}
+{{- $wholeRes := $opts.whole_resource | default "nvidia.com/gpu" -}}
+{{- if or (eq $b "whole") (eq $b "hami") -}}{{- $wholeRes = $opts.resource | default "nvidia.com/gpu" -}}{{- end -}}
+{{- if eq $b "hami" -}}{{- $_ := set $noQuota ($opts.resource | default "nvidia.com/gpu") true -}}{{- end -}}
+{{- if ge $milli 1000 -}}
+{{- $cur := get $out $wholeRes | default (dict "per" 0) -}}
+{{- $_ := set $out $wholeRes (dict "per" (max 1 ($cur.per | default 0))) -}}
+{{- else if gt $milli 0 -}}
+{{- if eq $b "timeslice" -}}
+{{- $res := $opts.resource | default "nvidia.com/gpu.shared" -}}
+{{- $cur := get $out $res | default (dict "per" 0) -}}
+{{- $_ := set $out $res (dict "per" (max (int64 ($opts.replicas | default 4)) ($cur.per | default 0))) -}}
+{{- else if eq $b "mig" -}}
+{{- $model := $p.gpu_model | default "" -}}
+{{- $names := get ($opts.profiles | default dict) $model | default (get $v.migDefaultProfiles $model) | default list -}}
+{{- if not $names -}}
+{{- fail (printf "gpulab: profile %q uses MIG on GPU model %q, which has no MIG profile table; add sharing.mig.profiles.%s" $p.slug $model $model) -}}
+{{- end -}}
+{{- $totC := 1 -}}{{- $totM := 1 -}}
+{{- range $names -}}
+{{- $totC = max $totC (regexReplaceAll "^([0-9]+)g[.]([0-9]+)gb$" . "${1}" | int64) -}}
+{{- $totM = max $totM (regexReplaceAll "^([0-9]+)g[.]([0-9]+)gb$" . "${2}" | int64) -}}
+{{- end -}}
+{{- range $names -}}
+{{- $c := regexReplaceAll "^([0-9]+)g[.]([0-9]+)gb$" . "${1}" | int64 -}}
+{{- $m := regexReplaceAll "^([0-9]+)g[.]([0-9]+)gb$" . "${2}" | int64 -}}
+{{- $share := max (div (add (mul $c 1000) (sub $totC 1)) $totC) (div (add (mul $m 1000) (sub $totM 1)) $totM) -}}
+{{- $res := printf "nvidia.com/mig-%s" . -}}
+{{- $cur := get $out $res | default (dict "share" $share) -}}
+{{- $_ := set $out $res (dict "share" (min $share ($cur.share | default $share))) -}}
+{{- end -}}
+{{- else if eq $b "hami" -}}
+{{- $_ := set $out ($opts.memory_percentage_resource | default "nvidia.com/gpumem-percentage") (dict "per" 100) -}}
+{{- $_ := set $out ($opts.cores_resource | default "nvidia.com/gpucores") (dict "per" 100) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $res, $_ := $noQuota -}}{{- $_ := unset $out $res -}}{{- end -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{/*
+A team's amount in one resource's unit, rounded up. Call with
+(list milli entry) where entry is {per: units per GPU} or {share: milli per unit}.
+*/}}
+{{- define "gpulab.units" -}}
+{{- $m := index . 0 | int64 -}}
+{{- $e := index . 1 -}}
+{{- if hasKey $e "share" -}}
+{{- $s := $e.share | int64 -}}
+{{- div (add $m (sub $s 1)) $s -}}
+{{- else -}}
+{{- div (add (mul $m ($e.per | int64)) 999) 1000 -}}
+{{- end -}}
+{{- end }}
+
+{{/* The catalog the hub reads: the gpulab block, each team's namespace made explicit. */}}
+{{- define "gpulab.catalog" -}}
+{{- $root := . -}}
+{{- $teams := list -}}
+{{- range .Values.gpulab.teams -}}
+{{- $t := deepCopy . -}}
+{{- if $root.Values.teamNamespaces.enabled -}}
+{{- $_ := set $t "namespace" (include "gpulab.teamNamespace" (dict "team" . "root" $root)) -}}
+{{- end -}}
+{{- $teams = append $teams $t -}}
+{{- end -}}
+{{- $cat := dict "teams" $teams "profiles" (.Values.gpulab.profiles | default list) "sharing" (.Values.gpulab.sharing | default (dict "backend" "whole")) -}}
+{{- if .Values.gpulab.prices -}}{{- $_ := set $cat "prices" .Values.gpulab.prices -}}{{- end -}}
+{{- if .Values.gpulab.inventory -}}{{- $_ := set $cat "inventory" .Values.gpulab.inventory -}}{{- end -}}
+{{- toYaml $cat -}}
+{{- end }}

@@ -1,0 +1,177 @@
+"""The z2jh overlay (helm/values-jupyterhub.yaml) and the image Dockerfiles.
+
+The overlay is read the way Zero to JupyterHub's jupyterhub_config.py reads
+it and its extraConfig is run against a real traitlets Config; the images'
+Dockerfiles are checked by building the gpulab wheel from exactly the files
+they copy (no container runtime is needed).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+
+from hub_config import scopes as hub_scopes
+
+from .test_helm_chart import REPO, chart_values, of_kind, render
+
+OVERLAY = REPO / "helm" / "values-jupyterhub.yaml"
+
+
+# --------------------------------------------------------------------------
+# the z2jh overlay
+
+
+def overlay() -> dict:
+    return yaml.safe_load(OVERLAY.read_text())
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def z2jh_config(values: dict):
+    """What z2jh's jupyterhub_config.py does with these keys, then the extraConfig."""
+    from traitlets.config import Config
+
+    c = Config()
+    hub = values["hub"]
+    c.JupyterHub.load_roles = [{"name": k, **v} for k, v in hub.get("loadRoles", {}).items()]
+    c.JupyterHub.services = [{"name": k, **v} for k, v in hub.get("services", {}).items()]
+    for app, cfg in hub.get("config", {}).items():
+        c[app].update(cfg)
+    for _, code in sorted(hub.get("extraConfig", {}).items()):
+        exec(compile(code, str(OVERLAY), "exec"), {"c": c, "get_config": lambda: c})
+    return c
+
+
+def test_overlay_mounts_the_catalog_the_chart_renders():
+    values = overlay()
+    chart = chart_values()
+    hub = values["hub"]
+    (vol,) = [v for v in hub["extraVolumes"] if v["name"] == "gpulab-catalog"]
+    assert vol["configMap"]["name"] == chart["catalog"]["configMapName"]
+    (mount,) = [m for m in hub["extraVolumeMounts"] if m["name"] == "gpulab-catalog"]
+    cm = next(d for d in of_kind(render("default"), "ConfigMap") if d["metadata"]["name"] == "gpulab-catalog")
+    (key,) = cm["data"]
+    assert hub["config"]["GPULab"]["catalog_file"] == f"{mount['mountPath']}/{key}"
+    assert values["singleuser"]["profileList"] == [], "the spawner builds profiles from the catalog"
+    assert values["scheduling"]["podPriority"]["enabled"] is False
+
+
+def test_overlay_spawner_class_is_gpu_kube_spawner():
+    hub = overlay()["hub"]
+    name = hub["config"]["JupyterHub"]["spawner_class"]
+    assert f'c.JupyterHub.spawner_class = "{name}"' in hub["extraConfig"]["gpulab"], "extraConfig agrees"
+    target = pyproject()["project"]["entry-points"]["jupyterhub.spawners"][name]
+    module, _, cls = target.partition(":")
+    from kubespawner import KubeSpawner
+
+    spawner_cls = getattr(__import__(module, fromlist=[cls]), cls)
+    assert issubclass(spawner_cls, KubeSpawner) and spawner_cls.__name__ == "GPUKubeSpawner"
+
+
+def test_overlay_scopes_and_culler_service():
+    """Run the overlay's extraConfig as z2jh's jupyterhub_config.py would, at config-load time."""
+    from jupyterhub.scopes import scope_definitions
+
+    c = z2jh_config(overlay())
+    custom = c.JupyterHub.custom_scopes
+    assert {hub_scopes.JOBS, hub_scopes.ADMIN, hub_scopes.CULLER} <= set(custom)
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    for role in roles.values():
+        for scope in role["scopes"]:
+            base = scope.split("!", 1)[0]
+            assert base in scope_definitions or base in custom, f"role {role['name']}: unknown scope {scope}"
+    assert hub_scopes.JOBS + "!user" in roles["user"]["scopes"]
+    assert hub_scopes.ADMIN in roles["gpulab-admin"]["scopes"]
+    assert roles["gpulab-admin"]["groups"] == ["gpulab-admins"]
+    culler = roles["gpulab-idle-culler"]
+    # hub_scopes' list, less access:servers (single-server kernel shutdown only).
+    assert set(culler["scopes"]) == set(hub_scopes.CULLER_SERVICE_SCOPES) - {"access:servers"}
+    services = {s["name"]: s for s in c.JupyterHub.services}
+    assert culler["services"] == ["gpulab-idle-culler"] and "gpulab-idle-culler" in services
+    command = services["gpulab-idle-culler"]["command"]
+    assert command[0] in pyproject()["project"].get("scripts", {}), \
+        f"the culler command {command[0]!r} is not a console script in pyproject.toml"
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in command[1:])
+    assert {"url", "cull-every", "concurrency"} <= set(flags), "jupyterhub-idle-culler's flags"
+    from idle_culler.app import GPUIdleCuller
+
+    assert set(flags) <= set(GPUIdleCuller.aliases), f"unknown culler flags: {set(flags) - set(GPUIdleCuller.aliases)}"
+    assert flags["url"] == "http://localhost:8081/hub/api"
+
+
+def test_overlay_exposes_the_culler_metrics_the_chart_scrapes():
+    values = overlay()
+    hub = values["hub"]
+    command = hub["services"]["gpulab-idle-culler"]["command"]
+    metrics_url = next(a.split("=", 1)[1] for a in command if a.startswith("--metrics-url="))
+    port = int(metrics_url.rsplit(":", 1)[1])
+    monitor = chart_values()["monitoring"]["cullerMetrics"]
+    (extra,) = [p for p in hub["service"]["extraPorts"] if p["name"] == monitor["port"]]
+    assert extra["targetPort"] == port
+    assert any({"port": port} in rule["ports"] for rule in hub["networkPolicy"]["ingress"])
+
+
+# --------------------------------------------------------------------------
+# the images
+
+
+def dockerfile_copies(path: Path) -> list[str]:
+    sources = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if parts and parts[0] == "COPY" and not any(p.startswith("--from") for p in parts):
+            sources += [p for p in parts[1:-1] if not p.startswith("--")]
+    return sources
+
+
+@pytest.mark.parametrize("image,extra", [("hub", "kubernetes"), ("singleuser", "lab")])
+def test_image_builds_gpulab_from_what_it_copies(image, extra, tmp_path):
+    """Build the gpulab wheel from exactly the files the Dockerfile copies."""
+    dockerfile = REPO / "helm" / "images" / image / "Dockerfile"
+    text = dockerfile.read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    bases = re.findall(r"^FROM (\S+)", text, re.M)
+    assert bases[-1].strip("${}") in args, "the final base image is a build ARG with a default"
+    assert f'"/tmp/gpulab[{extra}]"' in text
+    deps = pyproject()["project"]["optional-dependencies"][extra]
+    if extra == "lab":
+        assert any(d.startswith("papermill") for d in deps)
+        assert "jupyter server extension enable --sys-prefix labextension" in text
+    else:
+        assert any(d.startswith("jupyterhub-kubespawner") for d in deps)
+    ignore = (dockerfile.parent / "Dockerfile.dockerignore").read_text().splitlines()
+    context = tmp_path / "ctx"
+    context.mkdir()
+    copied = dockerfile_copies(dockerfile)
+    if image == "singleuser":
+        copied.append("labextension")  # COPY --from=lab: the same folder, built
+    for src in dict.fromkeys(copied):
+        assert (REPO / src).exists(), f"{image}/Dockerfile copies {src}, which is not in the repository"
+        assert f"!{src}" in ignore or f"!{src}/**" in ignore, f"{src} is excluded from the build context"
+        if (REPO / src).is_dir():
+            shutil.copytree(REPO / src, context / src,
+                            ignore=shutil.ignore_patterns("node_modules", "__pycache__", "*.pyc"))
+        else:
+            shutil.copy(REPO / src, context / src)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "-q", "-w", str(tmp_path / "dist"), str(context)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = (tmp_path / "dist").glob("gpulab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"spawner/kube.py", "hub_config/setup.py", "labextension/__init__.py"} <= names
