@@ -38,3 +38,11 @@ def roles(admin_users: list[str] | None = None) -> list[dict]:
          "users": list(admin_users or [])},
     ]
     return out
+
+
+#: The GPU idle culler service (issue 4, docs/idle-culler.md): list servers with
+#: their spawner state (pod name / devices), stop idle ones, record warnings and
+#: reclaims. ``access:servers`` only for shutting down single kernels on the
+#: single-server (NVML) mode; drop it on Kubernetes.
+CULLER_SERVICE_SCOPES = ["list:users", "read:servers", "admin:server_state", "delete:servers", CULLER,
+                         "access:servers"]

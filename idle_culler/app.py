@@ -1,0 +1,432 @@
+"""``gpulab-idle-culler``: reclaim GPUs that sat idle, warn first, never guess.
+
+A JupyterHub service (hub-managed or external). Each cycle it:
+
+1. lists the hub's ready servers (paginated, with their spawner state) and
+   gpulab's idle state (warnings, keep-alives, per-profile/team timeouts);
+2. asks the utilisation source ONCE for every GPU server's samples;
+3. judges each server with :func:`spawner.idle.judge_gpu_idle` and steps the
+   warn -> grace -> reclaim machine (:func:`spawner.idle.next_step`);
+4. records warnings / clears / reclaims through the hub API, stops idle
+   servers (or, with per-process NVML data, shuts down just the idle kernels).
+
+Servers without a GPU are left to jupyterhub-idle-culler. Flags follow
+jupyterhub-idle-culler where they mean the same (--url, --cull-every,
+--concurrency, --api-page-size, --ssl-enabled, --internal-certs-location).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.log import LogFormatter
+from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode, default
+from traitlets.config import Application
+
+from spawner.idle import (
+    BUSY, IDLE, IdleVerdict, IdleWarning, Step, idle_timeout_for, judge_gpu_idle, next_step, reclaimed_gpu_hours,
+)
+from spawner.model import Profile, Team
+
+from .hub import HubAPIError, HubClient, make_ssl_context
+from .metrics import CullerMetrics, MetricsHandler
+from .nvml_source import NVMLSource
+from .sources import DCGMExporterSource, PrometheusSource, SourceUnavailable, UtilisationSource
+from .targets import ServerTarget, targets_from_users
+
+SOURCES = {"prometheus": PrometheusSource, "dcgm-exporter": DCGMExporterSource, "nvml": NVMLSource}
+
+
+class GPUIdleCuller(Application):
+    name = "gpulab-idle-culler"
+    description = "Reclaim GPUs from JupyterHub servers whose GPUs sat idle (DCGM / NVML), after a warning."
+
+    url = Unicode(
+        os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"), config=True,
+        help="The JupyterHub API URL (default: $JUPYTERHUB_API_URL).",
+    )
+    api_token = Unicode(
+        config=True, help="The service's API token (default: $JUPYTERHUB_API_TOKEN).",
+    )
+
+    @default("api_token")
+    def _default_token(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    public_url = Unicode(
+        "", config=True,
+        help="""Public URL of the hub's proxy (e.g. http://127.0.0.1:8000), used to reach
+        single-user servers when shutting down one kernel. Not needed when the hub sets
+        `c.JupyterHub.public_url` (server models then carry full URLs).""",
+    )
+    config_file = Unicode("gpulab_idle_culler_config.py", config=True, help="Config file to load (if it exists).")
+    cull_every = Integer(60, min=1, config=True, help="Seconds between cull cycles.")
+    concurrency = Integer(10, min=0, config=True, help="Most hub API requests in flight at once (0 = no limit).")
+    api_page_size = Integer(0, min=0, config=True, help="Users per page from the hub's paginated user list (0: hub default).")
+    ssl_enabled = Bool(False, config=True, help="Whether the hub API uses internal SSL.")
+    internal_certs_location = Unicode(
+        "internal-ssl", config=True,
+        help="Where the internal-ssl certificates are (only with --ssl-enabled).",
+    )
+    cull_default_servers = Bool(True, config=True, help="Whether default (unnamed) GPU servers are culled.")
+    cull_named_servers = Bool(True, config=True, help="Whether named GPU servers are culled.")
+
+    source = CaselessStrEnum(
+        list(SOURCES), default_value="prometheus", config=True,
+        help="""Where GPU utilisation comes from: `prometheus` (dcgm-exporter through Prometheus,
+        one query per cycle), `dcgm-exporter` (scrape exporters directly) or `nvml`
+        (per-process, on the hub's own machine; single server only).""",
+    )
+    threshold_percent = Float(
+        1.0, min=0.0, max=100.0, config=True,
+        help="A GPU is idle when every sample is at or below this utilisation (percent).",
+    )
+    default_timeout = Integer(
+        3600, min=1, config=True,
+        help="""Idle timeout in seconds when neither the server's profile nor its team sets
+        `idle_timeout` (if both do, the shorter wins; see docs/idle-culler.md).""",
+    )
+    grace_seconds = Integer(
+        900, min=0, config=True,
+        help="Seconds between the warning the user sees and the reclaim.",
+    )
+    max_sample_gap = Float(
+        90.0, min=0.1, config=True,
+        help="""Largest allowed hole between samples (and age of the newest one), in seconds.
+        dcgm-exporter collects every 30 s by default; with `dcgm-exporter` or `nvml` as the
+        source the culler samples once per cycle, so keep this above --cull-every.""",
+    )
+    node_name = Unicode(
+        config=True,
+        help="""The dcgm-exporter `Hostname`/`hostname` of this machine, for servers mapped by
+        device index (the single-server spawners). Default: this host's name.""",
+    )
+
+    @default("node_name")
+    def _default_node_name(self) -> str:
+        return socket.gethostname()
+
+    kernel_shutdown = Bool(
+        True, config=True,
+        help="""With per-process data (nvml), shut down just the idle kernels holding GPU memory
+        instead of stopping the server. The server is stopped later if it stays idle.""",
+    )
+    dry_run = Bool(False, config=True, help="Decide and log, but record, warn and stop nothing.")
+    once = Bool(False, config=True, help="Run one cycle and exit.")
+    metrics_url = Unicode(
+        config=True,
+        help="""Where to serve /metrics (e.g. http://127.0.0.1:9464). Default: $JUPYTERHUB_SERVICE_URL
+        when the hub gives the service one, else none.""",
+    )
+
+    @default("metrics_url")
+    def _default_metrics_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+
+    aliases = {
+        "url": "GPUIdleCuller.url",
+        "public-url": "GPUIdleCuller.public_url",
+        "config": "GPUIdleCuller.config_file",
+        "cull-every": "GPUIdleCuller.cull_every",
+        "concurrency": "GPUIdleCuller.concurrency",
+        "api-page-size": "GPUIdleCuller.api_page_size",
+        "ssl-enabled": "GPUIdleCuller.ssl_enabled",
+        "internal-certs-location": "GPUIdleCuller.internal_certs_location",
+        "cull-default-servers": "GPUIdleCuller.cull_default_servers",
+        "cull-named-servers": "GPUIdleCuller.cull_named_servers",
+        "source": "GPUIdleCuller.source",
+        "threshold": "GPUIdleCuller.threshold_percent",
+        "timeout": "GPUIdleCuller.default_timeout",
+        "grace": "GPUIdleCuller.grace_seconds",
+        "max-sample-gap": "GPUIdleCuller.max_sample_gap",
+        "node-name": "GPUIdleCuller.node_name",
+        "metrics-url": "GPUIdleCuller.metrics_url",
+        "prometheus-url": "PrometheusSource.prometheus_url",
+        "series-selector": "PrometheusSource.series_selector",
+        "exporter-url": "DCGMExporterSource.exporter_urls",
+        "log-level": "Application.log_level",
+    }
+    flags = {
+        "dry-run": ({"GPUIdleCuller": {"dry_run": True}}, "Decide and log, change nothing."),
+        "once": ({"GPUIdleCuller": {"once": True}}, "Run one cycle and exit."),
+        "no-kernel-shutdown": ({"GPUIdleCuller": {"kernel_shutdown": False}}, "Always stop whole servers."),
+    }
+    classes = [PrometheusSource, DCGMExporterSource, NVMLSource]
+
+    _log_formatter_cls = LogFormatter
+    _cycle_now = 0.0
+
+    @default("log_level")
+    def _log_level_default(self):
+        return logging.INFO
+
+    @default("log_format")
+    def _log_format_default(self):
+        return "%(color)s[%(levelname)1.1s %(asctime)s.%(msecs).03d %(name)s]%(end_color)s %(message)s"
+
+    # -- set-up -------------------------------------------------------------
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        if self.config_file and os.path.exists(self.config_file):
+            self.load_config_file(self.config_file)
+        self.metrics = CullerMetrics()
+        self.utilisation: UtilisationSource = SOURCES[self.source](parent=self, log=self.log)
+        self.hub: HubClient | None = None
+
+    def make_hub_client(self) -> HubClient:
+        ctx = None
+        if self.ssl_enabled:
+            loc = self.internal_certs_location
+            ctx = make_ssl_context(f"{loc}/hub-internal/hub-internal.key", f"{loc}/hub-internal/hub-internal.crt",
+                                   f"{loc}/hub-ca/hub-ca.crt")
+        return HubClient(self.url, self.api_token, concurrency=self.concurrency, page_size=self.api_page_size,
+                         ssl_context=ctx, public_url=self.public_url)
+
+    # -- one cycle ----------------------------------------------------------
+
+    def timeout_for(self, target: ServerTarget, profiles: dict, teams: dict) -> tuple[int, str]:
+        """The server's idle timeout from the hub's catalog (shorter of profile and team)."""
+        p = profiles.get(target.profile) or {}
+        t = teams.get(target.team) or {}
+        profile = Profile(slug=target.profile, display_name=target.profile,
+                          idle_timeout_seconds=p.get("idle_timeout_seconds")) if target.profile else None
+        team = Team(name=target.team, idle_timeout_seconds=t.get("idle_timeout_seconds")) if target.team else None
+        return idle_timeout_for(profile, team, self.default_timeout)
+
+    async def cycle(self) -> dict[str, Any]:
+        """One pass over every GPU server; returns what it did (for logs, tests and the benchmark)."""
+        started = time.monotonic()
+        if self.hub is None:
+            self.hub = self.make_hub_client()
+        hub = self.hub
+        queries_before = self.utilisation.queries
+        summary: dict[str, Any] = {"servers": 0, "gpu_servers": 0, "non_gpu": 0, "warned": [], "cleared": [],
+                                   "reclaimed": [], "kernels": [], "skipped": [], "verdicts": {},
+                                   "source_error": None}
+        self.metrics.cycles.inc()
+        try:
+            idle_state, users = await asyncio.gather(hub.idle_state(), hub.ready_users())
+        except (HubAPIError, OSError) as e:
+            self.metrics.errors.labels("hub").inc()
+            self.log.error("Cannot read the hub's servers; culling nothing this cycle: %s", e)
+            summary["source_error"] = f"hub: {e}"
+            self._finish(summary, started, queries_before)
+            return summary
+        targets, non_gpu, unmapped = targets_from_users(users, idle_state.get("profiles", {}), self.node_name)
+        summary["servers"] = sum(len(u.get("servers") or {}) for u in users)
+        summary["non_gpu"] = len(non_gpu)
+        targets = [t for t in targets if (self.cull_named_servers if t.server else self.cull_default_servers)]
+        summary["gpu_servers"] = len(targets)
+        for key in unmapped:
+            self.log.warning("Not culling %s: its state names neither a pod nor GPU devices", key)
+        summary["skipped"].extend(unmapped)
+        self.metrics.skipped.inc(len(unmapped))
+
+        warnings = {(w["user"], w["server"]): IdleWarning(w["warned_at"], w["reclaim_at"])
+                    for w in idle_state.get("warnings", [])}
+        keepalives = {(k["user"], k["server"]): k["until"] for k in idle_state.get("keepalives", [])}
+        timeouts = {t.key: self.timeout_for(t, idle_state.get("profiles", {}), idle_state.get("teams", {}))
+                    for t in targets}
+        now = self._cycle_now = time.time()
+        data: dict[str, list] = {}
+        if targets:
+            window = max(sec for sec, _ in timeouts.values())
+            try:
+                data = await self.utilisation.collect(targets, now, window)
+            except SourceUnavailable as e:
+                # Fail safe: no data means no decision at all -- no warning, no clear, no reclaim.
+                self.metrics.errors.labels("source").inc()
+                self.metrics.skipped.inc(len(targets))
+                summary["skipped"].extend(t.key for t in targets)
+                summary["source_error"] = str(e)
+                self.log.error("Utilisation source unavailable; culling nothing this cycle: %s", e)
+                self._finish(summary, started, queries_before)
+                return summary
+
+        counts: dict[str, int] = {}
+        actions = []
+        # A warning for a server that is no longer running (stopped by its user) is void.
+        ready = {(u["name"], name) for u in users for name, srv in (u.get("servers") or {}).items()
+                 if srv.get("ready") or srv.get("pending")}
+        for (user, server) in warnings:
+            if (user, server) not in ready:
+                actions.append(self._clear_gone(user, server, summary))
+        for t in targets:
+            seconds, origin = timeouts[t.key]
+            verdict = judge_gpu_idle(data.get(t.key, []), now=now, window_seconds=seconds,
+                                     threshold_percent=self.threshold_percent, max_gap_seconds=self.max_sample_gap,
+                                     expected_devices=t.expected_devices)
+            counts[verdict.status] = counts.get(verdict.status, 0) + 1
+            summary["verdicts"][t.key] = verdict.status
+            if verdict.missing_data:
+                self.metrics.skipped.inc()
+                summary["skipped"].append(t.key)
+                self.log.info("Not culling %s: %s", t.key, verdict.reason)
+            step = next_step(verdict, warnings.get((t.user, t.server)), keepalives.get((t.user, t.server)), now)
+            if step in (Step.NOTHING, Step.WAIT, Step.HOLD):
+                if step is Step.WAIT:
+                    self.log.debug("%s idle, warned; reclaim at %s", t.key, warnings[(t.user, t.server)].reclaim_at)
+                continue
+            actions.append(self._act(step, t, verdict, seconds, origin, warnings.get((t.user, t.server)), now,
+                                     summary))
+        if actions:
+            await asyncio.gather(*actions)
+        for status in (IDLE, BUSY, "missing", "partial", "stale", "short"):
+            self.metrics.gpu_servers.labels(status).set(counts.get(status, 0))
+        self._finish(summary, started, queries_before)
+        return summary
+
+    def _finish(self, summary: dict, started: float, queries_before: int) -> None:
+        summary["queries"] = self.utilisation.queries - queries_before
+        summary["seconds"] = time.monotonic() - started
+        self.metrics.cycle_seconds.set(summary["seconds"])
+        self.metrics.queries.set(summary["queries"])
+        self.log.info(
+            "Cycle: %d servers, %d on GPUs, %d warned, %d cleared, %d reclaimed, %d kernels, %d skipped, "
+            "%d metric queries, %.3fs", summary["servers"], summary["gpu_servers"], len(summary["warned"]),
+            len(summary["cleared"]), len(summary["reclaimed"]), len(summary["kernels"]), len(summary["skipped"]),
+            summary["queries"], summary["seconds"])
+
+    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str,
+                **extra: Any) -> dict[str, Any]:
+        evidence = dict(verdict.evidence)
+        evidence["idle_timeout_seconds"] = seconds
+        evidence["idle_timeout_from"] = origin
+        evidence["hub_last_activity"] = t.last_activity  # kept to show activity is not utilisation
+        evidence["decided_at"] = self._cycle_now
+        evidence["source"] = self.source
+        return {"user": t.user, "server": t.server, "team": t.team, "profile": t.profile,
+                "gpu_milli": t.gpu_milli, "reason": verdict.reason, "evidence": evidence, **extra}
+
+    async def _act(self, step: Step, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str,
+                   warning: IdleWarning | None, now: float, summary: dict) -> None:
+        hub = self.hub
+        try:
+            if step is Step.WARN:
+                body = self._record(t, verdict, seconds, origin, grace_seconds=self.grace_seconds)
+                self.log.warning("Warning %s: GPU idle for %ss (%s); reclaim in %ss", t.key, seconds, origin,
+                                 self.grace_seconds)
+                if not self.dry_run:
+                    await hub.warn(body)
+                self.metrics.warnings.labels(t.team).inc()
+                summary["warned"].append(t.key)
+            elif step is Step.CLEAR:
+                reason = "kept alive by the user" if verdict.status != BUSY else verdict.reason
+                self.log.info("Clearing warning of %s: %s", t.key, reason)
+                if not self.dry_run:
+                    await hub.clear(t.user, t.server, reason[:500])
+                summary["cleared"].append(t.key)
+            elif step is Step.RECLAIM:
+                await self._reclaim(t, verdict, warning, seconds, origin, now, summary)
+        except (HubAPIError, OSError) as e:
+            self.metrics.errors.labels("hub").inc()
+            self.log.error("%s of %s failed: %s", step.value, t.key, e)
+
+    async def _clear_gone(self, user: str, server: str, summary: dict) -> None:
+        if self.dry_run:
+            return
+        try:
+            await self.hub.clear(user, server, "server not running")
+            summary["cleared"].append(f"{user}/{server}")
+        except (HubAPIError, OSError) as e:
+            self.metrics.errors.labels("hub").inc()
+            self.log.error("Clearing the warning of stopped server %s/%s failed: %s", user, server, e)
+
+    async def _reclaim(self, t: ServerTarget, verdict: IdleVerdict, warning: IdleWarning | None,
+                       seconds: int, origin: str, now: float, summary: dict) -> None:
+        hub = self.hub
+        holders = self.utilisation.kernel_holders(t)
+        base = hub.server_base(t.url, t.full_url)
+        if self.kernel_shutdown and holders and base and all(h["kernel_id"] for h in holders):
+            kernel_ids = sorted({h["kernel_id"] for h in holders})
+            self.log.warning("Reclaiming GPU of %s: shutting down idle kernel(s) %s", t.key, ", ".join(kernel_ids))
+            if self.dry_run:
+                return
+            # Claim first: the hub refuses (409) if the user kept the GPU since this cycle began.
+            # The server keeps its GPU allocation; only the kernels' GPU memory is freed: 0 GPU-hours.
+            if not await self._claim(t, self._record(t, verdict, seconds, origin, action="shutdown-kernel",
+                                                     kernel_ids=kernel_ids, gpu_hours_reclaimed=0.0)):
+                return
+            for kid in kernel_ids:
+                await hub.shutdown_kernel(base, kid)
+                summary["kernels"].append(f"{t.key}:{kid}")
+            self.metrics.reclaims.labels(t.team, "shutdown-kernel").inc()
+            return
+        idle_since = (warning.warned_at if warning else now) - seconds
+        hours = reclaimed_gpu_hours(t.gpu_milli, idle_since, now)
+        self.log.warning("Reclaiming GPU of %s: stopping the server (%.4f GPU-hours): %s", t.key, hours,
+                         verdict.reason)
+        if self.dry_run:
+            return
+        if not await self._claim(t, self._record(t, verdict, seconds, origin, action="stop-server",
+                                                 gpu_hours_reclaimed=hours)):
+            return
+        try:
+            code = await hub.stop_server(t.user, t.server)
+        except HubAPIError as e:
+            self.metrics.errors.labels("stop").inc()
+            self.log.error("Stopping %s failed after the reclaim was recorded: %s", t.key, e)
+            return
+        if code == 202:
+            self.log.info("Server %s is slow to stop", t.key)
+        self.metrics.reclaims.labels(t.team, "stop-server").inc()
+        self.metrics.reclaimed_gpu_hours.labels(t.team).inc(hours)
+        summary["reclaimed"].append(t.key)
+
+    async def _claim(self, t: ServerTarget, body: dict[str, Any]) -> bool:
+        """Record the reclaim in the hub's audit log; False when the hub refuses it (kept alive)."""
+        try:
+            await self.hub.record_reclaim(body)
+        except HubAPIError as e:
+            if e.code == 409:
+                self.log.info("Not reclaiming %s: %s", t.key, e)
+                return False
+            raise
+        return True
+
+    # -- service loop -------------------------------------------------------
+
+    def start_metrics_server(self) -> HTTPServer | None:
+        if not self.metrics_url:
+            return None
+        parsed = urlparse(self.metrics_url)
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/").rstrip("/")
+        routes = [(r"/metrics", MetricsHandler, {"metrics": self.metrics})]
+        if prefix:
+            routes.append((prefix + r"/metrics", MetricsHandler, {"metrics": self.metrics}))
+        server = HTTPServer(web.Application(routes))
+        server.listen(parsed.port or 80, parsed.hostname or "127.0.0.1")
+        self.log.info("Serving metrics at %s/metrics", self.metrics_url.rstrip("/"))
+        return server
+
+    async def run(self) -> None:
+        if not self.api_token:
+            raise SystemExit("gpulab-idle-culler: no API token (set $JUPYTERHUB_API_TOKEN or --GPUIdleCuller.api_token)")
+        self.start_metrics_server()
+        self.log.info("GPU idle culler: source %s, every %ss, threshold %g%%, default timeout %ss, grace %ss",
+                      self.source, self.cull_every, self.threshold_percent, self.default_timeout, self.grace_seconds)
+        while True:
+            try:
+                await self.cycle()
+            except Exception:  # a bug in one cycle must not end the service
+                self.metrics.errors.labels("cycle").inc()
+                self.log.exception("Cull cycle failed")
+            if self.once:
+                return
+            await asyncio.sleep(self.cull_every)
+
+    def start(self) -> None:
+        asyncio.run(self.run())
+
+
+def main(argv: list[str] | None = None) -> None:
+    GPUIdleCuller.launch_instance(argv)

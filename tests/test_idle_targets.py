@@ -1,0 +1,42 @@
+"""Which hub servers the culler judges, and how it finds their GPUs (idle_culler/targets.py)."""
+
+from __future__ import annotations
+
+from idle_culler.targets import DEVICE, POD, targets_from_users
+
+PROFILES = {"cpu": {"gpu_milli": 0}, "h100-half": {"gpu_milli": 500}, "h100-2": {"gpu_milli": 2000}}
+
+
+def server(state=None, options=None, ready=True, pending=None):
+    return {"ready": ready, "pending": pending, "url": "/user/x/", "last_activity": None,
+            "state": state or {}, "user_options": options or {}}
+
+
+def test_targets_from_kubespawner_local_spawner_and_form_choices():
+    users = [
+        {"name": "alice", "servers": {
+            "": server({"pod_name": "jupyter-alice", "namespace": "jhub"}, {"team": "vision", "profile": "h100-2"}),
+            "form": server({"pod_name": "jupyter-alice--form", "namespace": "team-nlp"},
+                           {"profile": "nlp:h100-half"}),
+            "cpu": server({"pod_name": "jupyter-alice--cpu", "namespace": "jhub"}, {"profile": "vision:cpu"}),
+            "starting": server({"pod_name": "p"}, {"profile": "vision:h100-2"}, ready=False, pending="spawn"),
+        }},
+        {"name": "bob", "servers": {
+            "": server({"pid": 4242, "gpulab": {"team": "vision", "profile": "h100-2", "milli": 2000,
+                                                "shares": [[3, 1000], [5, 1000]]}}),
+            "odd": server({}, {"team": "vision", "profile": "h100-half"}),  # GPU, but no pod and no devices
+            "unknown": server({}, {"team": "vision", "profile": "retired-profile"}),
+        }},
+    ]
+    targets, non_gpu, unmapped = targets_from_users(users, PROFILES, "box-1")
+    by_key = {t.key: t for t in targets}
+    assert sorted(by_key) == ["alice/", "alice/form", "bob/"]
+    a = by_key["alice/"]
+    assert (a.mapping, a.namespace, a.pod, a.gpu_milli, a.expected_devices) == (POD, "jhub", "jupyter-alice", 2000, 2)
+    f = by_key["alice/form"]
+    assert (f.team, f.profile, f.gpu_milli, f.expected_devices) == ("nlp", "h100-half", 500, 1)
+    b = by_key["bob/"]
+    assert (b.mapping, b.devices, b.pid, b.hostname) == (DEVICE, (3, 5), 4242, "box-1")
+    assert b.expected_devices == {"box-1/gpu3", "box-1/gpu5"}
+    assert non_gpu == ["alice/cpu"]
+    assert sorted(unmapped) == ["bob/odd", "bob/unknown"]
