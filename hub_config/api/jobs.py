@@ -1,0 +1,174 @@
+"""``/hub/api/gpulab/jobs``: submit, list, read, cancel, re-run notebook jobs; logs and outputs.
+
+Scopes: ``custom:gpulab:jobs`` for one's own jobs (every user holds
+``custom:gpulab:jobs!user``), ``custom:gpulab:admin`` for everyone's. A job
+that the caller may not see answers 404, exactly like a job that does not
+exist, so ids of other users' jobs cannot be probed. See docs/jobs.md and
+docs/jobs-openapi.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tornado import web
+
+from spawner.jobspec import STATES, JobSpecError
+
+from ..jobs.models import JobRecord
+from ..jobs.service import get_service
+from ..scopes import ADMIN, JOBS
+from .base import GPULabAPIHandler
+
+#: Largest submission body (parameters are limited separately, and more tightly).
+MAX_SUBMIT_BYTES = 64 * 1024
+#: Most log bytes one ``/logs`` call returns.
+LOG_CHUNK = 256 * 1024
+
+
+class JobsBase(GPULabAPIHandler):
+    @property
+    def jobs(self):
+        return get_service(self.settings.get("config"))
+
+    def caller_user(self):
+        """The calling *user* (jobs are submitted by users, not services)."""
+        user = self.current_user
+        if not user:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        return user
+
+    def require_any_jobs_scope(self) -> None:
+        """403 unless the caller holds the jobs scope for itself, or is a gpulab admin."""
+        user = self.caller_user()
+        name = getattr(user, "name", "")
+        if self.has_scope(ADMIN) or self.has_scope(JOBS, name) or self.has_scope(JOBS):
+            return
+        sub = (getattr(self, "parsed_scopes", {}) or {}).get(JOBS)
+        if sub:  # a filtered jobs scope for other users (e.g. a service acting for them)
+            return
+        raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {JOBS}")
+
+    def may_see(self, rec: JobRecord) -> bool:
+        return self.has_scope(ADMIN) or self.has_scope(JOBS, rec.user)
+
+    def load(self, job_id: str) -> JobRecord:
+        self.require_any_jobs_scope()
+        rec = self.jobs.get(int(job_id)) if job_id.isdigit() and len(job_id) < 12 else None
+        if rec is None or not self.may_see(rec):
+            raise web.HTTPError(404, f"no job {job_id[:20]}")
+        return rec
+
+    def groups_of(self, user_name: str) -> list[str]:
+        user = self.find_user(user_name)
+        return [g.name for g in user.groups] if user is not None else []
+
+
+class JobsHandler(JobsBase):
+    async def get(self) -> None:
+        self.require_any_jobs_scope()
+        user = self.get_argument("user", None)
+        team = self.get_argument("team", None)
+        state = self.get_argument("state", None)
+        for label, value in (("user", user), ("team", team)):
+            if value is not None and (len(value) > 255 or not value):
+                raise web.HTTPError(400, f"invalid {label}")
+        if state is not None and state not in STATES:
+            raise web.HTTPError(400, f"state must be one of {', '.join(STATES)}")
+        if self.has_scope(ADMIN):
+            pass  # everyone's, filtered as asked
+        elif user is not None:
+            if not self.has_scope(JOBS, user):
+                raise web.HTTPError(403, f"requires {ADMIN} to list another user's jobs")
+        else:
+            me = self.caller_name
+            if getattr(self.current_user, "kind", "user") != "user" or not self.has_scope(JOBS, me):
+                raise web.HTTPError(400, "name the user with ?user=NAME")
+            user = me
+        records = self.jobs.list(user=user, team=team, state=state)
+        self.write_json({"jobs": [r.to_json() for r in records]})
+
+    async def post(self) -> None:
+        self.require_any_jobs_scope()
+        user = self.current_user
+        if getattr(user, "kind", "user") != "user":
+            raise web.HTTPError(400, "jobs are submitted with a user's token")
+        if not self.has_scope(JOBS, user.name):
+            raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {JOBS}")
+        body = self.read_json(MAX_SUBMIT_BYTES)
+        try:
+            rec, created = self.jobs.submit(user.name, [g.name for g in user.groups], body)
+        except JobSpecError as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_json(rec.to_json(), 201 if created else 200)
+
+
+class JobHandler(JobsBase):
+    async def get(self, job_id: str) -> None:
+        self.write_json(self.load(job_id).to_json())
+
+
+class JobCancelHandler(JobsBase):
+    async def post(self, job_id: str) -> None:
+        rec = self.load(job_id)
+        try:
+            rec = await self.jobs.cancel(rec, self.caller_name)
+        except JobSpecError as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_json(rec.to_json())
+
+
+class JobRerunHandler(JobsBase):
+    async def post(self, job_id: str) -> None:
+        rec = self.load(job_id)
+        if self.caller_name != rec.user and not self.has_scope(ADMIN):
+            raise web.HTTPError(403, "only the job's owner or an admin may re-run it")
+        try:
+            new = self.jobs.rerun(rec, self.groups_of(rec.user))
+        except JobSpecError as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_json(new.to_json(), 201)
+
+
+class JobLogsHandler(JobsBase):
+    async def get(self, job_id: str) -> None:
+        rec = self.load(job_id)
+        raw = self.get_argument("offset", "0")
+        if not raw.isdigit() or len(raw) > 15:
+            raise web.HTTPError(400, "offset must be a whole number of bytes, at least 0")
+        offset = int(raw)
+        try:
+            data, new_offset = self.jobs.read_log(rec, offset, LOG_CHUNK)
+        except JobSpecError as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        # Complete when the job is final and there is nothing more to read.
+        complete = rec.state in ("succeeded", "failed", "cancelled", "timed-out") and len(data) < LOG_CHUNK
+        self.write_json({"text": data.decode("utf-8", errors="replace"), "offset": new_offset,
+                         "complete": complete, "state": rec.state})
+
+
+class JobOutputHandler(JobsBase):
+    async def get(self, job_id: str) -> None:
+        rec = self.load(job_id)
+        try:
+            data = self.jobs.read_output(rec)
+        except JobSpecError as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        if data is None:
+            raise web.HTTPError(404, f"job {rec.id} ({rec.state}) has no output notebook yet")
+        try:
+            notebook: Any = json.loads(data)
+        except ValueError:
+            raise web.HTTPError(409, "the output notebook is still being written; try again") from None
+        self.write_json(notebook)
+
+
+handlers = [
+    (r"/api/gpulab/jobs", JobsHandler),
+    (r"/api/gpulab/jobs/([^/]+)", JobHandler),
+    (r"/api/gpulab/jobs/([^/]+)/cancel", JobCancelHandler),
+    (r"/api/gpulab/jobs/([^/]+)/rerun", JobRerunHandler),
+    (r"/api/gpulab/jobs/([^/]+)/logs", JobLogsHandler),
+    (r"/api/gpulab/jobs/([^/]+)/output", JobOutputHandler),
+]

@@ -1,0 +1,343 @@
+"""The single-server job backend: papermill processes on this machine's GPUs.
+
+- Placement goes through the runtime's :class:`~spawner.packer.DevicePacker`
+  -- the one the notebook spawner uses -- so jobs and notebooks never share
+  more of a GPU than it has.
+- The queue is ordered by priority (training before batch), then age. A job
+  that does not fit waits; a training job that does not fit preempts running
+  batch jobs when releasing them would make it fit: SIGTERM to the runner's
+  process group, the job is recorded ``preempted`` and, once its process is
+  gone, ``queued`` again (it keeps its quota admission and runs again later).
+- Time limits: a job running longer than its limit is stopped and ``timed-out``.
+- Hub restarts: runners live in their own session and outlive the hub; on start
+  a ``running`` job whose runner still lives is re-adopted (devices and quota),
+  one whose runner is gone is finished from its exit-status file, or marked
+  ``failed`` with the reason when there is none. Nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from spawner import jobspec
+from spawner.env import gpu_env
+from spawner.local import ensure_packer
+from spawner.packer import FULL
+
+from .models import JobRecord, utcnow
+from .service import log
+
+RUNNER_MODULE = "hub_config.jobs.runner"
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a live (non-zombie) process?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+class LocalJobBackend:
+    """Runs jobs as local processes; see the module docstring."""
+
+    name = "local"
+    #: The hub can read the users' homes (check notebooks, serve logs and outputs).
+    sees_homes = True
+
+    def __init__(self, service):
+        self.service = service
+        self.settings = service.settings
+        self.runtime = service.runtime
+        #: job id -> our child process (jobs adopted after a restart have none).
+        self.procs: dict[int, subprocess.Popen] = {}
+        #: job id -> pid of every runner we track (children and adopted).
+        self.pids: dict[int, int] = {}
+        #: job id -> (SIGKILL deadline, state to enter once the process is gone or None).
+        self.stopping: dict[int, tuple[float, str | None]] = {}
+        #: victim job id -> the training job it was preempted for.
+        self.preempting: dict[int, int] = {}
+        self.state_dir = Path(self.settings.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def packer(self):
+        return ensure_packer(self.runtime, self.settings.gpu_inventory_source)
+
+    # -- the service's calls ---------------------------------------------------
+
+    def prepare(self, request, v: dict[str, Any]) -> int:
+        """The milli-GPUs the job takes; refuses a profile this server can never hold."""
+        profile = request.profile
+        milli = profile.gpu_milli
+        if milli:
+            models = {profile.gpu_model} if profile.gpu_model else None
+            devices = [d for d in self.packer.devices.values() if not models or d.model in models]
+            need = max(1, milli // FULL)
+            if len(devices) < need:
+                raise jobspec.JobSpecError(
+                    f"this server has {len(devices)} {profile.gpu_model or 'GPU'}(s); "
+                    f"profile {profile.slug} needs {need}", 409)
+        return milli
+
+    def submitted(self, rec: JobRecord) -> None:
+        pass  # the next tick places it
+
+    async def cancel(self, rec: JobRecord, reason: str) -> None:
+        if rec.id in self.stopping:  # being preempted: stop it for good instead of requeueing
+            deadline, _ = self.stopping[rec.id]
+            self.stopping[rec.id] = (deadline, None)
+            self.service.transition(rec.id, jobspec.CANCELLED, reason)
+        elif rec.state == jobspec.RUNNING and rec.id in self.pids:
+            self.service.transition(rec.id, jobspec.CANCELLED, reason)
+            self._terminate(rec.id, None)
+        else:
+            self.service.transition(rec.id, jobspec.CANCELLED, reason)
+            self._release_devices(rec.id)
+
+    def status_path(self, job_id: int, attempt: int) -> Path:
+        return self.state_dir / f"job-{job_id}-attempt-{attempt}.json"
+
+    # -- restart ------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        self.packer  # noqa: B018 -- create the shared packer now, so /me shows capacity before any spawn
+        for rec in self.service.active(self.name):
+            if rec.state == jobspec.PREEMPTED:  # the hub stopped while the runner was being stopped
+                if rec.pid and _alive(rec.pid) and RUNNER_MODULE in _cmdline(rec.pid):
+                    self.pids[rec.id] = rec.pid
+                    with self.runtime.lock:
+                        try:
+                            self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
+                        except Exception as e:
+                            log.error("gpulab jobs: cannot re-adopt devices of job %d: %s", rec.id, e)
+                    self._terminate(rec.id, jobspec.QUEUED)
+                else:
+                    self.service.transition(rec.id, jobspec.QUEUED, "requeued after preemption")
+                continue
+            if rec.state != jobspec.RUNNING:
+                continue
+            key = jobspec.workload_key(rec.id)
+            cmd = _cmdline(rec.pid) if rec.pid else []
+            status = str(self.status_path(rec.id, rec.attempts))
+            if rec.pid and _alive(rec.pid) and RUNNER_MODULE in cmd and status in cmd:
+                try:
+                    with self.runtime.lock:
+                        self.packer.adopt(key, rec.shares)
+                except Exception as e:  # devices changed under us: the job goes on, say so
+                    log.error("gpulab jobs: cannot re-adopt devices %s of job %d: %s", rec.shares, rec.id, e)
+                self.pids[rec.id] = rec.pid  # the ledger adopted it in JobService.start()
+                log.info("gpulab jobs: re-adopted running job %d (pid %d)", rec.id, rec.pid)
+            else:
+                self._finish_from_status(rec, gone_reason=(
+                    "its process was gone when the hub restarted and left no exit status "
+                    "(killed together with the hub?)"))
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        self._reap()
+        self._enforce_time_limits()
+        self._schedule()
+
+    def _reap(self) -> None:
+        for job_id, pid in list(self.pids.items()):
+            proc = self.procs.get(job_id)
+            done = proc.poll() is not None if proc is not None else not _alive(pid)
+            if not done:
+                deadline, _ = self.stopping.get(job_id, (None, None))
+                if deadline is not None and time.monotonic() > deadline:
+                    self._signal(pid, signal.SIGKILL)
+                continue
+            self.pids.pop(job_id, None)
+            self.procs.pop(job_id, None)
+            self._release_devices(job_id)
+            if job_id in self.stopping:
+                _, then = self.stopping.pop(job_id)
+                self.preempting.pop(job_id, None)
+                if then:
+                    self.service.transition(job_id, then, "requeued after preemption")
+                continue
+            rec = self.service.get(job_id)
+            if rec is not None and rec.state == jobspec.RUNNING:
+                self._finish_from_status(rec, gone_reason="the runner exited without an exit status")
+
+    def _finish_from_status(self, rec: JobRecord, gone_reason: str) -> None:
+        path = self.status_path(rec.id, rec.attempts)
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, ValueError):
+            status = None
+        self._release_devices(rec.id)
+        if status is None:
+            self.service.transition(rec.id, jobspec.FAILED, gone_reason)
+        elif status.get("returncode") == 0:
+            self.service.transition(rec.id, jobspec.SUCCEEDED, "the notebook ran to the end")
+        else:
+            self.service.transition(rec.id, jobspec.FAILED, status.get("error") or
+                                    f"papermill exited with {status.get('returncode')}")
+
+    def _enforce_time_limits(self) -> None:
+        now = utcnow()
+        for rec in self.service.active(self.name):
+            if rec.state != jobspec.RUNNING or rec.id in self.stopping or rec.started_at is None:
+                continue
+            started = rec.started_at if rec.started_at.tzinfo else rec.started_at.replace(tzinfo=now.tzinfo)
+            if (now - started).total_seconds() > rec.time_limit_seconds:
+                self.service.transition(rec.id, jobspec.TIMED_OUT,
+                                        f"time limit of {rec.time_limit_seconds} s reached")
+                self._terminate(rec.id, None)
+
+    def _schedule(self) -> None:
+        waiting = [r for r in self.service.active(self.name) if r.state == jobspec.QUEUED]
+        waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).value, r.id))
+        for rec in waiting:
+            key = jobspec.workload_key(rec.id)
+            profile = self.runtime.catalog.profile(rec.profile)
+            models = {profile.gpu_model} if profile is not None and profile.gpu_model else None
+            placement = None
+            if rec.gpu_milli:
+                with self.runtime.lock:
+                    if self.packer.placement(key) is None:
+                        placement = self.packer.place(key, rec.gpu_milli, models)
+                    else:
+                        placement = self.packer.placement(key)
+                if placement is None:
+                    if rec.job_class == "training":
+                        self._preempt_for(rec, models)
+                    continue
+            self._start(rec, [list(s) for s in placement.shares] if placement else [])
+
+    # -- preemption ----------------------------------------------------------------------
+
+    def _preempt_for(self, rec: JobRecord, models) -> None:
+        """Stop just enough running batch jobs for ``rec`` to fit, if that can make it fit."""
+        if rec.id in self.preempting.values():
+            return  # victims are on their way out
+        running = [r for r in self.service.active(self.name)
+                   if r.state == jobspec.RUNNING and r.job_class == "batch" and r.id in self.pids
+                   and r.id not in self.stopping and r.gpu_milli]
+        # Over-quota work first, then the youngest: the least work lost.
+        running.sort(key=lambda r: (not r.over_quota, -(r.started_at.timestamp() if r.started_at else 0)))
+        victims: list[tuple[int, Any]] = []
+        fits = False
+        with self.runtime.lock:
+            packer = self.packer
+            try:
+                for victim in running:
+                    placement = packer.release(jobspec.workload_key(victim.id))
+                    if placement is None:
+                        continue
+                    victims.append((victim.id, placement))
+                    if packer.can_place(rec.gpu_milli, models):
+                        fits = True
+                        break
+            finally:  # a what-if: put everything back, the processes still run
+                for victim_id, placement in victims:
+                    packer.adopt(placement.key, placement.shares)
+        if not fits:
+            return
+        for victim_id, _ in victims:
+            self.preempting[victim_id] = rec.id
+            self.service.transition(victim_id, jobspec.PREEMPTED,
+                                    f"preempted by training job {rec.id}, which needs its GPU")
+            self._terminate(victim_id, jobspec.QUEUED)
+
+    # -- processes -------------------------------------------------------------------------
+
+    def _start(self, rec: JobRecord, shares: list[list[int]]) -> None:
+        home = self.service.home_dir(rec.user)
+        key = jobspec.workload_key(rec.id)
+        try:
+            source = self.service.check_notebook(rec.user, rec.notebook)
+        except jobspec.JobSpecError as e:  # the file went away (or became a bad symlink) while queued
+            self._release_devices(rec.id)
+            self.service.transition(rec.id, jobspec.FAILED, str(e))
+            return
+        attempt = rec.attempts + 1
+        output = home / rec.output_path
+        log_file = home / rec.log_path
+        try:
+            self.service.safe_path(rec.user, output, create_parent=True)
+            self.service.safe_path(rec.user, log_file)
+        except jobspec.JobSpecError as e:
+            self._release_devices(rec.id)
+            self.service.transition(rec.id, jobspec.FAILED, str(e))
+            return
+        status = self.status_path(rec.id, attempt)
+        status.unlink(missing_ok=True)
+        env = {k: os.environ[k] for k in self.settings.env_keep if k in os.environ}
+        env.update(gpu_env(rec.team, rec.profile, rec.gpu_milli, rec.over_quota, shares, self.packer.devices))
+        env.update({
+            "HOME": str(home),
+            "GPULAB_JOB_ID": str(rec.id),
+            "GPULAB_JOB_CLASS": rec.job_class,
+            "GPULAB_JOB_PARAMETERS": json.dumps(rec.parameters),
+            # A batch job is always preemptible here, whatever its quota.
+            "GPULAB_PREEMPTIBLE": "1" if rec.job_class == "batch" or rec.over_quota else "0",
+            "PYTHONUNBUFFERED": "1",
+        })
+        cmd = [sys.executable, "-m", RUNNER_MODULE, "--input", str(source), "--output", str(output),
+               "--cwd", str(source.parent), "--status", str(status)]
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "ab") as out:
+            if attempt > 1:
+                out.write(f"\n--- gpulab: attempt {attempt} ---\n".encode())
+            try:
+                proc = subprocess.Popen(cmd, cwd=str(source.parent), env=env, stdout=out,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)  # own group: SIGTERM reaches the kernel too
+            except OSError as e:
+                self._release_devices(rec.id)
+                self.service.transition(rec.id, jobspec.FAILED, f"cannot start papermill: {e}")
+                return
+        self.procs[rec.id] = proc
+        self.pids[rec.id] = proc.pid
+        self.service.transition(rec.id, jobspec.RUNNING,
+                                f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
+                                pid=proc.pid, shares_json=json.dumps(shares), attempts=attempt)
+        log.info("gpulab jobs: started job %d (%s) pid %d, %s", rec.id, key, proc.pid,
+                    env.get("CUDA_VISIBLE_DEVICES"))
+
+    def _signal(self, pid: int, sig: int) -> None:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _terminate(self, job_id: int, then: str | None) -> None:
+        pid = self.pids.get(job_id)
+        if pid is None:
+            self._release_devices(job_id)
+            if then:
+                self.service.transition(job_id, then, "requeued after preemption")
+            return
+        self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, then)
+        self._signal(pid, signal.SIGTERM)
+
+    def _release_devices(self, job_id: int) -> None:
+        with self.runtime.lock:
+            self.packer.release(jobspec.workload_key(job_id))
+
+

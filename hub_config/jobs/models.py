@@ -1,0 +1,107 @@
+"""The jobs table, on gpulab's own database (:mod:`hub_config.db`)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from sqlalchemy import Boolean, DateTime, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ..db import Base
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+
+
+def iso(t: datetime.datetime | None) -> str | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:  # SQLite hands back naive datetimes; we only store UTC
+        t = t.replace(tzinfo=datetime.timezone.utc)
+    return t.isoformat().replace("+00:00", "Z")
+
+
+class JobRecord(Base):
+    """One notebook job: what was asked, where it runs, and every state it went through."""
+
+    __tablename__ = "gpulab_jobs"
+    __table_args__ = (UniqueConstraint("user", "idempotency_key", name="uq_gpulab_jobs_idempotency"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63))
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    team: Mapped[str] = mapped_column(String(63), index=True)
+    profile: Mapped[str] = mapped_column(String(63))
+    job_class: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    over_quota: Mapped[bool] = mapped_column(Boolean, default=False)
+    notebook: Mapped[str] = mapped_column(Text)
+    output_path: Mapped[str] = mapped_column(Text)
+    log_path: Mapped[str] = mapped_column(Text)
+    parameters_json: Mapped[str] = mapped_column(Text, default="{}")
+    time_limit_seconds: Mapped[int] = mapped_column(Integer)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    rerun_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    #: Times the job was started (a preempted job starts again).
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: Single server: the runner's process id (= its process group) and its device shares.
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    shares_json: Mapped[str] = mapped_column(Text, default="[]")
+    #: Kubernetes: where the Job object lives.
+    kube_namespace: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    kube_name: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    history_json: Mapped[str] = mapped_column(Text, default="[]")
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return json.loads(self.parameters_json or "{}")
+
+    @property
+    def shares(self) -> list[list[int]]:
+        return json.loads(self.shares_json or "[]")
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return json.loads(self.history_json or "[]")
+
+    def record(self, state: str, reason: str = "", at: datetime.datetime | None = None) -> None:
+        """Enter ``state`` (the caller checked the transition) and log it in the history."""
+        at = at or utcnow()
+        self.state = state
+        self.reason = reason
+        self.history_json = json.dumps(self.history + [{"state": state, "at": iso(at), "reason": reason}])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "user": self.user,
+            "team": self.team,
+            "profile": self.profile,
+            "job_class": self.job_class,
+            "state": self.state,
+            "reason": self.reason,
+            "gpu_milli": self.gpu_milli,
+            "over_quota": self.over_quota,
+            "notebook": self.notebook,
+            "output_path": self.output_path,
+            "log_path": self.log_path,
+            "parameters": self.parameters,
+            "time_limit_seconds": self.time_limit_seconds,
+            "created_at": iso(self.created_at),
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "attempts": self.attempts,
+            "rerun_of": self.rerun_of,
+            "backend": self.backend,
+            "history": self.history,
+        }

@@ -1,0 +1,485 @@
+"""The job service: validation, admission by the shared ledger, the state machine.
+
+One :class:`JobService` per hub process (:func:`get_service`). The API
+handlers call :meth:`JobService.submit`, :meth:`cancel`, :meth:`rerun` ...;
+the service records every change in gpulab's database and hands execution to
+a backend (:mod:`.local` or :mod:`.kube`), which reports state changes back
+through :meth:`JobService.transition`.
+
+Quota: a job is admitted at submission by :meth:`Ledger.reserve
+<spawner.ledger.Ledger.reserve>` -- the same ledger, the same rules as a
+notebook spawn (``batch`` may burst above the guarantee as preemptible work,
+``training`` never goes over quota) -- and holds its share until it reaches a
+final state. A refusal says why and stores nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from traitlets import Bool, CaselessStrEnum, Float, Int, List, Unicode, default
+from traitlets.config import Configurable
+
+from spawner import jobspec
+from spawner.config import GPULabRuntime, get_runtime
+from spawner.jobspec import FINAL_STATES, JobSpecError
+from spawner.ledger import RESERVED, RUNNING, Workload
+from spawner.policy import PolicyError, resolve_request
+
+from ..db import session_factory
+from .models import JobRecord, utcnow
+
+#: A child of JupyterHub's logger, so job events land in the hub's log.
+log = logging.getLogger("JupyterHub.gpulab.jobs")
+
+#: Keys a submission may carry; anything else is refused (never silently ignored).
+SUBMIT_KEYS = frozenset({"notebook", "job_class", "profile", "team", "image", "parameters",
+                         "time_limit_seconds", "name", "idempotency_key"})
+
+
+class GPULabJobs(Configurable):
+    """Settings of gpulab's notebook jobs (``c.GPULabJobs.*``)."""
+
+    backend = CaselessStrEnum(
+        ["auto", "local", "kubernetes"],
+        default_value="auto",
+        config=True,
+        help="""Where jobs run. `local`: papermill processes on this server's GPUs
+        (the embedded hub). `kubernetes`: one batch/v1 Job per submission. `auto`:
+        `kubernetes` when the hub's spawner is gpulab's KubeSpawner, else `local`.""",
+    )
+    home_dir_template = Unicode(
+        "",
+        config=True,
+        help="""Where a user's home is, as the hub sees it; `{username}` is replaced.
+        Notebook paths are relative to it. Default: the spawner's
+        `c.SimpleLocalProcessSpawner.home_dir_template` when set (the embedded hub),
+        else the user's system home (`~username`).""",
+    )
+    max_parameters_bytes = Int(
+        16 * 1024, config=True,
+        help="Largest papermill parameters object accepted, in bytes of JSON.",
+    )
+    default_time_limit_seconds = Int(
+        3600, config=True, help="Time limit of a job that names none, in seconds.",
+    )
+    max_time_limit_seconds = Int(
+        7 * 24 * 3600, config=True, help="Longest time limit a job may ask for, in seconds.",
+    )
+    poll_interval = Float(
+        2.0, config=True,
+        help="Seconds between checks of running jobs (exits, time limits, queue, Kubernetes status).",
+    )
+    stop_grace_seconds = Float(
+        10.0, config=True,
+        help="""Seconds between SIGTERM and SIGKILL when a local job is cancelled,
+        preempted or timed out.""",
+    )
+    state_dir = Unicode(
+        config=True,
+        help="""Folder for the single-server runner's exit-status files. Default:
+        `jobs/` in `$GPULAB_DATA_DIR`.""",
+    )
+    gpu_inventory_source = CaselessStrEnum(
+        ["auto", "nvml", "declared"], default_value="auto", config=True,
+        help="""Where the local backend's GPU inventory comes from, if no notebook
+        spawner created the shared device packer first (same meaning as the local
+        spawner's `gpu_inventory_source`; keep the two equal).""",
+    )
+    env_keep = List(
+        Unicode(),
+        default_value=["PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+                       "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TZ"],
+        config=True,
+        help="""Variables a local job inherits from the hub's environment (everything else,
+        such as CONFIGPROXY_AUTH_TOKEN, is not passed on).""",
+    )
+    kube_namespace = Unicode(
+        config=True,
+        help="Namespace of teams that name none (default: the hub's, from POD_NAMESPACE, else `default`).",
+    )
+    kube_image = Unicode(
+        config=True,
+        help="""Image a Kubernetes job runs in when its profile names none. Default: the
+        spawner's `c.KubeSpawner.image`, so a job runs in the same image as the
+        user's server. It must contain papermill.""",
+    )
+    kube_home_claim_template = Unicode(
+        "claim-{username}", config=True,
+        help="""PersistentVolumeClaim holding the user's home, mounted into the job's pod
+        ({username} is the escaped user name). It must be ReadWriteMany when the user's
+        server may run at the same time (see docs/jobs.md). Empty: no home volume.""",
+    )
+    kube_home_mount_path = Unicode(
+        "/home/jovyan", config=True, help="Where the home volume is mounted in the job's pod.",
+    )
+    kube_home_sub_path = Unicode(
+        "", config=True, help="subPath of the home volume ({username} is replaced), if homes share a claim.",
+    )
+    kube_ttl_seconds_after_finished = Int(
+        86400, config=True, help="`ttlSecondsAfterFinished` of the Jobs: finished Jobs are removed after this.",
+    )
+    kube_backoff_limit = Int(
+        2, config=True,
+        help="`backoffLimit`: notebook failures before the Job fails (preemptions do not count).",
+    )
+    kube_service_account = Unicode("", config=True, help="Service account of the job pods (empty: the namespace default).")
+    kueue_enabled = Bool(
+        False, config=True,
+        help="""Put jobs on Kueue: each Job carries `kueue.x-k8s.io/queue-name` and is created
+        suspended; Kueue admits it against the team's ClusterQueue.""",
+    )
+    kueue_queue_template = Unicode(
+        "{team}", config=True, help="The team's Kueue LocalQueue name; `{team}` is replaced.",
+    )
+
+    @default("state_dir")
+    def _default_state_dir(self) -> str:
+        return str(Path(os.environ.get("GPULAB_DATA_DIR", ".")).resolve() / "jobs")
+
+    @default("kube_namespace")
+    def _default_namespace(self) -> str:
+        return os.environ.get("POD_NAMESPACE", "default")
+
+
+def _config_value(config: Any, section: str, key: str) -> Any:
+    try:
+        sec = config[section] if section in config else None
+        return sec[key] if sec is not None and key in sec else None
+    except (KeyError, TypeError):
+        return None
+
+
+class JobService:
+    """Submissions, the state machine and the database, over one backend."""
+
+    def __init__(self, config: Any = None, runtime: GPULabRuntime | None = None):
+        self.config = config
+        self.settings = GPULabJobs(config=config) if config is not None else GPULabJobs()
+        self.runtime = runtime or get_runtime(config=config)
+        self.db = session_factory(config)
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+        self.backend = self._make_backend()
+
+    # -- configuration ------------------------------------------------------
+
+    def _make_backend(self):
+        kind = self.settings.backend
+        if kind == "auto":
+            spawner = str(_config_value(self.config, "JupyterHub", "spawner_class") or "")
+            kind = "kubernetes" if ("kube" in spawner.lower()) else "local"
+        if kind == "kubernetes":
+            from .kube import KubeJobBackend
+
+            return KubeJobBackend(self)
+        from .local import LocalJobBackend
+
+        return LocalJobBackend(self)
+
+    def home_dir(self, user: str) -> Path:
+        template = self.settings.home_dir_template or _config_value(
+            self.config, "SimpleLocalProcessSpawner", "home_dir_template") or ""
+        if template:
+            return Path(template.format(username=user))
+        return Path(os.path.expanduser(f"~{user}"))
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Recover jobs from the database (after a restart) and start the poll loop."""
+        if self._task is not None:
+            return
+        for rec in self.active():
+            w = Workload(jobspec.workload_key(rec.id), rec.team, rec.user, rec.gpu_milli, rec.profile,
+                         "job", rec.over_quota, RUNNING if rec.state == jobspec.RUNNING else RESERVED)
+            self.runtime.ledger.adopt(w)
+        self._task = asyncio.ensure_future(self._loop())
+        log.info("gpulab jobs: %s backend started", self.backend.name)
+
+    async def _loop(self) -> None:
+        try:
+            await self.backend.recover()
+        except Exception:  # keep serving: the ticks still reconcile what they can
+            log.exception("gpulab jobs: recovering jobs after the restart failed")
+        while True:
+            try:
+                await self.backend.tick()
+            except Exception:
+                log.exception("gpulab jobs: backend tick failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+            except asyncio.TimeoutError:
+                pass
+
+    def wake(self) -> None:
+        """Run the backend's next tick now (a job was submitted, cancelled or ended)."""
+        self._wake.set()
+
+    # -- reading ------------------------------------------------------------
+
+    def get(self, job_id: int) -> JobRecord | None:
+        with self.db() as s:
+            return s.get(JobRecord, job_id)
+
+    def list(self, user: str | None = None, team: str | None = None, state: str | None = None,
+             limit: int = 500) -> list[JobRecord]:
+        q = select(JobRecord).order_by(JobRecord.id.desc()).limit(limit)
+        if user is not None:
+            q = q.where(JobRecord.user == user)
+        if team is not None:
+            q = q.where(JobRecord.team == team)
+        if state is not None:
+            q = q.where(JobRecord.state == state)
+        with self.db() as s:
+            return list(s.scalars(q))
+
+    def active(self, backend: str | None = None) -> list[JobRecord]:
+        q = select(JobRecord).where(JobRecord.state.not_in(FINAL_STATES)).order_by(JobRecord.id)
+        if backend:
+            q = q.where(JobRecord.backend == backend)
+        with self.db() as s:
+            return list(s.scalars(q))
+
+    # -- files in the user's home -----------------------------------------------
+
+    def safe_path(self, user: str, path: Path, create_parent: bool = False) -> Path:
+        """``path`` inside ``user``'s home, refusing symlinks that lead out of it."""
+        home = self.home_dir(user).resolve()
+        if create_parent:
+            parent = path.parent
+            if not parent.is_symlink():
+                parent.mkdir(parents=True, exist_ok=True)
+        real_parent = path.parent.resolve()
+        if real_parent != home and home not in real_parent.parents:
+            raise jobspec.JobSpecError(f"{path.parent.name}/ leads out of the home directory (symlink)", 403)
+        if path.is_symlink():
+            raise jobspec.JobSpecError(f"{path.name} is a symlink; refusing to write or read through it", 403)
+        return path
+
+    def _need_homes(self) -> None:
+        if not self.backend.sees_homes:
+            raise JobSpecError("the hub does not mount the users' homes (c.GPULabJobs.home_dir_template); "
+                               "open the log and output notebook from your server", 409)
+
+    def read_log(self, rec: JobRecord, offset: int, limit: int) -> tuple[bytes, int]:
+        """Up to ``limit`` bytes of the job's log from ``offset``, and the next offset."""
+        self._need_homes()
+        path = self.home_dir(rec.user) / rec.log_path
+        try:
+            self.safe_path(rec.user, path)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+        except FileNotFoundError:
+            return b"", offset
+        return data, offset + len(data)
+
+    def read_output(self, rec: JobRecord) -> bytes | None:
+        """The executed notebook's bytes; ``None`` while there is none."""
+        self._need_homes()
+        path = self.home_dir(rec.user) / rec.output_path
+        try:
+            self.safe_path(rec.user, path)
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    # -- submitting ---------------------------------------------------------
+
+    def _validate(self, user: str, groups: Iterable[str], body: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(str(k)[:40] for k in body if k not in SUBMIT_KEYS)
+        if unknown:
+            raise JobSpecError("unknown field(s): " + ", ".join(unknown[:5]) + "; GPU size, resources and "
+                               "priority come from the profile and the job class")
+        pc = jobspec.priority_for(body.get("job_class"))
+        options = {k: body[k] for k in ("team", "profile", "image") if body.get(k) is not None}
+        try:
+            request = resolve_request(self.runtime.catalog, user, groups, options)
+        except PolicyError as e:
+            raise JobSpecError(str(e), e.status) from None
+        notebook = jobspec.validate_notebook_path(body.get("notebook"))
+        self.check_notebook(user, notebook)
+        name = jobspec.validate_name(body.get("name"), notebook)
+        s = self.settings
+        return {
+            "request": request,
+            "priority": pc,
+            "job_class": body["job_class"],
+            "notebook": notebook,
+            "name": name,
+            "parameters": jobspec.validate_parameters(body.get("parameters"), s.max_parameters_bytes),
+            "time_limit": jobspec.validate_time_limit(body.get("time_limit_seconds"),
+                                                      s.default_time_limit_seconds, s.max_time_limit_seconds),
+            "idempotency_key": jobspec.validate_idempotency_key(body.get("idempotency_key")),
+        }
+
+    def check_notebook(self, user: str, notebook: str) -> Path:
+        """The notebook's real path; refuses symlinks that leave the home and missing files."""
+        home = self.home_dir(user)
+        if not self.backend.sees_homes:
+            return home / notebook
+        try:
+            real_home = home.resolve(strict=True)
+        except OSError:
+            raise JobSpecError(f"your home directory does not exist yet: start a server once", 404) from None
+        real = (home / notebook).resolve()
+        if real != real_home and real_home not in real.parents:
+            raise JobSpecError("notebook path leaves your home directory (through a symlink)", 403)
+        if not real.is_file():
+            raise JobSpecError(f"notebook {notebook!r} does not exist in your home directory", 404)
+        return real
+
+    def submit(self, user: str, groups: Iterable[str], body: dict[str, Any],
+               rerun_of: int | None = None) -> tuple[JobRecord, bool]:
+        """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
+        groups = list(groups)
+        v = self._validate(user, groups, body)
+        if v["idempotency_key"]:
+            with self.db() as s:
+                existing = s.scalars(select(JobRecord).where(
+                    JobRecord.user == user, JobRecord.idempotency_key == v["idempotency_key"])).first()
+            if existing is not None:
+                return existing, False
+        request = v["request"]
+        profile = request.profile
+        milli = self.backend.prepare(request, v)
+        ledger = self.runtime.ledger
+        may_burst = v["priority"].may_burst
+        # Decide first, write after: no database transaction may stay open while
+        # the ledger runs its observers (they write to the same database).
+        decision = ledger.admit(request.team.name, user, milli, may_burst=may_burst)
+        if not decision.allowed:
+            log.warning("gpulab jobs: refused %s for %s: %s", v["name"], user, decision.reason)
+            raise JobSpecError(decision.reason, 403)
+        stamp = utcnow().strftime("%Y%m%d-%H%M%S")
+        with self.db() as s:
+            rec = JobRecord(
+                name=v["name"], user=user, team=request.team.name, profile=profile.slug,
+                job_class=v["job_class"], state=jobspec.QUEUED, reason="", gpu_milli=milli,
+                notebook=v["notebook"], output_path="", log_path="",
+                parameters_json=json.dumps(v["parameters"]), time_limit_seconds=v["time_limit"],
+                idempotency_key=v["idempotency_key"], rerun_of=rerun_of, backend=self.backend.name,
+                created_at=utcnow(), over_quota=decision.over_quota,
+            )
+            s.add(rec)
+            s.flush()  # the id names the ledger key and the output files
+            rec.output_path, rec.log_path = jobspec.output_paths(v["notebook"], v["name"], f"{stamp}-{rec.id}")
+            rec.record(jobspec.QUEUED, "admitted " + ("over quota (preemptible)" if decision.over_quota
+                                                      else "within the team guarantee"))
+            s.commit()
+        key = jobspec.workload_key(rec.id)
+        decision = ledger.reserve(key, request.team.name, user, milli, profile=profile.slug, kind="job",
+                                  may_burst=may_burst)
+        if not decision.allowed or decision.over_quota != rec.over_quota:
+            # Someone else took the share between the two steps: undo the record.
+            if decision.allowed:
+                ledger.release(key)
+            with self.db() as s:
+                s.delete(s.get(JobRecord, rec.id))
+                s.commit()
+            raise JobSpecError(decision.reason or "quota changed while admitting; submit again", 409)
+        log.info("gpulab jobs: job %d (%s, %s) by %s admitted in team %s: %d milli-GPU, %s",
+                 rec.id, rec.name, rec.job_class, user, rec.team, milli, decision.quota_label)
+        self.backend.submitted(rec)
+        self.wake()
+        return rec, True
+
+    def rerun(self, rec: JobRecord, groups: Iterable[str]) -> JobRecord:
+        body = {"notebook": rec.notebook, "job_class": rec.job_class, "profile": rec.profile,
+                "team": rec.team, "parameters": rec.parameters, "time_limit_seconds": rec.time_limit_seconds,
+                "name": rec.name}
+        new, _ = self.submit(rec.user, groups, body, rerun_of=rec.id)
+        return new
+
+    # -- state changes ------------------------------------------------------
+
+    def transition(self, job_id: int, state: str, reason: str = "", **fields: Any) -> JobRecord | None:
+        """Move a job to ``state`` (if the state machine allows it) and keep the ledger in step."""
+        with self.db() as s:
+            rec = s.get(JobRecord, job_id)
+            if rec is None:
+                return None
+            if rec.state == state and not fields:
+                return rec
+            if rec.state != state and not jobspec.may_transition(rec.state, state):
+                log.warning("gpulab jobs: job %d: ignored %s -> %s (%s)", job_id, rec.state, state, reason)
+                return rec
+            now = utcnow()
+            for k, val in fields.items():
+                setattr(rec, k, val)
+            changed = rec.state != state
+            if changed:
+                rec.record(state, reason, now)
+                if state == jobspec.RUNNING and "started_at" not in fields:
+                    rec.started_at = now
+                if state in FINAL_STATES:
+                    rec.finished_at = now
+            s.commit()
+        key = jobspec.workload_key(job_id)
+        ledger = self.runtime.ledger
+        if state == jobspec.RUNNING:
+            ledger.confirm(key)
+        elif state in (jobspec.PREEMPTED, jobspec.QUEUED):
+            w = ledger.get(key)
+            if w is not None and w.state != RESERVED:  # still admitted, waiting for devices again
+                ledger.adopt(replace(w, state=RESERVED))
+        elif state in FINAL_STATES:
+            ledger.release(key)
+        if changed:
+            log.info("gpulab jobs: job %d -> %s%s", job_id, state, f" ({reason})" if reason else "")
+        return rec
+
+    async def cancel(self, rec: JobRecord, by: str) -> JobRecord:
+        if rec.state in FINAL_STATES:
+            raise JobSpecError(f"job {rec.id} already {rec.state}", 409)
+        await self.backend.cancel(rec, f"cancelled by {by}")
+        self.wake()
+        return self.get(rec.id) or rec
+
+
+_service: JobService | None = None
+
+
+def get_service(config: Any = None) -> JobService:
+    """The hub process's job service (created and started on first use)."""
+    global _service
+    if _service is None:
+        _service = JobService(config)
+        _service.start()
+    return _service
+
+
+def start_with_hub() -> None:
+    """Start the service as soon as the hub has initialised (jobs recover without a request).
+
+    Called when the handlers are imported from the hub's config file, which
+    JupyterHub loads inside its running event loop.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+
+    async def wait_for_hub() -> None:
+        from jupyterhub.app import JupyterHub
+
+        if not JupyterHub.initialized():
+            return
+        app = JupyterHub.instance()
+        for _ in range(6000):
+            if getattr(app, "tornado_application", None) is not None:
+                get_service(app.config)
+                return
+            await asyncio.sleep(0.1)
+
+    loop.create_task(wait_for_hub())

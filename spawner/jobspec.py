@@ -1,0 +1,347 @@
+"""Notebook jobs, the pure part: classes, validation, output names, the Kubernetes Job.
+
+The hub's jobs API and both job backends (single-server processes and
+Kubernetes ``batch/v1`` Jobs) call these functions; none of them does I/O.
+
+- a job class maps to a priority class (``batch`` -> BATCH, which may burst
+  above the team guarantee as preemptible work; ``training`` -> TRAINING,
+  never admitted over quota);
+- notebook paths, names and papermill parameters are validated here, so a
+  request is refused the same way whichever backend would run it;
+- :func:`kube_job_manifest` builds the Job a submission becomes on
+  Kubernetes, and :func:`kube_job_state` reads a Job's status back into
+  gpulab's job states.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
+
+# -- classes and states -------------------------------------------------------
+
+JOB_CLASSES: dict[str, PriorityClass] = {"batch": BATCH, "training": TRAINING}
+
+QUEUED = "queued"
+RUNNING = "running"
+PREEMPTED = "preempted"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+TIMED_OUT = "timed-out"
+STATES = (QUEUED, RUNNING, PREEMPTED, SUCCEEDED, FAILED, CANCELLED, TIMED_OUT)
+#: States a job never leaves.
+FINAL_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED, TIMED_OUT})
+#: Which state may follow which; anything else is a bug, refused loudly.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({RUNNING, PREEMPTED, CANCELLED, FAILED, TIMED_OUT}),
+    RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, TIMED_OUT, PREEMPTED}),
+    PREEMPTED: frozenset({QUEUED, RUNNING, CANCELLED, FAILED}),
+}
+
+
+class JobSpecError(ValueError):
+    """A job request is refused; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def priority_for(job_class: str) -> PriorityClass:
+    """``batch`` / ``training`` -> its :class:`PriorityClass`."""
+    try:
+        return JOB_CLASSES[job_class]
+    except (KeyError, TypeError):
+        raise JobSpecError(
+            f"job_class must be one of {', '.join(JOB_CLASSES)}, not {str(job_class)[:40]!r}"
+        ) from None
+
+
+def may_transition(old: str, new: str) -> bool:
+    return new in TRANSITIONS.get(old, frozenset())
+
+
+def workload_key(job_id: int) -> str:
+    """Ledger key of a job (one per job id, across re-runs and requeues)."""
+    return f"job:{job_id}"
+
+
+# -- validation ---------------------------------------------------------------
+
+MAX_PATH_LEN = 1024
+MAX_NAME_LEN = 63
+_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+def validate_notebook_path(path: Any) -> str:
+    """A notebook path relative to the user's home, normalised; refuses escapes.
+
+    Refused: non-strings, absolute paths, any ``..`` component, NUL and
+    control characters, hidden-name tricks like an empty path, and anything
+    that is not an ``.ipynb``. Symlinks are checked by the caller against the
+    real file system (that is I/O).
+    """
+    if not isinstance(path, str) or not path.strip():
+        raise JobSpecError("notebook must be a path relative to your home directory, e.g. 'experiments/train.ipynb'")
+    if len(path) > MAX_PATH_LEN:
+        raise JobSpecError(f"notebook path is longer than {MAX_PATH_LEN} characters")
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in path) or "\\" in path:
+        raise JobSpecError("notebook path contains control characters or backslashes")
+    p = PurePosixPath(path)
+    if p.is_absolute() or path.startswith("~"):
+        raise JobSpecError("notebook path must be relative to your home directory, not absolute")
+    if ".." in p.parts:
+        raise JobSpecError("notebook path must not contain '..'")
+    parts = [x for x in p.parts if x != "."]
+    if not parts:
+        raise JobSpecError("notebook path names no file")
+    if not parts[-1].endswith(".ipynb"):
+        raise JobSpecError("notebook must be a .ipynb file")
+    return str(PurePosixPath(*parts))
+
+
+def validate_name(name: Any, notebook: str) -> str:
+    """The job's name (``runs/<name>-<timestamp>.ipynb``); default: the notebook's stem.
+
+    A typed name like ``LR sweep #3`` becomes ``LR-sweep-3``: it names files.
+    """
+    if name is None or name == "":
+        name = PurePosixPath(notebook).stem
+    elif not isinstance(name, str) or len(name) > MAX_NAME_LEN:
+        raise JobSpecError(f"name must be a string of at most {MAX_NAME_LEN} characters")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:MAX_NAME_LEN].strip("-._")
+    if not _NAME_RE.match(slug):
+        raise JobSpecError("name must contain letters or digits")
+    return slug
+
+
+def validate_parameters(parameters: Any, max_bytes: int) -> dict[str, Any]:
+    """Papermill parameters: a JSON object of identifiers to JSON values, at most ``max_bytes``."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise JobSpecError("parameters must be a JSON object of name -> value")
+    size = len(json.dumps(parameters).encode())
+    if size > max_bytes:
+        raise JobSpecError(f"parameters are {size} bytes as JSON; the limit is {max_bytes}", 413)
+    for key in parameters:
+        if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
+            raise JobSpecError(f"parameter name {str(key)[:40]!r} is not a Python identifier")
+    return dict(parameters)
+
+
+def validate_time_limit(value: Any, default: int, maximum: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError("time_limit_seconds must be a whole number of seconds")
+    if value < 1 or value > maximum:
+        raise JobSpecError(f"time_limit_seconds must be between 1 and {maximum}")
+    return value
+
+
+def validate_idempotency_key(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 128 or any(ord(c) < 32 for c in value):
+        raise JobSpecError("idempotency_key must be a string of at most 128 printable characters")
+    return value
+
+
+def output_paths(notebook: str, name: str, stamp: str) -> tuple[str, str]:
+    """``(output notebook, log)`` beside the input: ``<dir>/runs/<name>-<stamp>.ipynb`` and ``.log``."""
+    runs = PurePosixPath(notebook).parent / "runs"
+    base = runs / f"{name}-{stamp}"
+    return str(base) + ".ipynb", str(base) + ".log"
+
+
+# -- Kubernetes ---------------------------------------------------------------
+
+#: The container command: papermill reads the parameters (JSON is YAML) from
+#: an environment variable, so no user value is ever parsed by a shell.
+PAPERMILL_SCRIPT = (
+    'set -e; cd "$GPULAB_HOME"; mkdir -p "$(dirname "$GPULAB_OUTPUT")"; '
+    'exec papermill "$GPULAB_NOTEBOOK" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
+    '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" '
+    '> "$GPULAB_LOG" 2>&1'
+)
+
+
+@dataclass(frozen=True)
+class KubeJobRequest:
+    """Everything the Job manifest depends on (all validated before)."""
+
+    job_id: int
+    name: str
+    user: str
+    namespace: str
+    image: str
+    job_class: str
+    over_quota: bool
+    notebook: str
+    output_path: str
+    log_path: str
+    parameters: Mapping[str, Any]
+    time_limit_seconds: int
+    #: ``gpulab.io/*`` labels and annotations from :mod:`spawner.labels`.
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    #: The profile's GPU mapping (:class:`spawner.sharing.PodGPUSpec`); ``None`` = CPU only.
+    gpu: Any = None
+    home_claim: str = ""
+    home_mount_path: str = "/home/jovyan"
+    home_sub_path: str = ""
+    ttl_seconds_after_finished: int = 86400
+    backoff_limit: int = 2
+    kueue_queue: str | None = None
+    service_account: str | None = None
+    cpu_guarantee: float | None = None
+    cpu_limit: float | None = None
+    mem_guarantee: int | None = None
+    mem_limit: int | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def _cpu(cores: float) -> str:
+    """A CPU quantity: ``8`` for 8.0 cores, ``500m`` for half a core."""
+    millicores = round(float(cores) * 1000)
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def kube_job_name(job_id: int) -> str:
+    return f"gpulab-job-{int(job_id)}"
+
+
+def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
+    """The ``batch/v1`` Job for one submission (a dict ready to POST)."""
+    pc = effective_priority_class(priority_for(req.job_class), req.over_quota)
+    labels = dict(req.labels)
+    labels["gpulab.io/job-class"] = req.job_class
+    labels["gpulab.io/job-id"] = str(req.job_id)
+    annotations = dict(req.annotations)
+    pod_labels = dict(labels)
+    pod_annotations = dict(annotations)
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    node_selector: dict[str, str] = {}
+    scheduler_name = None
+    gpu = req.gpu
+    if gpu is not None and gpu.effective_milli > 0:
+        requests.update(gpu.requests)
+        limits.update(gpu.limits)
+        pod_annotations.update(gpu.annotations)
+        pod_labels.update(gpu.labels)
+        node_selector.update(gpu.node_selector)
+        scheduler_name = gpu.scheduler_name
+    if req.cpu_guarantee:
+        requests["cpu"] = _cpu(req.cpu_guarantee)
+    if req.cpu_limit:
+        limits["cpu"] = _cpu(req.cpu_limit)
+    if req.mem_guarantee:
+        requests["memory"] = str(req.mem_guarantee)
+    if req.mem_limit:
+        limits["memory"] = str(req.mem_limit)
+    home = req.home_mount_path.rstrip("/") or "/"
+    env = [
+        {"name": "GPULAB_HOME", "value": home},
+        {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
+        {"name": "GPULAB_OUTPUT", "value": req.output_path},
+        {"name": "GPULAB_LOG", "value": req.log_path},
+        {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
+        {"name": "GPULAB_JOB_ID", "value": str(req.job_id)},
+        {"name": "GPULAB_JOB_CLASS", "value": req.job_class},
+        {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},
+    ] + [{"name": k, "value": v} for k, v in sorted(req.extra_env.items())]
+    container: dict[str, Any] = {
+        "name": "papermill",
+        "image": req.image,
+        "command": ["/bin/sh", "-c", PAPERMILL_SCRIPT],
+        "env": env,
+        "workingDir": home,
+    }
+    if requests or limits:
+        container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "priorityClassName": pc.name,
+        "containers": [container],
+    }
+    if req.home_claim:
+        mount: dict[str, Any] = {"name": "home", "mountPath": home}
+        if req.home_sub_path:
+            mount["subPath"] = req.home_sub_path
+        container["volumeMounts"] = [mount]
+        pod_spec["volumes"] = [{"name": "home", "persistentVolumeClaim": {"claimName": req.home_claim}}]
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if scheduler_name:
+        pod_spec["schedulerName"] = scheduler_name
+    if req.service_account:
+        pod_spec["serviceAccountName"] = req.service_account
+    job_spec: dict[str, Any] = {
+        "backoffLimit": req.backoff_limit,
+        "activeDeadlineSeconds": req.time_limit_seconds,
+        "ttlSecondsAfterFinished": req.ttl_seconds_after_finished,
+        # Preemption and node drains are not the notebook's fault: Kubernetes
+        # retries the pod without spending backoffLimit, i.e. the job requeues.
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+            "spec": pod_spec,
+        },
+    }
+    if req.kueue_queue:
+        labels["kueue.x-k8s.io/queue-name"] = req.kueue_queue
+        # Kueue unsuspends the Job when it admits it against the ClusterQueue.
+        job_spec["suspend"] = True
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": kube_job_name(req.job_id),
+            "namespace": req.namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": job_spec,
+    }
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == kind and str(c.get("status")) == "True":
+            return c
+    return None
+
+
+def kube_job_state(job: Mapping[str, Any]) -> tuple[str, str]:
+    """``(state, reason)`` of a ``batch/v1`` Job object as gpulab reports it."""
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    done = _condition(status, "Complete") or _condition(status, "SuccessCriteriaMet")
+    if done:
+        return SUCCEEDED, "the notebook ran to the end"
+    failed = _condition(status, "Failed") or _condition(status, "FailureTarget")
+    if failed:
+        why = failed.get("reason") or ""
+        message = failed.get("message") or why or "the Job failed"
+        if why == "DeadlineExceeded":
+            return TIMED_OUT, f"time limit reached: {message}"
+        return FAILED, message
+    if spec.get("suspend"):
+        return QUEUED, "waiting for Kueue to admit the Job"
+    if int(status.get("active") or 0) > 0:
+        return RUNNING, ""
+    if int(status.get("failed") or 0) > 0:
+        return PREEMPTED, f"pod ended {status.get('failed')} time(s); Kubernetes retries it"
+    return QUEUED, "waiting for a node with a free GPU"
