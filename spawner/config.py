@@ -15,6 +15,7 @@ from typing import Any
 
 from traitlets import Dict, List, Unicode, Union
 from traitlets.config import Configurable
+from traitlets.utils.importstring import import_item
 
 from .catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict, catalog_from_yaml, catalog_to_dict
 from .ledger import Ledger
@@ -57,6 +58,14 @@ class GPULab(Configurable):
     prices = Dict(
         config=True,
         help="Price per GPU-hour by GPU model ('*' for any model), for cost reports.",
+    )
+    runtime_hooks = List(
+        Unicode(),
+        config=True,
+        help="""Import strings of callables `hook(runtime, settings)` run once when
+        the process runtime is created, in order, before it is used; e.g.
+        `hub_config.catalog_store.attach_runtime` applies catalog edits stored in
+        gpulab's database and records usage history. Keeps the core free of I/O.""",
     )
 
     def load_catalog(self) -> Catalog:
@@ -128,7 +137,10 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
                 settings = GPULab(config=config)
             else:
                 settings = GPULab()
-            _runtime = GPULabRuntime(settings.load_catalog())
+            runtime = GPULabRuntime(settings.load_catalog())
+            for hook in settings.runtime_hooks:
+                import_item(hook)(runtime, settings)
+            _runtime = runtime
         return _runtime
 
 

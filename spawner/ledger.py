@@ -13,8 +13,9 @@ incrementally rather than summed over workloads.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from .model import Team
@@ -22,6 +23,11 @@ from .units import format_gpus
 
 RESERVED = "reserved"
 RUNNING = "running"
+
+#: ``callback(event, workload)``: ``("add", w)`` when ``w`` is recorded or its
+#: record changes (reserve, confirm, adopt, rebuild), ``("remove", w)`` when it
+#: is freed. Called after the change, outside the ledger lock.
+LedgerObserver = Callable[[str, "Workload"], None]
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,27 @@ class Ledger:
         self._teams: dict[str, Team] = {}
         self._workloads: dict[str, Workload] = {}
         self._totals: dict[str, _Totals] = {}
+        self._observers: list[LedgerObserver] = []
         self.set_teams(teams)
+
+    # -- observers ----------------------------------------------------------
+
+    def subscribe(self, callback: LedgerObserver) -> None:
+        """Call ``callback(event, workload)`` after every change (usage history)."""
+        self._observers.append(callback)
+
+    def unsubscribe(self, callback: LedgerObserver) -> None:
+        if callback in self._observers:
+            self._observers.remove(callback)
+
+    def _notify(self, events: list[tuple[str, Workload]]) -> None:
+        for event, w in events:
+            for callback in list(self._observers):
+                try:
+                    callback(event, w)
+                except Exception:  # an observer's failure never undoes an admission
+                    logging.getLogger("gpulab.ledger").exception("ledger observer %r failed on %s %s",
+                                                                 callback, event, w.key)
 
     # -- configuration ----------------------------------------------------
 
@@ -197,8 +223,11 @@ class Ledger:
                                 f"{held.team}", team, user, milli)
             decision = self._decide(team, user, milli, may_burst)
             if decision.allowed:
-                self._add(Workload(key, team, user, milli, profile, kind, decision.over_quota, RESERVED))
-            return decision
+                w = Workload(key, team, user, milli, profile, kind, decision.over_quota, RESERVED)
+                self._add(w)
+        if decision.allowed:
+            self._notify([("add", w)])
+        return decision
 
     def confirm(self, key: str) -> Workload | None:
         """A reserved workload is now running."""
@@ -209,12 +238,16 @@ class Ledger:
             self._remove(key)
             w = replace(w, state=RUNNING)
             self._add(w)
-            return w
+        self._notify([("add", w)])
+        return w
 
     def release(self, key: str) -> Workload | None:
         """Free what ``key`` holds (stop, failure, death). Idempotent."""
         with self._lock:
-            return self._remove(key)
+            w = self._remove(key)
+        if w is not None:
+            self._notify([("remove", w)])
+        return w
 
     def adopt(self, workload: Workload) -> None:
         """Record work that already runs (from the cluster), without checks.
@@ -225,6 +258,7 @@ class Ledger:
         with self._lock:
             self._remove(workload.key)
             self._add(workload)
+        self._notify([("add", workload)])
 
     def rebuild(self, live: Iterable[Workload], *, keep_reserved: bool = True) -> None:
         """Replace the running set with ``live``.
@@ -233,6 +267,7 @@ class Ledger:
         ``keep_reserved``: they are spawns still starting.
         """
         with self._lock:
+            before = dict(self._workloads)
             pending = [w for w in self._workloads.values() if w.state == RESERVED] if keep_reserved else []
             self._workloads.clear()
             self._totals.clear()
@@ -242,6 +277,9 @@ class Ledger:
             for w in pending:
                 if w.key not in self._workloads:
                     self._add(w)
+            events = [("remove", w) for k, w in before.items() if k not in self._workloads]
+            events += [("add", w) for k, w in self._workloads.items() if before.get(k) != w]
+        self._notify(events)
 
     # -- reading ----------------------------------------------------------
 
