@@ -1,0 +1,53 @@
+import { requestAPI } from './handler';
+import {
+  IIdleState,
+  IJob,
+  IJobRequest,
+  ILogChunk,
+  IMe,
+  ISession
+} from './types';
+
+/** Typed calls of the server extension and of the hub API behind it. */
+export const api = {
+  session: () => requestAPI<ISession>('session'),
+  me: () => requestAPI<IMe>('hub/me'),
+  idle: (user: string, server: string) =>
+    requestAPI<IIdleState>(
+      `hub/idle?user=${encodeURIComponent(user)}&server=${encodeURIComponent(server)}`
+    ),
+  keepAlive: (user: string, server: string) =>
+    requestAPI<IIdleState>('hub/idle/keepalive', {
+      method: 'POST',
+      body: JSON.stringify({ user, server })
+    }),
+  jobs: async (): Promise<IJob[]> => {
+    const data = await requestAPI<IJob[] | { jobs: IJob[] }>('hub/jobs');
+    return Array.isArray(data) ? data : data.jobs;
+  },
+  job: (id: string | number) =>
+    requestAPI<IJob>(`hub/jobs/${encodeURIComponent(String(id))}`),
+  submit: (request: IJobRequest) =>
+    requestAPI<IJob>('hub/jobs', {
+      method: 'POST',
+      body: JSON.stringify(request)
+    }),
+  cancel: (id: string | number) =>
+    requestAPI<IJob>(`hub/jobs/${encodeURIComponent(String(id))}/cancel`, {
+      method: 'POST',
+      body: '{}'
+    }),
+  rerun: (id: string | number) =>
+    requestAPI<IJob>(`hub/jobs/${encodeURIComponent(String(id))}/rerun`, {
+      method: 'POST',
+      body: '{}'
+    }),
+  logs: (id: string | number, offset: number) =>
+    requestAPI<ILogChunk>(
+      `hub/jobs/${encodeURIComponent(String(id))}/logs?offset=${offset}`
+    ),
+  output: (id: string | number) =>
+    requestAPI<Record<string, unknown>>(
+      `hub/jobs/${encodeURIComponent(String(id))}/output`
+    )
+};

@@ -1,0 +1,201 @@
+/**
+ * gpulab for JupyterLab. One plugin per feature:
+ *
+ * - `gpulab-labextension:sidebar`: the left "GPU" panel (session, quota,
+ *   idle warning, jobs) and the job log / output commands;
+ * - `gpulab-labextension:run-as-job`: the "Run as GPU job" command and dialog;
+ * - `gpulab-labextension:launcher`: a Launcher card in a "GPU" category;
+ * - `gpulab-labextension:notebook-toolbar`: a notebook toolbar button;
+ * - `gpulab-labextension:filebrowser`: the file browser context menu on .ipynb.
+ */
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { MainAreaWidget, ToolbarButton } from '@jupyterlab/apputils';
+import { PathExt } from '@jupyterlab/coreutils';
+import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
+import { ILauncher } from '@jupyterlab/launcher';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+
+import { api } from './api';
+import { initialForm, runJobDialog } from './dialog';
+import { gpuIcon } from './icons';
+import { notebookParameters } from './logic';
+import { JobLogWidget } from './logs';
+import { GPUPanel } from './panel';
+import { IJob } from './types';
+
+namespace CommandIDs {
+  export const runAsJob = 'gpulab:run-as-job';
+  export const openPanel = 'gpulab:open-panel';
+  export const refreshJobs = 'gpulab:refresh-jobs';
+}
+
+const OUTPUT_DIR = 'gpulab-outputs';
+
+async function openOutput(app: JupyterFrontEnd, job: IJob): Promise<void> {
+  const contents = app.serviceManager.contents;
+  if (job.output_path) {
+    try {
+      await contents.get(job.output_path, { content: false });
+      await app.commands.execute('docmanager:open', { path: job.output_path });
+      return;
+    } catch {
+      // not inside this server's root: fetch it through the API below
+    }
+  }
+  const nb = await api.output(job.id);
+  try {
+    await contents.get(OUTPUT_DIR, { content: false });
+  } catch {
+    const dir = await contents.newUntitled({ type: 'directory', path: '' });
+    await contents.rename(dir.path, OUTPUT_DIR);
+  }
+  const base = PathExt.basename(job.notebook, '.ipynb');
+  const path = `${OUTPUT_DIR}/${base}-job-${String(job.id)}.ipynb`;
+  await contents.save(path, { type: 'notebook', format: 'json', content: nb });
+  await app.commands.execute('docmanager:open', { path });
+}
+
+const sidebar: JupyterFrontEndPlugin<void> = {
+  id: 'gpulab-labextension:sidebar',
+  description: 'The GPU sidebar: session GPU, team quota, idle warning and jobs.',
+  autoStart: true,
+  activate: (app: JupyterFrontEnd) => {
+    const panel = new GPUPanel({
+      runAsJob: () => void app.commands.execute(CommandIDs.runAsJob, {}),
+      openLogs: (job: IJob) => {
+        const content = new JobLogWidget(job);
+        const widget = new MainAreaWidget({ content });
+        widget.id = `gpulab-logs-${String(job.id)}`;
+        widget.title.label = `Log: ${job.name || PathExt.basename(job.notebook)} #${String(job.id)}`;
+        widget.title.icon = gpuIcon;
+        widget.title.closable = true;
+        app.shell.add(widget, 'main');
+      },
+      openOutput: (job: IJob) => openOutput(app, job)
+    });
+    app.shell.add(panel, 'left', { rank: 650 });
+    app.commands.addCommand(CommandIDs.openPanel, {
+      label: 'Show the GPU panel',
+      execute: () => app.shell.activateById(panel.id)
+    });
+    app.commands.addCommand(CommandIDs.refreshJobs, {
+      label: 'Refresh GPU jobs',
+      execute: () => panel.refresh()
+    });
+  }
+};
+
+const runAsJob: JupyterFrontEndPlugin<void> = {
+  id: 'gpulab-labextension:run-as-job',
+  description: 'The "Run as GPU job" command and dialog.',
+  autoStart: true,
+  optional: [INotebookTracker, IDefaultFileBrowser],
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker | null,
+    browser: IDefaultFileBrowser | null
+  ) => {
+    const pickNotebook = (args: Record<string, unknown>): string => {
+      if (typeof args.path === 'string' && args.path) {
+        return args.path;
+      }
+      const current = tracker?.currentWidget;
+      if (current && app.shell.currentWidget === current) {
+        return current.context.path;
+      }
+      const selected = browser?.selectedItems().next();
+      if (selected && !selected.done && selected.value.path.endsWith('.ipynb')) {
+        return selected.value.path;
+      }
+      return current?.context.path ?? '';
+    };
+    app.commands.addCommand(CommandIDs.runAsJob, {
+      label: args => (args.isLauncher ? 'GPU job' : 'Run as GPU job…'),
+      caption: 'Run a notebook as a batch or training job on GPUs',
+      icon: gpuIcon,
+      execute: async args => {
+        const path = pickNotebook(args);
+        // The job runs the saved file: save an open notebook with unsaved changes first.
+        let parameters: Record<string, unknown> = {};
+        const open = tracker?.find(w => w.context.path === path);
+        if (open && open.context.model.dirty) {
+          await open.context.save();
+        }
+        const [me, session] = await Promise.all([api.me(), api.session().catch(() => null)]);
+        if (path.endsWith('.ipynb')) {
+          try {
+            const model = await app.serviceManager.contents.get(path, { content: true });
+            parameters = notebookParameters((model.content?.cells ?? []) as []);
+          } catch {
+            // unreadable notebook: the form still opens and the API will say what is wrong
+          }
+        }
+        const job = await runJobDialog(me, initialForm(me, path, parameters, session?.team));
+        if (job) {
+          if (app.commands.hasCommand(CommandIDs.refreshJobs)) {
+            await app.commands.execute(CommandIDs.refreshJobs);
+            await app.commands.execute(CommandIDs.openPanel);
+          }
+        }
+        return job;
+      }
+    });
+  }
+};
+
+const launcher: JupyterFrontEndPlugin<void> = {
+  id: 'gpulab-labextension:launcher',
+  description: 'A Launcher card "GPU job" in a "GPU" category.',
+  autoStart: true,
+  requires: [ILauncher],
+  activate: (app: JupyterFrontEnd, launcher: ILauncher) => {
+    launcher.add({ command: CommandIDs.runAsJob, category: 'GPU', rank: 0, args: { isLauncher: true } });
+  }
+};
+
+const notebookToolbar: JupyterFrontEndPlugin<void> = {
+  id: 'gpulab-labextension:notebook-toolbar',
+  description: 'A "Run as GPU job" button in the notebook toolbar.',
+  autoStart: true,
+  activate: (app: JupyterFrontEnd) => {
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: (panel: NotebookPanel) => {
+        const button = new ToolbarButton({
+          icon: gpuIcon,
+          label: 'GPU job',
+          tooltip: 'Run this notebook as a GPU job',
+          className: 'gpulab-toolbar-button',
+          onClick: () => void app.commands.execute(CommandIDs.runAsJob, { path: panel.context.path })
+        });
+        panel.toolbar.insertItem(10, 'gpulab-run-as-job', button);
+        return button;
+      }
+    });
+  }
+};
+
+const fileBrowserMenu: JupyterFrontEndPlugin<void> = {
+  id: 'gpulab-labextension:filebrowser',
+  description: 'File browser context menu entry "Run as GPU job" on notebooks.',
+  autoStart: true,
+  requires: [IDefaultFileBrowser],
+  activate: (app: JupyterFrontEnd, browser: IDefaultFileBrowser) => {
+    const id = 'gpulab:run-selected-as-job';
+    app.commands.addCommand(id, {
+      label: 'Run as GPU job…',
+      icon: gpuIcon,
+      execute: () => {
+        const item = browser.selectedItems().next();
+        const path = item && !item.done ? item.value.path : '';
+        return app.commands.execute(CommandIDs.runAsJob, { path });
+      }
+    });
+    app.contextMenu.addItem({
+      command: id,
+      selector: '.jp-DirListing-item[data-file-type="notebook"]',
+      rank: 3
+    });
+  }
+};
+
+export default [sidebar, runAsJob, launcher, notebookToolbar, fileBrowserMenu];

@@ -1,0 +1,145 @@
+/**
+ * Shapes of the gpulab APIs (see the shared contracts: /hub/api/gpulab/* and
+ * the server extension's /gpulab/api/session).
+ */
+
+export interface IDeviceSample {
+  id: string;
+  uuid: string;
+  name: string;
+  gpu_percent: number;
+  memory_used_mib: number;
+  memory_total_mib: number;
+}
+
+export type Utilisation =
+  | { available: true; at: number; devices: IDeviceSample[] }
+  | { available: false; reason: string };
+
+export interface ISession {
+  user: string;
+  server_name: string;
+  gpu: boolean;
+  team: string | null;
+  profile: string | null;
+  gpu_milli: number | null;
+  gpu_fraction: string | null;
+  gpu_model: string | null;
+  gpu_source: string | null;
+  memory_mib: number | null;
+  quota: string | null;
+  preemptible: boolean;
+  devices: string[];
+  share: string | null;
+  hub: boolean;
+  utilisation: Utilisation;
+}
+
+export interface IProfileChoice {
+  slug: string;
+  display_name: string;
+  description: string;
+  gpu_milli: number;
+  gpu_model: string;
+  priority_class: string;
+  available: boolean;
+  reason: string;
+  over_quota: boolean;
+  capacity: string;
+}
+
+export interface ITeamView {
+  name: string;
+  display_name: string;
+  guarantee_milli: number;
+  burst_milli: number;
+  per_user_cap_milli: number | null;
+  held_milli: number;
+  in_quota_milli: number;
+  over_quota_milli: number;
+  free_milli: number;
+  user_held_milli: number;
+  summary: string;
+  profiles: IProfileChoice[];
+}
+
+export interface IMe {
+  user: string;
+  teams: ITeamView[];
+  holdings: {
+    key: string;
+    team: string;
+    profile: string;
+    gpu_milli: number;
+    kind: string;
+    over_quota: boolean;
+    state: string;
+  }[];
+}
+
+export interface IIdleState {
+  user: string;
+  server: string;
+  warning: null | {
+    warned_at: string;
+    reclaim_at: string;
+    reason: string;
+    evidence: Record<string, unknown>;
+  };
+  keepalive: {
+    used: number;
+    max: number;
+    extends_seconds: number;
+    until: string | null;
+  };
+}
+
+export type JobState =
+  | 'queued'
+  | 'running'
+  | 'preempted'
+  | 'succeeded'
+  | 'failed'
+  | 'cancelled'
+  | 'timed-out';
+
+export type JobClass = 'batch' | 'training';
+
+export interface IJob {
+  id: string | number;
+  name: string;
+  user: string;
+  team: string;
+  profile: string;
+  job_class: JobClass;
+  state: JobState;
+  reason: string | null;
+  gpu_milli: number;
+  over_quota: boolean;
+  notebook: string;
+  output_path: string | null;
+  log_path: string | null;
+  parameters: Record<string, unknown>;
+  time_limit_seconds: number;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  history: { state: JobState; at: string; reason: string | null }[];
+}
+
+export interface IJobRequest {
+  notebook: string;
+  job_class: JobClass;
+  profile: string;
+  team?: string;
+  parameters: Record<string, unknown>;
+  time_limit_seconds: number;
+  name?: string;
+  idempotency_key?: string;
+}
+
+export interface ILogChunk {
+  text: string;
+  offset: number;
+  complete: boolean;
+}
