@@ -27,6 +27,19 @@ class DemoAuthenticator(Authenticator):
     def _allow_all_default(self) -> bool:
         return False
 
+    def check_allowed(self, username: str, authentication: dict | None = None) -> bool:
+        """Admins and configured users, plus every member of a team *now*.
+
+        Team membership is read from the live catalog, so a user an admin adds
+        to a team on the admin page can log in without a hub restart.
+        """
+        if super().check_allowed(username, authentication):
+            return True
+        from spawner.config import get_runtime
+
+        catalog = get_runtime(config=self.config).catalog
+        return any(username in team.users for team in catalog.teams.values())
+
     async def authenticate(self, handler, data):
         username = (data or {}).get("username", "")
         password = (data or {}).get("password", "")

@@ -18,6 +18,19 @@ def configure_gpulab(c, *, admin_users: list[str] | None = None) -> None:
     from .api import all_handlers
 
     c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + all_handlers()
+    # Admin page, stored catalog + usage history, Prometheus gauges (issue 7; docs/admin.md).
+    from . import admin_page, metrics
+
+    c.JupyterHub.extra_handlers = c.JupyterHub.extra_handlers + admin_page.handlers
+    hooks = list(c.GPULab.get("runtime_hooks", []))
+    if "hub_config.catalog_store.attach_runtime" not in hooks:
+        c.GPULab.runtime_hooks = hooks + ["hub_config.catalog_store.attach_runtime"]
+    metrics.register(c)
+    # Recover and resume notebook jobs as soon as the hub is up, not on the
+    # first request (the config file is loaded inside the hub's event loop).
+    from .jobs.service import start_with_hub
+
+    start_with_hub()
     custom = dict(c.JupyterHub.get("custom_scopes", {}))
     custom.update(scopes.CUSTOM_SCOPES)
     c.JupyterHub.custom_scopes = custom

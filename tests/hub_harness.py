@@ -123,18 +123,24 @@ class RunningHub:
         return self.start()
 
     def _kill_servers(self) -> None:
-        try:
-            users = self.api("GET", "/users").json()
-        except Exception:
-            return
-        for u in users:
-            for name, server in (u.get("servers") or {}).items():
-                pid = (server.get("state") or {}).get("pid")
-                if pid:
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+        """Kill every single-user server this hub started, even if the hub is gone.
+
+        Found by the hub API URL in each process's environment, so a test that
+        crashed the hub cannot leak servers into later tests.
+        """
+        marker = f"JUPYTERHUB_API_URL=http://127.0.0.1:{self.hub_port}/".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ:
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def close(self) -> None:
         self.stop(kill_servers=True)

@@ -13,6 +13,9 @@ import importlib
 #: Feature modules, in order. A module listed here must exist.
 MODULES = [
     "hub_config.api.me",
+    "hub_config.api.admin",
+    "hub_config.api.idle",
+    "hub_config.api.jobs",
 ]
 
 
