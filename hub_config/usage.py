@@ -153,7 +153,7 @@ class UsageRecorder:
     def sample_utilisation(self) -> None:
         """With NVML, record each workload's device utilisation; without, nothing (never a guess)."""
         runtime = self.runtime
-        if getattr(runtime, "inventory_source", None) != "nvml" or runtime.packer is None:
+        if runtime.inventory_source != "nvml" or runtime.packer is None:
             return
         try:
             import pynvml

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from traitlets import Dict, List, Unicode, Union
+from traitlets import CaselessStrEnum, Dict, List, Unicode, Union
 from traitlets.config import Configurable
 from traitlets.utils.importstring import import_item
 
@@ -59,6 +59,15 @@ class GPULab(Configurable):
         config=True,
         help="Price per GPU-hour by GPU model ('*' for any model), for cost reports.",
     )
+    gpu_inventory_source = CaselessStrEnum(
+        ["auto", "nvml", "declared"],
+        default_value="auto",
+        config=True,
+        help="""Where the single server's GPU inventory comes from (notebooks and
+        jobs share it). `auto`: NVML when an NVIDIA driver is present, else the
+        declared `inventory`, labelled as declared on the spawn page. `nvml`:
+        refuse to start without a driver. `declared`: always the declared inventory.""",
+    )
     runtime_hooks = List(
         Unicode(),
         config=True,
@@ -99,11 +108,16 @@ class GPULab(Configurable):
 class GPULabRuntime:
     """Process-wide state: the current catalog, the ledger and (single server) the packer."""
 
-    def __init__(self, catalog: Catalog, packer: DevicePacker | None = None):
+    def __init__(self, catalog: Catalog, packer: DevicePacker | None = None,
+                 gpu_inventory_source: str = "auto"):
         self.lock = threading.RLock()
         self.catalog = catalog
         self.ledger = Ledger(catalog.teams)
         self.packer = packer
+        #: Configured source (``auto``/``nvml``/``declared``) for the packer's devices.
+        self.gpu_inventory_source = gpu_inventory_source
+        #: Where the packer's devices actually came from: ``nvml`` or ``declared``.
+        self.inventory_source = "declared"
         self._listeners: list = []
 
     def set_catalog(self, catalog: Catalog) -> None:
@@ -137,7 +151,8 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
                 settings = GPULab(config=config)
             else:
                 settings = GPULab()
-            runtime = GPULabRuntime(settings.load_catalog())
+            runtime = GPULabRuntime(settings.load_catalog(),
+                                    gpu_inventory_source=settings.gpu_inventory_source)
             for hook in settings.runtime_hooks:
                 import_item(hook)(runtime, settings)
             _runtime = runtime

@@ -24,7 +24,7 @@ from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from tornado import web
-from traitlets import Bool, CaselessStrEnum, default
+from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
 from .config import GPULabRuntime, get_runtime
@@ -41,15 +41,13 @@ def workload_key(username: str, server_name: str) -> str:
     return f"notebook:{username}/{server_name}"
 
 
-def ensure_packer(runtime: GPULabRuntime, inventory_source: str = "auto", log=None) -> DevicePacker:
-    """The runtime's device packer, created on first use (spawners and the job runner share it).
-
-    ``inventory_source``: ``auto`` (NVML when a driver is present, else the
-    declared inventory), ``nvml`` (refuse without a driver) or ``declared``.
-    """
+def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
+    """The runtime's device packer, created on first use (spawners and the job runner share it),
+    from the devices ``c.GPULab.gpu_inventory_source`` says to use."""
     with runtime.lock:
         if runtime.packer is not None:
             return runtime.packer
+        inventory_source = runtime.gpu_inventory_source
         devices = None
         if inventory_source in ("auto", "nvml"):
             from .nvml import detect_gpus
@@ -63,7 +61,7 @@ def ensure_packer(runtime: GPULabRuntime, inventory_source: str = "auto", log=No
             devices = devices_from_inventory(runtime.catalog.inventory)
             source = "declared"
         runtime.packer = DevicePacker(devices)
-        runtime.inventory_source = source  # type: ignore[attr-defined]
+        runtime.inventory_source = source
         (log or logging.getLogger("gpulab")).info(
             "gpulab: %d GPU(s) from %s: %s", len(devices), source,
             ", ".join(sorted({d.model for d in devices})) or "none",
@@ -77,15 +75,6 @@ class GPULocalMixin(LoggingConfigurable):
     #: What this server holds (team, profile, milli, devices); saved in the hub's state.
     _gpulab_state: dict[str, Any] | None = None
 
-    gpu_inventory_source = CaselessStrEnum(
-        ["auto", "nvml", "declared"],
-        default_value="auto",
-        config=True,
-        help="""Where the GPU inventory comes from. `auto`: NVML when an NVIDIA
-        driver is present, else the declared inventory (`c.GPULab.inventory`),
-        labelled as declared on the spawn page. `nvml`: refuse to start without
-        a driver. `declared`: always use the declared inventory.""",
-    )
     allow_root_when_root = Bool(
         True,
         config=True,
@@ -105,7 +94,7 @@ class GPULocalMixin(LoggingConfigurable):
         return runtime
 
     def _init_packer(self, runtime: GPULabRuntime) -> None:
-        ensure_packer(runtime, self.gpu_inventory_source, self.log)
+        ensure_packer(runtime, self.log)
 
     def _groups(self) -> list[str]:
         return [g.name for g in getattr(self.user, "groups", [])]
@@ -126,7 +115,7 @@ class GPULocalMixin(LoggingConfigurable):
         for d in packer.devices.values():
             counts[d.model] = counts.get(d.model, 0) + 1
         what = ", ".join(f"{n} × {m}" for m, n in counts.items()) or "no GPUs"
-        if getattr(runtime, "inventory_source", "declared") == "nvml":
+        if runtime.inventory_source == "nvml":
             return f"This server: {what} (detected by NVML).", False
         return f"This server: {what} declared in config — not detected (no NVIDIA driver found).", True
 

@@ -83,7 +83,7 @@ class LocalJobBackend:
 
     @property
     def packer(self):
-        return ensure_packer(self.runtime, self.settings.gpu_inventory_source)
+        return ensure_packer(self.runtime)
 
     # -- the service's calls ---------------------------------------------------
 

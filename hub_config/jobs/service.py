@@ -88,12 +88,6 @@ class GPULabJobs(Configurable):
         help="""Folder for the single-server runner's exit-status files. Default:
         `jobs/` in `$GPULAB_DATA_DIR`.""",
     )
-    gpu_inventory_source = CaselessStrEnum(
-        ["auto", "nvml", "declared"], default_value="auto", config=True,
-        help="""Where the local backend's GPU inventory comes from, if no notebook
-        spawner created the shared device packer first (same meaning as the local
-        spawner's `gpu_inventory_source`; keep the two equal).""",
-    )
     env_keep = List(
         Unicode(),
         default_value=["PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
