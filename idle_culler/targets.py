@@ -10,7 +10,7 @@ with ``admin:server_state``, so each server model carries its spawner state):
   ``gpu`` = device index on this machine's ``Hostname``/``hostname``, or NVML
   processes descended from ``pid``.
 
-Team, profile and GPU amount come from ``state["gpulab"]`` (the local
+Team, profile and GPU amount come from ``state["gpulab"]`` (both gpulab
 spawners save it), else from ``user_options`` (``team`` + ``profile``, or the
 form's ``"team:profile"``) and the hub's catalog.
 """

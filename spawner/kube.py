@@ -359,9 +359,32 @@ class GPUKubeSpawner(KubeSpawner):
                 setattr(self, trait, value)
         if request.image is not None:
             self.image = request.image.image
+        # Saved in the hub's spawner state: services (the idle culler) read what was granted.
+        self._gpulab_state = {"team": team.name, "profile": profile.slug,
+                              "milli": spec.effective_milli, "over_quota": workload.over_quota}
         env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota, (), {})
         env.pop("CUDA_VISIBLE_DEVICES")  # on Kubernetes the device plugin picks the devices
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
+
+    # -- state ----------------------------------------------------------------
+
+    #: What this server was granted (team, profile, effective milli, quota); hub state.
+    _gpulab_state: dict[str, Any] | None = None
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self._gpulab_state:
+            state["gpulab"] = dict(self._gpulab_state)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if isinstance(state.get("gpulab"), dict):
+            self._gpulab_state = dict(state["gpulab"])
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self._gpulab_state = None
 
     # -- lifecycle ----------------------------------------------------------
 

@@ -206,7 +206,12 @@ async def test_timeslice_rounds_up_and_counts_the_rounded_size(api):
     assert resources(pod)["limits"] == {"nvidia.com/gpu.shared": "2"}  # 0.3 -> 2/4
     assert pod["metadata"]["labels"][gl.GPU_MILLI] == "500"
     assert get_runtime().ledger.usage("vision").held_milli == 500
+    # The hub's saved state says what was granted (the idle culler reads it), not what was asked.
+    assert s.get_state()["gpulab"] == {"team": "vision", "profile": "h100-third", "milli": 500,
+                                       "over_quota": False}
     await s.stop()
+    s.clear_state()
+    assert "gpulab" not in s.get_state()
 
 
 async def test_100_concurrent_spawns_guarantee_4_burst_6(api):
