@@ -69,11 +69,17 @@ def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
         return runtime.packer
 
 
+#: Spawner traits a profile sets (same names on ``Profile``).
+_PROFILE_LIMIT_TRAITS = ("cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit")
+
+
 class GPULocalMixin(LoggingConfigurable):
     """GPU profiles, quota and device placement for local-process spawners."""
 
     #: What this server holds (team, profile, milli, devices); saved in the hub's state.
     _gpulab_state: dict[str, Any] | None = None
+    #: cpu/mem traits as configured, before any profile set them.
+    _configured_limits: dict[str, Any] | None = None
 
     allow_root_when_root = Bool(
         True,
@@ -178,6 +184,14 @@ class GPULocalMixin(LoggingConfigurable):
             if placement is None:
                 runtime.ledger.release(key)
                 raise web.HTTPError(409, self._capacity(profile).reason or "no free GPU fits this profile")
+        # JupyterHub passes these to the server as MEM_LIMIT, CPU_LIMIT, ... (what
+        # jupyter-resource-usage shows); a local process is not confined by them.
+        # Start from the configured values, so a previous spawn's profile never leaks.
+        if self._configured_limits is None:
+            self._configured_limits = {t: getattr(self, t) for t in _PROFILE_LIMIT_TRAITS}
+        for trait in _PROFILE_LIMIT_TRAITS:
+            value = getattr(profile, trait)
+            setattr(self, trait, self._configured_limits[trait] if value is None else value)
         self._gpulab_state = {
             "team": request.team.name,
             "profile": profile.slug,

@@ -17,7 +17,8 @@ inventory:
   - {model: H100-80GB, count: 2, memory_mib: 81559}
 profiles:
   - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB}
-  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}
+  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB,
+     cpu: {guarantee: 2, limit: 4}, memory: {guarantee: 8G, limit: 16Gi}}
   - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB}
   - {slug: secret, display_name: "Other team only", gpus: 0.25, teams: [other]}
 teams:
@@ -70,6 +71,9 @@ def test_spawn_half_gpu_sets_cuda_env(hub):
     assert env["GPULAB_TEAM"] == "vision"
     assert env["GPULAB_QUOTA"] == "in-quota" and env["GPULAB_PREEMPTIBLE"] == "0"
     assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    # The profile's CPU and memory reach the server the way JupyterHub passes them.
+    assert env["CPU_LIMIT"] == "4.0" and env["CPU_GUARANTEE"] == "2.0"
+    assert env["MEM_LIMIT"] == str(16 * 2**30) and env["MEM_GUARANTEE"] == str(8 * 10**9)
     assert held(hub) == 500
 
 
@@ -152,3 +156,13 @@ def test_stopping_a_server_frees_its_share_at_once(hub):
     bob = hub.login("bob")
     page = html.unescape(hub.spawn_page(bob, "second", "bob").text)
     assert "0.5 of 1 GPUs free for team vision" in page
+
+
+def test_next_spawn_does_not_inherit_the_previous_profiles_limits(hub):
+    alice = hub.login("alice")
+    r = hub.post_spawn(alice, "alice", {"choice": "vision:h100-quarter"})
+    assert r.status_code in (302, 303), r.text[-2000:]
+    hub.wait_server("alice")
+    env = process_env(server_pid(hub, "alice"))
+    assert env["GPULAB_PROFILE"] == "h100-quarter"
+    assert "CPU_LIMIT" not in env and "MEM_LIMIT" not in env
