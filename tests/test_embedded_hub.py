@@ -166,3 +166,16 @@ def test_next_spawn_does_not_inherit_the_previous_profiles_limits(hub):
     env = process_env(server_pid(hub, "alice"))
     assert env["GPULAB_PROFILE"] == "h100-quarter"
     assert "CPU_LIMIT" not in env and "MEM_LIMIT" not in env
+
+
+def test_me_endpoint_refuses_other_users_and_bad_input(hub):
+    r = hub.api("POST", "/users/alice/tokens", json={"note": "me-test", "expires_in": 600})
+    assert r.status_code == 201, r.text
+    alice_token = r.json()["token"]
+    mine = hub.api("GET", "/gpulab/me", token=alice_token)
+    assert mine.status_code == 200
+    assert mine.json()["user"] == "alice" and {t["name"] for t in mine.json()["teams"]} == {"vision"}
+    assert hub.api("GET", "/gpulab/me", token=alice_token, params={"user": "bob"}).status_code == 403
+    assert hub.api("GET", "/gpulab/me", token="not-a-token").status_code == 403
+    assert hub.api("GET", "/gpulab/me", params={"user": "x" * 300}).status_code == 400
+    assert hub.api("GET", "/gpulab/me", params={"user": "nobody"}).status_code == 404
