@@ -209,11 +209,13 @@ def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, lo
     }
 
 
-def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> dict[str, Any]:
-    """Replay creation/deletion times; a task that does not fit on arrival is refused."""
-    sim = ClusterSim(devices, policy)
+def task_intervals(tasks: list[TraceTask]) -> tuple[list[tuple[int, int, int]], int]:
+    """``(index, start, stop)`` of every task with a positive duration, and how many had none.
+
+    A task without a deletion time runs to the end of the trace.
+    """
     end_of_trace = max((t.deletion or t.creation or 0) for t in tasks) if tasks else 0
-    events: list[tuple[int, int, int, TraceTask]] = []
+    intervals: list[tuple[int, int, int]] = []
     zero_length = 0
     for n, t in enumerate(tasks):
         start = t.creation or 0
@@ -221,8 +223,18 @@ def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> 
         if stop <= start:
             zero_length += 1
             continue
-        events.append((start, 1, n, t))
-        events.append((stop, 0, n, t))  # departures before arrivals at the same second
+        intervals.append((n, start, stop))
+    return intervals, zero_length
+
+
+def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> dict[str, Any]:
+    """Replay creation/deletion times; a task that does not fit on arrival is refused."""
+    sim = ClusterSim(devices, policy)
+    intervals, zero_length = task_intervals(tasks)
+    events: list[tuple[int, int, int, TraceTask]] = []
+    for n, start, stop in intervals:
+        events.append((start, 1, n, tasks[n]))
+        events.append((stop, 0, n, tasks[n]))  # departures before arrivals at the same second
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     first = events[0][0] if events else 0
     last = events[-1][0] if events else 0
@@ -268,16 +280,10 @@ def replay_queued(tasks: list[TraceTask], devices: list[GPUDevice], policy: Poli
     """
     sim = ClusterSim(devices, policy)
     empty = DevicePacker(devices)
-    end_of_trace = max((t.deletion or t.creation or 0) for t in tasks) if tasks else 0
+    intervals, zero_length = task_intervals(tasks)
     heap: list[tuple[int, int, int]] = []
     duration: dict[int, int] = {}
-    zero_length = 0
-    for n, t in enumerate(tasks):
-        start = t.creation or 0
-        stop = t.deletion if t.deletion is not None else end_of_trace
-        if stop <= start:
-            zero_length += 1
-            continue
+    for n, start, stop in intervals:
         duration[n] = stop - start
         heap.append((start, 1, n))
     heapq.heapify(heap)
