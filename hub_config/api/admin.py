@@ -33,6 +33,7 @@ from ..catalog_store import CatalogStore, StaleCatalogError, utcnow
 from ..scopes import ADMIN
 from ..usage import current_report, period_report
 from .base import GPULabAPIHandler
+from .me import quota_view
 
 #: Admin bodies are small; anything bigger is refused before parsing.
 MAX_ADMIN_BODY = 64 * 1024
@@ -98,13 +99,7 @@ def team_view(runtime, name: str) -> dict[str, Any]:
     u = runtime.ledger.usage(name)
     return {
         **team_to_dict(team),
-        "display_name": team.display_name,
-        "guarantee_milli": team.guarantee_milli,
-        "burst_milli": team.burst_milli,
-        "per_user_cap_milli": team.per_user_cap_milli,
-        "held_milli": u.held_milli,
-        "in_quota_milli": u.in_quota_milli,
-        "over_quota_milli": u.over_quota_milli,
+        **quota_view(team, u),
         "reserved_milli": u.reserved_milli,
         "workloads": u.workloads,
     }

@@ -10,11 +10,25 @@ from typing import Any
 
 from tornado import web
 
-from spawner.policy import choices_for_user, device_capacity
-from spawner.units import format_gpus
+from spawner.ledger import TeamUsage
+from spawner.model import Team
+from spawner.policy import choices_for_user, device_capacity, team_summary
 
 from ..scopes import ADMIN, JOBS
 from .base import GPULabAPIHandler
+
+
+def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:
+    """A team's limits and what it holds now, in milli-GPUs (the sidebar and the admin page)."""
+    return {
+        "display_name": team.display_name,
+        "guarantee_milli": team.guarantee_milli,
+        "burst_milli": team.burst_milli,
+        "per_user_cap_milli": team.per_user_cap_milli,
+        "held_milli": usage.held_milli,
+        "in_quota_milli": usage.in_quota_milli,
+        "over_quota_milli": usage.over_quota_milli,
+    }
 
 
 def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
@@ -27,16 +41,11 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
         u = runtime.ledger.usage(team.name)
         teams[team.name] = {
             "name": team.name,
+            **quota_view(team, u),
             "display_name": team.label,
-            "guarantee_milli": team.guarantee_milli,
-            "burst_milli": team.burst_milli,
-            "per_user_cap_milli": team.per_user_cap_milli,
-            "held_milli": u.held_milli,
-            "in_quota_milli": u.in_quota_milli,
-            "over_quota_milli": u.over_quota_milli,
             "free_milli": u.free_milli,
             "user_held_milli": runtime.ledger.user_held(team.name, user_name),
-            "summary": f"{format_gpus(u.free_milli)} of {format_gpus(team.burst_milli)} GPUs free for team {team.name}",
+            "summary": team_summary(runtime.ledger, team),
             "profiles": [],
         }
     for c in choices:
