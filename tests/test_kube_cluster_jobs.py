@@ -1,0 +1,146 @@
+"""Notebook jobs on the real control plane: the real Job controller and scheduler.
+
+A real hub with ``c.GPULabJobs.backend = "kubernetes"`` creates ``batch/v1``
+Jobs as the chart-bound hub ServiceAccount. The real Job controller makes the
+pods, the real scheduler binds (and preempts) them, and the node agent plays
+the kubelet; a test ends a pod's container the way the notebook runner would
+(exit code) or evicts it through the Eviction API.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from tests.hub_harness import RunningHub
+from tests.jobs_fixtures import submit, user_token, wait_state
+from tests.kube.chart import Release
+from tests.kube.cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.kube]
+
+A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+
+
+def team(release: Release, base: str) -> str:
+    return next(t for t in release.teams if t.startswith(base + "-"))
+
+
+@pytest.fixture(scope="module")
+def jobs_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
+    release = gpulab_release
+    nlp = team(release, "nlp")
+    # The hub's catalog: the chart's teams and namespaces, with a half-GPU
+    # guarantee for nlp so that a 1-GPU batch job borrows (runs over quota).
+    catalog = {
+        "sharing": {"backend": "whole"},
+        "profiles": [{"slug": "a100-1", "display_name": "1 × A100", "gpus": 1, "gpu_model": "A100-80GB"}],
+        "teams": [{"name": nlp, "users": ["carol"], "guarantee": 0.5, "burst": 2,
+                   "namespace": release.team_ns(nlp)}],
+    }
+    hub = RunningHub(tmp_path_factory.mktemp("jobs-kube"), catalog_yaml=yaml.safe_dump(catalog),
+                     env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
+c.JupyterHub.spawner_class = "gpu-kube"
+c.KubeSpawner.namespace = "{release.hub_namespace}"
+c.GPULabJobs.backend = "kubernetes"
+c.GPULabJobs.poll_interval = 0.3
+c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
+c.GPULabJobs.kube_home_claim_template = ""
+""")
+    hub.start()
+    yield hub
+    hub.close()
+
+
+@pytest.fixture
+def carol(jobs_hub: RunningHub, release: Release) -> str:
+    return user_token(jobs_hub, "carol")
+
+
+def job_pods(kube: Cluster, ns: str, job_id: int) -> list[dict]:
+    return kube.pods(ns, f"job-name=gpulab-job-{job_id}")
+
+
+def running_pod(kube: Cluster, ns: str, job_id: int, exclude: set[str] = frozenset()) -> dict:
+    return kube.wait(lambda: next((p for p in job_pods(kube, ns, job_id) if p["metadata"]["name"] not in exclude
+                                   and p["status"].get("phase") == "Running"
+                                   and not p["metadata"].get("deletionTimestamp")), None),
+                     f"a Running pod of job {job_id}", 60)
+
+
+def k8s_job(kube: Cluster, ns: str, job_id: int) -> dict:
+    return kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job_id}")
+
+
+def test_a_job_runs_to_succeeded_by_the_job_controller(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+    pod = running_pod(kube, ns, job["id"])
+    assert pod["spec"]["nodeName"] == "gpu-a100-mig"  # the only node with a whole A100
+    running = wait_state(jobs_hub, job["id"], "running", timeout=30)
+    assert running["started_at"]
+    kube.finish_pod(ns, pod["metadata"]["name"], 0)
+    done = wait_state(jobs_hub, job["id"], "succeeded", timeout=60)
+    assert [h["state"] for h in done["history"]] == ["queued", "running", "succeeded"]
+    obj = k8s_job(kube, ns, job["id"])
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in obj["status"]["conditions"])
+    assert [w for w in jobs_hub.holdings() if w["kind"] == "job"] == []
+
+
+def test_an_evicted_pod_is_rerun_and_not_counted_as_a_failure(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+    first = running_pod(kube, ns, job["id"])
+    wait_state(jobs_hub, job["id"], "running", timeout=30)
+    kube.evict_pod(ns, first["metadata"]["name"])
+    # The Job controller matches the DisruptionTarget condition the API server set
+    # (podFailurePolicy action Ignore): a new pod, and no failure counted.
+    second = running_pod(kube, ns, job["id"], exclude={first["metadata"]["name"]})
+    obj = k8s_job(kube, ns, job["id"])
+    assert int(obj["status"].get("failed") or 0) == 0, obj["status"]
+    kube.finish_pod(ns, second["metadata"]["name"], 0)
+    done = wait_state(jobs_hub, job["id"], "succeeded", timeout=60)
+    assert "failed" not in [h["state"] for h in done["history"]]
+
+
+def test_over_quota_batch_work_is_preempted_by_the_scheduler_and_waits(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    other = release.team_ns(team(release, "vision"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+    assert job["over_quota"] is True  # 1 GPU above nlp's 0.5 guarantee
+    victim = running_pod(kube, ns, job["id"])
+    assert victim["spec"]["priorityClassName"] == "gpulab-over-quota"
+    wait_state(jobs_hub, job["id"], "running", timeout=30)
+    # Another team's in-quota notebook needs that A100.
+    kube.create(f"/api/v1/namespaces/{other}/pods", {
+        "metadata": {"name": "guaranteed-notebook"},
+        "spec": {"priorityClassName": "gpulab-development", "nodeSelector": A100_SELECTOR,
+                 "containers": [{"name": "notebook", "image": "quay.io/jupyter/base-notebook:2024-10-07",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    kube.wait_pod(other, "guaranteed-notebook", "Running", 60)
+    assert kube.pod(other, "guaranteed-notebook")["spec"]["nodeName"] == "gpu-a100-mig"
+    # The scheduler preempted the borrowed batch pod; the Job made a new one, which waits.
+    kube.wait(lambda: kube.pod(ns, victim["metadata"]["name"]) is None, "the preempted pod to go", 60)
+    waiting = wait_state(jobs_hub, job["id"], "queued", timeout=60)
+    assert "waiting" in waiting["reason"]
+    pending = kube.wait(lambda: [p for p in job_pods(kube, ns, job["id"]) if p["status"].get("phase") == "Pending"],
+                        "the replacement pod", 30)
+    assert int(k8s_job(kube, ns, job["id"])["status"].get("failed") or 0) == 0
+    # A Job counts a Pending pod as active: the hub must not call that running.
+    kube.wait(lambda: int(k8s_job(kube, ns, job["id"])["status"].get("active") or 0) == 1, "active 1", 30)
+    time.sleep(1.5)  # several of the hub's 0.3 s polls
+    still = jobs_hub.api("GET", f"/gpulab/jobs/{job['id']}", token=carol).json()
+    assert still["state"] == "queued" and pending, still
+    # When the GPU frees up, the batch work runs again and finishes.
+    kube.request("DELETE", f"/api/v1/namespaces/{other}/pods/guaranteed-notebook")
+    again = running_pod(kube, ns, job["id"])
+    wait_state(jobs_hub, job["id"], "running", timeout=60)
+    kube.finish_pod(ns, again["metadata"]["name"], 0)
+    done = wait_state(jobs_hub, job["id"], "succeeded", timeout=60)
+    states = [h["state"] for h in done["history"]]
+    assert states[:2] == ["queued", "running"] and states[-1] == "succeeded" and "failed" not in states
+    assert json.dumps(done)  # the record stays serialisable end to end
