@@ -197,7 +197,8 @@ def test_capacity_smoke_on_the_alibaba_trace(tmp_path):
 # -- spawn path ---------------------------------------------------------------
 
 
-def test_spawn_path_smoke(tmp_path):
+@pytest.mark.kube
+def test_spawn_path_smoke(tmp_path, kube_testbed):
     doc, stdout = run_bench("spawn_path.py", tmp_path, "--smoke")
     n = doc["parameters"]["spawns"]
     rows = doc["rows"]
@@ -214,5 +215,6 @@ def test_spawn_path_smoke(tmp_path):
     # ...and only gpulab's pods carry the ledger labels.
     assert rows["GPUKubeSpawner"]["gpu_labelled_pods"] == n and rows["KubeSpawner"]["gpu_labelled_pods"] == 0
     assert doc["leftover_pods"] == 0
+    assert doc["kubernetes"] == kube_testbed.versions["kubernetes"]
     assert set(doc["ratios"]) >= {"wall_time", "requests_per_spawn", "extra_requests_per_spawn"}
     assert "GPUKubeSpawner / KubeSpawner" in stdout

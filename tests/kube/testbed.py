@@ -161,6 +161,37 @@ class Testbed:
     def ca_file(self) -> Path:
         return self.pki / "ca.crt"
 
+    @property
+    def audit_log(self) -> Path:
+        return self.state_dir / "logs" / "audit.log"
+
+    def audit_offset(self) -> int:
+        """Where the audit log ends now (read the requests after it with ``audit_events``)."""
+        try:
+            return self.audit_log.stat().st_size
+        except OSError:
+            return 0
+
+    def audit_events(self, offset: int, username: str | None = None) -> list[dict[str, Any]]:
+        """Completed requests logged after ``offset``, optionally only those of ``username``."""
+        out = []
+        try:
+            with open(self.audit_log, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return out
+        for line in data.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if username is None or event.get("user", {}).get("username") == username:
+                out.append(event)
+        return out
+
     def log_file(self, component: str) -> Path:
         return self.state_dir / "logs" / f"{component}.log"
 
@@ -285,6 +316,13 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
     for user in ("admin", "controller-manager", "scheduler", "node-agent"):
         _write_yaml(state_dir / f"{user}.kubeconfig", kubeconfig_for(pki, tb.server, user))
 
+    # Audit every request a ServiceAccount makes (the hub's, the controllers'):
+    # tests and benchmarks count a spawner's requests per user from this log.
+    audit_policy = state_dir / "audit-policy.yaml"
+    _write_yaml(audit_policy, {
+        "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}]})
+    tb.audit_log.unlink(missing_ok=True)
     etcd_data = state_dir / "etcd"
     shutil.rmtree(etcd_data, ignore_errors=True)
     etcd_url = f"http://{address}:{ports['etcd']}"
@@ -316,6 +354,8 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
         "--allow-privileged=true",
         "--profiling=false",
         "--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
+        f"--audit-policy-file={audit_policy}", f"--audit-log-path={tb.audit_log}",
+        "--audit-log-maxsize=200", "--audit-log-maxbackup=1", "--audit-log-mode=blocking",
     ])
     _wait("kube-apiserver /readyz", tb.ready, 120, tb, "kube-apiserver")
     _spawn(tb, "kube-controller-manager", [
@@ -411,6 +451,7 @@ def down(state_dir: Path = STATE_DIR) -> None:
                     pass
     (state_dir / "state.json").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+    (state_dir / "logs" / "audit.log").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "pods", ignore_errors=True)
 
 
