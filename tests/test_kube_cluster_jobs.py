@@ -73,7 +73,9 @@ def running_pod(kube: Cluster, ns: str, job_id: int, exclude: set[str] = frozens
 
 
 def k8s_job(kube: Cluster, ns: str, job_id: int) -> dict:
-    return kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job_id}")
+    """The Job object (the hub creates it just after answering the submission)."""
+    return kube.wait(lambda: kube.maybe_get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job_id}"),
+                     f"Job gpulab-job-{job_id}", 30)
 
 
 def test_a_job_runs_to_succeeded_by_the_job_controller(jobs_hub, release, kube, carol):
@@ -144,3 +146,52 @@ def test_over_quota_batch_work_is_preempted_by_the_scheduler_and_waits(jobs_hub,
     states = [h["state"] for h in done["history"]]
     assert states[:2] == ["queued", "running"] and states[-1] == "succeeded" and "failed" not in states
     assert json.dumps(done)  # the record stays serialisable end to end
+
+
+@pytest.fixture(scope="module")
+def kueue_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
+    """A hub whose jobs go through the team's Kueue LocalQueue (the chart's `gpulab-<team>`)."""
+    release = gpulab_release
+    nlp = team(release, "nlp")
+    catalog = {
+        "sharing": {"backend": "whole"},
+        "profiles": [{"slug": "a100-1", "display_name": "1 × A100", "gpus": 1, "gpu_model": "A100-80GB"}],
+        "teams": [{"name": nlp, "users": ["carol"], "guarantee": 1, "burst": 2, "namespace": release.team_ns(nlp)}],
+    }
+    hub = RunningHub(tmp_path_factory.mktemp("jobs-kueue"), catalog_yaml=yaml.safe_dump(catalog),
+                     env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
+c.JupyterHub.spawner_class = "gpu-kube"
+c.KubeSpawner.namespace = "{release.hub_namespace}"
+c.GPULabJobs.backend = "kubernetes"
+c.GPULabJobs.poll_interval = 0.3
+c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
+c.GPULabJobs.kube_home_claim_template = ""
+c.GPULabJobs.kueue_enabled = True
+c.GPULabJobs.kueue_queue_template = "gpulab-{{team}}"
+""")
+    hub.start()
+    yield hub
+    hub.close()
+
+
+def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, release, kube):
+    nlp = team(release, "nlp")
+    ns = release.team_ns(nlp)
+    token = user_token(kueue_hub, "carol")
+    # The chart made the LocalQueue and its ClusterQueue; Kueue reports them active.
+    lq = kube.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/localqueues/gpulab-{nlp}")
+    assert lq["spec"]["clusterQueue"]
+    job = submit(kueue_hub, token, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+    obj = k8s_job(kube, ns, job["id"])
+    assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == f"gpulab-{nlp}"
+    # Kueue made a Workload for it, admitted it and unsuspended the Job.
+    kube.wait(lambda: k8s_job(kube, ns, job["id"])["spec"]["suspend"] is False, "Kueue to admit the Job", 60)
+    workloads = kube.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads")["items"]
+    mine = [w for w in workloads if any(o["name"] == f"gpulab-job-{job['id']}"
+                                        for o in w["metadata"].get("ownerReferences", []))]
+    assert mine and any(c["type"] == "Admitted" and c["status"] == "True" for c in mine[0]["status"]["conditions"])
+    pod = running_pod(kube, ns, job["id"])
+    wait_state(kueue_hub, job["id"], "running", timeout=30)
+    kube.finish_pod(ns, pod["metadata"]["name"], 0)
+    done = wait_state(kueue_hub, job["id"], "succeeded", timeout=60)
+    assert [h["state"] for h in done["history"]] == ["queued", "running", "succeeded"]

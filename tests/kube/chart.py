@@ -83,6 +83,8 @@ class Release:
 def team_values(suffix: str) -> dict:
     """Teams for the test bed's GPU nodes (tests/kube/nodes.yaml)."""
     return {
+        # Kueue runs in the test bed: the chart's ResourceFlavor, ClusterQueues and LocalQueues.
+        "kueue": {"enabled": True},
         "gpulab": {
             "sharing": {"backend": "timeslice",
                         "timeslice": {"resource": "nvidia.com/gpu.shared", "replicas": 4}},

@@ -44,7 +44,7 @@ CACHE = Path(os.environ.get("GPULAB_CACHE_DIR")
 STATE_DIR = Path(os.environ.get("GPULAB_KUBE_TESTBED_DIR") or CACHE / "testbed")
 ADDRESS = os.environ.get("GPULAB_KUBE_TESTBED_ADDRESS", "127.0.0.1")
 NODES_FILE = Path(__file__).with_name("nodes.yaml")
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent", "kueue")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -295,7 +295,18 @@ def _write_yaml(path: Path, data: Any) -> None:
 
 
 def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
-    """Start the test bed, or return the one already running."""
+    """Start the test bed, or return the one already running.
+
+    A start that fails stops what it started (the logs stay for reading).
+    """
+    try:
+        return _up(address, state_dir)
+    except BaseException:
+        down(state_dir)
+        raise
+
+
+def _up(address: str, state_dir: Path) -> Testbed:
     check_loopback(address)
     existing = Testbed.load(state_dir)
     if existing and existing.address == address and all(existing.alive().values()) \
@@ -392,6 +403,10 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
           "kube-controller-manager")
     _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
+    from tests.kube import kueue
+
+    kueue.start(tb, _spawn, _wait, free_port)
+    tb.versions["kueue"] = kueue.build().name
     tb.save()
     return tb
 
