@@ -195,3 +195,90 @@ def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, rele
     kube.finish_pod(ns, pod["metadata"]["name"], 0)
     done = wait_state(kueue_hub, job["id"], "succeeded", timeout=60)
     assert [h["state"] for h in done["history"]] == ["queued", "running", "succeeded"]
+
+
+def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1",
+                 parameters={"x": 5, "lr": 0.01}, time_limit_seconds=7200, name="sweep")
+    assert job["backend"] == "kubernetes" and job["gpu_milli"] == 1000
+    obj = k8s_job(kube, ns, job["id"])  # the real API server validated and stored it
+    md, spec = obj["metadata"], obj["spec"]
+    assert md["labels"]["gpulab.io/kind"] == "job" and md["labels"]["gpulab.io/gpu-milli"] == "1000"
+    assert md["annotations"]["gpulab.io/workload-key"] == f"job:{job['id']}"
+    assert spec["activeDeadlineSeconds"] == 7200
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} \
+        in spec["podFailurePolicy"]["rules"]
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["nodeSelector"] == A100_SELECTOR
+    c = pod["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert json.loads(env["GPULAB_PARAMETERS"]) == {"x": 5, "lr": 0.01}
+    running_pod(kube, ns, job["id"])  # scheduled and started by the real controllers
+
+
+def test_the_time_limit_is_the_job_controllers_deadline(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1",
+                 time_limit_seconds=60)
+    running_pod(kube, ns, job["id"])
+    # Shorten the deadline the hub set, so the real Job controller enforces it within the test.
+    kube.patch(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job['id']}", {"spec": {"activeDeadlineSeconds": 2}})
+    done = wait_state(jobs_hub, job["id"], "timed-out", timeout=60)
+    assert "deadline" in done["reason"].lower()
+    kube.wait(lambda: not [p for p in job_pods(kube, ns, job["id"]) if p["status"].get("phase") == "Running"],
+              "the controller to stop the pod", 60)
+
+
+def test_training_over_the_guarantee_is_refused_before_any_job(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    offset = kube.tb.audit_offset()
+    r = jobs_hub.api("POST", "/gpulab/jobs", token=carol, data=json.dumps(
+        {"notebook": "exp/calc.ipynb", "job_class": "training", "profile": "a100-1"}))
+    assert r.status_code == 403 and "never admitted over quota" in r.json()["message"], r.text
+    creates = [e for e in kube.tb.audit_events(offset, f"system:serviceaccount:{release.hub_namespace}:hub")
+               if e["verb"] == "create" and e["objectRef"]["resource"] == "jobs"]
+    assert creates == [] and kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs")["items"] == []
+
+
+def test_cancel_deletes_the_job_and_its_pod(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+    running_pod(kube, ns, job["id"])
+    r = jobs_hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=carol)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    kube.wait(lambda: kube.maybe_get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job['id']}") is None,
+              "the Job to be deleted", 30)
+    kube.wait(lambda: not job_pods(kube, ns, job["id"]), "the garbage collector to delete its pod", 60)
+
+
+def test_a_job_deleted_behind_the_hubs_back_fails_with_a_reason(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+    running_pod(kube, ns, job["id"])
+    wait_state(jobs_hub, job["id"], "running", timeout=30)
+    kube.request("DELETE", f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job['id']}?propagationPolicy=Background")
+    done = wait_state(jobs_hub, job["id"], "failed", timeout=30)
+    assert "disappeared" in done["reason"]
+
+
+def test_a_job_that_finished_while_the_hub_was_down_is_read_back(jobs_hub, release, kube, carol):
+    ns = release.team_ns(team(release, "nlp"))
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+    pod = running_pod(kube, ns, job["id"])
+    wait_state(jobs_hub, job["id"], "running", timeout=30)
+    jobs_hub.stop()
+    kube.finish_pod(ns, pod["metadata"]["name"], 0)
+    kube.wait(lambda: any(c["type"] == "Complete" for c in
+                          k8s_job(kube, ns, job["id"]).get("status", {}).get("conditions", [])), "Complete", 60)
+    jobs_hub.start()
+    done = wait_state(jobs_hub, job["id"], "succeeded", timeout=60)
+    assert [h["state"] for h in done["history"]] == ["queued", "running", "succeeded"]
+    assert f"job:{job['id']}" not in {w["key"] for w in jobs_hub.holdings()}
+
+
+def test_logs_need_the_home_mounted_on_the_hub(jobs_hub, carol):
+    jobs = jobs_hub.api("GET", "/gpulab/jobs", token=carol).json()["jobs"]
+    r = jobs_hub.api("GET", f"/gpulab/jobs/{jobs[0]['id']}/logs", token=carol)
+    assert r.status_code == 409 and "mount" in r.json()["message"]
