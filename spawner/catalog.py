@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import yaml
@@ -90,12 +91,28 @@ class Catalog:
         return self.profiles.get(slug)
 
     def teams_for(self, user: str, groups: Iterable[str] = ()) -> list[Team]:
-        """The teams ``user`` (with JupyterHub ``groups``) belongs to, by name."""
-        group_set = frozenset(groups)
-        return sorted(
-            (t for t in self.teams.values() if t.has_member(user, group_set)),
-            key=lambda t: t.name,
-        )
+        """The teams ``user`` (with JupyterHub ``groups``) belongs to, by name.
+
+        Looked up in a member index, so the cost follows the user's own teams,
+        not the number of teams in the catalog.
+        """
+        by_user, by_group = self._member_index
+        found = {t.name: t for t in by_user.get(user, ())}
+        for group in groups:
+            found.update((t.name, t) for t in by_group.get(group, ()))
+        return [found[name] for name in sorted(found)]
+
+    @cached_property
+    def _member_index(self) -> tuple[dict[str, tuple[Team, ...]], dict[str, tuple[Team, ...]]]:
+        """``(user -> teams, group -> teams)``, built once per catalog (catalogs are immutable)."""
+        by_user: dict[str, list[Team]] = {}
+        by_group: dict[str, list[Team]] = {}
+        for t in self.teams.values():
+            for u in t.users:
+                by_user.setdefault(u, []).append(t)
+            for g in t.groups:
+                by_group.setdefault(g, []).append(t)
+        return ({k: tuple(v) for k, v in by_user.items()}, {k: tuple(v) for k, v in by_group.items()})
 
     def team_may_use(self, team: Team, profile: Profile) -> bool:
         if profile.teams and team.name not in profile.teams:

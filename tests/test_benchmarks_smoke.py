@@ -65,6 +65,10 @@ def test_admission_smoke(tmp_path):
     assert {r["teams"] for r in doc["ratios"]} == set(params["teams"])
     assert "| workloads | teams |" in stdout
     assert "Growth with live workloads" in stdout
+    growth = doc["page_growth_with_teams"]
+    assert [(g["small"], g["large"]) for g in growth] == [(3, 10)] * len(params["workloads"])
+    assert all(g["page_render_p50"] > 0 for g in growth)
+    assert "Spawn page growth with the number of teams" in stdout
 
 
 # -- capacity: policies and loader --------------------------------------------

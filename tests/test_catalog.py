@@ -129,3 +129,28 @@ def test_policy_choices_and_resolution():
         assert e.value.status == status
     with pytest.raises(PolicyError, match="not a member of any GPU team"):
         resolve_request(c, "mallory", [], {"profile": "h100-half"})
+
+
+def test_teams_for_follows_the_member_index_exactly():
+    """The indexed lookup finds exactly the teams a scan over every team finds."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from spawner.catalog import catalog_from_dict
+
+    names = st.sampled_from(["ann", "bo", "cy", "dee"])
+    groups = st.sampled_from(["g1", "g2", "g3"])
+    team = st.fixed_dictionaries({"users": st.lists(names, max_size=3, unique=True),
+                                  "groups": st.lists(groups, max_size=2, unique=True)})
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(team, min_size=1, max_size=6), names, st.lists(groups, max_size=3, unique=True))
+    def check(teams, user, user_groups):
+        cat = catalog_from_dict({"profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}],
+                                 "teams": [{"name": f"t{i}", "guarantee": 1, "burst": 1, **t}
+                                           for i, t in enumerate(teams)]}, "test")
+        scan = sorted((t for t in cat.teams.values() if t.has_member(user, frozenset(user_groups))),
+                      key=lambda t: t.name)
+        assert cat.teams_for(user, user_groups) == scan
+
+    check()
