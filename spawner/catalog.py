@@ -413,7 +413,9 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
         if isinstance(spec, Mapping) and isinstance(spec.get("allowed_profiles"), list):
             for j, slug in enumerate(spec["allowed_profiles"]):
                 if isinstance(slug, str) and slug not in written_slugs:
-                    r.error(path + ("allowed_profiles", j), f"unknown profile {slug!r}")
+                    hint = _closest(slug, {x for x in written_slugs if isinstance(x, str)})
+                    r.error(path + ("allowed_profiles", j), f"unknown profile {slug!r}"
+                            + (f" (did you mean '{hint}'?)" if hint else ""))
     for i, p in enumerate(raw_profiles):
         if isinstance(p, Mapping) and isinstance(p.get("teams"), list):
             for j, tname in enumerate(p["teams"]):
@@ -502,6 +504,29 @@ def catalog_from_yaml(text: str, source: str = "<yaml>") -> Catalog:
         raise CatalogError(source, [ConfigIssue((), f"not valid YAML: {getattr(e, 'problem', e)}", line)]) from None
     lines = _line_map(node) if node is not None else {}
     return catalog_from_dict(data, source, lines)
+
+
+def gpu_model_issues(text: str, known_models: Iterable[str]) -> list[ConfigIssue]:
+    """Profiles (in catalog YAML ``text``) whose ``gpu_model`` is not one of ``known_models``.
+
+    With their line numbers; the caller decides whether that is an error (a
+    single server can only offer the GPUs it has) or a warning (a cluster
+    may gain nodes of another model).
+    """
+    known = sorted(set(known_models))
+    data = yaml.safe_load(text) or {}
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines = _line_map(node) if node is not None else {}
+    out = []
+    for i, p in enumerate(data.get("profiles") or [] if isinstance(data, Mapping) else []):
+        model = p.get("gpu_model") if isinstance(p, Mapping) else None
+        if isinstance(model, str) and model not in known:
+            path: Path = ("profiles", i, "gpu_model")
+            hint = _closest(model, set(known))
+            out.append(ConfigIssue(path, f"GPU model {model!r} is not known here"
+                                   + (f" (did you mean '{hint}'?)" if hint else "")
+                                   + "; known: " + (", ".join(known) or "none"), lines.get(path)))
+    return out
 
 
 # --------------------------------------------------------------------------
