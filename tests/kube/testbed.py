@@ -67,6 +67,15 @@ def check_loopback(address: str) -> None:
                            f"never on a network other machines can reach")
 
 
+def pod_ip_prefix(state_dir: Path) -> str:
+    """The loopback range a test bed's pods get their IPs from: one per state folder,
+    so two test beds on one machine never give two servers the same address."""
+    import hashlib
+
+    n = int(hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:4], 16)
+    return f"127.{100 + n % 150}."
+
+
 def free_port(address: str = ADDRESS) -> int:
     with socket.socket() as s:
         s.bind((address, 0))
@@ -394,7 +403,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
         sys.executable, "-m", "tests.kube.node_agent",
         "--kubeconfig", str(state_dir / "node-agent.kubeconfig"),
         "--nodes", str(NODES_FILE), "--work-dir", str(state_dir / "pods"),
-        "--pod-ip-prefix", "127.77.",
+        "--pod-ip-prefix", pod_ip_prefix(state_dir),
     ], env={"PYTHONPATH": str(REPO),
             # The agent runs pods' jupyterhub-singleuser from this virtualenv.
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"})
