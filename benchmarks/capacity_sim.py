@@ -9,6 +9,7 @@ is :mod:`spawner.sharing`'s.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,9 @@ from typing import Any
 from _common import percentile
 from trace_loader import TraceTask
 
+
 from spawner.catalog import catalog_from_yaml
+from spawner.fragmentation import TaskClass
 from spawner.ledger import Ledger
 from spawner.model import Team
 from spawner.packer import FULL, DevicePacker, GPUDevice
@@ -48,7 +51,12 @@ def whole_policy() -> Policy:
     return Policy("whole", round_to_whole, "every request rounded up to whole GPUs")
 
 
-def fractional_policy(sizes: Sequence[int]) -> Policy:
+def exact_policy() -> Policy:
+    return Policy("exact", lambda milli: milli, "exact fractions: every request gets exactly what it asked for "
+                  "(the upper bound; e.g. KAI's gpu-fraction)")
+
+
+def fractional_policy(sizes: Sequence[int], name: str = "fractional") -> Policy:
     sizes = tuple(sorted(set(sizes)))
     bad = [s for s in sizes if s <= 0 or (s > FULL and s % FULL)]
     if bad:
@@ -61,7 +69,7 @@ def fractional_policy(sizes: Sequence[int]) -> Policy:
         return None
 
     shown = ", ".join(f"{s / 1000:g}" for s in sizes)
-    return Policy("fractional", allocate, f"rounded up to the nearest profile size ({shown} GPUs)")
+    return Policy(name, allocate, f"rounded up to the nearest profile size ({shown} GPUs)")
 
 
 def timeslice_policy(replicas: int) -> Policy:
@@ -106,9 +114,13 @@ def sizes_from_catalog(path: str) -> list[int]:
 class ClusterSim:
     """One team's ledger plus the device packer, admitting trace tasks."""
 
-    def __init__(self, devices: list[GPUDevice], policy: Policy):
+    def __init__(self, devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
+                 workload: dict[TaskClass, float] | None = None):
         self.policy = policy
-        self.packer = DevicePacker(devices)
+        self.packer = DevicePacker(devices, scoring=scoring, workload=workload)
+        #: Time spent in the packer's place() and how many calls.
+        self.place_s = 0.0
+        self.place_calls = 0
         self.total_milli = len(devices) * FULL
         self.ledger = Ledger([Team(name=TEAM, guarantee_milli=self.total_milli, burst_milli=self.total_milli)])
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
@@ -127,7 +139,11 @@ class ClusterSim:
             return "not offered"
         if not self.ledger.reserve(key, TEAM, task.qos or "trace", alloc, kind="job").allowed:
             return "quota"
-        if self.packer.place(key, alloc, task.models or None) is None:
+        t0 = time.perf_counter()
+        placed = self.packer.place(key, alloc, task.models or None)
+        self.place_s += time.perf_counter() - t0
+        self.place_calls += 1
+        if placed is None:
             self.ledger.release(key)
             return "no device fits"
         self.ledger.confirm(key)
@@ -169,6 +185,54 @@ class ClusterSim:
 def trace_order(tasks: list[TraceTask]) -> list[TraceTask]:
     """By creation time when the file has times, then by row (the file's order)."""
     return sorted(tasks, key=lambda t: (t.creation if t.creation is not None else 0, t.row))
+
+
+def policy_workload(tasks: list[TraceTask], policy: Policy) -> dict[TaskClass, float]:
+    """The trace's request classes as the packer sees them (after the policy's rounding)."""
+    out: dict[TaskClass, float] = {}
+    for t in tasks:
+        alloc = policy.allocate(t.request_milli)
+        if alloc:
+            cls = TaskClass(alloc, t.models)
+            out[cls] = out.get(cls, 0.0) + 1.0
+    return out
+
+
+def fill(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
+         max_failures: int = 200) -> dict[str, Any]:
+    """The paper's measure: file order, no departures, until ``max_failures`` placements in a row fail.
+
+    Tasks are submitted in the order of the file (cycling through it again
+    if it runs out first); a task no offered size holds is skipped, not
+    counted as a failed placement. FGD scores against the trace's own
+    request classes, as the paper does.
+    """
+    workload = policy_workload(tasks, policy) if scoring == "fgd" else None
+    sim = ClusterSim(devices, policy, scoring, workload)
+    order = sorted(tasks, key=lambda t: t.row)
+    failures = submitted = 0
+    while order and failures < max_failures and submitted < 50 * len(order):
+        task = order[submitted % len(order)]
+        outcome = sim.submit(f"{task.name}#{submitted // len(order)}", task)
+        submitted += 1
+        if outcome == "placed":
+            failures = 0
+        elif outcome != "not offered":
+            failures += 1
+    return {
+        "policy": policy.name,
+        "scoring": scoring,
+        "submitted": submitted,
+        "served_workloads": sim.running,
+        "outcomes": dict(sim.outcomes),
+        "requested_gpus": sim.requested / FULL,
+        "allocated_gpus": sim.allocated / FULL,
+        "requested_share": sim.requested / sim.total_milli,
+        "allocated_share": sim.allocated / sim.total_milli,
+        "place_calls": sim.place_calls,
+        "place_us_per_call": 1e6 * sim.place_s / sim.place_calls if sim.place_calls else 0.0,
+        "checks": sim.checks(),
+    }
 
 
 def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, load: float,
