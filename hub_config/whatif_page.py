@@ -14,7 +14,7 @@ from tornado import web
 from spawner.config import get_runtime
 from spawner.units import format_gpus, format_duration
 
-from .api.whatif import MAX_DAYS, catalog_sizes
+from .api.whatif import MAX_DAYS, catalog_sizes, offer_rules
 from .scopes import ADMIN
 
 
@@ -25,7 +25,8 @@ class WhatIfPageHandler(BaseHandler):
     async def get(self) -> None:
         if (self.parsed_scopes or {}).get(ADMIN) != Scope.ALL:
             raise web.HTTPError(403, f"the what-if page requires the {ADMIN} scope")
-        catalog = get_runtime(config=self.settings.get("config")).catalog
+        runtime = get_runtime(config=self.settings.get("config"))
+        catalog = runtime.catalog
         teams = [{"name": t.name, "label": t.label, "guarantee": format_gpus(t.guarantee_milli),
                   "burst": format_gpus(t.burst_milli),
                   "idle_timeout": format_duration(t.idle_timeout_seconds) if t.idle_timeout_seconds else ""}
@@ -34,7 +35,7 @@ class WhatIfPageHandler(BaseHandler):
             "gpulab-whatif.html",
             teams=teams,
             sizes=", ".join(format_gpus(m) for m in catalog_sizes(catalog)),
-            backend=str(catalog.sharing.get("backend") or "whole"),
+            offers=offer_rules(runtime).label,
             max_days=MAX_DAYS,
         )
         self.finish(html)

@@ -23,6 +23,7 @@ from tornado import web
 
 from spawner.advisor import AdvisorError, demand_from, givable_sizes, recommend
 from spawner.catalog import Catalog
+from spawner.packer import GPUDevice, devices_from_inventory
 from spawner.units import UnitError, format_gpus, parse_duration, parse_gpus
 from spawner.whatif import Proposal, RecordedSession, replay
 
@@ -93,14 +94,10 @@ class WhatIfHandler(AdminAPIHandler):
             raise web.HTTPError(400, f"days: expected a whole number of days from 1 to {MAX_DAYS}")
         return value
 
-    def _sizes(self, value: Any, catalog: Catalog) -> tuple[int, ...]:
+    def _sizes(self, value: Any, rules: OfferRules) -> tuple[int, ...]:
         if not isinstance(value, list) or not 1 <= len(value) <= MAX_SIZES:
             raise web.HTTPError(400, f"sizes: expected a list of 1 to {MAX_SIZES} GPU sizes, e.g. [0.25, 0.5, 1, 2]")
-        backend = str(catalog.sharing.get("backend") or "whole")
-        try:
-            givable = set(givable_sizes(backend, catalog.sharing.get(backend), _mig_model(catalog), max_gpus=64))
-        except AdvisorError as e:
-            raise web.HTTPError(400, f"sizes: {e}") from None
+        givable = rules.givable()
         out = set()
         for v in value:
             try:
@@ -108,8 +105,8 @@ class WhatIfHandler(AdminAPIHandler):
             except UnitError as e:
                 raise web.HTTPError(400, f"sizes: {e}") from None
             if milli not in givable:
-                raise web.HTTPError(400, f"sizes: {format_gpus(milli)} GPU is not a size the sharing backend "
-                                    f"{backend!r} gives")
+                raise web.HTTPError(400, f"sizes: {format_gpus(milli)} GPU is not a size this hub can give "
+                                    f"({rules.label})")
             out.add(milli)
         return tuple(sorted(out))
 
@@ -155,24 +152,25 @@ class WhatIfHandler(AdminAPIHandler):
 
     def _answer(self, team: str | None, days: int, proposal: Proposal | None, max_sizes: int) -> dict[str, Any]:
         catalog = self.gpulab.catalog
+        rules = offer_rules(self.gpulab)
         history, since, until = self._history(team, days)
         current_sizes = catalog_sizes(catalog, team)
         today = Proposal(sizes=tuple(current_sizes) or None, teams=dict(catalog.teams))
-        backend = str(catalog.sharing.get("backend") or "whole")
+        # Weighted by GPU-hours: a size held for days matters more than one tried for a minute.
         demand = demand_from((s.gpu_milli, max(60.0, s.end - s.start) / 3600) for s in history)
         try:
-            advice = recommend(demand, backend, max_sizes=max_sizes, options=catalog.sharing.get(backend),
-                               model=_mig_model(catalog), current=current_sizes or None).to_dict()
+            advice = recommend(demand, rules.backend, max_sizes=max_sizes, options=rules.options,
+                               model=rules.model, current=current_sizes or None).to_dict()
             advice["error"] = None
         except AdvisorError as e:
             advice = {"error": str(e)}
         out = {
             "team": team, "days": days, "since": since.isoformat() + "Z", "until": until.isoformat() + "Z",
-            "sessions": len(history), "backend": backend, "current_sizes_milli": current_sizes,
-            "current": replay(history, today).to_dict(), "advice": advice, "proposed": None,
+            "sessions": len(history), "offers": rules.label, "current_sizes_milli": current_sizes,
+            "current": replay(history, today, rules.devices).to_dict(), "advice": advice, "proposed": None,
         }
         if proposal is not None:
-            out["proposed"] = replay(history, proposal).to_dict()
+            out["proposed"] = replay(history, proposal, rules.devices).to_dict()
             out["proposal"] = {"sizes_milli": list(proposal.sizes or ()),
                                "idle_timeout_seconds": proposal.idle_timeout_seconds,
                                "quotas": {n: {"guarantee_milli": t.guarantee_milli, "burst_milli": t.burst_milli}
@@ -195,11 +193,40 @@ class WhatIfHandler(AdminAPIHandler):
         catalog = self.gpulab.catalog
         team = self._team(body.get("team"))
         days = self._days(body.get("days", 30))
-        sizes = self._sizes(body["sizes"], catalog) if body.get("sizes") is not None \
+        sizes = self._sizes(body["sizes"], offer_rules(self.gpulab)) if body.get("sizes") is not None \
             else tuple(catalog_sizes(catalog, team)) or None
         proposal = Proposal(sizes=sizes, teams=self._quotas(body.get("quotas"), catalog),
                             idle_timeout_seconds=self._timeout(body.get("idle_timeout")))
         self.write_json(self._answer(team, days, proposal, self._max_sizes(body.get("max_sizes"))))
+
+
+@dataclasses.dataclass(frozen=True)
+class OfferRules:
+    """What sizes this hub can give, and (single server) on which devices."""
+
+    label: str
+    backend: str
+    options: Any
+    model: str | None
+    devices: list[GPUDevice] | None
+
+    def givable(self, max_gpus: int = 64) -> set[int]:
+        try:
+            return set(givable_sizes(self.backend, self.options, self.model, max_gpus=max_gpus))
+        except AdvisorError as e:
+            raise web.HTTPError(400, f"sizes: {e}") from None
+
+
+def offer_rules(runtime) -> OfferRules:
+    """On a single server the packer gives any milli-GPU share of the declared or detected GPUs;
+    on Kubernetes the sharing backend decides, and the hub does not know the nodes."""
+    catalog = runtime.catalog
+    packer = getattr(runtime, "packer", None)
+    if packer is not None or catalog.inventory:
+        devices = list(packer.devices.values()) if packer is not None else devices_from_inventory(catalog.inventory)
+        return OfferRules("single server (any share of a GPU)", "kai", {}, None, devices)
+    backend = str(catalog.sharing.get("backend") or "whole")
+    return OfferRules(backend, backend, catalog.sharing.get(backend), _mig_model(catalog), None)
 
 
 def _mig_model(catalog: Catalog) -> str | None:
