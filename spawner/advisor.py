@@ -31,6 +31,8 @@ from .units import MILLI_PER_GPU
 FULL = MILLI_PER_GPU
 #: How many sizes a recommended catalog has at most, unless told otherwise.
 DEFAULT_MAX_SIZES = 6
+#: Grids tried besides the free choice: shares that are multiples of 1/k of a GPU pack GPUs full.
+GRID_STEPS = (2, 3, 4, 5, 6, 8, 10)
 
 
 class AdvisorError(ValueError):
@@ -97,6 +99,8 @@ class Advice:
     current_not_offered: float = 0.0
     #: How many least-waste alternatives were compared.
     options_tried: int = 1
+    #: What ``evaluate`` measured for the chosen sizes (``None``: chosen by least waste).
+    measured: float | None = None
 
     @property
     def predicted_gain(self) -> float | None:
@@ -111,7 +115,9 @@ class Advice:
             "allocated_milli": self.allocated_milli, "efficiency": self.efficiency,
             "current_sizes_milli": list(self.current_sizes) if self.current_sizes is not None else None,
             "current_efficiency": self.current_efficiency, "current_not_offered": self.current_not_offered,
-            "predicted_gain": self.predicted_gain,
+            "predicted_gain": self.predicted_gain, "options_tried": self.options_tried,
+            "measured": self.measured,
+            "chosen_by": "least rounding waste" if self.measured is None else "most work placed in a fill simulation",
         }
 
 
@@ -145,7 +151,7 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
               options: Mapping[str, Any] | None = None, model: str | None = None,
               current: Sequence[int] | None = None,
               evaluate: Callable[[list[int]], float] | None = None) -> Advice:
-    """The catalog of at most ``max_sizes`` givable sizes with the least rounding waste.
+    """A catalog of at most ``max_sizes`` givable sizes: least rounding waste, or most work measured.
 
     ``demand`` maps request sizes (milli-GPUs) to weights. Raises
     :class:`AdvisorError` when there is no demand, when ``max_sizes`` is below
@@ -168,15 +174,22 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
     if round_up(largest, givable) is None:
         raise AdvisorError(f"a recorded request of {largest} milli-GPUs is larger than anything backend "
                            f"{backend!r} gives")
-    options_tried = _catalog_options(demand, candidates, max_sizes)
+    pools = [candidates]
+    for k in GRID_STEPS:
+        grid = sorted({s for s in (round_up(-(-FULL * j // k), givable) for j in range(1, k)) if s and s < FULL})
+        grid += [s for s in givable if s >= FULL]
+        pools.append(sorted({s for s in (round_up(m, grid) for m in demand) if s is not None}))
+    options_tried = _catalog_options(demand, pools, max_sizes)
+    measured = None
     if evaluate is not None:
         scored = [(evaluate(sizes), -efficiency_of(demand, sizes)[1], sizes) for sizes in options_tried]
-        sizes = max(scored)[2]
+        best = max(scored)
+        measured, sizes = best[0], best[2]
     else:
         sizes = options_tried[0]
     req, alloc, _ = efficiency_of(demand, sizes)
     advice: dict[str, Any] = dict(sizes=tuple(sizes), requested_milli=req, allocated_milli=alloc,
-                                  efficiency=req / alloc, options_tried=len(options_tried))
+                                  efficiency=req / alloc, options_tried=len(options_tried), measured=measured)
     if current is not None:
         creq, calloc, lost = efficiency_of(demand, current)
         advice.update(current_sizes=tuple(sorted(current)), current_not_offered=lost,
@@ -184,25 +197,27 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
     return Advice(**advice)
 
 
-def _catalog_options(demand: Mapping[int, float], candidates: list[int], max_sizes: int) -> list[list[int]]:
-    """Least-waste catalogs, the overall best first, then the best keeping each choice of multi-GPU sizes.
+def _catalog_options(demand: Mapping[int, float], pools: list[list[int]], max_sizes: int) -> list[list[int]]:
+    """Least-waste catalogs from each candidate pool and each choice of multi-GPU sizes; least waste first.
 
     Waste alone would round a rare 2-GPU request up to 8 GPUs to free a slot
-    for one more share; whether that places more work depends on packing,
-    which an ``evaluate`` callback can measure on these alternatives.
+    for one more share, and prefers shares such as 0.47 and 0.81 that leave
+    slivers no request fits, where a grid (quarters, fifths...) packs GPUs
+    full. Which places more work depends on packing, which an ``evaluate``
+    callback can measure on these alternatives.
     """
-    largest = candidates[-1]
-    multi = [c for c in candidates if c > FULL and c != largest]
-    shares = [c for c in candidates if c <= FULL]
     out: list[list[int]] = []
-    for mask in range(1 << len(multi)):
-        kept = [m for b, m in enumerate(multi) if mask >> b & 1]
-        pool = sorted({*shares, *kept, largest})
-        if len(kept) + 1 > max_sizes:
-            continue
-        option = _best_sizes(demand, pool, max_sizes, forced=set(kept))
-        if option is not None and option not in out:
-            out.append(option)
+    for candidates in pools:
+        largest = candidates[-1]
+        multi = [c for c in candidates if c > FULL and c != largest]
+        shares = [c for c in candidates if c <= FULL]
+        for mask in range(1 << len(multi)):
+            kept = [m for b, m in enumerate(multi) if mask >> b & 1]
+            if len(kept) + 1 > max_sizes:
+                continue
+            option = _best_sizes(demand, sorted({*shares, *kept, largest}), max_sizes, forced=set(kept))
+            if option is not None and option not in out:
+                out.append(option)
     out.sort(key=lambda sizes: efficiency_of(demand, sizes)[1])
     return out
 
@@ -252,3 +267,32 @@ def _best_sizes(demand: Mapping[int, float], candidates: list[int], max_sizes: i
         sizes.append(candidates[j])
         j, k = back[k][j], k - 1
     return sorted(sizes)
+
+
+def fill_work(requests: Sequence[tuple[int, frozenset[str]]], devices: Sequence[Any], sizes: Sequence[int],
+              max_failures: int = 200, scoring: str = "bestfit") -> int:
+    """Work placed (requested milli-GPUs) when ``requests`` are rounded up to ``sizes`` and packed.
+
+    The measure of the paper that published the Alibaba trace: requests in
+    their order (cycling through them again if they run out), nothing
+    leaves, until ``max_failures`` placements in a row fail. A request no
+    size holds is skipped. ``devices`` are :class:`spawner.packer.GPUDevice`.
+    """
+    from .packer import DevicePacker  # the packer imports nothing from here; keep the import local anyway
+
+    ordered = sorted(sizes)
+    packer = DevicePacker(devices, scoring=scoring)
+    offered = [(m, models, round_up(m, ordered)) for m, models in requests]
+    offered = [(m, models, a) for m, models, a in offered if a is not None]
+    if not offered:
+        return 0
+    placed = failures = n = 0
+    while failures < max_failures and n < 50 * len(offered):
+        milli, models, alloc = offered[n % len(offered)]
+        if packer.place(str(n), alloc, models or None) is not None:
+            placed += milli
+            failures = 0
+        else:
+            failures += 1
+        n += 1
+    return placed

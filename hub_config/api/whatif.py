@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import select
 from tornado import web
 
-from spawner.advisor import AdvisorError, demand_from, givable_sizes, recommend
+from spawner.advisor import AdvisorError, demand_from, fill_work, givable_sizes, recommend
 from spawner.catalog import Catalog
 from spawner.packer import GPUDevice, devices_from_inventory
 from spawner.units import UnitError, format_gpus, parse_duration, parse_gpus
@@ -158,9 +158,13 @@ class WhatIfHandler(AdminAPIHandler):
         today = Proposal(sizes=tuple(current_sizes) or None, teams=dict(catalog.teams))
         # Weighted by GPU-hours: a size held for days matters more than one tried for a minute.
         demand = demand_from((s.gpu_milli, max(60.0, s.end - s.start) / 3600) for s in history)
+        evaluate = None
+        if rules.devices:  # the paper's fill measure on this server's own GPUs
+            requests = [(s.gpu_milli, s.models) for s in history]
+            evaluate = lambda sizes: fill_work(requests, rules.devices, sizes)  # noqa: E731
         try:
             advice = recommend(demand, rules.backend, max_sizes=max_sizes, options=rules.options,
-                               model=rules.model, current=current_sizes or None).to_dict()
+                               model=rules.model, current=current_sizes or None, evaluate=evaluate).to_dict()
             advice["error"] = None
         except AdvisorError as e:
             advice = {"error": str(e)}
