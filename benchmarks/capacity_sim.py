@@ -26,6 +26,8 @@ from spawner.ledger import Ledger
 from spawner.model import Team
 from spawner.packer import FULL, DevicePacker, GPUDevice
 from spawner.sharing import mig_table, pick_mig_slice, timeslice_effective_milli
+from spawner.whatif import Proposal, RecordedSession
+from spawner.whatif import replay as replay_sessions
 
 #: The profile sizes the product brief offers (docs/benchmarks.md), in milli-GPUs.
 DEFAULT_PROFILE_SIZES = (250, 500, 1000, 2000, 4000, 8000)
@@ -236,9 +238,9 @@ def fill(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scori
 
 
 def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, load: float,
-            checkpoints: Sequence[float]) -> dict[str, Any]:
+            checkpoints: Sequence[float], scoring: str = "bestfit") -> dict[str, Any]:
     """Submit tasks in trace order, no departures, until ``load`` x cluster GPUs were offered."""
-    sim = ClusterSim(devices, policy)
+    sim = ClusterSim(devices, policy, scoring, policy_workload(tasks, policy) if scoring == "fgd" else None)
     order = trace_order(tasks)
     target = load * sim.total_milli
     offered = 0
@@ -260,6 +262,7 @@ def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, lo
                               "allocated_share": sim.allocated / sim.total_milli})
     return {
         "policy": policy.name,
+        "scoring": scoring,
         "submitted": i,
         "offered_load": offered / sim.total_milli,
         "served_workloads": sim.running,
@@ -269,6 +272,7 @@ def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, lo
         "requested_share": sim.requested / sim.total_milli,
         "first_refusal": first_refusal,
         "checkpoints": snapshots,
+        "place_us_per_call": 1e6 * sim.place_s / sim.place_calls if sim.place_calls else 0.0,
         "checks": sim.checks(),
     }
 
@@ -291,45 +295,49 @@ def task_intervals(tasks: list[TraceTask]) -> tuple[list[tuple[int, int, int]], 
     return intervals, zero_length
 
 
+def policy_sizes(policy: Policy, largest_milli: int) -> tuple[int, ...] | None:
+    """The catalog a policy amounts to (what it rounds up to), for the what-if engine; ``None``: exact."""
+    if policy.name == "exact":
+        return None
+    asks = [*range(1, FULL + 1), *range(2 * FULL, max(largest_milli, FULL) + 1, FULL)]
+    return tuple(sorted({a for a in map(policy.allocate, asks) if a is not None}))
+
+
 def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> dict[str, Any]:
-    """Replay creation/deletion times; a task that does not fit on arrival is refused."""
-    sim = ClusterSim(devices, policy)
+    """Replay creation/deletion times through the product's what-if engine (:mod:`spawner.whatif`).
+
+    A task that does not fit on arrival is refused; one team, ``cluster``,
+    whose guarantee and burst are the cluster's GPUs.
+    """
     intervals, zero_length = task_intervals(tasks)
-    events: list[tuple[int, int, int, TraceTask]] = []
-    for n, start, stop in intervals:
-        events.append((start, 1, n, tasks[n]))
-        events.append((stop, 0, n, tasks[n]))  # departures before arrivals at the same second
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
-    first = events[0][0] if events else 0
-    last = events[-1][0] if events else 0
-    alloc_integral = req_integral = 0
-    now = first
-    for at, kind, n, t in events:
-        alloc_integral += sim.allocated * (at - now)
-        req_integral += sim.requested * (at - now)
-        now = at
-        key = f"{t.name}@{n}"
-        if kind == 1:
-            sim.submit(key, t)
-        else:
-            sim.finish(key)
-    span = max(1, last - first)
-    checks = sim.checks()
-    checks["all_released_at_end"] = sim.running == 0 and sim.ledger.usage(TEAM).held_milli == 0
-    arrived = sum(sim.outcomes.values())
+    sessions = [RecordedSession(key=f"{tasks[n].name}@{n}", team=TEAM, user=tasks[n].name,
+                                gpu_milli=tasks[n].request_milli, start=start, end=stop, models=tasks[n].models)
+                for n, start, stop in intervals]
+    total = len(devices) * FULL
+    largest = max((t.request_milli for t in tasks), default=FULL)
+    proposal = Proposal(sizes=policy_sizes(policy, largest),
+                        teams={TEAM: Team(name=TEAM, guarantee_milli=total, burst_milli=total)})
+    r = replay_sessions(sessions, proposal, devices)
+    first = min((s.start for s in sessions), default=0)
+    last = max((s.end for s in sessions), default=0)
+    span_gpu_s = max(1, last - first) * total / FULL
+    outcomes = {"placed": r.served, **r.refused}
     return {
         "policy": policy.name,
-        "arrived": arrived,
+        "engine": "spawner.whatif.replay",
+        "arrived": r.sessions,
         "zero_length_skipped": zero_length,
-        "served_workloads": sim.outcomes["placed"],
-        "refused": arrived - sim.outcomes["placed"],
-        "outcomes": dict(sim.outcomes),
-        "peak_concurrent_workloads": sim.peak_running,
-        "peak_allocated_share": sim.peak_allocated / sim.total_milli,
-        "time_avg_allocated_share": alloc_integral / (span * sim.total_milli),
-        "time_avg_requested_share": req_integral / (span * sim.total_milli),
+        "served_workloads": r.served,
+        "refused": r.sessions - r.served,
+        "outcomes": outcomes,
+        "peak_concurrent_workloads": r.peak_sessions,
+        "peak_allocated_share": r.peak_held_milli / total,
+        "time_avg_allocated_share": r.served_gpu_hours * 3600 / span_gpu_s,
+        "time_avg_requested_share": r.served_requested_gpu_hours * 3600 / span_gpu_s,
+        "served_gpu_hours": r.served_gpu_hours,
+        "refused_gpu_hours": sum(r.refused_gpu_hours.values()),
         "window_s": [first, last],
-        "checks": checks,
+        "checks": dict(r.checks),
     }
 
 

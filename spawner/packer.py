@@ -97,6 +97,7 @@ class DevicePacker:
                 raise PackingError(f"duplicate device index {d.index}")
             self.devices[d.index] = d
         self._used: dict[int, int] = {i: 0 for i in self.devices}
+        self._used_total = 0
         self._placements: dict[str, Placement] = {}
         self._groups: dict[tuple[str, str], _NodeGroup] = {}
         self._group_of: dict[int, _NodeGroup] = {}
@@ -168,11 +169,13 @@ class DevicePacker:
         if milli > free:
             raise PackingError(f"device {idx} has {free} milli free, cannot take {milli}")
         self._used[idx] += milli
+        self._used_total += milli
         self._set_free(idx, free, free - milli)
 
     def _unuse(self, idx: int, milli: int) -> None:
         free = FULL - self._used[idx]
         self._used[idx] -= milli
+        self._used_total -= milli
         self._set_free(idx, free, free + milli)
 
     # -- the target workload (fgd) -------------------------------------------
@@ -331,9 +334,13 @@ class DevicePacker:
         return self._used[idx]
 
     def total_milli(self, models: Collection[str] | None = None) -> int:
+        if not models:
+            return FULL * len(self.devices)
         return sum(FULL for d in self.devices.values() if not models or d.model in models)
 
     def free_milli(self, models: Collection[str] | None = None) -> int:
+        if not models:
+            return FULL * len(self.devices) - self._used_total
         return sum(
             FULL - self._used[i] for i, d in self.devices.items() if not models or d.model in models
         )

@@ -81,6 +81,8 @@ class ReplayResult:
     served: int = 0
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))
     served_gpu_hours: float = 0.0
+    #: The same sessions' GPU-hours as asked for, before rounding up to the catalog.
+    served_requested_gpu_hours: float = 0.0
     refused_gpu_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0.0))
     reclaims: int = 0
     reclaimed_gpu_hours: float = 0.0
@@ -88,6 +90,9 @@ class ReplayResult:
     regret_gpu_hours: float = 0.0
     sessions_without_samples: int = 0
     peak_held_milli: int = 0
+    peak_sessions: int = 0
+    #: Consistency of the replay itself: everything released at the end, ledger and packer agree.
+    checks: dict[str, bool] = field(default_factory=dict)
     #: Per team: served / refused / reclaimed GPU-hours and regret.
     by_team: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -99,8 +104,9 @@ class ReplayResult:
             "reclaims": self.reclaims, "reclaimed_gpu_hours": self.reclaimed_gpu_hours,
             "regret": self.regret, "regret_gpu_hours": self.regret_gpu_hours,
             "sessions_without_samples": self.sessions_without_samples,
-            "peak_held_gpus": self.peak_held_milli / MILLI_PER_GPU,
-            "by_team": self.by_team,
+            "served_requested_gpu_hours": self.served_requested_gpu_hours,
+            "peak_held_gpus": self.peak_held_milli / MILLI_PER_GPU, "peak_sessions": self.peak_sessions,
+            "by_team": self.by_team, "checks": dict(self.checks),
         }
 
 
@@ -179,14 +185,18 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
         return out.by_team.setdefault(team, {"served_gpu_hours": 0.0, "refused_gpu_hours": 0.0,
                                              "reclaimed_gpu_hours": 0.0, "regret": 0, "sessions": 0})
 
+    def release_until(t: float) -> None:
+        nonlocal held
+        while ends and ends[0][0] <= t:
+            _, done = heapq.heappop(ends)
+            held -= held_by_key.pop(done)
+            ledger.release(done)
+            if packer is not None:
+                packer.release(done)
+
     for n, s in enumerate(ordered):
         key = f"{n}:{s.key}"  # a server name recurs across sessions
-        while ends and ends[0][0] <= s.start:
-            _, key = heapq.heappop(ends)
-            held -= held_by_key.pop(key)
-            ledger.release(key)
-            if packer is not None:
-                packer.release(key)
+        release_until(s.start)
         out.sessions += 1
         row = team_row(s.team)
         row["sessions"] += 1
@@ -225,9 +235,20 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
                 row["regret"] += 1
         served = alloc * max(0.0, end - s.start) / 3600 / MILLI_PER_GPU
         out.served_gpu_hours += served
+        out.served_requested_gpu_hours += s.gpu_milli * max(0.0, end - s.start) / 3600 / MILLI_PER_GPU
         row["served_gpu_hours"] += served
         held += alloc
         held_by_key[key] = alloc
         out.peak_held_milli = max(out.peak_held_milli, held)
+        out.peak_sessions = max(out.peak_sessions, len(held_by_key))
         heapq.heappush(ends, (end, key))
+        if len(teams) == 1 and s.team in teams:  # one team holds everything: its ledger total is ours
+            agree = ledger.usage(s.team).held_milli == held and (
+                packer is None or packer.total_milli() - packer.free_milli() == held)
+            out.checks["ledger_equals_held"] = out.checks.get("ledger_equals_held", True) and agree
+    release_until(float("inf"))
+    out.checks["all_released_at_end"] = not ledger.workloads() and (
+        packer is None or packer.free_milli() == packer.total_milli())
+    if packer is not None:
+        out.checks["within_capacity"] = out.peak_held_milli <= packer.total_milli()
     return out
