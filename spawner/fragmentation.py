@@ -55,7 +55,7 @@ def _allowed(cls: TaskClass, model: str) -> bool:
 class ModelWeights:
     """The workload's popularity tables as seen from one GPU model."""
 
-    __slots__ = ("g", "whole_total", "whole_above", "not_allowed")
+    __slots__ = ("g", "whole_total", "whole_above", "not_allowed", "fresh_cost")
 
     def __init__(self, model: str, workload: Mapping[TaskClass, int], max_gpus: int):
         share = [0] * (FULL + 2)
@@ -83,6 +83,9 @@ class ModelWeights:
         for c in range(max_gpus + 1, -1, -1):
             self.whole_above[c] = above
             above += whole_by_n[c]
+        # the part of share_delta on a completely free GPU that depends on the node's count c
+        self.fresh_cost = [0] + [FULL * ((c - 1) * self.whole_above[c - 1] - c * self.whole_above[c])
+                                 for c in range(1, max_gpus + 1)]
 
     def share_delta(self, free: int, milli: int, full_gpus: int) -> int:
         """Fragmentation change when ``milli <= 1000`` lands on a GPU with ``free`` left.
@@ -91,9 +94,7 @@ class ModelWeights:
         """
         delta = self.g[free - milli] - self.g[free] - self.not_allowed * milli
         if free == FULL:
-            c = full_gpus
-            delta += self.whole_total * (FULL - milli) + FULL * (
-                (c - 1) * self.whole_above[c - 1] - c * self.whole_above[c])
+            delta += self.whole_total * (FULL - milli) + self.fresh_cost[full_gpus]
         else:
             delta -= self.whole_total * milli
         return delta

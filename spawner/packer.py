@@ -75,6 +75,57 @@ class _NodeGroup:
         self.partial_free = 0
 
 
+class _ModelIndex:
+    """The free capacity of one GPU model, indexed for the queries the packer asks."""
+
+    __slots__ = ("values", "bucket", "by_full", "by_node_free", "max_full")
+
+    def __init__(self) -> None:
+        #: Sorted distinct free shares of partly used devices (0 < free < FULL).
+        self.values: list[int] = []
+        #: free share -> ordered set of the partly used devices with it.
+        self.bucket: dict[int, dict[int, None]] = {}
+        #: c >= 1 completely free devices -> sorted (partial free, node) of the node groups with c.
+        self.by_full: dict[int, list[tuple[int, str]]] = {}
+        #: Sorted (free GPU of the node group, node) of the groups with a completely free device.
+        self.by_node_free: list[tuple[int, str]] = []
+        #: The most devices of this model on one node.
+        self.max_full = 0
+
+    def add_group(self, group: _NodeGroup) -> None:
+        c = len(group.full)
+        if c:
+            lst = self.by_full.get(c)
+            if lst is None:
+                lst = self.by_full[c] = []
+            bisect.insort(lst, (group.partial_free, group.node))
+            bisect.insort(self.by_node_free, (c * FULL + group.partial_free, group.node))
+
+    def drop_group(self, group: _NodeGroup) -> None:
+        c = len(group.full)
+        if c:
+            lst = self.by_full[c]
+            del lst[bisect.bisect_left(lst, (group.partial_free, group.node))]
+            if not lst:
+                del self.by_full[c]
+            nf = self.by_node_free
+            del nf[bisect.bisect_left(nf, (c * FULL + group.partial_free, group.node))]
+
+    def add_free(self, idx: int, free: int) -> None:
+        b = self.bucket.get(free)
+        if b is None:
+            b = self.bucket[free] = {}
+            bisect.insort(self.values, free)
+        b[idx] = None
+
+    def drop_free(self, idx: int, free: int) -> None:
+        b = self.bucket[free]
+        del b[idx]
+        if not b:
+            del self.bucket[free]
+            del self.values[bisect.bisect_left(self.values, free)]
+
+
 class DevicePacker:
     """Placement of milli-GPU requests on a fixed set of devices.
 
@@ -101,26 +152,19 @@ class DevicePacker:
         self._placements: dict[str, Placement] = {}
         self._groups: dict[tuple[str, str], _NodeGroup] = {}
         self._group_of: dict[int, _NodeGroup] = {}
-        # (model, free) -> ordered set of partly used devices with that free share (0 < free < FULL)
-        self._bucket: dict[tuple[str, int], dict[int, None]] = {}
-        # model -> sorted distinct free shares of partly used devices
-        self._free_values: dict[str, list[int]] = {}
-        # (model, completely free devices c >= 1) -> sorted (partial_free, node) of the node groups
-        self._by_full: dict[tuple[str, int], list[tuple[int, str]]] = {}
-        #: model -> the most devices any node has of it
-        self._max_full: dict[str, int] = {}
+        self._index: dict[str, _ModelIndex] = {}
         for d in self.devices.values():
             group = self._groups.get((d.node, d.model))
             if group is None:
                 group = self._groups[(d.node, d.model)] = _NodeGroup(d.node, d.model)
             self._group_of[d.index] = group
-            self._free_values.setdefault(d.model, [])
-        for idx, group in self._group_of.items():
-            group.full[idx] = None
+            group.full[d.index] = None
+            if d.model not in self._index:
+                self._index[d.model] = _ModelIndex()
         for group in self._groups.values():
-            c = len(group.full)
-            bisect.insort(self._by_full.setdefault((group.model, c), []), (0, group.node))
-            self._max_full[group.model] = max(self._max_full.get(group.model, 0), c)
+            mi = self._index[group.model]
+            mi.add_group(group)
+            mi.max_full = max(mi.max_full, len(group.full))
         self._fixed_workload = workload is not None
         self._seen: dict[TaskClass, float] = dict(workload or {})
         self._weights: FragmentationWeights | None = None
@@ -130,39 +174,21 @@ class DevicePacker:
 
     def _set_free(self, idx: int, old: int, new: int) -> None:
         group = self._group_of[idx]
-        model = group.model
-        c = len(group.full)
-        key = (group.partial_free, group.node)
-        if c:
-            lst = self._by_full[(model, c)]
-            del lst[bisect.bisect_left(lst, key)]
+        mi = self._index[group.model]
+        mi.drop_group(group)
         if old == FULL:
             del group.full[idx]
         else:
             group.partial_free -= old
             if old:
-                self._drop_free(model, idx, old)
+                mi.drop_free(idx, old)
         if new == FULL:
             group.full[idx] = None
         else:
             group.partial_free += new
             if new:
-                b = self._bucket.get((model, new))
-                if b is None:
-                    b = self._bucket[(model, new)] = {}
-                    bisect.insort(self._free_values[model], new)
-                b[idx] = None
-        c = len(group.full)
-        if c:
-            bisect.insort(self._by_full.setdefault((model, c), []), (group.partial_free, group.node))
-
-    def _drop_free(self, model: str, idx: int, free: int) -> None:
-        b = self._bucket[(model, free)]
-        del b[idx]
-        if not b:
-            del self._bucket[(model, free)]
-            values = self._free_values[model]
-            del values[bisect.bisect_left(values, free)]
+                mi.add_free(idx, new)
+        mi.add_group(group)
 
     def _use(self, idx: int, milli: int) -> None:
         free = FULL - self._used[idx]
@@ -198,19 +224,14 @@ class DevicePacker:
     def _fragmentation(self) -> FragmentationWeights:
         if self._weights is None:
             self._stale = 0
-            max_gpus = max(self._max_full.values(), default=0)
-            self._weights = FragmentationWeights(self._seen, self._free_values.keys(), max_gpus)
+            max_gpus = max((mi.max_full for mi in self._index.values()), default=0)
+            self._weights = FragmentationWeights(self._seen, self._index.keys(), max_gpus)
         return self._weights
 
     # -- queries -----------------------------------------------------------
 
-    def _models(self, models: Collection[str] | None) -> list[str]:
-        known = self._free_values.keys()
-        return [m for m in known if not models or m in models]
-
-    def _group(self, model: str, c: int, which: int = 0) -> _NodeGroup:
-        _, node = self._by_full[(model, c)][which]
-        return self._groups[(node, model)]
+    def _models(self, models: Collection[str] | None) -> list[tuple[str, _ModelIndex]]:
+        return [(m, mi) for m, mi in self._index.items() if not models or m in models]
 
     def find(self, milli: int, models: Collection[str] | None = None) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         """Where would ``milli`` go now? ``None`` if it fits nowhere."""
@@ -223,59 +244,67 @@ class DevicePacker:
             return self._find_share(milli, self._models(models), weights)
         return self._find_whole(milli // FULL, self._models(models), weights)
 
-    def _find_share(self, milli: int, models: list[str], weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+    def _find_share(self, milli: int, models: list[tuple[str, _ModelIndex]],
+                    weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         # Candidates are scored by (fragmentation growth, free share left on the device,
         # free GPU left on the node); best fit uses the last two only.
         best: tuple[int, int, int] | None = None
-        where: tuple[str, int] | None = None  # (model, free) for a partly used device
-        fresh: tuple[str, int] | None = None  # (model, c) for a completely free one
-        for model in models:
-            values = self._free_values[model]
+        where: tuple[_ModelIndex, int] | None = None  # a partly used device's (index, free share)
+        fresh: tuple[str, int] | None = None  # (model, c): a completely free device of a node group
+        for model, mi in models:
+            values = mi.values
             pos = bisect.bisect_left(values, milli)
-            w = weights[model] if weights is not None else None
+            if weights is None:
+                if pos < len(values):
+                    key = (0, values[pos] - milli, 0)
+                    if best is None or key < best:
+                        best, where, fresh = key, (mi, values[pos]), None
+                if mi.by_node_free:
+                    left, node = mi.by_node_free[0]
+                    key = (0, FULL - milli, left - milli)
+                    if best is None or key < best:
+                        group = self._groups[(node, model)]
+                        best, where, fresh = key, None, (model, len(group.full), node)
+                continue
+            w = weights[model]
             if pos < len(values):
-                if w is None:
-                    free, score = values[pos], 0
-                else:
-                    # the growth on a partly used device depends only on its free share;
-                    # min() keeps the first (tightest) of equal scores
-                    g = w.g
-                    free = min(values[pos:], key=lambda f: g[f - milli] - g[f])
-                    score = w.share_delta(free, milli, 0)
-                key = (score, free - milli, 0)
+                # the growth on a partly used device depends only on its free share;
+                # min() keeps the first (tightest) of equal scores
+                g = w.g
+                free = min(values[pos:], key=lambda f: g[f - milli] - g[f]) if len(values) - pos > 1 \
+                    else values[pos]
+                key = (w.share_delta(free, milli, 0), free - milli, 0)
                 if best is None or key < best:
-                    best, where, fresh = key, (model, free), None
-            for c in range(1, self._max_full.get(model, 0) + 1):
-                lst = self._by_full.get((model, c))
-                if not lst:
-                    continue
-                key = (w.share_delta(FULL, milli, c) if w is not None else 0, FULL - milli, c * FULL + lst[0][0])
-                if best is None or key < best:
-                    best, where, fresh = key, None, (model, c)
+                    best, where, fresh = key, (mi, free), None
+            if mi.by_full:
+                base = w.share_delta(FULL, milli, 1) - w.fresh_cost[1]
+                for c, lst in mi.by_full.items():
+                    key = (base + w.fresh_cost[c], FULL - milli, c * FULL + lst[0][0])
+                    if best is None or key < best:
+                        best, where, fresh = key, None, (model, c, lst[0][1])
         if where is not None:
-            idx = next(iter(self._bucket[where]))
+            idx = next(iter(where[0].bucket[where[1]]))
         elif fresh is not None:
-            idx = next(iter(self._group(*fresh).full))
+            idx = next(iter(self._groups[(fresh[2], fresh[0])].full))
         else:
             return None
         return (self.devices[idx].node, ((idx, milli),))
 
-    def _find_whole(self, need: int, models: list[str], weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+    def _find_whole(self, need: int, models: list[tuple[str, _ModelIndex]],
+                    weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         best: tuple[int, int] | None = None
-        choice: tuple[str, int] | None = None
-        for model in models:
+        choice: tuple[str, str] | None = None
+        for model, mi in models:
             w = weights[model] if weights is not None else None
-            for c in range(need, self._max_full.get(model, 0) + 1):
-                lst = self._by_full.get((model, c))
-                if not lst:
+            for c, lst in mi.by_full.items():
+                if c < need:
                     continue
-                left = (c - need) * FULL + lst[0][0]
-                key = (w.whole_delta(need, c) if w is not None else 0, left)
+                key = (w.whole_delta(need, c) if w is not None else 0, (c - need) * FULL + lst[0][0])
                 if best is None or key < best:
-                    best, choice = key, (model, c)
+                    best, choice = key, (lst[0][1], model)
         if choice is None:
             return None
-        group = self._group(*choice)
+        group = self._groups[choice]
         return (group.node, tuple((i, FULL) for i in list(group.full)[:need]))
 
     def can_place(self, milli: int, models: Collection[str] | None = None) -> bool:
