@@ -171,3 +171,39 @@ def test_fgd_picks_the_placement_with_least_fragmentation_growth(requests, popul
         assert after - before[placed.node] == pytest.approx(min(options))
         for i in p.devices:
             assert 0 <= p.used(i) <= 1000
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("place"), st.sampled_from([100, 250, 470, 810, 1000, 2000, 4000, 8000])),
+    st.tuples(st.just("release"), st.integers(0, 80)),
+), max_size=80), st.sampled_from(["bestfit", "fgd"]))
+def test_a_request_is_refused_only_when_nothing_can_hold_it(script, scoring):
+    # mixed nodes and models: 8 x G2, 4 x V100, 2 x T4 on one node, 2 x T4
+    devs = [GPUDevice(i, "G2", node="a") for i in range(8)]
+    devs += [GPUDevice(8 + i, "V100", node="b") for i in range(4)]
+    devs += [GPUDevice(12 + i, "T4", node="c") for i in range(2)] + [GPUDevice(14 + i, "T4", node="d")
+                                                                       for i in range(2)]
+    p = DevicePacker(devs, scoring=scoring)
+    placed: list[str] = []
+    for n, (op, arg) in enumerate(script):
+        if op == "release":
+            if placed:
+                p.release(placed.pop(arg % len(placed)))
+            continue
+        key = f"k{n}"
+        free = {i: 1000 - p.used(i) for i in p.devices}
+        if arg <= 1000:
+            possible = any(f >= arg for f in free.values())
+        else:
+            per_group: dict[tuple[str, str], int] = {}
+            for i, d in p.devices.items():
+                if free[i] == 1000:
+                    per_group[(d.node, d.model)] = per_group.get((d.node, d.model), 0) + 1
+            possible = any(n >= arg // 1000 for n in per_group.values())
+        pl = p.place(key, arg)
+        assert (pl is not None) == possible, (arg, free)
+        if pl is not None:
+            placed.append(key)
+            assert len({(p.devices[i].node, p.devices[i].model) for i in pl.device_indices}) == 1
+    assert p.free_milli() == sum(1000 - p.used(i) for i in p.devices)
