@@ -48,7 +48,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table, write_result  # noqa: E402
 from capacity_sim import (  # noqa: E402
-    DEFAULT_PROFILE_SIZES, FULL, TEAM, cluster_summary, exact_policy, fill, fractional_policy, inflate,
+    DEFAULT_PROFILE_SIZES, FULL, TEAM, cluster_summary, exact_policy, fill, fill_sim, find_cost, fractional_policy,
+    inflate,
     mig_capable, mig_policy, peak_demand, replay, replay_queued, round_to_whole, sizes_from_catalog,
     timeslice_policy, whole_policy,
 )
@@ -169,7 +170,18 @@ def paper_method(tasks, devices, policies, max_failures: int) -> dict[str, Any]:
               f"placements in a row fail",
     ))
     print()
-    return {"cluster": cluster_summary(devices), "max_failures": max_failures, "rows": rows}
+    # What one query costs on the full cluster, empty and as the exact-fraction fill leaves it.
+    sizes = [250, 1000, 2000, 8000]
+    cost = {}
+    for scoring in SCORINGS:
+        empty = fill_sim(tasks, devices, exact_policy(), scoring, max_failures=0)  # the trace's workload, nothing placed
+        full = fill_sim(tasks, devices, exact_policy(), scoring, max_failures)
+        cost[scoring] = {"empty": find_cost(empty, sizes), "after_exact_fill": find_cost(full, sizes)}
+    print(table(["scoring", "cluster", *[f"find {m / 1000:g} GPU µs" for m in sizes]],
+                [[sc, state, *[c[str(m)] for m in sizes]] for sc, by in cost.items() for state, c in by.items()],
+                title=f"Placement query cost on {len(devices):,} GPUs ({cluster_summary(devices)['nodes']:,} nodes)"))
+    print()
+    return {"cluster": cluster_summary(devices), "max_failures": max_failures, "rows": rows, "find_us": cost}
 
 
 def load_method(args, tasks, trace, devices, policies, result: dict[str, Any]) -> None:

@@ -209,6 +209,26 @@ def fill(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scori
     counted as a failed placement. FGD scores against the trace's own
     request classes, as the paper does.
     """
+    sim = fill_sim(tasks, devices, policy, scoring, max_failures)
+    return {
+        "policy": policy.name,
+        "scoring": scoring,
+        "submitted": sum(sim.outcomes.values()),
+        "served_workloads": sim.running,
+        "outcomes": dict(sim.outcomes),
+        "requested_gpus": sim.requested / FULL,
+        "allocated_gpus": sim.allocated / FULL,
+        "requested_share": sim.requested / sim.total_milli,
+        "allocated_share": sim.allocated / sim.total_milli,
+        "place_calls": sim.place_calls,
+        "place_us_per_call": 1e6 * sim.place_s / sim.place_calls if sim.place_calls else 0.0,
+        "checks": sim.checks(),
+    }
+
+
+def fill_sim(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
+             max_failures: int = 200) -> ClusterSim:
+    """The cluster as :func:`fill` leaves it."""
     workload = policy_workload(tasks, policy) if scoring == "fgd" else None
     sim = ClusterSim(devices, policy, scoring, workload)
     order = sorted(tasks, key=lambda t: t.row)
@@ -221,20 +241,18 @@ def fill(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scori
             failures = 0
         elif outcome != "not offered":
             failures += 1
-    return {
-        "policy": policy.name,
-        "scoring": scoring,
-        "submitted": submitted,
-        "served_workloads": sim.running,
-        "outcomes": dict(sim.outcomes),
-        "requested_gpus": sim.requested / FULL,
-        "allocated_gpus": sim.allocated / FULL,
-        "requested_share": sim.requested / sim.total_milli,
-        "allocated_share": sim.allocated / sim.total_milli,
-        "place_calls": sim.place_calls,
-        "place_us_per_call": 1e6 * sim.place_s / sim.place_calls if sim.place_calls else 0.0,
-        "checks": sim.checks(),
-    }
+    return sim
+
+
+def find_cost(sim: ClusterSim, sizes: Sequence[int], repeat: int = 2000) -> dict[str, float]:
+    """Microseconds per ``packer.find`` for each size, on the cluster as it is (nothing placed)."""
+    out = {}
+    for milli in sizes:
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            sim.packer.find(milli)
+        out[str(milli)] = 1e6 * (time.perf_counter() - t0) / repeat
+    return out
 
 
 def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, load: float,
