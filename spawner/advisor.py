@@ -101,10 +101,18 @@ class Advice:
     options_tried: int = 1
     #: What ``evaluate`` measured for the chosen sizes (``None``: chosen by least waste).
     measured: float | None = None
+    #: What ``evaluate`` measured for the compared catalog.
+    current_measured: float | None = None
 
     @property
     def predicted_gain(self) -> float | None:
-        """Relative gain in work placed on a full cluster over the compared catalog."""
+        """Relative gain in work placed on a full cluster over the compared catalog.
+
+        Measured by ``evaluate`` when there was one; else from rounding waste
+        (a full cluster places ``capacity * requested / allocated``).
+        """
+        if self.measured is not None and self.current_measured:
+            return self.measured / self.current_measured - 1.0
         if self.current_efficiency in (None, 0):
             return None
         return self.efficiency / self.current_efficiency - 1.0
@@ -116,7 +124,7 @@ class Advice:
             "current_sizes_milli": list(self.current_sizes) if self.current_sizes is not None else None,
             "current_efficiency": self.current_efficiency, "current_not_offered": self.current_not_offered,
             "predicted_gain": self.predicted_gain, "options_tried": self.options_tried,
-            "measured": self.measured,
+            "measured": self.measured, "current_measured": self.current_measured,
             "chosen_by": "least rounding waste" if self.measured is None else "most work placed in a fill simulation",
         }
 
@@ -193,7 +201,8 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
     if current is not None:
         creq, calloc, lost = efficiency_of(demand, current)
         advice.update(current_sizes=tuple(sorted(current)), current_not_offered=lost,
-                      current_efficiency=creq / calloc if calloc else 0.0)
+                      current_efficiency=creq / calloc if calloc else 0.0,
+                      current_measured=evaluate(sorted(current)) if evaluate is not None else None)
     return Advice(**advice)
 
 
