@@ -174,7 +174,8 @@ def paper_method(tasks, devices, policies, max_failures: int) -> dict[str, Any]:
     sizes = [250, 1000, 2000, 8000]
     cost = {}
     for scoring in SCORINGS:
-        empty = fill_sim(tasks, devices, exact_policy(), scoring, max_failures=0)  # the trace's workload, nothing placed
+        # max_failures=0: the trace's workload (for FGD), nothing placed
+        empty = fill_sim(tasks, devices, exact_policy(), scoring, max_failures=0)
         full = fill_sim(tasks, devices, exact_policy(), scoring, max_failures)
         cost[scoring] = {"empty": find_cost(empty, sizes), "after_exact_fill": find_cost(full, sizes)}
     print(table(["scoring", "cluster", *[f"find {m / 1000:g} GPU µs" for m in sizes]],
