@@ -4,8 +4,9 @@ Input: recorded requests (size in milli-GPUs and a weight: how often, or for
 how many hours, that size was asked for), the sharing backend and how many
 sizes the catalog may have. Output: at most that many sizes, each one the
 backend can really give (:func:`givable_sizes`), covering every recorded
-request, chosen so that the requests rounded up to the catalog waste as
-little GPU as possible.
+request and today's largest size, chosen so that the requests rounded up
+to the catalog waste as little GPU as possible (or, given a measure, place
+the most work).
 
 Why waste: when a cluster fills, what it can place is its capacity times
 the share of each allocation that was asked for (``requested / allocated``),
@@ -174,6 +175,12 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
     demand = {m: w for m, w in demand.items() if m > 0 and w > 0}
     if not demand:
         raise AdvisorError("no recorded GPU requests to learn from")
+    if current:
+        # Never shrink what can be asked for: the advice holds today's largest size too
+        # (with a weight too small to sway any other choice).
+        top = max(current)
+        if top > max(demand):
+            demand[top] = min(demand.values()) * 1e-9
     largest = max(demand)
     max_gpus = max(1, -(-largest // FULL))
     givable = givable_sizes(backend, options, model, max_gpus=max_gpus)

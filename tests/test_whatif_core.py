@@ -120,3 +120,9 @@ def test_advice_is_givable_covering_and_no_worse_than_any_subset_of_its_candidat
     best = min(efficiency_of(demand, c)[1] for k in range(1, min(n, len(candidates)) + 1)
                for c in combinations(candidates, k) if max(c) >= max(demand))
     assert alloc <= best + 1e-6
+
+
+def test_the_advice_never_shrinks_what_can_be_asked_for():
+    # a month with only shared-GPU sessions must not drop today's 8-GPU size
+    advice = recommend(demand_from([(470, 5), (810, 3)]), "kai", current=[250, 500, 1000, 8000])
+    assert max(advice.sizes) == 8000 and 470 in advice.sizes and 810 in advice.sizes
