@@ -166,8 +166,13 @@ def _came_back(session: RecordedSession, at: float, next_start: float | None, th
 
 
 def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
-           devices: Sequence[GPUDevice] | None = None, scoring: str = "bestfit") -> ReplayResult:
-    """Replay ``sessions`` in start order under ``proposal``; see the module docstring."""
+           devices: Sequence[GPUDevice] | None = None, scoring: str = "bestfit",
+           team: str | None = None) -> ReplayResult:
+    """Replay ``sessions`` in start order under ``proposal``; see the module docstring.
+
+    With ``team``, every session still runs (other teams' sessions hold
+    GPUs the team's may need) but only the team's sessions are counted.
+    """
     ordered = sorted(sessions, key=lambda s: (s.start, s.key))
     sizes = tuple(sorted(set(proposal.sizes))) if proposal.sizes is not None else None
     teams = dict(proposal.teams or {})
@@ -197,11 +202,15 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
     for n, s in enumerate(ordered):
         key = f"{n}:{s.key}"  # a server name recurs across sessions
         release_until(s.start)
-        out.sessions += 1
-        row = team_row(s.team)
+        counted = team is None or s.team == team
+        # the figures of sessions not counted go to a scratch result
+        res = out if counted else ReplayResult()
+        res.sessions += 1
+        row = team_row(s.team) if counted else dict.fromkeys(("served_gpu_hours", "refused_gpu_hours",
+                                                               "reclaimed_gpu_hours", "regret", "sessions"), 0)
         row["sessions"] += 1
         if not s.samples:
-            out.sessions_without_samples += 1
+            res.sessions_without_samples += 1
         hours = max(0.0, s.end - s.start) / 3600
         alloc = _round_up(s.gpu_milli, sizes)
         reason = None
@@ -214,28 +223,28 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
             ledger.release(key)
             reason = "no device fits"
         if reason is not None:
-            out.refused[reason] += 1
-            out.refused_gpu_hours[reason] += alloc * hours / MILLI_PER_GPU
+            res.refused[reason] += 1
+            res.refused_gpu_hours[reason] += alloc * hours / MILLI_PER_GPU
             row["refused_gpu_hours"] += alloc * hours / MILLI_PER_GPU
             continue
-        out.served += 1
+        res.served += 1
         end = s.end
         at = reclaim_time(s, proposal)
         if at is not None and at < s.end:
             end = at
             reclaimed = alloc * (s.end - at) / 3600 / MILLI_PER_GPU
-            out.reclaims += 1
-            out.reclaimed_gpu_hours += reclaimed
+            res.reclaims += 1
+            res.reclaimed_gpu_hours += reclaimed
             row["reclaimed_gpu_hours"] += reclaimed
             starts = starts_by_user[s.user]
             nxt = starts[bisect.bisect_left(starts, at)] if bisect.bisect_left(starts, at) < len(starts) else None
             if _came_back(s, at, nxt, proposal.threshold_percent):
-                out.regret += 1
-                out.regret_gpu_hours += reclaimed
+                res.regret += 1
+                res.regret_gpu_hours += reclaimed
                 row["regret"] += 1
         served = alloc * max(0.0, end - s.start) / 3600 / MILLI_PER_GPU
-        out.served_gpu_hours += served
-        out.served_requested_gpu_hours += s.gpu_milli * max(0.0, end - s.start) / 3600 / MILLI_PER_GPU
+        res.served_gpu_hours += served
+        res.served_requested_gpu_hours += s.gpu_milli * max(0.0, end - s.start) / 3600 / MILLI_PER_GPU
         row["served_gpu_hours"] += served
         held += alloc
         held_by_key[key] = alloc

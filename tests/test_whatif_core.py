@@ -126,3 +126,12 @@ def test_the_advice_never_shrinks_what_can_be_asked_for():
     # a month with only shared-GPU sessions must not drop today's 8-GPU size
     advice = recommend(demand_from([(470, 5), (810, 3)]), "kai", current=[250, 500, 1000, 8000])
     assert max(advice.sizes) == 8000 and 470 in advice.sizes and 810 in advice.sizes
+
+
+def test_a_team_replay_still_shares_the_gpus_with_other_teams():
+    sessions = [RecordedSession("b1", "b", "bob", 1000, 0, 2 * H), RecordedSession("a1", "a", "ann", 500, 60, H)]
+    one_gpu = [GPUDevice(0, "H100")]
+    r = replay(sessions, Proposal(), devices=one_gpu, team="a")
+    assert r.sessions == 1 and r.refused["no device fits"] == 1 and r.served == 0
+    assert set(r.by_team) == {"a"}
+    assert replay(sessions, Proposal(), devices=one_gpu).served == 1  # the whole hub: b's session counts

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import select
 from tornado import web
+from tornado.ioloop import IOLoop
 
 from spawner.advisor import AdvisorError, demand_from, fill_work, givable_sizes, recommend
 from spawner.catalog import Catalog
@@ -73,6 +74,7 @@ def _ts(dt) -> float:
 
 class WhatIfHandler(AdminAPIHandler):
     def _history(self, team: str | None, days: int) -> tuple[list[RecordedSession], Any, Any]:
+        """The recorded sessions of the last ``days`` (one team's, or everyone's for ``None``)."""
         recorder = getattr(self.gpulab, "usage", None)
         if recorder is None:
             raise web.HTTPError(503, "gpulab's usage history is not attached")
@@ -153,7 +155,9 @@ class WhatIfHandler(AdminAPIHandler):
     def _answer(self, team: str | None, days: int, proposal: Proposal | None, max_sizes: int) -> dict[str, Any]:
         catalog = self.gpulab.catalog
         rules = offer_rules(self.gpulab)
-        history, since, until = self._history(team, days)
+        # Every team's sessions are replayed (they share the GPUs); a team's figures count its own.
+        everyone, since, until = self._history(None, days)
+        history = [s for s in everyone if team is None or s.team == team]
         current_sizes = catalog_sizes(catalog, team)
         today = Proposal(sizes=tuple(current_sizes) or None, teams=dict(catalog.teams))
         # Weighted by GPU-hours: a size held for days matters more than one tried for a minute.
@@ -171,10 +175,11 @@ class WhatIfHandler(AdminAPIHandler):
         out = {
             "team": team, "days": days, "since": since.isoformat() + "Z", "until": until.isoformat() + "Z",
             "sessions": len(history), "offers": rules.label, "current_sizes_milli": current_sizes,
-            "current": replay(history, today, rules.devices).to_dict(), "advice": advice, "proposed": None,
+            "current": replay(everyone, today, rules.devices, team=team).to_dict(), "advice": advice,
+            "proposed": None,
         }
         if proposal is not None:
-            out["proposed"] = replay(history, proposal, rules.devices).to_dict()
+            out["proposed"] = replay(everyone, proposal, rules.devices, team=team).to_dict()
             out["proposal"] = {"sizes_milli": list(proposal.sizes or ()),
                                "idle_timeout_seconds": proposal.idle_timeout_seconds,
                                "quotas": {n: {"guarantee_milli": t.guarantee_milli, "burst_milli": t.burst_milli}
@@ -185,7 +190,7 @@ class WhatIfHandler(AdminAPIHandler):
         self.check_admin()
         team = self._team(self.get_argument("team", None))
         days = self._days(self.get_argument("days", "30"))
-        self.write_json(self._answer(team, days, None, self._max_sizes(None)))
+        self.write_json(await self._run(team, days, None, self._max_sizes(None)))
 
     async def post(self) -> None:
         self.check_admin()
@@ -201,7 +206,11 @@ class WhatIfHandler(AdminAPIHandler):
             else tuple(catalog_sizes(catalog, team)) or None
         proposal = Proposal(sizes=sizes, teams=self._quotas(body.get("quotas"), catalog),
                             idle_timeout_seconds=self._timeout(body.get("idle_timeout")))
-        self.write_json(self._answer(team, days, proposal, self._max_sizes(body.get("max_sizes"))))
+        self.write_json(await self._run(team, days, proposal, self._max_sizes(body.get("max_sizes"))))
+
+    async def _run(self, team: str | None, days: int, proposal: Proposal | None, max_sizes: int) -> dict[str, Any]:
+        # Reading a month of history and replaying it is CPU work: keep it off the hub's event loop.
+        return await IOLoop.current().run_in_executor(None, self._answer, team, days, proposal, max_sizes)
 
 
 @dataclasses.dataclass(frozen=True)
