@@ -184,3 +184,20 @@ def test_the_whatif_page_in_chromium(hub, browser):
     shots = REPO / "docs" / "img"
     page.screenshot(path=str(shots / "admin-whatif.png"), full_page=True)
     context.close()
+
+
+def test_a_cross_site_post_from_an_admin_browser_session_is_refused(hub):
+    admin = hub.login("admin")
+    # cookies ride along, the XSRF token does not
+    r = admin.post(hub.url + "/hub/api/gpulab/whatif", json={"idle_timeout": "1h"}, timeout=30)
+    assert r.status_code == 403, r.text
+    xsrf = admin.cookies.get("_xsrf", path="/hub/")
+    r = admin.post(hub.url + "/hub/api/gpulab/whatif", json={"idle_timeout": "1h"}, timeout=60,
+                   headers={"X-XSRFToken": xsrf})
+    assert r.status_code == 200, r.text
+    # a non-admin's browser session, with its token, is still refused
+    alice = hub.login("alice")
+    r = alice.post(hub.url + "/hub/api/gpulab/whatif", json={}, timeout=30,
+                   headers={"X-XSRFToken": alice.cookies.get("_xsrf", path="/hub/")})
+    assert r.status_code == 403, r.text
+    assert alice.get(hub.url + "/hub/gpulab/admin/whatif", timeout=30).status_code == 403
