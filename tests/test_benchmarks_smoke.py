@@ -143,7 +143,7 @@ def test_capacity_on_a_small_trace_in_the_same_format(tmp_path):
     for r in paper.values():
         assert all(r["checks"].values()), r
         assert r["place_us_per_call"] > 0 and r["place_calls"] > 0
-    assert doc["advisor"]["sizes_milli"] == [250, 1000]
+    assert doc["advisor"]["sizes_milli"] == [250, 1000, 8000]  # today's largest size stays
     inflation = {r["policy"]: r for r in doc["inflation"]["rows"] if r["scoring"] == "bestfit"}
     # No departures: whole GPUs serve two quarter tasks, quarter profiles serve eight.
     assert inflation["whole"]["served_workloads"] == 2
