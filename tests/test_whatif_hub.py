@@ -59,6 +59,23 @@ def seed_history(db_path) -> None:
     interval("notebook:bob/", "vision", "bob", 300, day1, 2, None)
 
 
+@pytest.fixture
+def jp_asyncio_loop():
+    """No Jupyter server event loop here (nor its cleanup below).
+
+    ``tests/test_labextension_server.py`` registers pytest_jupyter's plugin,
+    whose autouse ``jp_asyncio_loop`` and ``jp_server_cleanup`` then apply to
+    the modules collected after it; at teardown they close the loop that
+    Playwright's sync API keeps running. This module starts no Jupyter server.
+    """
+    yield None
+
+
+@pytest.fixture
+def jp_server_cleanup():
+    yield
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     h = RunningHub(tmp_path_factory.mktemp("whatif"), CATALOG)
