@@ -1,10 +1,13 @@
 """The single-server spawners: JupyterHub's local process spawners + the GPU core.
 
-``GPULocalSpawner`` (entry point ``gpu-local``) runs each server as the
-user's own system account, like ``LocalProcessSpawner``;
-``GPUSimpleLocalSpawner`` (``gpu-simple-local``, the embedded default) runs
-every server as the hub's own account with a home per user, like
-``SimpleLocalProcessSpawner``. Both:
+``GPULocalSpawner`` (entry point ``gpu-local``, the embedded default when the
+hub runs as root) runs each server as the user's own system account
+(``jupyter-<name>``, created on first spawn, home 0700: see
+:mod:`spawner.accounts`), like ``LocalProcessSpawner`` with The Littlest
+JupyterHub's account creation. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``)
+runs every server as the hub's own account with a home per user, like
+``SimpleLocalProcessSpawner``: users are not isolated from each other, so the
+embedded hub uses it only when it cannot switch users, and says so. Both:
 
 - offer the profiles of the user's teams with live availability;
 - validate the choice again on the server and reserve quota in the shared
@@ -20,13 +23,15 @@ from __future__ import annotations
 
 import logging
 import os
+import asyncio
 from typing import Any
 
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, set_user_setuid
 from tornado import web
 from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
+from .accounts import Account, AccountError, UserAccounts
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import options_from_formdata, render_options_form
@@ -249,9 +254,13 @@ class GPULocalMixin(LoggingConfigurable):
         return gpu_env(state["team"], state["profile"], state["milli"], state["over_quota"],
                        state.get("shares") or [], self.gpulab.packer.devices)
 
+    def runs_as_root(self) -> bool:
+        """Will the single-user server's process be root?"""
+        return hasattr(os, "geteuid") and os.geteuid() == 0
+
     def get_args(self) -> list[str]:
         args = super().get_args()
-        if self.allow_root_when_root and hasattr(os, "geteuid") and os.geteuid() == 0:
+        if self.allow_root_when_root and self.runs_as_root():
             args.append("--allow-root")
         return args
 
@@ -289,7 +298,45 @@ class GPULocalMixin(LoggingConfigurable):
 
 
 class GPULocalSpawner(GPULocalMixin, LocalProcessSpawner):
-    """Local processes as each user's own system account, with GPU profiles."""
+    """Local processes as each user's own system account, with GPU profiles.
+
+    The account comes from ``c.UserAccounts`` (prefix, home root, creation);
+    the hub must be root to create accounts and switch to them.
+    """
+
+    _account: Account | None = None
+
+    @property
+    def accounts(self) -> UserAccounts:
+        return UserAccounts(parent=self)
+
+    @property
+    def account(self) -> Account:
+        """The system account this user's servers run as (created on first use)."""
+        if self._account is None:
+            self._account = self.accounts.account_for(self.user.name)
+        return self._account
+
+    async def start(self):
+        try:
+            self._account = await asyncio.to_thread(self.accounts.account_for, self.user.name)
+        except AccountError as e:
+            self.log.error("gpulab: %s", e)
+            raise web.HTTPError(500, f"cannot prepare the system account of {self.user.name}: {e}") from None
+        return await super().start()
+
+    def runs_as_root(self) -> bool:
+        return self.account.uid == 0
+
+    def make_preexec_fn(self, name):
+        return set_user_setuid(self.account.name)
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        account = self.account
+        env["USER"] = account.name
+        env["HOME"] = str(account.home)
+        env["SHELL"] = account.shell
+        return env
 
 
 class GPUSimpleLocalSpawner(GPULocalMixin, SimpleLocalProcessSpawner):
