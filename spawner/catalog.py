@@ -454,7 +454,7 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
             for model, price in pr.items():
                 if (isinstance(price, bool) or not isinstance(price, (int, float))
                         or not 0 <= price <= MAX_PRICE):  # also NaN and infinity
-                    r.error(("prices", model), f"expected a price per GPU-hour between 0 and {MAX_PRICE:g}, "
+                    r.error(("prices", model), f"expected a non-negative price per GPU-hour of at most {MAX_PRICE:g}, "
                             f"got {str(price)[:40]}")
                 else:
                     prices[str(model)] = float(price)

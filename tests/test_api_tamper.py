@@ -186,6 +186,7 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
                     {"team": "vision", "profile": "nope"}, {"team": "vision", "profile": "cpu", "image": ["x"]}):
         out.append((f"REST spawn {options}", "POST", "/users/alice/servers/tamper",
                     {"data": json.dumps(options)}))
+    out.append(("REST spawn: nested 100000 deep", "POST", "/users/alice/servers/tamper", {"data": DEEP}))
     return out
 
 
