@@ -165,7 +165,11 @@ def configure_embedded(c) -> None:
         if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
             prepare_dir(home_root, 0o711)
         check_reachable({"the Python interpreter": sys.executable, "the single-user server": singleuser,
-                         "gpulab's code": REPO_ROOT, "the users' homes": home_root})
+                         "gpulab's code": REPO_ROOT, "the users' homes": home_root,
+                         "the job status folder": data_dir / "jobs"})
+        print(f"gpulab: users are isolated: each runs as system account {c.UserAccounts.prefix}<name> "
+              f"(created on first spawn, home in {home_root}); hub state in {state_dir} (0700)",
+              file=sys.stderr, flush=True)
     else:
         c.JupyterHub.spawner_class = "gpu-simple-local"
         c.SimpleLocalProcessSpawner.home_dir_template = str(home_root / "{username}")

@@ -22,6 +22,7 @@ import os
 import pwd
 import re
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,10 @@ from traitlets import Bool, Unicode
 from traitlets.config import Configurable
 
 log = logging.getLogger("gpulab.accounts")
+
+#: One account creation at a time in this process: concurrent ``useradd`` runs for
+#: one name were seen to each "succeed" with a different uid, the last one winning.
+_create_lock = threading.Lock()
 
 #: Longest account name ``useradd`` accepts on Linux.
 MAX_ACCOUNT_LEN = 32
@@ -161,21 +166,8 @@ def ensure_account(name: str, home_root: str | Path, *, shell: str = "/bin/bash"
     ``home_root``: the folder holding the homes (``/home`` for real users).
     ``group``: an extra group every account joins (e.g. for a sudoers rule), created if missing.
     """
-    account = lookup(name)
-    if account is None:
-        if not can_switch_users():
-            raise AccountError(f"cannot create account {name}: the hub is not root")
-        home = Path(home_root) / name
-        cmd = ["useradd", "--create-home", "--home-dir", str(home), "--shell", shell,
-               "--user-group", "--comment", "gpulab user"]
-        if group:
-            _ensure_group(group)
-            cmd += ["--groups", group]
-        _run(cmd + [name], f"create account {name}")
-        log.info("gpulab: created system account %s (home %s)", name, home)
-        account = lookup(name)
-        if account is None:
-            raise AccountError(f"useradd reported success but account {name} does not exist")
+    with _create_lock:
+        account = lookup(name) or _create_account(name, home_root, shell, group)
     home = account.home
     if not home.is_dir():
         home.mkdir(parents=True, mode=0o700)
@@ -184,6 +176,23 @@ def ensure_account(name: str, home_root: str | Path, *, shell: str = "/bin/bash"
         os.chown(home, account.uid, account.gid, follow_symlinks=False)
     if st.st_mode & 0o777 != 0o700:
         os.chmod(home, 0o700)
+    return account
+
+
+def _create_account(name: str, home_root: str | Path, shell: str, group: str) -> Account:
+    if not can_switch_users():
+        raise AccountError(f"cannot create account {name}: the hub is not root")
+    home = Path(home_root) / name
+    cmd = ["useradd", "--create-home", "--home-dir", str(home), "--shell", shell,
+           "--user-group", "--comment", "gpulab user"]
+    if group:
+        _ensure_group(group)
+        cmd += ["--groups", group]
+    _run(cmd + [name], f"create account {name}")
+    log.info("gpulab: created system account %s (home %s)", name, home)
+    account = lookup(name)
+    if account is None:
+        raise AccountError(f"useradd reported success but account {name} does not exist")
     return account
 
 

@@ -12,6 +12,7 @@ accounts can reach it, and removes its accounts in :meth:`RunningHub.close`.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import secrets
@@ -70,6 +71,8 @@ class RunningHub:
             os.chmod(real, 0o711)
             self.data_dir.symlink_to(real)
         self.env.setdefault("GPULAB_ACCOUNT_PREFIX", self.account_prefix)
+        if self.isolated:  # even when a fixture fails before its teardown could run
+            atexit.register(self.remove_accounts)
         scopes = admin_scopes or [
             "admin:users", "admin:servers", "admin:server_state", "list:users", "read:users",
             "read:servers", "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs",
