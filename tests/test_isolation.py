@@ -2,9 +2,9 @@
 
 Real accounts (the hub creates them; the harness gives them a prefix of its
 own and removes them), real servers, a real notebook job. Alice attacks from
-a process with exactly her terminal's credentials (her account's uid, gid and
-groups, as JupyterLab's terminal has them) and from a cell of her own notebook
-job; the targets are bob's home, his job's output and log, his server's
+a terminal of her own JupyterLab (typed through its websocket), from a process
+with exactly her account's credentials (uid, gid, groups, no capabilities) and
+from a cell of her own notebook job; the targets are bob's home, his job's output and log, his server's
 environment (his token), the hub's databases and secrets, and bob's and the
 hub's processes. Each probe has a positive control, so a broken probe fails
 instead of passing.
@@ -18,10 +18,12 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
+import requests
 
 from spawner.accounts import can_switch_users
 from tests.hub_harness import RunningHub, process_env
@@ -218,3 +220,43 @@ def test_probe_finds_what_its_credentials_allow(hub, world):
     result = probe.probe(t)  # as root, in this test process
     assert result["read bob's secret"] == "allowed" and result["environ bob's server"] == "allowed"
     assert result["secret leaks"], "the leak scan found bob's server token nowhere even as root"
+
+
+def run_in_terminal(hub: RunningHub, user: str, token: str, command: str) -> None:
+    """Type ``command`` into a new JupyterLab terminal of ``user``'s server (its websocket)."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    headers = {"Authorization": f"token {token}"}
+    r = requests.post(f"{hub.url}/user/{user}/api/terminals", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    name = r.json()["name"]
+
+    async def type_it() -> None:
+        url = f"ws://127.0.0.1:{hub.port}/user/{user}/terminals/websocket/{name}"
+        ws = await websocket_connect(HTTPRequest(url, headers=headers, connect_timeout=30))
+        await ws.write_message(json.dumps(["stdin", command + "\r"]))
+        await asyncio.sleep(1)
+        ws.close()
+
+    asyncio.run(type_it())
+
+
+def test_alice_jupyter_terminal_cannot_reach_bob_or_the_hub(hub, world):
+    """The same probe typed into a terminal of alice's own JupyterLab."""
+    alice = hub.account("alice")
+    home = hub.home("alice")
+    spec = home / "terminal-targets.json"
+    spec.write_text(json.dumps(targets(hub, world)))
+    hub.give("alice", spec)
+    out = home / "terminal-probe.out"
+    run_in_terminal(hub, "alice", world["tokens"]["alice"],
+                    f"{sys.executable} {PROBE} {spec} > {out}.tmp 2>&1; mv {out}.tmp {out}")
+    deadline = time.monotonic() + 60
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    text = out.read_text()
+    assert out.stat().st_uid == alice.uid
+    check(json.loads(text.split("PROBE ", 1)[1]), alice.uid)
