@@ -108,10 +108,13 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
     reclaim = {"user": "alice", "server": "", "reason": "idle", "gpu_milli": 500}
     bodies = [  # every endpoint that reads a body, with a valid-looking body to tamper with
         ("jobs submit", "POST", "/gpulab/jobs", as_alice, job, ["time_limit_seconds", "parameters.x"]),
-        ("teams create", "POST", "/gpulab/teams", admin, team, ["guarantee", "burst", "per_user_cap"]),
+        ("teams create", "POST", "/gpulab/teams", admin, team,
+         ["guarantee", "burst", "per_user_cap", "idle_timeout"]),
         ("team patch", "PATCH", "/gpulab/teams/vision", admin, {"guarantee": 1}, ["guarantee", "burst"]),
-        ("profiles create", "POST", "/gpulab/profiles", admin, profile, ["gpus", "cpu_limit", "mem_limit"]),
-        ("profile patch", "PATCH", "/gpulab/profiles/h100-half", admin, {"gpus": 0.5}, ["gpus", "cpu_limit"]),
+        ("profiles create", "POST", "/gpulab/profiles", admin, profile,
+         ["gpus", "gpu_milli", "cpu.limit", "memory.limit", "idle_timeout"]),
+        ("profile patch", "PATCH", "/gpulab/profiles/h100-half", admin, {"gpus": 0.5},
+         ["gpus", "cpu.limit", "memory.limit", "idle_timeout"]),
         ("prices", "PUT", "/gpulab/prices", admin, {"prices": {"H100-80GB": 2.5}}, ["prices.H100-80GB"]),
         ("idle warning", "POST", "/gpulab/idle/warnings", admin, warning, ["grace_seconds", "gpu_milli"]),
         ("idle reclaim", "POST", "/gpulab/idle/reclaims", admin, reclaim, ["gpu_milli"]),
@@ -126,17 +129,19 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
             for text in BAD_NUMBERS:
                 out.append((f"{label}: {field}={text[:12]}", method, path,
                             {**auth, "data": raw_body(template, field, text)}))
-    # Amounts written as strings: quotas, GPU amounts, memory, CPU, timeouts.
-    for field in ("guarantee", "burst"):
+    # Amounts written as strings: quotas, GPU amounts, memory, CPU, timeouts. Each refusal
+    # must name the field, so it comes from the unit parser and not from an unknown key.
+    for field in ("guarantee", "burst", "per_user_cap", "idle_timeout"):
         for text in BAD_NUMBER_STRINGS:
             out.append((f"teams create: {field}={text[:12]!r}", "POST", "/gpulab/teams",
-                        {**admin, "data": json.dumps({**team, field: text})}))
+                        {**admin, "data": json.dumps({**team, field: text}), "expect": field}))
             out.append((f"team patch: {field}={text[:12]!r}", "PATCH", "/gpulab/teams/vision",
-                        {**admin, "data": json.dumps({field: text})}))
-    for field in ("gpus", "mem_limit", "cpu_limit", "idle_timeout"):
+                        {**admin, "data": json.dumps({field: text}), "expect": field}))
+    for field in ("gpus", "memory.limit", "cpu.limit", "idle_timeout"):
         for text in BAD_NUMBER_STRINGS:
+            body = {field.split(".")[0]: {"limit": text}} if "." in field else {field: text}
             out.append((f"profile patch: {field}={text[:12]!r}", "PATCH", "/gpulab/profiles/h100-half",
-                        {**admin, "data": json.dumps({field: text})}))
+                        {**admin, "data": json.dumps(body), "expect": field}))
     for text in BAD_NUMBER_STRINGS:
         out.append((f"prices: {text[:12]!r}", "PUT", "/gpulab/prices",
                     {**admin, "data": json.dumps({"prices": {"H100-80GB": text}})}))
@@ -208,12 +213,15 @@ def test_tamper_corpus_refused_without_5xx_or_state_change(hub, alice):
     for label, method, path, kwargs in corpus(hub, alice):
         kwargs = dict(kwargs)
         token = kwargs.pop("token", None)
+        expect = kwargs.pop("expect", None)
         r = hub.api(method, path, token=token, **kwargs)
         requests_sent += 1
         statuses[r.status_code] += 1
         accepted += r.status_code < 400
         if not 400 <= r.status_code < 500:
             wrong.append(f"{label}: {r.status_code} {r.text[:200]}")
+        elif expect and expect not in r.json().get("message", ""):
+            wrong.append(f"{label}: refused for another reason: {r.text[:200]}")
     session = hub.login("alice")
     for i, form in enumerate(SPAWN_FORMS):
         name = f"form{i}"
