@@ -128,7 +128,7 @@ class NVMLSource(UtilisationSource):
         self.adapter = NVMLAdapter(self.nvml_module)
         self._initialised = False
         self._last_seen: dict[int, int] = {}
-        self._history: dict[tuple[str, str], deque] = {}
+        self._history: dict[tuple[str, str, str], deque] = {}
         self._holders: dict[str, list[dict]] = {}
 
     def _ensure_init(self) -> None:
@@ -139,7 +139,8 @@ class NVMLSource(UtilisationSource):
                 raise SourceUnavailable(f"NVML: {e}") from None
             self._initialised = True
 
-    async def collect(self, targets, now, window_seconds):
+    async def collect(self, targets, now, windows):
+        window_seconds = max(windows.values(), default=0.0)
         targets = [t for t in targets if t.mapping == DEVICE and t.pid]
         self._ensure_init()
         self.queries += 1
@@ -177,7 +178,9 @@ class NVMLSource(UtilisationSource):
         for key, target in by_key.items():
             series = []
             for index in target.devices:
-                hist = self._history.setdefault((key, device_id(target.hostname, str(index))), deque())
+                # Keyed by session: a restarted server never inherits the samples of the one before.
+                hist = self._history.setdefault((key, target.started, device_id(target.hostname, str(index))),
+                                                deque())
                 if index in answered:
                     hist.append((now, float(busiest.get((key, index), 0))))
                 while hist and hist[0][0] < horizon:
@@ -189,7 +192,7 @@ class NVMLSource(UtilisationSource):
                                                                                 if h["device"] == index))}))
             out[key] = series
         # Servers that went away: forget their history.
-        for hk in [hk for hk in self._history if hk[0] not in by_key]:
+        for hk in [hk for hk in self._history if hk[0] not in by_key or hk[1] != by_key[hk[0]].started]:
             del self._history[hk]
         return out
 

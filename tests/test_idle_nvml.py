@@ -126,7 +126,7 @@ async def test_source_attributes_processes_to_servers_and_kernels(fake_server_tr
     start = time.time()
     while time.time() - start < window + 0.3:
         now = time.time()
-        data = await source.collect([target], now, window)
+        data = await source.collect([target], now, {target.key: window})
         await asyncio.sleep(0.2)
     # The stranger's 95 % is not alice's: her kernel holds memory but computes nothing.
     assert verdict(data, now).status == IDLE
@@ -138,7 +138,7 @@ async def test_source_attributes_processes_to_servers_and_kernels(fake_server_tr
 
     nvml.devices[0]["util"] = [(kernel_pid, 60)]
     now = time.time()
-    assert verdict(await source.collect([target], now, window), now).status == BUSY
+    assert verdict(await source.collect([target], now, {target.key: window}), now).status == BUSY
 
     # An NVML error: the source cannot answer (no culls), and the hole it leaves
     # keeps the server from being idle until a whole window is measured again.
@@ -146,10 +146,10 @@ async def test_source_attributes_processes_to_servers_and_kernels(fake_server_tr
     for _ in range(4):
         await asyncio.sleep(0.2)
         with pytest.raises(SourceUnavailable):
-            await source.collect([target], time.time(), window)
+            await source.collect([target], time.time(), {target.key: window})
     nvml.devices[0]["util"] = "not-found"
     now = time.time()
-    data = await source.collect([target], now, window)
+    data = await source.collect([target], now, {target.key: window})
     assert not verdict(data, now).idle
 
 
@@ -237,7 +237,8 @@ async def test_idle_kernel_is_shut_down_then_the_idle_server_is_stopped(hub):
     reclaim = [e for e in audit() if e["kind"] == "reclaim"][0]
     assert reclaim["evidence"]["action"] == "shutdown-kernel"
     assert reclaim["evidence"]["kernel_ids"] == [kernel["id"]]
-    assert reclaim["gpu_hours_reclaimed"] == 0  # the server still holds its GPU allocation
+    # The server still holds its GPU allocation: nothing freed.
+    assert reclaim["idle_gpu_hours_before_reclaim"] == 0 and reclaim["gpu_hours_freed"] == 0
 
     # NVML now sees no process of alice's: still idle, so after a new warning the server is stopped.
     nvml.devices[device] = {"procs": [], "util": "not-found"}
@@ -245,7 +246,7 @@ async def test_idle_kernel_is_shut_down_then_the_idle_server_is_stopped(hub):
     kinds = [(e["kind"], e["evidence"].get("action")) for e in audit()]
     assert kinds == [("warning", None), ("reclaim", "shutdown-kernel"), ("warning", None),
                      ("reclaim", "stop-server")], kinds
-    assert [e for e in audit() if e["kind"] == "reclaim"][-1]["gpu_hours_reclaimed"] > 0
+    assert [e for e in audit() if e["kind"] == "reclaim"][-1]["idle_gpu_hours_before_reclaim"] > 0
 
 
 @pytest.mark.integration
@@ -257,7 +258,7 @@ async def test_idle_kernel_is_shut_down_then_the_idle_server_is_stopped(hub):
     ("POST", "/gpulab/idle/warnings", {"user": "bob", "grace_seconds": 60, "evidence": []}, 400),
     ("POST", "/gpulab/idle/warnings", {"user": "bob", "grace_seconds": 60, "reason": "x" * 5000}, 400),
     ("POST", "/gpulab/idle/warnings", {"user": "nobody", "grace_seconds": 60}, 404),
-    ("POST", "/gpulab/idle/reclaims", {"user": "bob", "gpu_hours_reclaimed": -1}, 400),
+    ("POST", "/gpulab/idle/reclaims", {"user": "bob", "idle_gpu_hours": -1}, 400),
     ("POST", "/gpulab/idle/reclaims", {"user": "bob", "action": "delete-everything"}, 400),
     ("POST", "/gpulab/idle/reclaims", {"user": "bob", "gpu_milli": 1.5}, 400),
     ("POST", "/gpulab/idle/reclaims", {"user": "bob", "action": "shutdown-kernel", "kernel_ids": "k"}, 400),
@@ -286,7 +287,7 @@ def test_culler_records_a_warning_once_and_clears_it(hub):
     assert r.status_code == 200 and r.json()["warning"] == first  # the clock never restarts
     # A reclaim before the grace period ends is refused and recorded nowhere.
     r = hub.api("POST", "/gpulab/idle/reclaims", token=CULLER_TOKEN,
-                data=json.dumps({"user": "bob", "server": "", "reason": "idle", "gpu_hours_reclaimed": 1}))
+                data=json.dumps({"user": "bob", "server": "", "reason": "idle", "idle_gpu_hours": 1}))
     assert r.status_code == 409 and "grace period" in r.json()["message"]
     state = hub.api("GET", "/gpulab/idle/state", token=CULLER_TOKEN).json()
     assert [(w["user"], w["server"]) for w in state["warnings"]] == [("bob", "")]
