@@ -131,7 +131,7 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
 KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
 #: Per series and window, what Prometheus computes (``stat`` label of each answer element).
-STATS = ("peak", "samples", "max_age", "steps", "tail")
+STATS = ("peak", "samples", "spread", "steps", "tail")
 
 
 class PrometheusSource(UtilisationSource):
@@ -143,8 +143,11 @@ class PrometheusSource(UtilisationSource):
     - ``peak``: ``max_over_time`` of the raw samples in the window, plus
       ``0 * sum_over_time``, so a single NaN sample makes it NaN (unusable);
     - ``samples``: ``count_over_time``;
-    - ``max_age``: the largest age of the newest sample seen at any step of a
-      ``[window:scrape_interval]`` subquery, i.e. the widest hole (to one step);
+    - ``spread``: over the steps of a ``[window:scrape_interval]`` subquery, the
+      largest minus the smallest age of the newest sample. With regular scrapes
+      the age repeats the same phase at every step and grows by one interval
+      per missed scrape, so the widest hole is ``spread + scrape_interval``
+      whatever the scrapes' phase against the step grid;
     - ``steps``: at how many of those steps the series existed at all (fewer
       than the window holds: a hole longer than Prometheus' lookback, or a
       series that began inside the window);
@@ -195,7 +198,8 @@ class PrometheusSource(UtilisationSource):
                 exprs = {
                     "peak": f"max_over_time({sel}[{w}]) + 0 * sum_over_time({sel}[{w}])",
                     "samples": f"count_over_time({sel}[{w}])",
-                    "max_age": f"max_over_time((time() - timestamp({sel}))[{w}:{step}])",
+                    "spread": f"max_over_time((time() - timestamp({sel}))[{w}:{step}])"
+                              f" - min_over_time((time() - timestamp({sel}))[{w}:{step}])",
                     "steps": f"count_over_time(timestamp({sel})[{w}:{step}])",
                     "tail": f"time() - timestamp({sel})",
                 }
@@ -222,10 +226,12 @@ class PrometheusSource(UtilisationSource):
 
         def on_chunk(chunk: bytes) -> None:
             received[0] += len(chunk)
-            if received[0] <= limit:
-                chunks.append(chunk)
+            if received[0] > limit:
+                raise AnswerTooLarge("answer too large")  # aborts the transfer; reported below
+            chunks.append(chunk)
 
-        client = AsyncHTTPClient(force_instance=True, max_body_size=limit + 1, max_buffer_size=limit + 1)
+        # The cap is ours (in on_chunk), not tornado's, so that it is reported as what it is.
+        client = AsyncHTTPClient(force_instance=True, max_body_size=2**62)
         self.queries += 1
         error = None
         try:
@@ -295,13 +301,13 @@ class PrometheusSource(UtilisationSource):
         n = st.get("samples", 0.0)
         peak = st.get("peak", math.nan)
         steps = st.get("steps", 0.0)
-        max_age = st.get("max_age", math.inf)
+        widest = st.get("spread", math.inf) + self.scrape_interval
         full = steps >= math.floor(window / self.scrape_interval + 1e-9)
         finite = math.isfinite(peak)
         return DeviceSummary(
             device="", samples=int(n) if math.isfinite(n) else 0, peak=peak if finite else math.nan,
             mean=math.nan, lead=0.0 if steps > 0 else math.inf,
-            tail=st.get("tail", math.inf), max_gap=max_age if full else math.inf, finite=finite,
+            tail=st.get("tail", math.inf), max_gap=widest if full else math.inf, finite=finite,
         )
 
 
