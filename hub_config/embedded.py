@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
 
+from .idle_service import configure_idle_culler
 from .setup import configure_gpulab
 
 DEMO_CATALOG = str(Path(__file__).parent / "demo-teams.yaml")
@@ -113,3 +114,4 @@ def configure_embedded(c) -> None:
             }
         }
     configure_gpulab(c, admin_users=admins)
+    configure_idle_culler(c)  # the NVML culler when a driver is present; the admin page says why not

@@ -46,6 +46,8 @@ from ..scopes import ADMIN, CULLER, JOBS
 from ..usage import freed_until, next_gpu_holds
 from .base import GPULabAPIHandler
 
+#: The culler's service name in the hub's configuration.
+CULLER_SERVICE = "gpulab-idle-culler"
 EVENT_KINDS = ("warning", "held", "reclaim", "keepalive", "cleared")
 ACTIONS = ("stop-server", "shutdown-kernel")
 MAX_SESSION = 64
@@ -75,8 +77,9 @@ class GPULabIdle(Configurable):
         page shows only the culler's records.""",
     )
     culler_running = Bool(
-        True, config=True,
-        help="Whether this deployment runs the GPU idle culler (False: the admin page shows it as off).",
+        None, allow_none=True, config=True,
+        help="""Whether this deployment runs the GPU idle culler. None: decided from
+        `c.JupyterHub.services` (a service named gpulab-idle-culler).""",
     )
 
     @property
@@ -587,6 +590,13 @@ def idle_admin_view(config, limit: int = 50) -> dict[str, Any]:
     with sessions() as session:
         events = list(reversed(session.scalars(
             select(IdleEventRow).order_by(IdleEventRow.id.desc()).limit(limit)).all()))
-    status = settings.culler_status or ("The GPU idle culler runs as a hub service; its records are below."
-                                        if settings.culler_running else "The GPU idle culler is off.")
-    return {"on": settings.culler_running, "status": status, "events": audit_json(sessions, events)}
+    services = config.JupyterHub.get("services", []) if config is not None and "JupyterHub" in config else []
+    as_service = any(isinstance(s, dict) and s.get("name") == CULLER_SERVICE for s in services)
+    on = as_service if settings.culler_running is None else (settings.culler_running or as_service)
+    if on:
+        status = (settings.culler_status if settings.culler_running and settings.culler_status
+                  else f"On: runs as the hub service {CULLER_SERVICE}.")
+    else:
+        status = settings.culler_status or (f"Off: no {CULLER_SERVICE} service in this hub's configuration; "
+                                            "idle GPUs are not reclaimed (see docs/idle-culler.md).")
+    return {"on": on, "status": status, "events": audit_json(sessions, events)}
