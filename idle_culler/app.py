@@ -218,12 +218,21 @@ class GPUIdleCuller(Application):
 
     def timeout_for(self, target: ServerTarget, profiles: dict, teams: dict) -> tuple[int, str]:
         """The server's idle timeout from the hub's catalog (shorter of profile and team)."""
-        p = profiles.get(target.profile) or {}
-        t = teams.get(target.team) or {}
-        profile = Profile(slug=target.profile, display_name=target.profile,
-                          idle_timeout_seconds=p.get("idle_timeout_seconds")) if target.profile else None
-        team = Team(name=target.team, idle_timeout_seconds=t.get("idle_timeout_seconds")) if target.team else None
+        return self._timeout(target.profile, target.team, profiles, teams)
+
+    def _timeout(self, slug: str, team_name: str, profiles: dict, teams: dict) -> tuple[int, str]:
+        p = profiles.get(slug) or {}
+        t = teams.get(team_name) or {}
+        profile = Profile(slug=slug, display_name=slug, idle_timeout_seconds=p.get("idle_timeout_seconds")) \
+            if slug else None
+        team = Team(name=team_name, idle_timeout_seconds=t.get("idle_timeout_seconds")) if team_name else None
         return idle_timeout_for(profile, team, self.default_timeout)
+
+    def candidate_windows(self, profiles: dict, teams: dict) -> set[int]:
+        """Every idle timeout a GPU server can have under the hub's catalog (usually a handful)."""
+        slugs = [""] + [s for s, p in profiles.items() if (p.get("gpu_milli") or 0) > 0]
+        names = [""] + list(teams)
+        return {self._timeout(s, n, profiles, teams)[0] for s in slugs for n in names}
 
     async def cycle(self) -> dict[str, Any]:
         """One pass over every GPU server; returns what it did (for logs, tests and the benchmark)."""
@@ -236,15 +245,29 @@ class GPUIdleCuller(Application):
                                    "reclaimed": [], "kernels": [], "skipped": [], "verdicts": {}, "held": [],
                                    "source_error": None}
         self.metrics.cycles.inc()
+        # The server list is the slow part (pages of users): Prometheus is asked meanwhile,
+        # for every timeout the catalog allows, so the cycle waits for the slower of the two.
+        users_task = asyncio.ensure_future(hub.ready_users())
+        prefetch: asyncio.Future | None = None
         try:
-            idle_state, users = await asyncio.gather(hub.idle_state(), hub.ready_users())
+            idle_state = await hub.idle_state()
+            profiles, teams = idle_state.get("profiles", {}), idle_state.get("teams", {})
+            now = self._cycle_now = self.clock()
+            if isinstance(self.utilisation, PrometheusSource):
+                prefetch = asyncio.ensure_future(
+                    self.utilisation.fetch(now, self.candidate_windows(profiles, teams)))
+                prefetch.add_done_callback(_retrieve)
+            users = await users_task
         except (HubAPIError, OSError) as e:
+            for task in (users_task, prefetch):
+                if task is not None:
+                    task.cancel()
             self.metrics.errors.labels("hub").inc()
             self.log.error("Cannot read the hub's servers; culling nothing this cycle: %s", e)
             summary["source_error"] = f"hub: {e}"
             self._finish(summary, started, queries_before)
             return summary
-        targets, non_gpu, unmapped = targets_from_users(users, idle_state.get("profiles", {}), self.node_name)
+        targets, non_gpu, unmapped = targets_from_users(users, profiles, self.node_name)
         summary["servers"] = sum(len(u.get("servers") or {}) for u in users)
         summary["non_gpu"] = len(non_gpu)
         targets = [t for t in targets if (self.cull_named_servers if t.server else self.cull_default_servers)]
@@ -258,13 +281,22 @@ class GPUIdleCuller(Application):
                                                            bool(w.get("held")))
                     for w in idle_state.get("warnings", [])}
         keepalives = {(k["user"], k["server"]): k["until"] for k in idle_state.get("keepalives", [])}
-        profiles, teams = idle_state.get("profiles", {}), idle_state.get("teams", {})
         timeouts = {t.key: self.timeout_for(t, profiles, teams) for t in targets}
-        now = self._cycle_now = self.clock()
+        windows = {k: sec for k, (sec, _) in timeouts.items()}
         data: dict[str, list] = {}
-        if targets:
+        if not targets and prefetch is not None:
+            prefetch.cancel()
+        elif targets:
+            source_started = time.monotonic()
             try:
-                data = await self.utilisation.collect(targets, now, {k: sec for k, (sec, _) in timeouts.items()})
+                if prefetch is not None:
+                    answer = dict(await prefetch)
+                    asked = set(self.candidate_windows(profiles, teams))
+                    if set(windows.values()) - asked:  # cannot happen with one catalog; ask again if it does
+                        answer.update(await self.utilisation.fetch(now, set(windows.values()) - asked))
+                    data = self.utilisation.join(answer, targets, windows)
+                else:
+                    data = await self.utilisation.collect(targets, now, windows)
             except SourceUnavailable as e:
                 # Fail safe: no data means no decision at all -- no warning, no clear, no reclaim.
                 reason = "too-large" if isinstance(e, AnswerTooLarge) else "unavailable"
@@ -276,6 +308,7 @@ class GPUIdleCuller(Application):
                 self.log.error("Utilisation source unavailable; culling nothing this cycle: %s", e)
                 self._finish(summary, started, queries_before)
                 return summary
+            summary["source_wait_seconds"] = time.monotonic() - source_started
             self.metrics.answer_bytes.set(getattr(self.utilisation, "last_answer_bytes", 0))
 
         counts: dict[str, int] = {}
@@ -447,6 +480,12 @@ class GPUIdleCuller(Application):
 
     def start(self) -> None:
         asyncio.run(self.run())
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a prefetch's exception as seen when the cycle ended before awaiting it."""
+    if not future.cancelled():
+        future.exception()
 
 
 class CycleBatch:

@@ -131,7 +131,7 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
 KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
 #: Per series and window, what Prometheus computes (``stat`` label of each answer element).
-STATS = ("peak", "samples", "spread", "steps", "tail")
+STATS = ("peak", "samples", "spread", "start", "tail")
 
 
 class PrometheusSource(UtilisationSource):
@@ -148,9 +148,11 @@ class PrometheusSource(UtilisationSource):
       the age repeats the same phase at every step and grows by one interval
       per missed scrape, so the widest hole is ``spread + scrape_interval``
       whatever the scrapes' phase against the step grid;
-    - ``steps``: at how many of those steps the series existed at all (fewer
-      than the window holds: a hole longer than Prometheus' lookback, or a
-      series that began inside the window);
+    - ``start``: the age of the newest sample at the window's start (absent
+      when the series has no sample in Prometheus' lookback before it: a
+      series that began inside the window, or a hole across its start longer
+      than the lookback). A hole longer than the lookback that starts inside
+      the window shows in ``spread`` (the age grows to the lookback first);
     - ``tail``: the age of the newest sample now.
 
     The query is evaluated at a multiple of ``scrape_interval`` so the
@@ -200,7 +202,7 @@ class PrometheusSource(UtilisationSource):
                     "samples": f"count_over_time({sel}[{w}])",
                     "spread": f"max_over_time((time() - timestamp({sel}))[{w}:{step}])"
                               f" - min_over_time((time() - timestamp({sel}))[{w}:{step}])",
-                    "steps": f"count_over_time(timestamp({sel})[{w}:{step}])",
+                    "start": f"time() - {_seconds(window)} - timestamp({sel} offset {w})",
                     "tail": f"time() - timestamp({sel})",
                 }
                 for stat in STATS:
@@ -259,8 +261,17 @@ class PrometheusSource(UtilisationSource):
     async def collect(self, targets, now, windows):
         if not targets:
             return {}
+        return self.join(await self.fetch(now, set(windows.values())), targets, windows)
+
+    async def fetch(self, now: float, windows: Iterable[float]) -> dict[str, tuple]:
+        """Ask Prometheus once for every window; ``{window: (by_pod, by_device)}``.
+
+        Separate from :meth:`join` so the culler can ask while it is still listing
+        the hub's servers (it knows the possible timeouts from the catalog).
+        """
+        windows = sorted(set(windows))
         at = self.evaluation_time(now)
-        body = urlencode({"query": self.query(windows.values()), "time": f"{at:.3f}"})
+        body = urlencode({"query": self.query(windows), "time": f"{at:.3f}"})
         raw = await self._fetch(body)
         try:
             doc = json.loads(raw)
@@ -279,18 +290,20 @@ class PrometheusSource(UtilisationSource):
                 stats[key][labels.get("stat", "")] = float(item["value"][1])
             except (KeyError, IndexError, TypeError, ValueError):
                 stats[key][labels.get("stat", "")] = math.nan
-        seconds = {_duration(w): w for w in windows.values()}
-        by_window: dict[str, list] = defaultdict(list)
+        seconds = {_duration(w): w for w in windows}
+        by_window: dict[str, list] = {w: [] for w in seconds}
         for key, st in stats.items():
-            if key[0] not in seconds:
-                continue
-            labels = dict(label_sets[key], __name__=key[1])
-            by_window[key[0]].append((labels, self._summary(st, seconds[key[0]])))
-        self.log.debug("Prometheus: %d series x windows, %d bytes, for %d servers",
-                       len(stats), self.last_answer_bytes, len(targets))
+            if key[0] in seconds:
+                labels = dict(label_sets[key], __name__=key[1])
+                by_window[key[0]].append((labels, self._summary(st, seconds[key[0]])))
+        self.log.debug("Prometheus: %d series x windows, %d bytes", len(stats), self.last_answer_bytes)
+        return {w: index_series(rows) for w, rows in by_window.items()}
+
+    def join(self, answer: Mapping[str, tuple], targets: list[ServerTarget],
+             windows: Mapping[str, float]) -> dict[str, list]:
+        """Each server's summaries over its own window (none when its window was not asked for)."""
         out: dict[str, list] = {}
-        for w, rows in by_window.items():
-            by_pod, by_device = index_series(rows)
+        for w, (by_pod, by_device) in answer.items():
             wanted = [t for t in targets if _duration(windows[t.key]) == w]
             out.update(series_for_targets(wanted, by_pod, by_device))
         for t in targets:
@@ -300,14 +313,12 @@ class PrometheusSource(UtilisationSource):
     def _summary(self, st: Mapping[str, float], window: float) -> DeviceSummary:
         n = st.get("samples", 0.0)
         peak = st.get("peak", math.nan)
-        steps = st.get("steps", 0.0)
         widest = st.get("spread", math.inf) + self.scrape_interval
-        full = steps >= math.floor(window / self.scrape_interval + 1e-9)
         finite = math.isfinite(peak)
         return DeviceSummary(
             device="", samples=int(n) if math.isfinite(n) else 0, peak=peak if finite else math.nan,
-            mean=math.nan, lead=0.0 if steps > 0 else math.inf,
-            tail=st.get("tail", math.inf), max_gap=widest if full else math.inf, finite=finite,
+            mean=math.nan, lead=0.0 if "start" in st else math.inf,
+            tail=st.get("tail", math.inf), max_gap=widest, finite=finite,
         )
 
 
@@ -319,6 +330,10 @@ def _duration(seconds: float) -> str:
     """A PromQL duration: whole seconds when possible, else milliseconds."""
     ms = int(round(seconds * 1000))
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:g}"
 
 
 def _prometheus_error(body: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 from idle_culler.sources import GPU_UTIL, GR_ENGINE_ACTIVE, AnswerTooLarge, PrometheusSource
 from idle_culler.targets import POD, ServerTarget
-from spawner.idle import BUSY, IDLE, PARTIAL, STALE, DeviceSeries, judge_gpu_idle, max_gap_for
+from spawner.idle import BUSY, IDLE, PARTIAL, SHORT, STALE, DeviceSeries, judge_gpu_idle, max_gap_for
 from tests.dcgm_fake_exporter import RunningPrometheus
 
 pytestmark = pytest.mark.integration
@@ -50,6 +50,8 @@ CASES = {
     "two-missed-twice": (GPU_UTIL, zeros(lambda t: hole(3000, 2)(t) or hole(600, 2)(t)), IDLE),
     "three-missed": (GPU_UTIL, zeros(hole(1800, 3)), PARTIAL),
     "hour-hole": (GPU_UTIL, zeros(hole(3300, 100)), PARTIAL),  # longer than Prometheus' 5 min lookback
+    "hole-across-start": (GPU_UTIL, zeros(hole(3900, 20)), SHORT),  # 10 min, from before the window start
+    "short-hole-across-start": (GPU_UTIL, zeros(hole(3630, 2)), IDLE),
     "busy-once": (GPU_UTIL, [(t, 40.0 if t == T - 900 else 0.0) for t in stamps()], BUSY),
     "busy-before-window": (GPU_UTIL, [(t, 90.0 if t < T - WINDOW - 300 else 0.0) for t in stamps()], IDLE),
     "nan": (GPU_UTIL, [(t, math.nan if t == T - 600 else 0.0) for t in stamps()], PARTIAL),
