@@ -131,7 +131,7 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
 KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
 #: Per series and window, what Prometheus computes (``stat`` label of each answer element).
-STATS = ("peak", "samples", "spread", "start", "tail")
+STATS = ("peak", "samples", "max_age", "start", "tail")
 
 
 class PrometheusSource(UtilisationSource):
@@ -143,11 +143,12 @@ class PrometheusSource(UtilisationSource):
     - ``peak``: ``max_over_time`` of the raw samples in the window, plus
       ``0 * sum_over_time``, so a single NaN sample makes it NaN (unusable);
     - ``samples``: ``count_over_time``;
-    - ``spread``: over the steps of a ``[window:scrape_interval]`` subquery, the
-      largest minus the smallest age of the newest sample. With regular scrapes
-      the age repeats the same phase at every step and grows by one interval
-      per missed scrape, so the widest hole is ``spread + scrape_interval``
-      whatever the scrapes' phase against the step grid;
+    - ``max_age``: over the steps of a ``[window:scrape_interval]`` subquery
+      (the query's only subquery: its cost grows with window / interval), the
+      largest age of the newest sample. With regular scrapes the age at every
+      step repeats the scrapes' phase against the step grid (``tail`` modulo
+      the interval) and grows by one interval per missed scrape, so the widest
+      hole is ``max_age - phase + scrape_interval`` (to within scrape jitter);
     - ``start``: the age of the newest sample at the window's start (absent
       when the series has no sample in Prometheus' lookback before it: a
       series that began inside the window, or a hole across its start longer
@@ -200,8 +201,7 @@ class PrometheusSource(UtilisationSource):
                 exprs = {
                     "peak": f"max_over_time({sel}[{w}]) + 0 * sum_over_time({sel}[{w}])",
                     "samples": f"count_over_time({sel}[{w}])",
-                    "spread": f"max_over_time((time() - timestamp({sel}))[{w}:{step}])"
-                              f" - min_over_time((time() - timestamp({sel}))[{w}:{step}])",
+                    "max_age": f"max_over_time((time() - timestamp({sel}))[{w}:{step}])",
                     "start": f"time() - {_seconds(window)} - timestamp({sel} offset {w})",
                     "tail": f"time() - timestamp({sel})",
                 }
@@ -313,12 +313,14 @@ class PrometheusSource(UtilisationSource):
     def _summary(self, st: Mapping[str, float], window: float) -> DeviceSummary:
         n = st.get("samples", 0.0)
         peak = st.get("peak", math.nan)
-        widest = st.get("spread", math.inf) + self.scrape_interval
+        tail = st.get("tail", math.inf)
+        phase = tail % self.scrape_interval if math.isfinite(tail) else 0.0
+        widest = st.get("max_age", math.inf) - phase + self.scrape_interval
         finite = math.isfinite(peak)
         return DeviceSummary(
             device="", samples=int(n) if math.isfinite(n) else 0, peak=peak if finite else math.nan,
             mean=math.nan, lead=0.0 if "start" in st else math.inf,
-            tail=st.get("tail", math.inf), max_gap=widest, finite=finite,
+            tail=tail, max_gap=widest, finite=finite,
         )
 
 

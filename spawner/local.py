@@ -133,7 +133,17 @@ class GPULocalMixin(LoggingConfigurable):
         runtime = self.gpulab
         choices = choices_for_user(runtime.catalog, runtime.ledger, self.user.name, self._groups(), self._capacity)
         note, declared = self.inventory_note()
-        return render_options_form(choices, note, declared)
+        return render_options_form(choices, note, declared, self.reclaim_notice())
+
+    def reclaim_notice(self) -> str:
+        """"Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
+        from hub_config.api.idle import reclaim_notice  # the hub side owns the culler's records
+
+        try:
+            return reclaim_notice(self.config, self.user.name, self.name)
+        except Exception as e:  # the form must render even when gpulab's database cannot be read
+            self.log.warning("gpulab: cannot read the idle culler's records for %s: %s", self.user.name, e)
+            return ""
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
         try:

@@ -220,6 +220,12 @@ def test_idle_gpu_is_culled_after_warning_and_busy_or_unmeasured_ones_are_kept(h
     assert metric(text, "gpulab_culler_reclaims_total", '{action="stop-server",team="vision"}') == 2
     # Ledger freed: the two reclaimed GPUs are no longer held.
     assert sum(w["gpu_milli"] for w in hub.holdings()) == 2000
+    # The user is told, on the spawn page and in the idle API, never with a raw error.
+    view = idle_view(hub, "alice", "tab")
+    assert view["warning"] is None and "Your GPU was reclaimed at" in view["reclaimed"]["message"]
+    assert view["reclaimed"]["idle_minutes"] is not None and view["reclaimed"]["peak_percent"] == 0
+    page = hub.spawn_page(hub.login("alice")).text
+    assert 'id="gpulab-reclaimed"' in page and "Your GPU was reclaimed at" in page and "start again" in page
 
 
 def _ts(iso: str) -> float:
