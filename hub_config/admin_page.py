@@ -213,6 +213,6 @@ handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler)]
 
 
 def idle_admin_view(config) -> dict[str, Any] | None:
-    from .api.idle import idle_admin_view as view
+    from .idle_records import idle_admin_view as view
 
     return view(config)

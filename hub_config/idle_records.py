@@ -9,6 +9,7 @@ writes them; the admin page, the usage report and the spawn page read them.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 from typing import Any
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from .scopes import CULLER_SERVICE_SCOPES
 
-from .api.idle import CULLER_SERVICE as SERVICE
+from .idle_records import CULLER_SERVICE as SERVICE
 
 
 def configure_idle_culler(c, detect: Callable[[], list | None] | None = None) -> bool:

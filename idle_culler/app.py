@@ -392,6 +392,12 @@ class GPUIdleCuller(Application):
         holders = self.utilisation.kernel_holders(t)
         base = self.hub.server_base(t.url, t.full_url)
         idle_since = (warning.warned_at if warning else now) - seconds
+        # Per kernel, only its own samples count: a process younger than the window is not proven idle.
+        young = [h for h in holders if (h.get("started_at") or 0) > now - seconds]
+        if young:
+            self.log.info("Not reclaiming %s yet: GPU process %s started %ds ago, the idle timeout is %ss",
+                          t.key, young[0]["pid"], now - young[0]["started_at"], seconds)
+            return
         if self.kernel_shutdown and holders and base and all(h["kernel_id"] for h in holders):
             kernel_ids = sorted({h["kernel_id"] for h in holders})
             self.log.warning("Reclaiming GPU of %s: shutting down idle kernel(s) %s", t.key, ", ".join(kernel_ids))

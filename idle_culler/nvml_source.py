@@ -87,6 +87,21 @@ def read_process_table(proc_root: str = "/proc") -> dict[int, int]:
     return table
 
 
+def process_started_at(pid: int, proc_root: str = "/proc") -> float | None:
+    """When ``pid`` started (seconds since the epoch), from ``/proc/<pid>/stat`` and the boot time."""
+    try:
+        stat = Path(proc_root, str(pid), "stat").read_text()
+        boot = next(float(line.split()[1]) for line in Path(proc_root, "stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:  # field 22 of stat: start time in clock ticks after boot (index 19 after "state")
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return None
+
+
 def owner_of(pid: int, parents: dict[int, int], roots: dict[int, str]) -> str | None:
     """The server key whose process tree contains ``pid``."""
     seen = 0
@@ -169,7 +184,8 @@ class NVMLSource(UtilisationSource):
                 key = owner_of(pid, parents, roots)
                 if key is not None:
                     holders[key].append({"pid": pid, "device": index, "used_memory_bytes": used,
-                                         "kernel_id": kernel_id_of(pid, parents, self.proc_root)})
+                                         "kernel_id": kernel_id_of(pid, parents, self.proc_root),
+                                         "started_at": process_started_at(pid, self.proc_root)})
         if devices and not answered:
             raise SourceUnavailable("NVML answered for none of the devices")
         self._holders = holders

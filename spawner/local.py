@@ -137,7 +137,7 @@ class GPULocalMixin(LoggingConfigurable):
 
     def reclaim_notice(self) -> str:
         """"Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
-        from hub_config.api.idle import reclaim_notice  # the hub side owns the culler's records
+        from hub_config.idle_records import reclaim_notice  # the hub side owns the culler's records
 
         try:
             return reclaim_notice(self.config, self.user.name, self.name)

@@ -8,7 +8,7 @@ import sys
 import pytest
 from traitlets.config import Config
 
-from hub_config.api.idle import GPULabIdle
+from hub_config.idle_records import GPULabIdle
 from hub_config.idle_service import SERVICE, configure_idle_culler
 from hub_config.scopes import CULLER_SERVICE_SCOPES
 from spawner.packer import GPUDevice

@@ -37,10 +37,9 @@ from jupyterhub.utils import isoformat
 from spawner.idle import KeepaliveRefused, grant_keepalive
 
 from ..db import session_factory
-from ..idle_records import (  # noqa: F401 (re-exported: the records' home is idle_records)
-    ACTIONS, CULLER_SERVICE, EVENT_KINDS, MAX_CYCLE_BYTES, MAX_GRACE_SECONDS, MAX_NAME, MAX_REASON, MAX_SESSION,
-    GPULabIdle, IdleEventRow, IdleWarningRow, KeepaliveRow, audit_json, event_json, idle_admin_view, iso,
-    evidence_peak, reclaim_message, reclaim_notice,
+from ..idle_records import (
+    ACTIONS, EVENT_KINDS, MAX_CYCLE_BYTES, MAX_GRACE_SECONDS, MAX_NAME, MAX_REASON, MAX_SESSION, GPULabIdle,
+    IdleEventRow, IdleWarningRow, KeepaliveRow, audit_json, evidence_peak, iso, reclaim_message,
 )
 from ..scopes import ADMIN, CULLER, JOBS
 from .base import GPULabAPIHandler
