@@ -160,7 +160,8 @@ def judge_gpu_idle(
         if not s.finite:
             problems.append((PARTIAL, f"{s.device}: non-numeric sample"))
             continue
-        info.update(max=s.peak, mean=round(s.mean, 3), max_gap_seconds=_round(s.max_gap))
+        # None, not NaN, for what the source did not measure: the evidence is strict JSON.
+        info.update(max=s.peak, mean=_round(s.mean), max_gap_seconds=_round(s.max_gap))
         if s.peak > threshold_percent:
             busy.append(f"{s.device} peaked at {s.peak:g}% (threshold {threshold_percent:g}%)")
             continue

@@ -231,3 +231,12 @@ def test_a_summary_with_an_unknown_wide_hole_is_not_idle():
     s = DeviceSummary("n/gpu0", samples=100, peak=0.0, mean=math.nan, lead=0.0, tail=1.0, max_gap=math.inf)
     v = judge([s])
     assert v.status == PARTIAL and "long hole" in v.reason
+
+
+def test_evidence_is_strict_json_even_for_prometheus_summaries():
+    import json
+
+    s = DeviceSummary("n/gpu0", samples=121, peak=0.0, mean=math.nan, lead=0.0, tail=3.0, max_gap=30.0)
+    v = judge([s])
+    assert v.idle
+    json.dumps(v.evidence, allow_nan=False)  # raises on NaN / inf

@@ -226,6 +226,11 @@ def test_idle_gpu_is_culled_after_warning_and_busy_or_unmeasured_ones_are_kept(h
     assert view["reclaimed"]["idle_minutes"] is not None and view["reclaimed"]["peak_percent"] == 0
     page = hub.spawn_page(hub.login("alice")).text
     assert 'id="gpulab-reclaimed"' in page and "Your GPU was reclaimed at" in page and "start again" in page
+    # Both figures on the hub's metrics, named for what they measure.
+    hub_metrics = requests.get(f"{hub.url}/hub/metrics", headers={"Authorization": f"token {hub.token}"},
+                               timeout=10).text
+    assert metric(hub_metrics, "gpulab_team_idle_gpu_hours_before_reclaim", '{team="vision"}') > 0
+    assert metric(hub_metrics, "gpulab_team_gpu_hours_freed", '{team="vision"}') > 0
 
 
 def _ts(iso: str) -> float:
@@ -263,6 +268,12 @@ def test_keepalive_is_honoured_and_capped(hub, exporter):
     poll("bob/keep reclaim recorded", lambda: reclaimed(hub, "bob", "keep"), hub=hub)
     kinds = [e["kind"] for e in audit(hub, "bob") if e["server"] == "keep"]
     assert kinds == ["warning", "keepalive", "warning", "reclaim"], kinds
+    # The admin page lists them, with their evidence and both GPU-hour figures.
+    page = hub.login("admin").get(f"{hub.url}/hub/gpulab/admin", timeout=30).text
+    for kind in ("warning", "keepalive", "reclaim"):
+        assert f'data-idle-event="{kind}"' in page, kind
+    assert 'data-culler-status="on"' in page
+    assert "Idle GPU-h before reclaim" in page and "GPU-h freed by reclaims" in page
 
 
 def test_warning_of_a_server_stopped_by_its_user_is_cleared(hub, exporter):
@@ -301,7 +312,9 @@ def test_culler_only_endpoints_refuse_users(hub):
                                ("GET", "/gpulab/idle/state", None), ("GET", "/gpulab/idle/audit", None)]:
         r = hub.api(method, path, token=bob, data=json.dumps(body) if body else None)
         assert r.status_code == 403, (path, r.text)
-    assert audit(hub, "bob") == before  # nothing recorded by the refused calls
+    # Nothing recorded by the refused calls (freed GPU-hours grow with time: compare the events).
+    assert [(e["at"], e["kind"], e["server"]) for e in audit(hub, "bob")] == [
+        (e["at"], e["kind"], e["server"]) for e in before]
 
 
 def test_prometheus_down_means_no_culls(hub, exporter, prometheus, metrics_port):
@@ -320,6 +333,7 @@ def test_prometheus_down_means_no_culls(hub, exporter, prometheus, metrics_port)
     assert len(audit(hub)) == before
     text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
     assert metric(text, "gpulab_culler_errors_total", '{stage="source"}') >= errors_before + TIMEOUT
+    assert metric(text, "gpulab_culler_source_failures_total", '{reason="unavailable"}') >= TIMEOUT
     # Once Prometheus is back and a whole idle window is measured, bob is warned
     # (joined through the new `hostname` label).
     prometheus.start()
