@@ -275,6 +275,8 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                                                                      if k.startswith("recorded")),
                     "peer_hub_requests": sum(peer["requests"].values()),
                     "gpulab_answer_bytes": ours.utilisation.last_answer_bytes,
+                    # Waiting for Prometheus once the hub's list was read (it was asked at the start).
+                    "gpulab_prometheus_wait_s": summary.get("source_wait_seconds", 0.0),
                     "gpulab_warned": len(summary["warned"]), "gpulab_reclaimed": len(summary["reclaimed"]),
                     "peer_stopped": len(idx),
                     "peer_wrong_stops": sum(1 for i in idx if kind_of(i).startswith("busy")),
@@ -320,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             prom.stop()
     print(table(
         ["cycle", "repeat", "gpulab wall (s)", "peer wall (s)", "wall ratio", "gpulab CPU (s)", "peer CPU (s)",
-         "CPU ratio", "gpulab hub req", "peer hub req", "answer bytes"],
+         "CPU ratio", "gpulab hub req", "peer hub req", "answer bytes", "Prometheus wait (s)"],
         [[r["cycle"], r["repeat"], r["gpulab_wall_s"], r["peer_wall_s"], r["wall_ratio"], r["gpulab_cpu_s"],
           r["peer_cpu_s"], r["cpu_ratio"], r["gpulab_hub_requests"], r["peer_hub_requests"],
-          r["gpulab_answer_bytes"]] for r in result["rows"]],
+          r["gpulab_answer_bytes"], r["gpulab_prometheus_wait_s"]] for r in result["rows"]],
         title=(f"Cull cycles over {args.servers:,} GPU servers in four kinds (real Prometheus, "
                f"stand-in hub API), window {args.window}s, scrape {args.interval}s"),
     ))
