@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Float, Integer, String, Text, select
@@ -21,7 +22,7 @@ from traitlets.config import Configurable
 
 from spawner.idle import KeepalivePolicy, gpu_hours_freed
 
-from .db import Base, session_factory
+from .db import Base, GPULabDB, session_factory
 from .usage import freed_until, next_gpu_holds
 
 #: The culler's service name in the hub's configuration.
@@ -179,6 +180,9 @@ def idle_admin_view(config, limit: int = 50) -> dict[str, Any]:
 def reclaim_notice(config, user: str, server: str) -> str:
     """The spawn page's sentence after a reclaim, or '' when the user's last session of
     ``server`` did not end that way (or they have held a GPU since)."""
+    url = GPULabDB(config=config).db_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return ""  # no gpulab database yet: nothing was ever reclaimed (and none is created here)
     sessions = session_factory(config=config)
     with sessions() as session:
         e = session.scalars(select(IdleEventRow).where(
@@ -199,3 +203,13 @@ def evidence_peak(evidence: dict) -> float:
     """The highest utilisation any device showed over the evidence window (percent)."""
     return max((d.get("max", 0) or 0 for ds in (evidence.get("devices") or {}).values() for d in ds), default=0)
 
+
+
+def reclaim_notice_for(spawner) -> str:
+    """:func:`reclaim_notice` for a spawner's user and server; '' (logged) when the records
+    cannot be read -- the spawn form must render anyway."""
+    try:
+        return reclaim_notice(spawner.config, spawner.user.name, spawner.name)
+    except Exception as e:
+        spawner.log.warning("gpulab: cannot read the idle culler's records for %s: %s", spawner.user.name, e)
+        return ""

@@ -137,13 +137,9 @@ class GPULocalMixin(LoggingConfigurable):
 
     def reclaim_notice(self) -> str:
         """"Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
-        from hub_config.idle_records import reclaim_notice  # the hub side owns the culler's records
+        from hub_config.idle_records import reclaim_notice_for  # the hub side owns the culler's records
 
-        try:
-            return reclaim_notice(self.config, self.user.name, self.name)
-        except Exception as e:  # the form must render even when gpulab's database cannot be read
-            self.log.warning("gpulab: cannot read the idle culler's records for %s: %s", self.user.name, e)
-            return ""
+        return reclaim_notice_for(self)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
         try:
