@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.kube]
 A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 
-def team(release: Release, base: str) -> str:
-    return next(t for t in release.teams if t.startswith(base + "-"))
+def team(release: Release, name: str) -> str:
+    assert name in release.teams, release.teams
+    return name
 
 
 @pytest.fixture(scope="module")

@@ -78,8 +78,9 @@ def spawner_for(config: Config, user: str, options: dict, groups: tuple[str, ...
     return s
 
 
-def team(release: Release, base: str) -> str:
-    return next(t for t in release.teams if t.startswith(base + "-"))
+def team(release: Release, name: str) -> str:
+    assert name in release.teams, release.teams
+    return name
 
 
 async def test_start_poll_stop_on_a_time_sliced_node(hub_identity: Release, kube: Cluster):

@@ -95,9 +95,12 @@ def team_values(suffix: str) -> dict:
                  "sharing": "whole"},
             ],
             "teams": [
-                {"name": f"vision-{suffix}", "users": ["alice", "bob"], "guarantee": 2, "burst": 3},
-                {"name": f"nlp-{suffix}", "users": ["carol", "alice"], "guarantee": 1, "burst": 2},
-                {"name": f"crowd-{suffix}", "groups": ["crowd"], "guarantee": 4, "burst": 6},
+                {"name": "vision", "users": ["alice", "bob"], "guarantee": 2, "burst": 3,
+                 "namespace": f"team-vision-{suffix}"},
+                {"name": "nlp", "users": ["carol", "alice"], "guarantee": 1, "burst": 2,
+                 "namespace": f"team-nlp-{suffix}"},
+                {"name": "crowd", "groups": ["crowd"], "guarantee": 4, "burst": 6,
+                 "namespace": f"team-crowd-{suffix}"},
             ],
         },
     }
@@ -145,7 +148,7 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
         helm(kube_testbed, "uninstall", name, "--namespace", hub_ns, check=False)
         c.cleanup()
         raise
-    teams = {t["name"]: f"gpulab-{t['name']}" for t in values["gpulab"]["teams"]}
+    teams = {t["name"]: t["namespace"] for t in values["gpulab"]["teams"]}
     c.namespaces.extend(teams.values())  # kept by `helm uninstall` (resource-policy: keep)
     for ns in teams.values():
         c.wait(lambda ns=ns: c.maybe_get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),

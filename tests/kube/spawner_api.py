@@ -1,0 +1,60 @@
+"""What the GPUKubeSpawner tests ask of "the cluster", answered by the real one.
+
+``ClusterView`` reads the test bed as the admin and counts what the hub's
+ServiceAccount asked for from the API server's audit log (which records the
+bodies of pod creates), so a test can assert on exactly what a spawner sent
+and on how many requests it made, as the API server saw them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from tests.kube.cluster import Cluster
+
+_PLURAL_PATHS = {"pods": "/api/v1/namespaces/{ns}/pods", "resourcequotas": "/api/v1/namespaces/{ns}/resourcequotas"}
+
+
+class ClusterView:
+    """Requests of one ServiceAccount since the view was made, and admin reads and writes."""
+
+    def __init__(self, kube: Cluster, username: str):
+        self.kube = kube
+        self.username = username
+        self.offset = kube.tb.audit_offset()
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.kube.tb.audit_events(self.offset, self.username)
+
+    def created_pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The pod bodies the hub sent (the API server's audit log), in order."""
+        return [e["requestObject"] for e in self.events()
+                if e["verb"] == "create" and (e.get("objectRef") or {}).get("resource") == "pods"
+                and not (e.get("objectRef") or {}).get("subresource") and "requestObject" in e
+                and namespace in (None, e["objectRef"].get("namespace"))]
+
+    def count(self, verb: str | None = None, plural: str | None = None) -> int:
+        return sum(1 for e in self.events() if verb in (None, e["verb"])
+                   and plural in (None, (e.get("objectRef") or {}).get("resource")))
+
+    def requests(self) -> Counter:
+        """(verb, path) of every request, the path without its query."""
+        return Counter((e["verb"], urlsplit(e["requestURI"]).path) for e in self.events())
+
+    # -- admin reads and writes -------------------------------------------------
+    def get(self, plural: str, ns: str, name: str) -> dict | None:
+        return self.kube.maybe_get(_PLURAL_PATHS[plural].format(ns=ns) + "/" + name)
+
+    def list(self, plural: str, ns: str, label_selector: str = "", field_selector: str = "") -> list[dict]:
+        q = "&".join(f"{k}={quote(v)}" for k, v in (("labelSelector", label_selector),
+                                                    ("fieldSelector", field_selector)) if v)
+        return self.kube.get(_PLURAL_PATHS[plural].format(ns=ns) + (f"?{q}" if q else ""))["items"]
+
+    def create(self, plural: str, ns: str, body: dict) -> dict:
+        return self.kube.create(_PLURAL_PATHS[plural].format(ns=ns), body)
+
+    def delete(self, plural: str, ns: str, name: str, grace: int | None = None) -> None:
+        q = f"?gracePeriodSeconds={grace}" if grace is not None else ""
+        self.kube.request("DELETE", _PLURAL_PATHS[plural].format(ns=ns) + f"/{name}{q}")
