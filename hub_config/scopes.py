@@ -40,7 +40,7 @@ def roles(admin_users: list[str] | None = None) -> list[dict]:
     return out
 
 
-#: The GPU idle culler service (issue 4, docs/idle-culler.md): list servers with
+#: The GPU idle culler service (docs/idle-culler.md): list servers with
 #: their spawner state (pod name / devices), stop idle ones, record warnings and
 #: reclaims. ``access:servers`` only for shutting down single kernels on the
 #: single-server (NVML) mode; drop it on Kubernetes.

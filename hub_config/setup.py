@@ -18,7 +18,7 @@ def configure_gpulab(c, *, admin_users: list[str] | None = None) -> None:
     from .api import all_handlers
 
     c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + all_handlers()
-    # Admin page, stored catalog + usage history, Prometheus gauges (issue 7; docs/admin.md).
+    # Admin page, stored catalog + usage history, Prometheus gauges (docs/admin.md).
     from . import admin_page, metrics
 
     c.JupyterHub.extra_handlers = c.JupyterHub.extra_handlers + admin_page.handlers
@@ -34,14 +34,15 @@ def configure_gpulab(c, *, admin_users: list[str] | None = None) -> None:
     custom = dict(c.JupyterHub.get("custom_scopes", {}))
     custom.update(scopes.CUSTOM_SCOPES)
     c.JupyterHub.custom_scopes = custom
-    existing = [r for r in c.JupyterHub.get("load_roles", []) if r.get("name") not in ("user", "server")]
-    ours = scopes.roles(admin_users)
+    # The operator's own roles stay, "user" and "server" included: gpulab's scopes are added to them.
+    existing = [dict(r) for r in c.JupyterHub.get("load_roles", [])]
     by_name = {r["name"]: r for r in existing}
-    for role in ours:
+    for role in scopes.roles(admin_users):
         if role["name"] in by_name:
             merged = by_name[role["name"]]
-            merged["scopes"] = sorted(set(merged.get("scopes", [])) | set(role["scopes"]))
-            merged["users"] = sorted(set(merged.get("users", [])) | set(role.get("users", [])))
+            for key in ("scopes", "users", "groups", "services"):
+                if role.get(key) or merged.get(key):
+                    merged[key] = sorted(set(merged.get(key, [])) | set(role.get(key, [])))
         else:
             existing.append(role)
     c.JupyterHub.load_roles = existing

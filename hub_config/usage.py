@@ -10,7 +10,7 @@ closed by a periodic reconcile.
 
 Other features' records are read through small functions here that degrade
 to ``None`` when their tables do not exist: the idle culler's reclaims
-(issue 4) and the notebook jobs (issue 5).
+and the notebook jobs.
 """
 
 from __future__ import annotations
@@ -364,7 +364,7 @@ def jobs_by_state(sessions: sessionmaker[Session], settings: GPULabUsage, start:
                   end: datetime) -> tuple[str | None, dict[tuple[str, str], dict[str, int]] | None]:
     """``(table, {(team, user): {state: count}})`` of jobs created in the period, or ``(None, None)``.
 
-    Jobs (issue 5) live in gpulab's database with ``team``, ``user``, ``state``,
+    Jobs live in gpulab's database with ``team``, ``user``, ``state``,
     ``job_class`` and ``created_at`` columns.
     """
     from sqlalchemy import func

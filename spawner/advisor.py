@@ -200,6 +200,10 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
         scored = [(evaluate(sizes), -efficiency_of(demand, sizes)[1], sizes) for sizes in options_tried]
         best = max(scored)
         measured, sizes = best[0], best[2]
+        # Least waste is only where the search starts: shares that leave no sliver
+        # another share fits (0.32 + 0.65 on one GPU) place more work than any grid.
+        pool = sorted({c for p in pools for c in p} | set(candidates))
+        sizes, measured = _improve(sizes, measured, pool, largest=round_up(largest, givable), evaluate=evaluate)
     else:
         sizes = options_tried[0]
     req, alloc, _ = efficiency_of(demand, sizes)
@@ -211,6 +215,41 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
                       current_efficiency=creq / calloc if calloc else 0.0,
                       current_measured=evaluate(sorted(current)) if evaluate is not None else None)
     return Advice(**advice)
+
+
+#: Catalogs a local search may measure at most (each one is a packing simulation).
+MAX_SEARCH_EVALUATIONS = 600
+
+
+def _improve(sizes: list[int], score: float, pool: Sequence[int], *, largest: int | None,
+             evaluate: Callable[[list[int]], float]) -> tuple[list[int], float]:
+    """Local search on the measured work: swap one size for another candidate while that helps.
+
+    The largest size stays (it covers the largest request), so every catalog
+    tried covers the whole demand and holds only givable sizes. First
+    improvement, until no swap helps or the evaluation budget is spent.
+    """
+    best, best_score, evaluations = list(sizes), score, 0
+    improved = True
+    while improved and evaluations < MAX_SEARCH_EVALUATIONS:
+        improved = False
+        for i, old in enumerate(best):
+            if old == largest:
+                continue
+            for new in pool:
+                if new in best or (largest is not None and new > largest):
+                    continue
+                trial = sorted(best[:i] + [new] + best[i + 1:])
+                evaluations += 1
+                value = evaluate(trial)
+                if value > best_score:
+                    best, best_score, improved = trial, value, True
+                    break
+                if evaluations >= MAX_SEARCH_EVALUATIONS:
+                    break
+            if improved or evaluations >= MAX_SEARCH_EVALUATIONS:
+                break
+    return best, best_score
 
 
 def _catalog_options(demand: Mapping[int, float], pools: list[list[int]], max_sizes: int) -> list[list[int]]:

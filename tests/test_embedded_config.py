@@ -63,3 +63,22 @@ def test_internal_ports_follow_the_public_port_or_are_picked_free():
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
     assert port_near(free) == free
+
+
+def test_operator_roles_keep_their_scopes_when_gpulab_adds_its_own():
+    from traitlets.config import Config
+
+    from hub_config.setup import configure_gpulab
+
+    c = Config()
+    c.JupyterHub.load_roles = [
+        {"name": "user", "scopes": ["self", "access:services"]},
+        {"name": "server", "scopes": ["users:activity!user", "read:users:name"]},
+        {"name": "teachers", "scopes": ["admin:users"], "groups": ["teachers"]},
+    ]
+    configure_gpulab(c, admin_users=["root-admin"])
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert {"self", "access:services", "custom:gpulab:jobs!user"} <= set(roles["user"]["scopes"])
+    assert {"read:users:name", "access:servers!server", "users:activity!user"} <= set(roles["server"]["scopes"])
+    assert roles["teachers"] == {"name": "teachers", "scopes": ["admin:users"], "groups": ["teachers"]}
+    assert roles["gpulab-admin"]["users"] == ["root-admin"]
