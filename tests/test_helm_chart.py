@@ -286,12 +286,30 @@ def test_priority_classes_equal_the_python_ones():
     names = [d["metadata"]["name"] for d in rendered]
     assert names == ["gpulab-production", "gpulab-training", "gpulab-development", "gpulab-batch",
                      "gpulab-over-quota"]
-    assert values == sorted(values, reverse=True) and len(set(values)) == len(values)
+    assert values == sorted(values, reverse=True)
     # Every class a catalog profile can name, and the over-quota class, exists.
     for variant in VARIANTS:
         for p in catalog_of(render(variant)).profiles.values():
             assert p.priority_class.name in names
     assert priority.OVER_QUOTA.name in names
+
+
+def test_no_in_quota_work_can_preempt_another_teams_guarantee():
+    """The kube-scheduler preempts by value alone, across namespaces: in-quota
+    classes must not be able to evict each other, only borrowed work."""
+    in_quota = priority.PRIORITY_CLASSES
+    for a in in_quota:
+        for b in in_quota:
+            assert not priority.may_preempt(a, b), f"{a.name} would evict {b.name} of another team"
+        assert priority.may_preempt(a, priority.OVER_QUOTA), f"{a.name} cannot take borrowed GPUs back"
+        assert not priority.may_preempt(priority.OVER_QUOTA, a)
+        # KAI: >= 100 is non-preemptible and in-quota only; borrowed work must be below it.
+        assert a.value >= priority.KAI_NON_PREEMPTIBLE_MIN
+    assert priority.OVER_QUOTA.value < priority.KAI_NON_PREEMPTIBLE_MIN
+    assert not priority.may_preempt(priority.OVER_QUOTA, priority.OVER_QUOTA)
+    # gpulab's own order of the classes is kept, for queues.
+    ranks = [pc.rank for pc in priority.ALL_PRIORITY_CLASSES]
+    assert ranks == sorted(ranks, reverse=True) and len(set(ranks)) == len(ranks)
 
 
 # --------------------------------------------------------------------------
