@@ -463,16 +463,45 @@ def test_grafana_dashboard_queries_are_valid_promql(tmp_path):
     assert f"SUCCESS: {len(exprs)} rules found" in proc.stdout
 
 
+def device_plugin_advertises(config_text: str) -> tuple[set[str], bool]:
+    """What a node running the NVIDIA device plugin with this config advertises.
+
+    Per the device plugin's config (v1): without `sharing`, each GPU is one
+    nvidia.com/gpu; with `timeSlicing`, each is `replicas` units, renamed to
+    <name>.shared when renameByDefault. Returns (resources, one-per-pod).
+    """
+    cfg = yaml.safe_load(config_text)
+    assert cfg["version"] == "v1"
+    ts = (cfg.get("sharing") or {}).get("timeSlicing")
+    if not ts:
+        return {"nvidia.com/gpu"}, False
+    names = {r["name"] + (".shared" if ts.get("renameByDefault") else "") for r in ts["resources"]}
+    return names, bool(ts.get("failRequestsGreaterThanOne"))
+
+
 def test_time_slicing_configmap(tmp_path):
     docs = render("timeslice")
     catalog = catalog_of(docs)
+    values = chart_values()["timeSlicing"]
     (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gpulab-time-slicing"]
     assert cm["metadata"]["namespace"] == "gpu-operator"
-    cfg = yaml.safe_load(cm["data"]["any"])
+    # Two node pools: whole GPUs (the ClusterPolicy default) and time-shared nodes.
+    assert set(cm["data"]) == {values["wholeConfig"], values["sharedConfig"]}
+    cfg = yaml.safe_load(cm["data"][values["sharedConfig"]])
     ts = cfg["sharing"]["timeSlicing"]
     assert ts["resources"] == [{"name": "nvidia.com/gpu", "replicas": catalog.sharing["timeslice"]["replicas"]}]
     assert ts["renameByDefault"] is (catalog.sharing["timeslice"]["resource"] == "nvidia.com/gpu.shared")
-    assert cfg["version"] == "v1"
+    # NVIDIA's recommendation, and the spawner's default.
+    assert ts["failRequestsGreaterThanOne"] is True
+    pools = {name: device_plugin_advertises(text) for name, text in cm["data"].items()}
+    # Every profile asks for something one pool advertises, within what that pool hands to one pod.
+    for p in catalog.profiles.values():
+        if not p.is_gpu:
+            continue
+        spec = sharing.pod_gpu_spec(p, catalog.sharing)
+        (resource, amount), = spec.limits.items()
+        fits = [name for name, (res, one) in pools.items() if resource in res and not (one and int(amount) > 1)]
+        assert fits, f"profile {p.slug} asks for {amount} {resource}: no node pool advertises it"
     for variant in ("default", "mig", "hami"):
         assert not any(d["metadata"]["name"] == "gpulab-time-slicing" for d in render(variant))
     # A profile's own `sharing: timeslice` on a whole-GPU cluster needs it too.
