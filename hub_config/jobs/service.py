@@ -31,6 +31,7 @@ from traitlets.config import Configurable
 from spawner import jobspec
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
+from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
 from spawner.ledger import RESERVED, RUNNING, Workload
 from spawner.policy import PolicyError, resolve_request
 
@@ -132,7 +133,9 @@ class GPULabJobs(Configurable):
         suspended; Kueue admits it against the team's ClusterQueue.""",
     )
     kueue_queue_template = Unicode(
-        "{team}", config=True, help="The team's Kueue LocalQueue name; `{team}` is replaced.",
+        KUEUE_LOCAL_QUEUE_TEMPLATE, config=True,
+        help="""The team's Kueue LocalQueue name; `{team}` is replaced. The default is the
+        name the Helm chart gives the LocalQueue it creates in each team namespace.""",
     )
 
     @default("state_dir")
@@ -425,7 +428,12 @@ class JobService:
             ledger.confirm(key)
         elif state in (jobspec.PREEMPTED, jobspec.QUEUED):
             w = ledger.get(key)
-            if w is not None and w.state != RESERVED:  # still admitted, waiting for devices again
+            if w is None:
+                # Its pod is gone (Kueue suspended the Job, or a preemption), so
+                # a ledger rebuilt from pods dropped it: the job still holds its share.
+                ledger.adopt(Workload(key, rec.team, rec.user, rec.gpu_milli, rec.profile, "job",
+                                      rec.over_quota, RESERVED))
+            elif w.state != RESERVED:  # still admitted, waiting for devices again
                 ledger.adopt(replace(w, state=RESERVED))
         elif state in FINAL_STATES:
             ledger.release(key)
