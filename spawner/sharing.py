@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .catalog import SHARING_BACKENDS
@@ -126,6 +126,8 @@ class PodGPUSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     #: One line for the spawn form and logs: "2 of 4 time-slices of one H100-80GB".
     summary: str = ""
+    #: Tolerations for the taints GPU nodes carry (see :func:`gpu_tolerations`).
+    tolerations: tuple[Mapping[str, str], ...] = ()
 
     @property
     def rounded(self) -> bool:
@@ -383,6 +385,25 @@ MAPPERS: dict[str, Mapper] = {
 assert tuple(MAPPERS) == SHARING_BACKENDS, "one mapping per backend the catalog accepts"
 
 
+#: The taint key GPU node pools carry (GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule).
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def gpu_tolerations(spec: PodGPUSpec) -> tuple[dict[str, str], ...]:
+    """Tolerations a GPU pod needs on tainted GPU nodes.
+
+    What Kubernetes' ExtendedResourceToleration admission plugin adds when it
+    is on (a NoSchedule toleration, operator Exists, keyed by each extended
+    resource the pod requests), plus the common ``nvidia.com/gpu`` key, which
+    is also the taint of nodes whose shared units are named
+    ``nvidia.com/gpu.shared`` and of KAI fractions, which request no resource.
+    """
+    if spec.effective_milli <= 0:
+        return ()
+    keys = [GPU_TAINT_KEY] + sorted(k for k in spec.limits if "/" in k and k != GPU_TAINT_KEY)
+    return tuple({"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in keys)
+
+
 def backend_for(profile: Profile, config: Mapping[str, Any]) -> str:
     """The profile's override, else the cluster default, else ``whole``."""
     return profile.sharing or str(config.get("backend") or "whole")
@@ -400,7 +421,8 @@ def pod_gpu_spec(profile: Profile, config: Mapping[str, Any], team: Team | None 
         raise SharingError(f"unknown sharing backend {backend!r}; expected one of {', '.join(MAPPERS)}")
     if milli <= 0:
         return PodGPUSpec(backend=backend, requested_milli=0, effective_milli=0, summary="no GPU")
-    return MAPPERS[backend](profile, milli, team, config)
+    spec = MAPPERS[backend](profile, milli, team, config)
+    return replace(spec, tolerations=gpu_tolerations(spec))
 
 
 def effective_milli(profile: Profile, config: Mapping[str, Any]) -> int:
@@ -496,7 +518,8 @@ def validate_sharing_config(config: Any) -> None:
 
 
 __all__ = [
-    "BACKEND_OPTIONS", "DEFAULT_GPU_PRODUCTS", "DEFAULT_MIG_PROFILES", "GPU_PRODUCT_LABEL", "MAPPERS",
+    "BACKEND_OPTIONS", "DEFAULT_GPU_PRODUCTS", "DEFAULT_MIG_PROFILES", "GPU_PRODUCT_LABEL", "GPU_TAINT_KEY",
+    "MAPPERS", "gpu_tolerations",
     "MigSlice", "PodGPUSpec", "SharingError", "backend_for", "effective_milli", "mig_table",
     "pick_mig_slice", "pod_gpu_spec", "sharing_config_issues", "timeslice_effective_milli",
     "validate_sharing_config",
