@@ -29,6 +29,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
+from kubespawner.slugs import escape_slug, safe_slug
 from kubespawner.spawner import PodReflector
 from traitlets import List, Unicode, default
 
@@ -84,6 +85,35 @@ def quota_refusal_message(namespace: str, api_message: str) -> str:
     return (f"The cluster refused the server: namespace {namespace} is at its ResourceQuota "
             f"'{name}' (in use: {used}; limit: {limited}; this server asks for {requested}). "
             f"Stop another server in your team or ask an admin to raise the quota.")
+
+
+def user_template_fields(user_name: str, hub_namespace: str = "") -> dict[str, str]:
+    """The fields KubeSpawner (slug_scheme "safe") fills in its name templates, for
+    a user's default server: ``{username}`` and ``{user_server}`` are its safe
+    slug (``jo_smith`` -> ``jo-smith--<hash>``), valid in any DNS name.
+
+    The jobs backend names the user's home claim with these, exactly as
+    KubeSpawner named it (``pvc_name_template``); tests compare both.
+    """
+    safe = safe_slug(user_name, max_length=48)  # KubeSpawner's _slug_max_length
+    escaped = escape_slug(user_name)
+    return {
+        "username": safe, "safe_username": safe, "user_server": safe, "safe_user_server": safe,
+        "servername": "", "safe_servername": "", "unescaped_username": user_name,
+        "unescaped_servername": "", "escaped_username": escaped, "escaped_servername": "",
+        "escaped_user_server": f"{escaped}--", "hubnamespace": hub_namespace,
+    }
+
+
+def expand_user_template(template: str, user_name: str, hub_namespace: str = "") -> str:
+    """KubeSpawner's expansion of a name template (``claim-{user_server}``) for a default server."""
+    try:
+        rendered = template.format(**user_template_fields(user_name, hub_namespace))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"template {template!r} uses a field gpulab cannot fill for jobs ({e}); "
+                         f"use {{username}} or {{user_server}}") from None
+    # KubeSpawner strips the "-" an empty server name leaves at the end.
+    return rendered if template.endswith("-") else rendered.rstrip("-")
 
 
 class GPUPodReflector(PodReflector):
@@ -462,4 +492,5 @@ def _api_message(e: ApiException) -> str:
         return e.reason or str(e)
 
 
-__all__ = ["GPUKubeSpawner", "GPUPodReflector", "quota_refusal_message", "workload_from_pod"]
+__all__ = ["GPUKubeSpawner", "GPUPodReflector", "expand_user_template", "quota_refusal_message",
+           "user_template_fields", "workload_from_pod"]

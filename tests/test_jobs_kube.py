@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import requests
 
-from spawner.labels import label_value
+from spawner.labels import kueue_local_queue, label_value
 from tests.hub_harness import REPO, RunningHub, free_port
 from tests.jobs_fixtures import submit, user_token, wait_state
 
@@ -28,11 +28,14 @@ NS = "team-vision"
 CATALOG = f"""
 sharing:
   backend: timeslice
-  timeslice: {{replicas: 4}}
+  timeslice: {{replicas: 2}}
 profiles:
   - {{slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}}
   - {{slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB,
-      images: [{{slug: torch, display_name: PyTorch, image: "example.org/torch-notebook:2.4"}}]}}
+      images: [{{slug: torch, display_name: PyTorch, image: "example.org/torch-notebook:2.4"}}],
+      tolerations: [{{key: dedicated, operator: Equal, value: ml, effect: NoSchedule}}],
+      node_affinity_required: [{{matchExpressions: [{{key: topology.kubernetes.io/zone, operator: In,
+                                                     values: [zone-a]}}]}}]}}
 teams:
   - {{name: vision, users: [alice, bob], guarantee: 1, burst: 2, namespace: {NS},
       allowed_profiles: [h100-half, h100-1]}}
@@ -42,8 +45,11 @@ EXTRA = """
 c.GPULabJobs.backend = "kubernetes"
 c.GPULabJobs.poll_interval = 0.3
 c.GPULabJobs.kueue_enabled = True
-c.GPULabJobs.kueue_queue_template = "{team}-queue"
 c.GPULabJobs.kube_image = "example.org/scipy-notebook:2024"
+# What z2jh sets for its single-user pods (singleuser.uid, fsGid, image.pullSecrets).
+c.KubeSpawner.uid = 1000
+c.KubeSpawner.fs_gid = 100
+c.KubeSpawner.image_pull_secrets = ["image-pull-secret"]
 """
 
 
@@ -123,15 +129,25 @@ def test_job_manifest_validates_and_carries_gpu_priority_labels_and_queue(hub, k
     assert md["labels"]["gpulab.io/team"] == "vision" and md["labels"]["gpulab.io/kind"] == "job"
     assert md["labels"]["gpulab.io/gpu-milli"] == "500" and md["labels"]["gpulab.io/quota"] == "in-quota"
     assert md["annotations"]["gpulab.io/workload-key"] == f"job:{job['id']}"
-    assert md["labels"]["kueue.x-k8s.io/queue-name"] == "vision-queue" and spec["suspend"] is True
+    # The LocalQueue the Helm chart creates in the team namespace (one name, spawner/labels.py).
+    assert md["labels"]["kueue.x-k8s.io/queue-name"] == kueue_local_queue("vision") == "gpulab-vision"
+    assert spec["suspend"] is True
     assert spec["activeDeadlineSeconds"] == 7200 and spec["ttlSecondsAfterFinished"] == 86400
-    assert spec["podFailurePolicy"]["rules"][0] == {
-        "action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # A notebook that raised fails the Job at once; preemption requeues it.
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "FailJob", "onExitCodes": {"containerName": "papermill", "operator": "In", "values": [1]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
     pod = spec["template"]["spec"]
     assert pod["priorityClassName"] == "gpulab-batch" and pod["restartPolicy"] == "Never"
+    # As z2jh's single-user pod; no API token, the registry secret.
+    assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 100}
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["imagePullSecrets"] == [{"name": "image-pull-secret"}]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     c = pod["containers"][0]
-    # 0.5 GPU on a 4-replica time-sliced cluster: 2 slices, by the spawner's sharing code.
-    assert c["resources"]["limits"]["nvidia.com/gpu.shared"] == "2"
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False}
+    # 0.5 GPU on a 2-replica time-sliced cluster: one slice, by the spawner's sharing code.
+    assert c["resources"]["limits"]["nvidia.com/gpu.shared"] == "1"
     assert c["image"] == "example.org/scipy-notebook:2024"
     env = {e["name"]: e["value"] for e in c["env"]}
     assert json.loads(env["GPULAB_PARAMETERS"]) == {"x": 5, "lr": 0.01}
@@ -196,6 +212,16 @@ def test_training_over_guarantee_is_refused_with_the_reason(hub, kube, alice):
     assert obj["spec"]["template"]["spec"]["priorityClassName"] == "gpulab-over-quota"
     assert obj["metadata"]["labels"]["gpulab.io/quota"] == "over-quota"
     assert obj["spec"]["template"]["spec"]["containers"][0]["image"] == "example.org/torch-notebook:2.4"
+    # The profile's tolerations and node affinity, beside the GPU taint's toleration.
+    pod = obj["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]}]}
+    kubernetes_validate.validate({k: v for k, v in obj.items() if k != "status"},
+                                 kubernetes_validate.latest_version(), strict=True)
 
 
 def test_cancel_deletes_the_job(hub, kube, alice):
@@ -238,3 +264,35 @@ def test_logs_need_the_home_mounted_on_the_hub(hub, alice):
     jobs = hub.api("GET", "/gpulab/jobs", token=alice).json()["jobs"]
     r = hub.api("GET", f"/gpulab/jobs/{jobs[0]['id']}/logs", token=alice)
     assert r.status_code == 409 and "mount" in r.json()["message"]
+
+
+def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
+    """Kueue evicts a running Job by suspending it: its pods go, so a ledger
+    rebuilt from pods drops it, but the job is queued again and still holds its share."""
+    from traitlets.config import Config
+
+    from hub_config.jobs.service import JobService
+    from spawner import jobspec
+
+    monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path))
+    (tmp_path / "catalog.yaml").write_text(CATALOG)
+    c = Config()
+    c.GPULab.catalog_file = str(tmp_path / "catalog.yaml")
+    c.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
+    c.GPULabJobs.backend = "kubernetes"
+    c.GPULabJobs.kueue_enabled = True
+    service = JobService(config=c)
+    monkeypatch.setattr(service.backend, "submitted", lambda rec: None)  # no cluster here
+    rec, _ = service.submit("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch",
+                                          "profile": "h100-half"})
+    key = jobspec.workload_key(rec.id)
+    service.transition(rec.id, jobspec.QUEUED, "", kube_namespace=NS, kube_name=f"gpulab-job-{rec.id}")
+    service.transition(rec.id, jobspec.RUNNING)
+    ledger = service.runtime.ledger
+    assert ledger.get(key).state == "running"
+    ledger.rebuild([], keep_reserved=True)  # the spawner's rebuild from pods: the pod is gone
+    assert ledger.get(key) is None
+    rec = service.get(rec.id)
+    service.backend._apply(rec, {"spec": {"suspend": True}, "status": {}})
+    w = ledger.get(key)
+    assert w is not None and w.state == "reserved" and w.milli == 500 and w.team == "vision"

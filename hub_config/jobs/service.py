@@ -108,16 +108,20 @@ class GPULabJobs(Configurable):
         user's server. It must contain papermill.""",
     )
     kube_home_claim_template = Unicode(
-        "claim-{username}", config=True,
-        help="""PersistentVolumeClaim holding the user's home, mounted into the job's pod
-        ({username} is the escaped user name). It must be ReadWriteMany when the user's
-        server may run at the same time (see docs/jobs.md). Empty: no home volume.""",
+        None, allow_none=True, config=True,
+        help="""PersistentVolumeClaim holding the user's home, mounted into the job's pod, in
+        KubeSpawner's template syntax ({username} and {user_server} are KubeSpawner's safe
+        slugs of the user name). Default: KubeSpawner's own `pvc_name_template`, so the job
+        mounts the claim the user's server mounts. With a ReadWriteOnce claim, a job can
+        only start on the node of the user's running server (see docs/kubernetes.md).
+        Empty: no home volume.""",
     )
     kube_home_mount_path = Unicode(
         "/home/jovyan", config=True, help="Where the home volume is mounted in the job's pod.",
     )
     kube_home_sub_path = Unicode(
-        "", config=True, help="subPath of the home volume ({username} is replaced), if homes share a claim.",
+        "", config=True,
+        help="subPath of the home volume ({username}: KubeSpawner's safe slug), if homes share a claim.",
     )
     kube_ttl_seconds_after_finished = Int(
         86400, config=True, help="`ttlSecondsAfterFinished` of the Jobs: finished Jobs are removed after this.",
