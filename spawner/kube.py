@@ -41,6 +41,7 @@ from .ledger import Workload
 from .local import workload_key
 from .policy import Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request
 from .priority import effective_priority_class
+from .scheduling import explain_unschedulable
 from .sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
 from .units import format_gpus
 
@@ -464,6 +465,24 @@ class GPUKubeSpawner(KubeSpawner):
             if w is not None and w.state != "running":
                 await self._confirm_if_seen()
         return status
+
+    async def progress(self):
+        """KubeSpawner's progress events, with the scheduler's refusals in plain words."""
+        async for event in super().progress():
+            raw = event.get("raw_event") or {}
+            if raw.get("reason") == "FailedScheduling":
+                words = explain_unschedulable(raw.get("message") or "", self._asked_for())
+                if words:
+                    event = {**event, "message": words}
+            yield event
+
+    def _asked_for(self) -> str:
+        """What this server asked for, as the spawn form named it."""
+        state = self._gpulab_state or {}
+        profile = self.runtime.catalog.profiles.get(state.get("profile", ""))
+        if profile is not None and profile.is_gpu:
+            return profile.display_name
+        return self.gpu_spec.summary if self.gpu_spec else "this server's resources"
 
     def _release_reservation(self) -> None:
         if self._reserved_key:

@@ -22,3 +22,9 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+# The real Kubernetes test bed (tests/kube): session-wide control plane, a
+# per-test Cluster view, and the gpulab chart installed into it.
+from tests.kube.chart import gpulab_release, release  # noqa: E402,F401
+from tests.kube.cluster import kube, kube_testbed  # noqa: E402,F401

@@ -1,0 +1,159 @@
+"""The gpulab Helm chart installed into the test bed, and a hub identity bound by it.
+
+``gpulab_release`` (session scope) runs the real ``helm install`` of
+``helm/gpulab`` into the test bed with a few teams, creates the hub's
+ServiceAccount and the Role Zero to JupyterHub gives it in its own namespace
+(z2jh's templates/hub/rbac.yaml: pods, PVCs, secrets, services; read-only
+events), and hands out a kubeconfig holding that ServiceAccount's token. So
+everything the hub does in these tests, it does with exactly the rights the
+chart (and z2jh) grant: never as cluster-admin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.kube.cluster import Cluster
+from tests.kube.testbed import Testbed
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "gpulab"
+
+
+def helm_binary() -> str:
+    for candidate in (REPO / ".tools" / "bin" / "helm", shutil.which("helm")):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    pytest.fail("no helm binary: scripts/bootstrap.sh --test installs one into .tools/bin", pytrace=False)
+
+
+def helm(tb: Testbed, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KUBECONFIG": str(tb.kubeconfig), "HELM_CACHE_HOME": str(tb.state_dir / "helm-cache"),
+           "HELM_CONFIG_HOME": str(tb.state_dir / "helm-config"), "HELM_DATA_HOME": str(tb.state_dir / "helm-data")}
+    proc = subprocess.run([helm_binary(), *args], env=env, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+Z2JH_HUB_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
+     "verbs": ["get", "watch", "list", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
+]
+
+
+@dataclass
+class Release:
+    """An installed gpulab chart: its namespaces, teams and the hub's credentials."""
+
+    name: str
+    hub_namespace: str
+    teams: dict[str, str]  # team name -> namespace
+    values: dict
+    hub_kubeconfig: Path
+    cluster: Cluster
+    extra: dict = field(default_factory=dict)
+
+    def team_ns(self, team: str) -> str:
+        return self.teams[team]
+
+    def clean_team_namespaces(self) -> None:
+        """Delete every pod, Job and PVC in the team namespaces and wait until they are gone."""
+        c = self.cluster
+        for ns in self.teams.values():
+            for path in (f"/apis/batch/v1/namespaces/{ns}/jobs", f"/api/v1/namespaces/{ns}/pods",
+                         f"/api/v1/namespaces/{ns}/persistentvolumeclaims"):
+                c.request("DELETE", path + "?propagationPolicy=Background&gracePeriodSeconds=0")
+        for ns in self.teams.values():
+            c.wait(lambda ns=ns: not c.get(f"/api/v1/namespaces/{ns}/pods")["items"],
+                   f"pods in {ns} to be gone", 90)
+
+
+def team_values(suffix: str) -> dict:
+    """Teams for the test bed's GPU nodes (tests/kube/nodes.yaml)."""
+    return {
+        "gpulab": {
+            "sharing": {"backend": "timeslice",
+                        "timeslice": {"resource": "nvidia.com/gpu.shared", "replicas": 4}},
+            "profiles": [
+                {"slug": "cpu", "display_name": "CPU only", "gpus": 0},
+                {"slug": "h100-half", "display_name": "0.5 × H100", "gpus": 0.5, "gpu_model": "H100-80GB"},
+                {"slug": "h100-1", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB",
+                 "sharing": "whole"},
+            ],
+            "teams": [
+                {"name": f"vision-{suffix}", "users": ["alice", "bob"], "guarantee": 2, "burst": 3},
+                {"name": f"nlp-{suffix}", "users": ["carol", "alice"], "guarantee": 1, "burst": 2},
+                {"name": f"crowd-{suffix}", "groups": ["crowd"], "guarantee": 4, "burst": 6},
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    tmp = tmp_path_factory.mktemp("gpulab-release")
+    c = Cluster(kube_testbed, tmp)
+    c._cluster_scoped = []
+    suffix = secrets.token_hex(3)
+    c.suffix = suffix
+    hub_ns = c.namespace("gpulab-hub")
+    c.create(f"/api/v1/namespaces/{hub_ns}/serviceaccounts", {"metadata": {"name": "hub"}})
+    c.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{hub_ns}/roles",
+             {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES})
+    c.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{hub_ns}/rolebindings", {
+        "metadata": {"name": "hub"},
+        "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": hub_ns}],
+        "roleRef": {"kind": "Role", "name": "hub", "apiGroup": "rbac.authorization.k8s.io"}})
+    # The NVIDIA GPU operator's namespace, where the chart puts the device
+    # plugin's time-slicing config (a cluster with GPU nodes has it).
+    if c.maybe_get("/api/v1/namespaces/gpu-operator") is None:
+        c.create("/api/v1/namespaces", {"metadata": {"name": "gpu-operator"}})
+    values = team_values(suffix)
+    values_file = tmp / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    name = f"gpulab-{suffix}"
+    # A release an earlier, interrupted run left behind owns the cluster-scoped
+    # PriorityClasses: remove it first.
+    for stale in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout or "[]"):
+        if stale["name"].startswith("gpulab-") and stale["namespace"].startswith("gpulab-hub-"):
+            helm(kube_testbed, "uninstall", stale["name"], "--namespace", stale["namespace"], "--wait", check=False)
+    try:
+        helm(kube_testbed, "install", name, str(CHART), "--namespace", hub_ns, "-f", str(values_file), "--wait",
+             "--timeout", "120s")
+    except AssertionError:
+        helm(kube_testbed, "uninstall", name, "--namespace", hub_ns, check=False)
+        c.cleanup()
+        raise
+    teams = {t["name"]: f"gpulab-{t['name']}" for t in values["gpulab"]["teams"]}
+    c.namespaces.extend(teams.values())  # kept by `helm uninstall` (resource-policy: keep)
+    for ns in teams.values():
+        c.wait(lambda ns=ns: c.maybe_get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
+               f"the default ServiceAccount in {ns}", 60)
+        # ResourceQuota admission refuses pods ("status unknown for quota") until
+        # the quota controller has computed the quota's usage once.
+        c.wait(lambda ns=ns: all(q.get("status", {}).get("used") is not None for q in
+                                 c.get(f"/api/v1/namespaces/{ns}/resourcequotas")["items"]),
+               f"the ResourceQuota status in {ns}", 60)
+    release = Release(name, hub_ns, teams, values, c.service_account_kubeconfig(hub_ns, "hub"), c)
+    yield release
+    helm(kube_testbed, "uninstall", name, "--namespace", hub_ns, "--wait", check=False)
+    c.cleanup()
+
+
+@pytest.fixture
+def release(gpulab_release: Release) -> Iterator[Release]:
+    """The session's release, with its team namespaces emptied after the test."""
+    yield gpulab_release
+    gpulab_release.clean_team_namespaces()

@@ -1,0 +1,152 @@
+"""A real JupyterHub process with GPUKubeSpawner on the real control plane.
+
+The hub (tests/hub_harness.py, spawner switched to ``gpu-kube``) talks to the
+test bed's kube-apiserver with the hub ServiceAccount's token, bound only by
+the gpulab chart's Roles. The scheduler binds the pod to a fake GPU node;
+the node agent runs the pod's ``jupyterhub-singleuser`` as a local process
+on the pod IP, so the hub, its proxy and the user's browser session reach a
+real single-user server.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+import yaml
+
+from tests.hub_harness import RunningHub
+from tests.kube.chart import Release
+from tests.kube.cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.kube]
+
+
+def catalog_yaml(release: Release) -> str:
+    g = release.values["gpulab"]
+    return yaml.safe_dump({"sharing": g["sharing"], "profiles": g["profiles"],
+                           "teams": [{**t, "namespace": release.team_ns(t["name"])} for t in g["teams"]]})
+
+
+def kube_hub(tmp_path, release: Release, extra: str = "") -> RunningHub:
+    return RunningHub(tmp_path / "hub", catalog_yaml=catalog_yaml(release),
+                      env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
+c.JupyterHub.spawner_class = "gpu-kube"
+c.KubeSpawner.namespace = "{release.hub_namespace}"
+c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-10-07"
+c.KubeSpawner.cmd = ["jupyterhub-singleuser"]
+c.KubeSpawner.tolerations = [{{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}]
+c.KubeSpawner.start_timeout = 90
+c.KubeSpawner.http_timeout = 90
+c.KubeSpawner.delete_grace_period = 1
+""" + extra)
+
+
+def team(release: Release, base: str) -> str:
+    return next(t for t in release.teams if t.startswith(base + "-"))
+
+
+def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_path, release: Release,
+                                                                          kube: Cluster):
+    vision = team(release, "vision")
+    ns = release.team_ns(vision)
+    hub = kube_hub(tmp_path, release)
+    try:
+        hub.start()
+        session = hub.login("alice")
+        page = hub.spawn_page(session).text
+        assert f"3 of 3 GPUs free for team {vision}" in page, page[-3000:]
+        r = hub.post_spawn(session, "alice", {"profile": f"{vision}:h100-half"})
+        assert r.status_code == 302, r.text[-2000:]
+        server = hub.wait_server("alice", timeout=120)
+        assert server["url"] == "/user/alice/"
+        pods = kube.pods(ns, "gpulab.io/kind=notebook")
+        assert len(pods) == 1 and pods[0]["spec"]["nodeName"] == "gpu-h100-timeslice"
+        assert pods[0]["status"]["phase"] == "Running"
+        # Through the proxy to the single-user server, as the logged-in browser would
+        # (the hub's OAuth redirects included).
+        r = session.get(hub.url + "/user/alice/lab", timeout=60)
+        assert r.status_code == 200 and "JupyterLab" in r.text, r.text[:500]
+        assert r.url == hub.url + "/user/alice/lab"
+        r = session.get(hub.url + "/user/alice/api/status", timeout=30,
+                        headers={"X-XSRFToken": session.cookies.get("_xsrf", path="/user/alice/") or ""})
+        assert r.status_code == 200 and "started" in r.json(), r.text[:500]
+        held = hub.me("alice")["holdings"]
+        assert [(h["team"], h["gpu_milli"], h["state"]) for h in held] == [(vision, 500, "running")]
+
+        # A hub restart: the ledger comes back from the labelled pod.
+        hub.restart()
+        held = hub.me("alice")["holdings"]
+        assert [(h["team"], h["gpu_milli"], h["state"]) for h in held] == [(vision, 500, "running")]
+        assert hub.wait_server("alice")["ready"]
+
+        r = hub.api("DELETE", "/users/alice/server")
+        assert r.status_code in (202, 204), r.text
+        hub.wait_server("alice", ready=False, timeout=60)
+        kube.wait(lambda: not kube.pods(ns, "gpulab.io/kind=notebook"), "the pod to be deleted", 60)
+        assert hub.me("alice")["holdings"] == []
+    finally:
+        hub.close()
+
+
+def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube: Cluster):
+    nlp = team(release, "nlp")
+    hub = kube_hub(tmp_path, release)
+    # A profile whose GPU model no node has: the pod stays Pending.
+    catalog = yaml.safe_load(hub.catalog_path.read_text())
+    catalog["profiles"].append({"slug": "h200-1", "display_name": "1 × H200", "gpus": 1,
+                                "gpu_model": "H200-141GB", "sharing": "whole"})
+    hub.catalog_path.write_text(yaml.safe_dump(catalog))
+    try:
+        hub.start()
+        session = hub.login("carol")
+        r = hub.post_spawn(session, "carol", {"profile": f"{nlp}:h200-1"})
+        assert r.status_code == 302, r.text[-2000:]
+        words = None
+        with session.get(hub.url + "/hub/api/users/carol/server/progress", stream=True, timeout=60,
+                         headers={"Referer": hub.url + "/hub/spawn-pending/carol"}) as events:
+            for line in events.iter_lines(decode_unicode=True):
+                if line.startswith("data:"):
+                    message = json.loads(line[5:]).get("message", "")
+                    if "No node in this cluster offers" in message:
+                        words = message
+                        break
+        assert words is not None
+        assert words.startswith("No node in this cluster offers 1 × H200 (of 6 nodes: 6 nodes with another "
+                                "GPU model or pool)."), words
+        pod = kube.pods(release.team_ns(nlp), "gpulab.io/kind=notebook")[0]
+        assert pod["status"]["phase"] == "Pending"
+        hub.api("DELETE", "/users/carol/server")
+        hub.wait_server("carol", ready=False, timeout=60)
+    finally:
+        hub.close()
+
+
+def test_the_hub_identity_has_only_the_charts_rights(release: Release, kube: Cluster):
+    """What the hub's token may do: the chart's Roles and z2jh's, nothing cluster-wide."""
+    import subprocess
+
+    from tests.kube.chart import REPO
+
+    kubectl = str(REPO / ".tools" / "bin" / "kubectl")
+    ns = release.team_ns(team(release, "vision"))
+
+    def can(*args: str) -> str:
+        return subprocess.run([kubectl, "--kubeconfig", str(release.hub_kubeconfig), "auth", "can-i", *args],
+                              capture_output=True, text=True).stdout.strip()
+
+    assert can("create", "pods", "-n", ns) == "yes"
+    assert can("watch", "pods", "-n", ns) == "yes"
+    assert can("create", "jobs.batch", "-n", ns) == "yes"
+    assert can("get", "secrets", "-n", ns) == "no"
+    assert can("create", "pods", "-n", "default") == "no"
+    assert can("list", "nodes") == "no"
+    assert can("list", "pods", "--all-namespaces") == "no"
+    assert can("create", "resourcequotas", "-n", ns) == "no"
+    assert can("create", "pods", "-n", release.hub_namespace) == "yes"  # z2jh's own hub Role
+    # And a real request with that token is refused where the chart grants nothing.
+    r = requests.get(f"{kube.server}/api/v1/namespaces/default/pods", verify=str(kube.tb.ca_file), timeout=10,
+                     headers={"Authorization": "Bearer " + yaml.safe_load(release.hub_kubeconfig.read_text())
+                              ["users"][0]["user"]["token"]})
+    assert r.status_code == 403
