@@ -296,3 +296,26 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     service.backend._apply(rec, {"spec": {"suspend": True}, "status": {}})
     w = ledger.get(key)
     assert w is not None and w.state == "reserved" and w.milli == 500 and w.team == "vision"
+
+
+@pytest.mark.parametrize("user,claim", [
+    # KubeSpawner 7's safe slugs (what GPUKubeSpawner named the claim); the old
+    # label escaping gave "claim-jo_smith" (an invalid DNS name: 422) and another claim.
+    ("alice", "claim-alice"), ("jo_smith", "claim-jo-smith---515893c9"), ("a.b@x.com", "claim-a-b-x-com---464a0cfb"),
+])
+def test_the_job_mounts_the_home_claim_kubespawner_named(tmp_path, monkeypatch, user, claim):
+    from traitlets.config import Config
+
+    from hub_config.jobs.service import JobService
+    from spawner.kube import expand_user_template
+
+    monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path))
+    (tmp_path / "catalog.yaml").write_text(CATALOG)
+    c = Config()
+    c.GPULab.catalog_file = str(tmp_path / "catalog.yaml")
+    c.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
+    c.GPULabJobs.backend = "kubernetes"
+    backend = JobService(config=c).backend
+    assert backend.home_claim(user) == claim == expand_user_template("claim-{user_server}", user)
+    c.KubeSpawner.pvc_name_template = "home-{username}"  # z2jh: singleuser.storage.dynamic.pvcNameTemplate
+    assert JobService(config=c).backend.home_claim(user) == expand_user_template("home-{username}", user)

@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from spawner import jobspec
-from spawner.kube import expand_user_template
+from spawner.kube_conventions import expand_user_template
 from spawner.labels import workload_annotations, workload_labels
 from spawner.ledger import Workload
 from spawner.sharing import SharingError, pod_gpu_spec
