@@ -1,4 +1,5 @@
-"""The ``gpulab`` command: ``gpulab up`` and ``gpulab check-config FILE``."""
+"""The ``gpulab`` command: ``gpulab up``, ``gpulab check-config FILE`` and
+``gpulab prepuller-values FILE`` (z2jh values that pre-pull the catalog's images)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,31 @@ def check_config(path: str) -> int:
     return 0
 
 
+def prepuller_values(path: str) -> int:
+    """Print z2jh values pre-pulling every image of a catalog (or of a gpulab chart values file)."""
+    import yaml
+
+    from spawner.kube_conventions import prepuller_extra_images
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        print(f"{path}: cannot read: {e}", file=sys.stderr)
+        return 2
+    if isinstance(data, dict) and isinstance(data.get("gpulab"), dict):
+        data = data["gpulab"]  # the gpulab chart's values: the catalog is its `gpulab:` block
+    try:
+        from spawner.catalog import catalog_from_dict
+
+        images = prepuller_extra_images(catalog_from_dict(data, path))
+    except (CatalogError, ValueError) as e:
+        print(f"{path}: {e}", file=sys.stderr)
+        return 1
+    print("# z2jh values: pass with -f to the jupyterhub release (gpulab prepuller-values " + path + ")")
+    print(yaml.safe_dump({"prePuller": {"extraImages": images}}, sort_keys=True), end="")
+    return 0
+
+
 def up(args: argparse.Namespace, extra: list[str]) -> int:
     """Start the embedded hub (exec jupyterhub with gpulab's config)."""
     env = os.environ
@@ -60,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--data-dir", help="where the hub keeps its state (default ./.gpulab)")
     p_check = sub.add_parser("check-config", help="validate a teams/profiles YAML file")
     p_check.add_argument("file")
+    p_pull = sub.add_parser("prepuller-values",
+                            help="print z2jh prePuller.extraImages for a catalog's images")
+    p_pull.add_argument("file", help="a catalog YAML, or the gpulab chart's values file")
     args, extra = parser.parse_known_args(argv)
-    if args.command == "check-config":
+    if args.command in ("check-config", "prepuller-values"):
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return check_config(args.file)
+        return check_config(args.file) if args.command == "check-config" else prepuller_values(args.file)
     return up(args, extra)
 
 

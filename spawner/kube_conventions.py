@@ -7,6 +7,7 @@ namespace can resolve, and the privileged containers HAMi refuses.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kubespawner.slugs import escape_slug, multi_slug, safe_slug
@@ -76,4 +77,28 @@ def privileged_containers(containers: list) -> list[str]:
     return out
 
 
-__all__ = ["expand_user_template", "privileged_containers", "qualified_hub_connect_url", "user_template_fields"]
+def prepuller_extra_images(catalog: Any) -> dict[str, dict[str, str]]:
+    """z2jh's ``prePuller.extraImages`` for every image a catalog profile offers.
+
+    z2jh pulls each onto every node before users ask (its hook and continuous
+    pre-pullers run ``image-pull-<key>`` init containers with
+    ``<name>:<tag>``), so a profile's first start does not wait for a
+    multi-gigabyte pull. Keys are ``<profile>-<image slug>``.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for profile in catalog.profiles.values():
+        for choice in profile.images:
+            ref = choice.image
+            if "@" in ref:
+                raise ValueError(f"profile {profile.slug}: image {ref!r} is pinned by digest; z2jh's "
+                                 f"prePuller.extraImages takes name and tag only")
+            name, tag = ref, "latest"
+            slash, colon = ref.rfind("/"), ref.rfind(":")
+            if colon > slash:
+                name, tag = ref[:colon], ref[colon + 1:]
+            out[f"{profile.slug}-{choice.slug}"] = {"name": name, "tag": tag}
+    return out
+
+
+__all__ = ["expand_user_template", "prepuller_extra_images", "privileged_containers",
+           "qualified_hub_connect_url", "user_template_fields"]

@@ -41,7 +41,7 @@ VARIANTS = {
     "hami": [CHART / "ci" / "hami-values.yaml"],
 }
 #: Kinds kubernetes-validate has no schema for; each has a structural check below.
-CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor"}
+CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue"}
 #: Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|m|k)?$")
@@ -361,13 +361,20 @@ def test_rbac_grants_no_more_than_needed(variant, sets):
 def test_kueue_objects(variant):
     docs = render(variant)
     catalog = catalog_of(docs)
+    values = chart_values()["kueue"]
     assert not of_kind(render("default"), "ClusterQueue"), "Kueue is off by default"
-    flavors = of_kind(docs, "ResourceFlavor")
-    assert len(flavors) == 1
-    flavor = flavors[0]
-    assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in flavor["metadata"]
-    assert isinstance(flavor["spec"], dict)
-    assert all(isinstance(v, str) for v in (flavor["spec"].get("nodeLabels") or {}).values())
+    flavors = {f["metadata"]["name"]: f for f in of_kind(docs, "ResourceFlavor")}
+    gpu_flavor_name = "h100" if variant == "kueue" else values["flavor"]["name"]
+    assert set(flavors) == {values["cpuFlavor"]["name"], gpu_flavor_name}
+    for flavor in flavors.values():
+        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in flavor["metadata"]
+        assert isinstance(flavor["spec"], dict)
+        assert all(isinstance(v, str) for v in (flavor["spec"].get("nodeLabels") or {}).values())
+    # Kueue injects the node labels of every flavor it assigns: CPU and memory
+    # get a flavor of their own, without the GPU nodes' labels.
+    assert not flavors[values["cpuFlavor"]["name"]]["spec"].get("nodeLabels")
+    if variant == "kueue":
+        assert flavors["h100"]["spec"]["nodeLabels"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     cqs = {d["metadata"]["name"]: d for d in of_kind(docs, "ClusterQueue")}
     lqs = of_kind(docs, "LocalQueue")
     assert set(cqs) == {f"gpulab-{t}" for t in catalog.teams}
@@ -380,27 +387,119 @@ def test_kueue_objects(variant):
         assert set(spec) == {"cohort", "namespaceSelector", "queueingStrategy", "resourceGroups", "preemption"}
         assert spec["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": ns}}
         assert spec["queueingStrategy"] in ("BestEffortFIFO", "StrictFIFO")
+        # Borrowed capacity is reclaimed; in-quota work never preempts another queue's.
         assert spec["preemption"] == {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"}
-        (group,) = spec["resourceGroups"]
-        (fl,) = group["flavors"]
-        assert fl["name"] == flavor["metadata"]["name"]
-        assert [r["name"] for r in fl["resources"]] == group["coveredResources"], "same resources, same order"
-        assert group["coveredResources"][:2] == ["cpu", "memory"]
+        cpu_group, gpu_group = spec["resourceGroups"]
+        assert cpu_group["coveredResources"] == ["cpu", "memory"]
+        assert [f["name"] for f in cpu_group["flavors"]] == [values["cpuFlavor"]["name"]]
+        (fl,) = gpu_group["flavors"]
+        assert fl["name"] == gpu_flavor_name
+        assert "cpu" not in gpu_group["coveredResources"]
+        for group in (cpu_group, gpu_group):
+            for f in group["flavors"]:
+                assert [r["name"] for r in f["resources"]] == group["coveredResources"], "same resources, same order"
         hard = quota_in(docs, ns) if variant == "kueue" else None
         for r in fl["resources"]:
             assert set(r) <= {"name", "nominalQuota", "borrowingLimit", "lendingLimit"}
             assert all(QUANTITY.match(str(r[k])) for k in r if k != "name"), r
-            if r["name"] in ("cpu", "memory"):
-                continue
             nominal, borrow = int(r["nominalQuota"]), int(r["borrowingLimit"])
             assert nominal == math.ceil(team.guarantee_milli / 1000)  # whole GPUs in these variants
             assert nominal + borrow == math.ceil(team.burst_milli / 1000)
             if hard is not None:
                 assert int(hard[f"requests.{r['name']}"]) == nominal + borrow, "Kueue and quota agree"
-        (lq,) = [q for q in lqs if q["metadata"]["name"] == f"gpulab-{team.name}"]
+        # The jobs backend labels its Jobs with this name (one source: spawner/labels.py).
+        (lq,) = [q for q in lqs if q["metadata"]["name"] == labels.kueue_local_queue(team.name)]
         assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta1"
         assert lq["metadata"]["namespace"] == ns
         assert lq["spec"] == {"clusterQueue": cq["metadata"]["name"]}
+    from hub_config.jobs.service import GPULabJobs
+
+    assert GPULabJobs().kueue_queue_template.format(team="x") == labels.kueue_local_queue("x")
+
+
+def kueue_node_labels(flavors: dict, cq: dict, requests: set[str]) -> dict:
+    """The node labels Kueue puts on a workload's pods: those of the flavor it
+    assigns in each resource group the workload requests something from."""
+    out: dict = {}
+    for group in cq["spec"]["resourceGroups"]:
+        if requests & set(group["coveredResources"]):
+            out.update(flavors[group["flavors"][0]["name"]]["spec"].get("nodeLabels") or {})
+    return out
+
+
+def test_kueue_gives_cpu_only_jobs_no_gpu_node_labels():
+    docs = render("kueue")
+    flavors = {f["metadata"]["name"]: f for f in of_kind(docs, "ResourceFlavor")}
+    cq = of_kind(docs, "ClusterQueue")[0]
+    assert kueue_node_labels(flavors, cq, {"cpu", "memory"}) == {}
+    assert kueue_node_labels(flavors, cq, {"cpu", "memory", "nvidia.com/gpu"}) == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_kai_queues_per_team():
+    docs = render("hami")  # one profile there uses sharing: kai
+    catalog = catalog_of(docs)
+    queues = {q["metadata"]["name"]: q for q in of_kind(docs, "Queue")}
+    assert not of_kind(render("default"), "Queue"), "only when the kai backend is in use"
+    parent = chart_values()["kai"]["parentQueue"]
+    assert queues[parent]["apiVersion"] == "scheduling.run.ai/v2" and "parentQueue" not in queues[parent]["spec"]
+    for team in catalog.teams.values():
+        # The queue the spawner's pods name (sharing.kai_queue), quota = guarantee, limit = burst.
+        name = sharing.kai_queue(team, catalog.sharing.get("kai") or {})
+        q = queues[name]
+        assert q["apiVersion"] == "scheduling.run.ai/v2" and "namespace" not in q["metadata"]
+        assert q["spec"]["parentQueue"] == parent
+        gpu = q["spec"]["resources"]["gpu"]
+        assert Fraction(str(gpu["quota"])) == Fraction(team.guarantee_milli, 1000)
+        assert Fraction(str(gpu["limit"])) == Fraction(team.burst_milli, 1000)
+        assert q["spec"]["resources"]["cpu"] == {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+
+
+def test_team_namespaces_get_z2jhs_single_user_network_policy():
+    docs = render("default")
+    catalog = catalog_of(docs)
+    policies = {d["metadata"]["namespace"]: d for d in of_kind(docs, "NetworkPolicy")}
+    assert set(policies) == {team_namespace(t) for t in catalog.teams.values()}
+    for np in policies.values():
+        spec = np["spec"]
+        assert spec["podSelector"] == {} and spec["policyTypes"] == ["Ingress", "Egress"]
+        # Ingress: only z2jh's hub and proxy (network-access-singleuser), from the hub's namespace.
+        (ingress,) = spec["ingress"]
+        (peer,) = ingress["from"]
+        assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                        "podSelector": {"matchLabels": {"hub.jupyter.org/network-access-singleuser": "true"}}}
+        assert ingress["ports"] == [{"port": 8888}]
+        egress = spec["egress"]
+        assert egress[0]["ports"] == [{"port": 8081}]
+        assert egress[0]["to"][0]["podSelector"]["matchLabels"] == {"app": "jupyterhub", "component": "hub"}
+        dns = egress[1]
+        assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+        (internet,) = [r for r in egress if any(p.get("ipBlock", {}).get("cidr") == "0.0.0.0/0"
+                                                 for p in r.get("to", []))]
+        assert set(internet["to"][0]["ipBlock"]["except"]) == {
+            "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.169.254/32"}
+    assert not of_kind(render("no-namespaces"), "NetworkPolicy"), "z2jh's own policy covers its namespace"
+
+
+def test_pull_secret_is_copied_into_every_team_namespace():
+    import base64
+
+    assert not of_kind(render("default"), "Secret"), "off by default"
+    docs = render("default", ("imagePullSecret.create=true", "imagePullSecret.registry=registry.example.com",
+                              "imagePullSecret.username=robot", "imagePullSecret.password=s3cret"))
+    catalog = catalog_of(docs)
+    secrets = {d["metadata"]["namespace"]: d for d in of_kind(docs, "Secret")}
+    assert set(secrets) == {team_namespace(t) for t in catalog.teams.values()}
+    for secret in secrets.values():
+        # z2jh's name and format, so c.KubeSpawner.image_pull_secrets works unchanged.
+        assert secret["metadata"]["name"] == "image-pull-secret"
+        assert secret["type"] == "kubernetes.io/dockerconfigjson"
+        cfg = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+        auth = cfg["auths"]["registry.example.com"]
+        assert auth["username"] == "robot" and auth["password"] == "s3cret"
+        assert base64.b64decode(auth["auth"]).decode() == "robot:s3cret"
+    proc = helm(*template_args([], ("imagePullSecret.create=true",)), check=False)
+    assert proc.returncode != 0 and "imagePullSecret.create needs imagePullSecret.registry" in proc.stderr
 
 
 @pytest.mark.parametrize("variant,kind", [("kueue", "PodMonitor"), ("no-namespaces", "ServiceMonitor")])
