@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
 
 HUB_CATALOG = """
-sharing: {backend: timeslice, timeslice: {replicas: 4}}
+sharing: {backend: timeslice, timeslice: {replicas: 2}}
 profiles:
   - {slug: h100-half, display_name: 0.5 × H100, gpus: 0.5, gpu_model: H100-80GB}
   - {slug: h100-1, display_name: 1 × H100, gpus: 1, gpu_model: H100-80GB}
