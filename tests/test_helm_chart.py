@@ -475,4 +475,5 @@ def test_notes_tell_the_next_steps():
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "values-jupyterhub.yaml" in notes and '"gpulab-catalog"' in notes
     assert "vision: namespace gpulab-vision" in notes and "nvidia.com/gpu.shared quota 9" in notes
-    assert "clusterpolicies.nvidia.com/cluster-policy" in notes
+    assert "clusterpolicies.nvidia.com/cluster-policy" in notes and '"default":"whole"' in notes
+    assert "nvidia.com/device-plugin.config=time-sliced" in notes
