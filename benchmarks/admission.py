@@ -226,11 +226,28 @@ def ratios(rows: list[dict[str, Any]], small: int, large: int) -> list[dict[str,
     return out
 
 
+def page_growth_with_teams(rows: list[dict[str, Any]], small: int, large: int) -> list[dict[str, Any]]:
+    """Per workload count: the spawn page's cost with ``large`` catalog teams over ``small``.
+
+    The page user is in the same 3 teams either way; only the rest of the
+    catalog grows, so a flat ratio means the page depends on the user's teams alone.
+    """
+    by = {(r["workloads"], r["teams"]): r for r in rows}
+    out = []
+    for n in sorted({r["workloads"] for r in rows}):
+        a, b = by.get((n, small)), by.get((n, large))
+        if a and b and small != large:
+            out.append({"workloads": n, "small": small, "large": large,
+                        "page_choices_p50": b["page_choices_p50_ms"] / a["page_choices_p50_ms"],
+                        "page_render_p50": b["page_render_p50_ms"] / a["page_render_p50_ms"]})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds (used by the tests)")
     ap.add_argument("--workloads", type=int, nargs="+", help="live workload counts (default 100 1000 10000)")
-    ap.add_argument("--teams", type=int, nargs="+", help="team counts (default 10 100 1000)")
+    ap.add_argument("--teams", type=int, nargs="+", help="team counts (default 10 100 1000 10000)")
     ap.add_argument("--ops", type=int, help="admissions timed per combination (default 50000)")
     ap.add_argument("--renders", type=int, help="spawn pages rendered per combination (default 300)")
     ap.add_argument("--repeat", type=int, help="measurements per combination; the best is reported, all are kept (default 5)")
@@ -241,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         workloads, team_counts, ops, renders, repeat = [10, 100], [3, 10], 300, 5, 1
     else:
-        workloads, team_counts, ops, renders, repeat = [100, 1000, 10000], [10, 100, 1000], 50_000, 300, 5
+        workloads, team_counts, ops, renders, repeat = [100, 1000, 10000], [10, 100, 1000, 10000], 50_000, 300, 5
     workloads = args.workloads or workloads
     team_counts = args.teams or team_counts
     ops = args.ops or ops
@@ -277,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen["repeats"] = {key: [r[key] for r in runs[cell]] for key in TIMED_KEYS}
         rows.append(chosen)
     ratio_rows = ratios(rows, min(workloads), max(workloads))
+    team_growth = page_growth_with_teams(rows, min(team_counts), max(team_counts))
     elapsed = time.perf_counter() - started
 
     print(table(
@@ -303,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
           r["reserve_release_throughput"], r["admit_p50"], r["page_render_p50"]] for r in ratio_rows],
         title="Growth with live workloads (ratio large / small; 1.0 = flat)",
     ))
+    print()
+    print(table(
+        ["workloads", "teams", "choices_for_user p50", "page p50"],
+        [[r["workloads"], f"{r['large']:,} vs {r['small']:,}", r["page_choices_p50"], r["page_render_p50"]]
+         for r in team_growth],
+        title="Spawn page growth with the number of teams in the catalog (ratio large / small; 1.0 = flat)",
+    ))
     path = write_result("admission", {
         "smoke": args.smoke,
         "parameters": {"workloads": workloads, "teams": team_counts, "ops": ops, "renders": renders,
@@ -310,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                        "page_teams": PAGE_TEAMS, "page_profiles": PAGE_PROFILES, "seed": args.seed},
         "rows": rows,
         "ratios": ratio_rows,
+        "page_growth_with_teams": team_growth,
         "elapsed_s": elapsed,
     }, args.out)
     print(f"\nwrote {path} in {elapsed:.1f} s")

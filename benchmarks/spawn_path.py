@@ -1,9 +1,11 @@
-"""Spawn path: GPUKubeSpawner versus plain KubeSpawner, same run, same API server.
+"""Spawn path: GPUKubeSpawner versus plain KubeSpawner, same run, same real cluster.
 
 Both spawners run KubeSpawner 7's own start / stop code and its
-kubernetes_asyncio client against the Kubernetes API-server stand-in of the
-test suite (``tests/kube_api_server.py``) over real HTTP on 127.0.0.1. That
-server counts every request by verb and path.
+kubernetes_asyncio client against the real Kubernetes control plane of the
+test suite (``scripts/kube-testbed``: kube-apiserver, scheduler, controllers
+and fake GPU nodes), as a ServiceAccount with z2jh's hub Role in a namespace
+of their own. Requests are counted by the API server itself, from its audit
+log, for that ServiceAccount only.
 
 * ``KubeSpawner`` gets a static ``profile_list`` whose entries set exactly the
   pod fields gpulab would set for the same profiles (GPU resources, node
@@ -15,16 +17,17 @@ server counts every request by verb and path.
   labels the pod and rebuilds the ledger from its pod reflector.
 
 Spawns and stops run one after another (a spawn, then its stop), alternating
-blocks of the two spawners so slow drift on a shared machine hits both.
-Reported: wall time per spawn and per stop, API requests per spawn+stop by
-verb, and the ratios GPUKubeSpawner / KubeSpawner. The reflectors' list and
-watch requests (made at start and at every watch restart, a per-process cost
-that grows with time, not with spawns) are counted apart, per minute: each
-block stops all reflectors and starts its spawner's own in a warm-up cycle
-that is not counted.
+blocks of the two spawners so slow drift on a shared machine hits both. A
+spawn's wall time includes the real scheduler binding the pod and the node
+agent reporting it Running. Reported: wall time per spawn and per stop, API
+requests per spawn+stop by verb, and the ratios GPUKubeSpawner / KubeSpawner.
+The reflectors' list and watch requests (made at start and at every watch
+restart, a per-process cost that grows with time, not with spawns) are
+counted apart, per minute: each block stops all reflectors and starts its
+spawner's own in a warm-up cycle that is not counted.
 
-    .venv/bin/python benchmarks/spawn_path.py            # 200 spawns + stops each
-    .venv/bin/python benchmarks/spawn_path.py --smoke    # 6 each, a few seconds
+    .venv/bin/python benchmarks/spawn_path.py            # 100 spawns + stops each
+    .venv/bin/python benchmarks/spawn_path.py --smoke    # 6 each
 """
 
 from __future__ import annotations
@@ -51,11 +54,11 @@ from traitlets.config import Config  # noqa: E402
 from spawner.catalog import catalog_from_dict  # noqa: E402
 from spawner.config import set_runtime  # noqa: E402
 from spawner.kube import GPUKubeSpawner  # noqa: E402
-from spawner.priority import effective_priority_class  # noqa: E402
+from spawner.priority import ALL_PRIORITY_CLASSES, effective_priority_class  # noqa: E402
 from spawner.sharing import pod_gpu_spec  # noqa: E402
-from tests.kube_api_server import KubeAPIServer  # noqa: E402
+from tests.kube.chart import Z2JH_HUB_RULES  # noqa: E402
+from tests.kube.testbed import Testbed, token_kubeconfig, up  # noqa: E402
 
-NAMESPACE = "default"
 IMAGE = "quay.io/jupyter/base-notebook:2024-10-07"
 TEAM = "bench"
 CATALOG: dict[str, Any] = {
@@ -76,6 +79,8 @@ PROFILE = "h100-half"
 #: Requests the reflectors make (a list, then a watch, again at every watch restart):
 #: a per-process cost that depends on time, not on the number of spawns.
 REFLECTOR_VERBS = ("list", "watch")
+#: The time-sliced test bed node is tainted as GPU nodes usually are.
+TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 class User:
@@ -120,23 +125,44 @@ def static_profile_list() -> list[dict[str, Any]]:
     return out
 
 
-def make_config(api: KubeAPIServer) -> Config:
+def make_config(namespace: str) -> Config:
     c = Config()
-    c.GPULab.teams = CATALOG["teams"]
+    c.GPULab.teams = [{**t, "namespace": namespace} for t in CATALOG["teams"]]
     c.GPULab.profiles = CATALOG["profiles"]
     c.GPULab.sharing = CATALOG["sharing"]
-    c.KubeSpawner.k8s_api_host = api.url
-    c.KubeSpawner.namespace = NAMESPACE
+    c.KubeSpawner.namespace = namespace
     c.KubeSpawner.image = IMAGE
-    c.KubeSpawner.start_timeout = 30
+    c.KubeSpawner.start_timeout = 60
     c.KubeSpawner.delete_grace_period = 1
+    c.KubeSpawner.tolerations = TOLERATIONS
     return c
 
 
+class Audit:
+    """The API server's own count of one ServiceAccount's requests (its audit log)."""
+
+    def __init__(self, tb: Testbed, username: str):
+        self.tb = tb
+        self.username = username
+        self.offset = tb.audit_offset()
+
+    def take(self) -> collections.Counter:
+        """Requests since the last call, by (verb, resource, subresource)."""
+        events = self.tb.audit_events(self.offset, self.username)
+        self.offset = self.tb.audit_offset()
+        out: collections.Counter = collections.Counter()
+        for e in events:
+            ref = e.get("objectRef") or {}
+            out[(e["verb"], ref.get("resource", ""), ref.get("subresource", ""))] += 1
+        return out
+
+
 class Bench:
-    def __init__(self, api: KubeAPIServer, static_profiles: list[dict[str, Any]]):
-        self.api = api
-        self.config = make_config(api)
+    def __init__(self, tb: Testbed, namespace: str, username: str, static_profiles: list[dict[str, Any]]):
+        self.tb = tb
+        self.namespace = namespace
+        self.audit = Audit(tb, username)
+        self.config = make_config(namespace)
         self.static_profiles = static_profiles
         self.results: dict[str, dict[str, Any]] = {
             name: {"spawns": 0, "start_s": [], "stop_s": [], "requests": collections.Counter(),
@@ -159,45 +185,76 @@ class Bench:
 
     async def cycle(self, name: str, user: str, record: bool) -> None:
         s = self.make(name, user)
-        before = collections.Counter(self.api.requests)
-        created_before = sum(1 for verb, plural, *_ in self.api.received if verb == "create" and plural == "pods")
+        self.audit.take()
         t0 = time.perf_counter()
         await s.start()
         t1 = time.perf_counter()
-        pod = self.api.get("pods", s.namespace, s.pod_name)
+        pod = self.tb.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{s.pod_name}")
         await s.stop()
         t2 = time.perf_counter()
+        requests = self.audit.take()
         if not record:
             return
         r = self.results[name]
         r["spawns"] += 1
         r["start_s"].append(t1 - t0)
         r["stop_s"].append(t2 - t1)
-        delta = collections.Counter(self.api.requests)
-        delta.subtract(before)
-        for (verb, _path), n in delta.items():
-            if n and verb not in REFLECTOR_VERBS:
+        for (verb, resource, sub), n in requests.items():
+            if verb not in REFLECTOR_VERBS:
                 r["requests"][verb] += n
-        r["pods_created"] += sum(1 for verb, plural, *_ in self.api.received
-                                 if verb == "create" and plural == "pods") - created_before
+            if verb == "create" and resource == "pods" and not sub:
+                r["pods_created"] += n
         labels = (pod or {}).get("metadata", {}).get("labels", {})
         r["gpu_labelled_pods"] += "gpulab.io/gpu-milli" in labels
         limits = (pod or {}).get("spec", {}).get("containers", [{}])[0].get("resources", {}).get("limits", {})
         r.setdefault("pod_gpu_limits", dict(limits))
 
 
-async def run(spawns: int, blocks: int, warmup: int, kubelet_delay: float) -> dict[str, Any]:
-    api = KubeAPIServer(kubelet_delay=kubelet_delay)
-    await api.start()
-    api.namespaces[NAMESPACE] = {"metadata": {"name": NAMESPACE}}
+def reflector_requests(events: list[dict[str, Any]]) -> int:
+    return sum(1 for e in events if e["verb"] in REFLECTOR_VERBS)
+
+
+async def run(spawns: int, blocks: int, warmup: int) -> dict[str, Any]:
+    tb = up()
+    suffix = os.urandom(3).hex()
+    namespace = f"spawn-bench-{suffix}"
+    tb.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    for _ in range(300):  # pods are refused until the ServiceAccount controller made "default"
+        try:
+            tb.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+            break
+        except Exception:
+            await asyncio.sleep(0.1)
+    tb.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "hub"}})
+    tb.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+               {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES})
+    tb.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
+        "metadata": {"name": "hub"}, "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": namespace}],
+        "roleRef": {"kind": "Role", "name": "hub", "apiGroup": "rbac.authorization.k8s.io"}})
+    token = tb.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/hub/token",
+                       {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": {"expirationSeconds": 7200}})["status"]["token"]
+    # The pods name gpulab's PriorityClasses (the chart makes them; without the
+    # chart, the benchmark does, and removes them again).
+    created_classes = []
+    for pc in ALL_PRIORITY_CLASSES:
+        try:
+            tb.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", {
+                "metadata": {"name": pc.name}, "value": pc.value, "preemptionPolicy": pc.preemption_policy,
+                "description": pc.description})
+            created_classes.append(pc.name)
+        except Exception as e:
+            if "409" not in str(e):
+                raise
     tmp = tempfile.TemporaryDirectory(prefix="gpulab-spawn-bench-")
     kubeconfig = Path(tmp.name) / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump(api.kubeconfig()))
+    kubeconfig.write_text(yaml.safe_dump(token_kubeconfig(tb.server, tb.ca_file, token, namespace)))
     os.environ["KUBECONFIG"] = str(kubeconfig)
     # kubernetes_asyncio reads $KUBECONFIG once, at import: point its default there too.
     kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
     set_runtime(None)
-    bench = Bench(api, static_profile_list())
+    username = f"system:serviceaccount:{namespace}:hub"
+    bench = Bench(tb, namespace, username, static_profile_list())
     wall_started = time.perf_counter()
     try:
         per_block = [spawns // blocks + (1 if b < spawns % blocks else 0) for b in range(blocks)]
@@ -212,19 +269,23 @@ async def run(spawns: int, blocks: int, warmup: int, kubelet_delay: float) -> di
                     await bench.cycle(name, f"warm-{b}-{name.lower()}-{i}", record=False)
                 r = bench.results[name]
                 r["reflectors"] = sorted("/".join(str(x) for x in key) for key in KubeSpawner.reflectors)
-                lw_before = sum(c for (v, _), c in api.requests.items() if v in REFLECTOR_VERBS)
+                offset = tb.audit_offset()
                 t0 = time.perf_counter()
                 for _ in range(size):
                     await bench.cycle(name, f"user-{n:04d}", record=True)
                     n += 1
                 r["block_s"] += time.perf_counter() - t0
-                r["reflector_requests"] += sum(c for (v, _), c in api.requests.items()
-                                               if v in REFLECTOR_VERBS) - lw_before
-        leftover = len(api.list("pods", NAMESPACE))
+                # Watches are logged when they end: stop the block's reflectors first.
+                await KubeSpawner._stop_all_reflectors()
+                await asyncio.sleep(0.5)
+                r["reflector_requests"] += reflector_requests(tb.audit_events(offset, username))
+        leftover = len(tb.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"])
     finally:
         await KubeSpawner._stop_all_reflectors()
         set_runtime(None)
-        await api.stop()
+        tb.request("DELETE", f"/api/v1/namespaces/{namespace}")
+        for name in created_classes:
+            tb.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
         tmp.cleanup()
     rows = {}
     for name, r in bench.results.items():
@@ -258,6 +319,7 @@ async def run(spawns: int, blocks: int, warmup: int, kubelet_delay: float) -> di
             if k["reflector_requests_per_min"] else float("nan"),
         },
         "leftover_pods": leftover,
+        "kubernetes": tb.versions.get("kubernetes", ""),
         "elapsed_s": time.perf_counter() - wall_started,
     }
 
@@ -267,16 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="6 spawns each, a few seconds (used by the tests)")
     ap.add_argument("--spawns", type=int, help="spawn+stop cycles per spawner (default 200)")
     ap.add_argument("--blocks", type=int, help="alternating blocks per spawner (default 4)")
-    ap.add_argument("--kubelet-delay", type=float, default=0.02,
-                    help="seconds the stand-in kubelet takes to run a pod and to finish a deletion (default 0.02)")
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
-    spawns = args.spawns or (6 if args.smoke else 200)
+    spawns = args.spawns or (6 if args.smoke else 100)
     blocks = args.blocks or (2 if args.smoke else 4)
     warmup = 1
     logging.basicConfig(level=logging.WARNING)
 
-    result = asyncio.run(run(spawns, blocks, warmup, args.kubelet_delay))
+    result = asyncio.run(run(spawns, blocks, warmup))
     rows = result["rows"]
     verbs = sorted({v for r in rows.values() for v in r["requests_by_verb_per_spawn"]})
     print(table(
@@ -286,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
           r["requests_per_spawn"], *[r["requests_by_verb_per_spawn"].get(v, 0.0) for v in verbs],
           ", ".join(r["reflectors"]), r["reflector_requests_per_min"]]
          for name, r in rows.items()],
-        title=f"Spawn path: {spawns} spawn+stop cycles each against tests/kube_api_server.py over HTTP "
-              f"(kubelet delay {args.kubelet_delay:g} s)",
+        title=f"Spawn path: {spawns} spawn+stop cycles each on the real test bed "
+              f"(Kubernetes {result['kubernetes']}; requests counted by the API server's audit log)",
     ))
     q = result["ratios"]
     print()
@@ -299,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                 title="Ratios"))
     path = write_result("spawn_path", {
         "smoke": args.smoke,
-        "parameters": {"spawns": spawns, "blocks": blocks, "warmup": warmup, "kubelet_delay_s": args.kubelet_delay,
+        "parameters": {"spawns": spawns, "blocks": blocks, "warmup": warmup,
                        "profile": PROFILE, "catalog": CATALOG, "static_profile_list": static_profile_list()},
         **result,
     }, args.out)

@@ -8,14 +8,24 @@ import os
 import sys
 from pathlib import Path
 
-from spawner.catalog import CatalogError, catalog_from_yaml
+from collections.abc import Mapping
+
+from spawner.catalog import Catalog, CatalogError, catalog_from_yaml, gpu_model_issues
+from spawner.nvml import detect_gpus
+from spawner.sharing import DEFAULT_GPU_PRODUCTS
 from spawner.units import format_gpus
 
 CONFIG = Path(__file__).with_name("jupyterhub_config.py")
 
 
-def check_config(path: str) -> int:
-    """Validate a teams/profiles YAML file; print every problem, one per line."""
+def check_config(path: str, kubernetes: bool = False) -> int:
+    """Validate a teams/profiles YAML file; print every problem, one per line, in file order.
+
+    A profile's GPU model must be one this server has (its NVML devices or its
+    declared inventory): an error on a single server. With ``kubernetes`` it
+    must be one the sharing backends know a node selector for: a warning, as
+    a cluster may gain nodes.
+    """
     try:
         text = Path(path).read_text()
     except OSError as e:
@@ -24,10 +34,20 @@ def check_config(path: str) -> int:
     try:
         catalog = catalog_from_yaml(text, path)
     except CatalogError as e:
-        for issue in e.issues:
+        issues = sorted(e.issues, key=lambda i: (i.line is None, i.line or 0))
+        for issue in issues:
             print(issue.format(path))
-        print(f"{path}: {len(e.issues)} problem(s) found", file=sys.stderr)
+        print(f"{path}: {len(issues)} problem(s) found", file=sys.stderr)
         return 1
+    model_issues = gpu_model_issues(text, known_gpu_models(catalog, kubernetes))
+    if model_issues and not kubernetes:
+        for issue in model_issues:
+            print(issue.format(path))
+        print(f"{path}: {len(model_issues)} problem(s) found (a single server offers only the GPUs it has)",
+              file=sys.stderr)
+        return 1
+    for issue in model_issues:
+        print("warning: " + issue.format(path))
     print(f"{path}: OK: {len(catalog.teams)} team(s), {len(catalog.profiles)} profile(s)")
     for team in catalog.teams.values():
         profiles = ", ".join(p.slug for p in catalog.profiles_for(team)) or "none"
@@ -61,6 +81,18 @@ def prepuller_values(path: str) -> int:
     return 0
 
 
+def known_gpu_models(catalog: Catalog, kubernetes: bool) -> set[str]:
+    """GPU models profiles may name: this server's, or those the cluster's backends can select."""
+    if kubernetes:
+        known = set(DEFAULT_GPU_PRODUCTS)
+        for options in catalog.sharing.values():
+            if isinstance(options, Mapping):
+                known.update(str(m) for m in (options.get("node_selector") or {}))
+        return known
+    detected = detect_gpus() or []
+    return {d.model for d in detected} | {s.model for s in catalog.inventory}
+
+
 def up(args: argparse.Namespace, extra: list[str]) -> int:
     """Start the embedded hub (exec jupyterhub with gpulab's config)."""
     env = os.environ
@@ -86,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--data-dir", help="where the hub keeps its state (default ./.gpulab)")
     p_check = sub.add_parser("check-config", help="validate a teams/profiles YAML file")
     p_check.add_argument("file")
+    p_check.add_argument("--kubernetes", action="store_true",
+                         help="check for a Kubernetes cluster (unknown GPU models warn) instead of this server")
     p_pull = sub.add_parser("prepuller-values",
                             help="print z2jh prePuller.extraImages for a catalog's images")
     p_pull.add_argument("file", help="a catalog YAML, or the gpulab chart's values file")
@@ -93,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("check-config", "prepuller-values"):
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return check_config(args.file) if args.command == "check-config" else prepuller_values(args.file)
+        if args.command == "prepuller-values":
+            return prepuller_values(args.file)
+        return check_config(args.file, kubernetes=args.kubernetes)
     return up(args, extra)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import yaml
@@ -98,12 +99,28 @@ class Catalog:
         return self.profiles.get(slug)
 
     def teams_for(self, user: str, groups: Iterable[str] = ()) -> list[Team]:
-        """The teams ``user`` (with JupyterHub ``groups``) belongs to, by name."""
-        group_set = frozenset(groups)
-        return sorted(
-            (t for t in self.teams.values() if t.has_member(user, group_set)),
-            key=lambda t: t.name,
-        )
+        """The teams ``user`` (with JupyterHub ``groups``) belongs to, by name.
+
+        Looked up in a member index, so the cost follows the user's own teams,
+        not the number of teams in the catalog.
+        """
+        by_user, by_group = self._member_index
+        found = {t.name: t for t in by_user.get(user, ())}
+        for group in groups:
+            found.update((t.name, t) for t in by_group.get(group, ()))
+        return [found[name] for name in sorted(found)]
+
+    @cached_property
+    def _member_index(self) -> tuple[dict[str, tuple[Team, ...]], dict[str, tuple[Team, ...]]]:
+        """``(user -> teams, group -> teams)``, built once per catalog (catalogs are immutable)."""
+        by_user: dict[str, list[Team]] = {}
+        by_group: dict[str, list[Team]] = {}
+        for t in self.teams.values():
+            for u in t.users:
+                by_user.setdefault(u, []).append(t)
+            for g in t.groups:
+                by_group.setdefault(g, []).append(t)
+        return ({k: tuple(v) for k, v in by_user.items()}, {k: tuple(v) for k, v in by_group.items()})
 
     def team_may_use(self, team: Team, profile: Profile) -> bool:
         if profile.teams and team.name not in profile.teams:
@@ -437,7 +454,9 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
         if isinstance(spec, Mapping) and isinstance(spec.get("allowed_profiles"), list):
             for j, slug in enumerate(spec["allowed_profiles"]):
                 if isinstance(slug, str) and slug not in written_slugs:
-                    r.error(path + ("allowed_profiles", j), f"unknown profile {slug!r}")
+                    hint = _closest(slug, {x for x in written_slugs if isinstance(x, str)})
+                    r.error(path + ("allowed_profiles", j), f"unknown profile {slug!r}"
+                            + (f" (did you mean '{hint}'?)" if hint else ""))
     for i, p in enumerate(raw_profiles):
         if isinstance(p, Mapping) and isinstance(p.get("teams"), list):
             for j, tname in enumerate(p["teams"]):
@@ -526,6 +545,29 @@ def catalog_from_yaml(text: str, source: str = "<yaml>") -> Catalog:
         raise CatalogError(source, [ConfigIssue((), f"not valid YAML: {getattr(e, 'problem', e)}", line)]) from None
     lines = _line_map(node) if node is not None else {}
     return catalog_from_dict(data, source, lines)
+
+
+def gpu_model_issues(text: str, known_models: Iterable[str]) -> list[ConfigIssue]:
+    """Profiles (in catalog YAML ``text``) whose ``gpu_model`` is not one of ``known_models``.
+
+    With their line numbers; the caller decides whether that is an error (a
+    single server can only offer the GPUs it has) or a warning (a cluster
+    may gain nodes of another model).
+    """
+    known = sorted(set(known_models))
+    data = yaml.safe_load(text) or {}
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines = _line_map(node) if node is not None else {}
+    out = []
+    for i, p in enumerate(data.get("profiles") or [] if isinstance(data, Mapping) else []):
+        model = p.get("gpu_model") if isinstance(p, Mapping) else None
+        if isinstance(model, str) and model not in known:
+            path: Path = ("profiles", i, "gpu_model")
+            hint = _closest(model, set(known))
+            out.append(ConfigIssue(path, f"GPU model {model!r} is not known here"
+                                   + (f" (did you mean '{hint}'?)" if hint else "")
+                                   + "; known: " + (", ".join(known) or "none"), lines.get(path)))
+    return out
 
 
 # --------------------------------------------------------------------------

@@ -388,7 +388,10 @@ def kube_job_state(job: Mapping[str, Any]) -> tuple[str, str]:
         return FAILED, message
     if spec.get("suspend"):
         return QUEUED, "waiting for Kueue to admit the Job"
-    if int(status.get("active") or 0) > 0:
+    # `active` counts Pending pods too (a preempted Job's replacement waiting for
+    # a GPU); `ready` (batch/v1 since Kubernetes 1.24) counts only pods that run.
+    running = status.get("ready") if "ready" in status else status.get("active")
+    if int(running or 0) > 0:
         return RUNNING, ""
     if int(status.get("failed") or 0) > 0:
         return PREEMPTED, f"pod ended {status.get('failed')} time(s); Kubernetes retries it"

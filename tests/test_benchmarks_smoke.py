@@ -65,6 +65,10 @@ def test_admission_smoke(tmp_path):
     assert {r["teams"] for r in doc["ratios"]} == set(params["teams"])
     assert "| workloads | teams |" in stdout
     assert "Growth with live workloads" in stdout
+    growth = doc["page_growth_with_teams"]
+    assert [(g["small"], g["large"]) for g in growth] == [(3, 10)] * len(params["workloads"])
+    assert all(g["page_render_p50"] > 0 for g in growth)
+    assert "Spawn page growth with the number of teams" in stdout
 
 
 # -- capacity: policies and loader --------------------------------------------
@@ -197,7 +201,8 @@ def test_capacity_smoke_on_the_alibaba_trace(tmp_path):
 # -- spawn path ---------------------------------------------------------------
 
 
-def test_spawn_path_smoke(tmp_path):
+@pytest.mark.kube
+def test_spawn_path_smoke(tmp_path, kube_testbed):
     doc, stdout = run_bench("spawn_path.py", tmp_path, "--smoke")
     n = doc["parameters"]["spawns"]
     rows = doc["rows"]
@@ -214,5 +219,6 @@ def test_spawn_path_smoke(tmp_path):
     # ...and only gpulab's pods carry the ledger labels.
     assert rows["GPUKubeSpawner"]["gpu_labelled_pods"] == n and rows["KubeSpawner"]["gpu_labelled_pods"] == 0
     assert doc["leftover_pods"] == 0
+    assert doc["kubernetes"] == kube_testbed.versions["kubernetes"]
     assert set(doc["ratios"]) >= {"wall_time", "requests_per_spawn", "extra_requests_per_spawn"}
     assert "GPUKubeSpawner / KubeSpawner" in stdout

@@ -129,3 +129,70 @@ def test_policy_choices_and_resolution():
         assert e.value.status == status
     with pytest.raises(PolicyError, match="not a member of any GPU team"):
         resolve_request(c, "mallory", [], {"profile": "h100-half"})
+
+
+def test_teams_for_follows_the_member_index_exactly():
+    """The indexed lookup finds exactly the teams a scan over every team finds."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from spawner.catalog import catalog_from_dict
+
+    names = st.sampled_from(["ann", "bo", "cy", "dee"])
+    groups = st.sampled_from(["g1", "g2", "g3"])
+    team = st.fixed_dictionaries({"users": st.lists(names, max_size=3, unique=True),
+                                  "groups": st.lists(groups, max_size=2, unique=True)})
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(team, min_size=1, max_size=6), names, st.lists(groups, max_size=3, unique=True))
+    def check(teams, user, user_groups):
+        cat = catalog_from_dict({"profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}],
+                                 "teams": [{"name": f"t{i}", "guarantee": 1, "burst": 1, **t}
+                                           for i, t in enumerate(teams)]}, "test")
+        scan = sorted((t for t in cat.teams.values() if t.has_member(user, frozenset(user_groups))),
+                      key=lambda t: t.name)
+        assert cat.teams_for(user, user_groups) == scan
+
+    check()
+
+
+MODEL_TYPO = """\
+inventory:
+  - {model: H100-80GB, count: 8, memory_mib: 81559}
+profiles:
+  - {slug: cpu, display_name: CPU, gpus: 0}
+  - {slug: h100-1, display_name: 1 x H100, gpus: 1, gpu_model: H100-80G}
+teams:
+  - {name: vision, users: [alice], guarantee: 1, burst: 2, allowed_profiles: [cpu, h100-l]}
+  - {name: nlp, users: [bob], guarantee: 1, burst: 2, allowd_profiles: [cpu]}
+"""
+
+
+def test_check_config_sorts_by_line_and_suggests_profile_slugs(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MODEL_TYPO)
+    out = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(bad)],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 1
+    lines = out.stdout.strip().splitlines()
+    numbers = [int(line.split(":")[1]) for line in lines]
+    assert numbers == sorted(numbers) == [7, 8]
+    assert "unknown profile 'h100-l' (did you mean 'h100-1'?)" in lines[0]
+    assert "unknown key (did you mean 'allowed_profiles'?)" in lines[1]
+
+
+def test_check_config_gpu_model_error_on_a_server_warning_on_kubernetes(tmp_path):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(MODEL_TYPO.replace("h100-l", "h100-1").replace("allowd_profiles", "allowed_profiles"))
+    server = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(typo)],
+                            capture_output=True, text=True, cwd=REPO)
+    assert server.returncode == 1, server.stdout
+    assert server.stdout.strip() == (
+        f"{typo}:5: profiles[1].gpu_model: GPU model 'H100-80G' is not known here "
+        f"(did you mean 'H100-80GB'?); known: H100-80GB")
+    kube = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", "--kubernetes", str(typo)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert kube.returncode == 0, kube.stdout + kube.stderr
+    first = kube.stdout.splitlines()[0]
+    assert first.startswith(f"warning: {typo}:5: profiles[1].gpu_model: GPU model 'H100-80G' is not known here")
+    assert "known: A100-40GB, A100-80GB, H100-80GB, H200-141GB" in first

@@ -11,6 +11,7 @@ real single-user server.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import requests
@@ -150,3 +151,41 @@ def test_the_hub_identity_has_only_the_charts_rights(release: Release, kube: Clu
                      headers={"Authorization": "Bearer " + yaml.safe_load(release.hub_kubeconfig.read_text())
                               ["users"][0]["user"]["token"]})
     assert r.status_code == 403
+
+
+def test_the_spawn_page_counts_labelled_pods_and_refuses_tampered_forms(tmp_path, release: Release,
+                                                                        kube: Cluster):
+    from spawner import labels as gl
+    from spawner.ledger import Workload
+
+    vision = team(release, "vision")
+    ns = release.team_ns(vision)
+    # Someone else's server, started by another hub process: 2.5 of vision's 3 GPUs.
+    outsider = Workload("notebook:carol/big", vision, "carol", 2500, "h100-1", "notebook")
+    kube.create(f"/api/v1/namespaces/{ns}/pods", {
+        "metadata": {"name": "outsider", "labels": gl.workload_labels(outsider),
+                     "annotations": gl.workload_annotations(outsider)},
+        "spec": {"priorityClassName": "gpulab-development",
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                 "containers": [{"name": "notebook", "image": "quay.io/jupyter/base-notebook:2024-10-07",
+                                 "resources": {"limits": {"nvidia.com/gpu.shared": "10"}}}]}})
+    hub = kube_hub(tmp_path, release)
+    try:
+        hub.start()
+        session = hub.login("alice")
+        page = hub.spawn_page(session).text
+        assert f"0.5 of 3 GPUs free for team {vision}" in page, page[-3000:]
+        assert re.search(rf'value="{vision}:h100-1"\s+disabled', page)
+        assert f"Unavailable: team {vision} holds 2.5 of its 3 GPU burst limit; this request needs 1" in page
+        offset = kube.tb.audit_offset()
+        for form, words in (({"profile": f"{vision}:h100-half", "gpus": "-1"}, "unknown spawn option(s): &#39;gpus&#39;"),
+                            ({"profile": f"{vision}:nope"}, "unknown profile"),
+                            ({"profile": "x" * 5000}, "")):
+            r = hub.post_spawn(session, "alice", form)
+            assert r.status_code == 400 and words in r.text and "Traceback" not in r.text, (form, r.text[-500:])
+        creates = [e for e in kube.tb.audit_events(offset, f"system:serviceaccount:{release.hub_namespace}:hub")
+                   if e["verb"] == "create"]
+        assert creates == []  # the tampered forms never reached the cluster
+        assert [p["metadata"]["name"] for p in kube.pods(ns)] == ["outsider"]
+    finally:
+        hub.close()

@@ -22,6 +22,7 @@ from spawner.config import get_runtime, set_runtime
 from spawner.kube import GPUKubeSpawner
 from tests.kube.chart import Release
 from tests.kube.cluster import Cluster
+from tests.kube.testbed import pod_ip_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
@@ -87,7 +88,7 @@ async def test_start_poll_stop_on_a_time_sliced_node(hub_identity: Release, kube
     ns = release.team_ns(vision)
     s = spawner_for(hub_config(release), "alice", {"team": vision, "profile": "h100-half"})
     url = await s.start()
-    assert url.startswith("http://127.77.")
+    assert url.startswith("http://" + pod_ip_prefix(release.cluster.tb.state_dir))
     pod = kube.pod(ns, s.pod_name)
     assert pod["spec"]["nodeName"] == "gpu-h100-timeslice"  # the only node with nvidia.com/gpu.shared
     limits = pod["spec"]["containers"][0]["resources"]["limits"]

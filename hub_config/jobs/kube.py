@@ -226,8 +226,11 @@ class KubeJobBackend:
         if state == rec.state:
             return
         if not jobspec.may_transition(rec.state, state):
+            if state == jobspec.SUCCEEDED and jobspec.may_transition(rec.state, jobspec.RUNNING):
+                # A pod that started and finished between two polls: it did run.
+                self.service.transition(rec.id, jobspec.RUNNING, "ran between two reads of the cluster")
             # e.g. Kueue evicting a running Job suspends it: running -> preempted -> queued.
-            if jobspec.may_transition(rec.state, jobspec.PREEMPTED) and \
+            elif jobspec.may_transition(rec.state, jobspec.PREEMPTED) and \
                     jobspec.may_transition(jobspec.PREEMPTED, state):
                 self.service.transition(rec.id, jobspec.PREEMPTED, "the cluster took the pod away")
             else:

@@ -83,6 +83,8 @@ class Release:
 def team_values(suffix: str) -> dict:
     """Teams for the test bed's GPU nodes (tests/kube/nodes.yaml)."""
     return {
+        # Kueue runs in the test bed: the chart's ResourceFlavor, ClusterQueues and LocalQueues.
+        "kueue": {"enabled": True},
         "gpulab": {
             # 0.5 GPU = 2 of 4 time-slices: the device plugin's failRequestsGreaterThanOne
             # is off on this pool (tests/kube/nodes.yaml), so gpulab may ask for 2.

@@ -44,7 +44,7 @@ CACHE = Path(os.environ.get("GPULAB_CACHE_DIR")
 STATE_DIR = Path(os.environ.get("GPULAB_KUBE_TESTBED_DIR") or CACHE / "testbed")
 ADDRESS = os.environ.get("GPULAB_KUBE_TESTBED_ADDRESS", "127.0.0.1")
 NODES_FILE = Path(__file__).with_name("nodes.yaml")
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent", "kueue")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -65,6 +65,15 @@ def check_loopback(address: str) -> None:
     if not ip.is_loopback or ip.version != 4:
         raise TestbedError(f"refusing address {address}: the test bed listens on 127.0.0.0/8 only, "
                            f"never on a network other machines can reach")
+
+
+def pod_ip_prefix(state_dir: Path) -> str:
+    """The loopback range a test bed's pods get their IPs from: one per state folder,
+    so two test beds on one machine never give two servers the same address."""
+    import hashlib
+
+    n = int(hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:4], 16)
+    return f"127.{100 + n % 150}."
 
 
 def free_port(address: str = ADDRESS) -> int:
@@ -160,6 +169,37 @@ class Testbed:
     @property
     def ca_file(self) -> Path:
         return self.pki / "ca.crt"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.state_dir / "logs" / "audit.log"
+
+    def audit_offset(self) -> int:
+        """Where the audit log ends now (read the requests after it with ``audit_events``)."""
+        try:
+            return self.audit_log.stat().st_size
+        except OSError:
+            return 0
+
+    def audit_events(self, offset: int, username: str | None = None) -> list[dict[str, Any]]:
+        """Completed requests logged after ``offset``, optionally only those of ``username``."""
+        out = []
+        try:
+            with open(self.audit_log, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return out
+        for line in data.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if username is None or event.get("user", {}).get("username") == username:
+                out.append(event)
+        return out
 
     def log_file(self, component: str) -> Path:
         return self.state_dir / "logs" / f"{component}.log"
@@ -264,7 +304,18 @@ def _write_yaml(path: Path, data: Any) -> None:
 
 
 def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
-    """Start the test bed, or return the one already running."""
+    """Start the test bed, or return the one already running.
+
+    A start that fails stops what it started (the logs stay for reading).
+    """
+    try:
+        return _up(address, state_dir)
+    except BaseException:
+        down(state_dir)
+        raise
+
+
+def _up(address: str, state_dir: Path) -> Testbed:
     check_loopback(address)
     existing = Testbed.load(state_dir)
     if existing and existing.address == address and all(existing.alive().values()) \
@@ -285,6 +336,13 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
     for user in ("admin", "controller-manager", "scheduler", "node-agent"):
         _write_yaml(state_dir / f"{user}.kubeconfig", kubeconfig_for(pki, tb.server, user))
 
+    # Audit every request a ServiceAccount makes (the hub's, the controllers'):
+    # tests and benchmarks count a spawner's requests per user from this log.
+    audit_policy = state_dir / "audit-policy.yaml"
+    _write_yaml(audit_policy, {
+        "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}]})
+    tb.audit_log.unlink(missing_ok=True)
     etcd_data = state_dir / "etcd"
     shutil.rmtree(etcd_data, ignore_errors=True)
     etcd_url = f"http://{address}:{ports['etcd']}"
@@ -316,6 +374,8 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
         "--allow-privileged=true",
         "--profiling=false",
         "--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
+        f"--audit-policy-file={audit_policy}", f"--audit-log-path={tb.audit_log}",
+        "--audit-log-maxsize=200", "--audit-log-maxbackup=1", "--audit-log-mode=blocking",
     ])
     _wait("kube-apiserver /readyz", tb.ready, 120, tb, "kube-apiserver")
     _spawn(tb, "kube-controller-manager", [
@@ -343,7 +403,7 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
         sys.executable, "-m", "tests.kube.node_agent",
         "--kubeconfig", str(state_dir / "node-agent.kubeconfig"),
         "--nodes", str(NODES_FILE), "--work-dir", str(state_dir / "pods"),
-        "--pod-ip-prefix", "127.77.",
+        "--pod-ip-prefix", pod_ip_prefix(state_dir),
     ], env={"PYTHONPATH": str(REPO),
             # The agent runs pods' jupyterhub-singleuser from this virtualenv.
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"})
@@ -352,6 +412,10 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
           "kube-controller-manager")
     _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
+    from tests.kube import kueue
+
+    kueue.start(tb, _spawn, _wait, free_port)
+    tb.versions["kueue"] = kueue.build().name
     tb.save()
     return tb
 
@@ -411,6 +475,7 @@ def down(state_dir: Path = STATE_DIR) -> None:
                     pass
     (state_dir / "state.json").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+    (state_dir / "logs" / "audit.log").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "pods", ignore_errors=True)
 
 
