@@ -12,6 +12,7 @@ import asyncio
 import time
 
 import pytest
+import yaml
 from kubespawner import KubeSpawner
 
 from spawner import jobspec
@@ -19,7 +20,7 @@ from spawner.catalog import catalog_from_dict
 from spawner.config import get_runtime, set_runtime
 from spawner.kube import GPUKubeSpawner
 from spawner.sharing import pod_gpu_spec
-from tests.kube.chart import Release
+from tests.kube.chart import REPO, Release
 from tests.kube.cluster import Cluster
 from tests.test_helm_sharing_objects import device_plugin_advertises
 from tests.test_kube_cluster_spawner import hub_config, hub_identity, spawner_for, team  # noqa: F401
@@ -244,3 +245,34 @@ async def test_a_notebook_that_raised_fails_the_job_at_once_a_preempted_one_runs
     kube.wait_pod(ns, again["metadata"]["name"], "Running", 60)
     job = kube.get(f"{jobs}/gpulab-job-7002")
     assert not condition(job, "Failed") and job["status"].get("failed", 0) == 0, job["status"]
+
+
+# --------------------------------------------------------------------------
+# Kueue: a CPU-only job gets no GPU flavor
+
+
+def test_kueue_admits_a_cpu_only_job_without_the_gpu_flavor(hub_identity: Release, kube: Cluster):
+    """Kueue writes the node labels of every flavor it assigns into the pods. With CPU
+    and memory in the GPU flavor's resource group, a CPU-only job got the GPU flavor
+    (and its GPU node labels); the chart gives CPU and memory a flavor of their own."""
+    from spawner.labels import kueue_local_queue
+
+    release = hub_identity
+    name = team(release, "vision")
+    ns = release.team_ns(name)
+    values = yaml.safe_load((REPO / "helm" / "gpulab" / "values.yaml").read_text())["kueue"]
+    body = cpu_job(release, ns, 7003)
+    body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = kueue_local_queue(name)
+    body["spec"]["suspend"] = True
+    kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", body)
+
+    def admitted() -> dict | None:
+        for w in kube.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads")["items"]:
+            mine = any(o["name"] == "gpulab-job-7003" for o in w["metadata"].get("ownerReferences", []))
+            if mine and condition(w, "Admitted"):
+                return w
+        return None
+
+    workload = kube.wait(admitted, "Kueue to admit the CPU-only Job", 60)
+    (assignment,) = workload["status"]["admission"]["podSetAssignments"]
+    assert set(assignment["flavors"].values()) == {values["cpuFlavor"]["name"]}, assignment["flavors"]
