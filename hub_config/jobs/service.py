@@ -128,7 +128,8 @@ class GPULabJobs(Configurable):
     )
     kube_backoff_limit = Int(
         2, config=True,
-        help="`backoffLimit`: notebook failures before the Job fails (preemptions do not count).",
+        help="""`backoffLimit`: pod failures (an OOM kill, a node failure) before the Job fails.
+        A notebook that raised fails the Job at once; preemptions do not count.""",
     )
     kube_service_account = Unicode("", config=True, help="Service account of the job pods (empty: the namespace default).")
     kueue_enabled = Bool(
