@@ -35,13 +35,13 @@ from traitlets import List, Unicode, default
 from . import labels as gl
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
+from .form import choice_value
 from .kube_conventions import (
     expand_user_template,
     privileged_containers,
     qualified_hub_connect_url,
     user_template_fields,
 )
-from .form import choice_value
 from .ledger import Workload
 from .local import workload_key
 from .policy import Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request
