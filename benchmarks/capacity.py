@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -47,10 +49,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table, write_result  # noqa: E402
 from capacity_sim import (  # noqa: E402
-    DEFAULT_PROFILE_SIZES, FULL, TEAM, cluster_summary, fractional_policy, inflate, mig_capable, mig_policy,
-    peak_demand, replay, replay_queued, round_to_whole, sizes_from_catalog, timeslice_policy, whole_policy,
+    DEFAULT_PROFILE_SIZES, FULL, TEAM, cluster_summary, exact_policy, fill, fill_sim, find_cost, fractional_policy,
+    inflate,
+    mig_capable, mig_policy, peak_demand, replay, replay_queued, round_to_whole, sizes_from_catalog,
+    timeslice_policy, whole_policy,
 )
 from trace_loader import PodTrace, default_trace_dir, load_nodes, load_pods, subset_nodes  # noqa: E402
+
+from spawner.advisor import demand_from, fill_work, recommend  # noqa: E402
+from spawner.packer import SCORINGS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def repo_relative(path: str) -> str:
+    """``path`` relative to the repository (results must not carry this machine's absolute paths)."""
+    return os.path.relpath(Path(path).resolve(), ROOT)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -78,6 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-fraction", type=float, default=0.5,
                     help="time replay: cut the cluster down to this fraction of the peak concurrent "
                          "whole-GPU demand (default 0.5)")
+    ap.add_argument("--method", choices=("both", "paper", "load"), default="both",
+                    help="paper: file order, no departures, until --max-failures placements in a row fail "
+                         "(the trace paper's measure); load: until --load x the cluster was offered, then the "
+                         "time replays (default both)")
+    ap.add_argument("--max-failures", type=int, default=200,
+                    help="paper method: stop after this many failed placements in a row (default 200)")
+    ap.add_argument("--advisor-sizes", type=int, default=6,
+                    help="most sizes the profile advisor may recommend (default 6)")
+    ap.add_argument("--advisor-learn", type=float, default=1.0,
+                    help="the profile advisor learns from (and measures on) only a random sample of this "
+                         "fraction of the GPU tasks (seed 0, kept in file order), to see how its catalog does on "
+                         "tasks it never saw; the file is not a time order (its shared-GPU tasks come first), so "
+                         "a leading slice would not do (default 1: all)")
     ap.add_argument("--limit", type=int, help="read only the first N GPU tasks of the pod list")
     ap.add_argument("--smoke", action="store_true", help="first 600 GPU tasks, a few seconds (used by the tests)")
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
@@ -92,36 +119,97 @@ def main(argv: list[str] | None = None) -> int:
     if not tasks:
         ap.error(f"{args.pods}: no GPU tasks")
     sizes = sizes_from_catalog(args.catalog) if args.catalog else list(DEFAULT_PROFILE_SIZES)
-    policies = [whole_policy(), fractional_policy(sizes), timeslice_policy(args.replicas), mig_policy()]
     if args.smoke:
         # A smaller cluster so that the 600-row sample fills it too.
         devices = subset_nodes(devices, max(16, sum(t.request_milli for t in tasks) // FULL // 3))
+    # The profile advisor learns from the trace's requests and picks, among its least-waste
+    # alternatives, the one that places the most work in the paper's fill (best fit): an
+    # in-sample choice, as an admin would make it from the last 30 days.
+    if not 0 < args.advisor_learn <= 1:
+        ap.error("--advisor-learn must be in (0, 1]")
+    in_order = sorted(tasks, key=lambda t: t.row)
+    learn = in_order if args.advisor_learn == 1 else sorted(
+        random.Random(0).sample(in_order, max(1, round(args.advisor_learn * len(tasks)))), key=lambda t: t.row)
+    requests = [(t.request_milli, t.models) for t in learn]
+    t_adv = time.perf_counter()
+    advice = recommend(demand_from((t.request_milli, 1) for t in learn), "kai", max_sizes=args.advisor_sizes,
+                       current=sizes, evaluate=lambda s: fill_work(requests, devices, s, args.max_failures))
+    advisor_s = time.perf_counter() - t_adv
+    policies = [whole_policy(), fractional_policy(sizes), fractional_policy(advice.sizes, "advisor"),
+                exact_policy(), timeslice_policy(args.replicas), mig_policy()]
 
     demand = sum(t.request_milli for t in tasks)
     print(f"{trace.path}: {trace.rows:,} rows, {len(tasks):,} GPU tasks asking for {demand / 1000:,.1f} GPUs "
           f"in all; skipped {trace.skipped or 'none'}", file=sys.stderr)
     print(f"{args.nodes}: {cluster_summary(devices)}", file=sys.stderr)
 
-    checkpoints = [x for x in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0) if x <= args.load]
-    inflation = [inflate(tasks, devices, p, args.load, checkpoints) for p in policies]
     result: dict[str, Any] = {
         "smoke": args.smoke,
-        "pods_file": trace.path, "nodes_file": args.nodes,
+        "method": args.method,
+        "pods_file": repo_relative(trace.path), "nodes_file": repo_relative(args.nodes),
         "rows": trace.rows, "gpu_tasks": len(tasks), "skipped": trace.skipped,
         "demand_gpus": demand / 1000,
         "policies": {p.name: p.note for p in policies},
         "profile_sizes_milli": sizes,
         "mig_capable_models_in_cluster": mig_capable(d.model for d in devices),
         "ledger": f"one team {TEAM!r}, guarantee = burst = cluster GPUs",
-        "inflation": {"cluster": cluster_summary(devices), "load": args.load, "rows": inflation,
-                      "ratios_vs_whole": ratios_vs_whole(inflation, ("served_workloads", "requested_share",
-                                                                     "allocated_share"))},
+        "advisor": {**advice.to_dict(), "backend": "kai (any share)", "seconds": advisor_s,
+                    "learned_from_tasks": len(learn)},
     }
+    if args.method in ("both", "paper"):
+        result["paper"] = paper_method(tasks, devices, policies, args.max_failures)
+    if args.method in ("both", "load"):
+        load_method(args, tasks, trace, devices, policies, result)
+    result["elapsed_s"] = time.perf_counter() - started
+    path = write_result(args.name, result, args.out)
+    print(f"\nwrote {path} in {result['elapsed_s']:.1f} s")
+    return 0
+
+
+def paper_method(tasks, devices, policies, max_failures: int) -> dict[str, Any]:
+    rows = [fill(tasks, devices, p, scoring, max_failures) for p in policies for scoring in SCORINGS]
+    exact = {r["scoring"]: r for r in rows if r["policy"] == "exact"}
+    for r in rows:
+        r["work_vs_exact_bestfit"] = _ratio(r["requested_gpus"], exact["bestfit"]["requested_gpus"])
+        r["work_vs_exact_same_scoring"] = _ratio(r["requested_gpus"], exact[r["scoring"]]["requested_gpus"])
+    print(table(
+        ["policy", "scoring", "submitted", "served", "work placed (GPUs)", "vs exact (best fit)",
+         "vs exact (same scoring)", "allocated share", "placement µs/call", "checks"],
+        [[r["policy"], r["scoring"], r["submitted"], r["served_workloads"], r["requested_gpus"],
+          r["work_vs_exact_bestfit"], r["work_vs_exact_same_scoring"], r["allocated_share"],
+          r["place_us_per_call"], "ok" if all(r["checks"].values()) else "FAILED"] for r in rows],
+        title=f"Paper method on {len(devices):,} GPUs: file order, no departures, until {max_failures} "
+              f"placements in a row fail",
+    ))
+    print()
+    # What one query costs on the full cluster, empty and as the exact-fraction fill leaves it.
+    sizes = [250, 1000, 2000, 8000]
+    cost = {}
+    for scoring in SCORINGS:
+        # max_failures=0: the trace's workload (for FGD), nothing placed
+        empty = fill_sim(tasks, devices, exact_policy(), scoring, max_failures=0)
+        full = fill_sim(tasks, devices, exact_policy(), scoring, max_failures)
+        cost[scoring] = {"empty": find_cost(empty, sizes), "after_exact_fill": find_cost(full, sizes)}
+    print(table(["scoring", "cluster", *[f"find {m / 1000:g} GPU µs" for m in sizes]],
+                [[sc, state, *[c[str(m)] for m in sizes]] for sc, by in cost.items() for state, c in by.items()],
+                title=f"Placement query cost on {len(devices):,} GPUs ({cluster_summary(devices)['nodes']:,} nodes)"))
+    print()
+    return {"cluster": cluster_summary(devices), "max_failures": max_failures, "rows": rows, "find_us": cost}
+
+
+def load_method(args, tasks, trace, devices, policies, result: dict[str, Any]) -> None:
+    checkpoints = [x for x in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0) if x <= args.load]
+    inflation = [inflate(tasks, devices, p, args.load, checkpoints, scoring)
+                 for scoring in SCORINGS for p in policies]
+    bestfit = [r for r in inflation if r["scoring"] == "bestfit"]
+    result["inflation"] = {"cluster": cluster_summary(devices), "load": args.load, "rows": inflation,
+                           "ratios_vs_whole": ratios_vs_whole(bestfit, ("served_workloads", "requested_share",
+                                                                        "allocated_share"))}
 
     print(table(
-        ["policy", "submitted", "served", "refused", "not offered", "ledger full", "no device fits",
+        ["policy", "scoring", "submitted", "served", "refused", "not offered", "ledger full", "no device fits",
          "allocated share", "requested share", "first refusal at load", "checks"],
-        [[r["policy"], r["submitted"], r["served_workloads"], r["refused"], r["outcomes"]["not offered"],
+        [[r["policy"], r["scoring"], r["submitted"], r["served_workloads"], r["refused"], r["outcomes"]["not offered"],
           r["outcomes"]["quota"], r["outcomes"]["no device fits"], r["allocated_share"], r["requested_share"],
           r["first_refusal"]["offered_load"] if r["first_refusal"] else "none",
           "ok" if all(r["checks"].values()) else "FAILED"] for r in inflation],
@@ -133,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(
             ["policy", *[f"served @ {c:g}x" for c in checkpoints], *[f"req. share @ {c:g}x" for c in checkpoints]],
             [[r["policy"], *[s["served_workloads"] for s in r["checkpoints"]],
-              *[s["requested_share"] for s in r["checkpoints"]]] for r in inflation],
+              *[s["requested_share"] for s in r["checkpoints"]]] for r in bestfit],
             title="Inflation checkpoints: workloads served and GPU demand served (share of cluster) by offered load",
         ))
 
@@ -154,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 [[r["policy"], r["arrived"], r["served_workloads"], r["refused"], r["peak_concurrent_workloads"],
                   r["peak_allocated_share"], r["time_avg_allocated_share"], r["time_avg_requested_share"],
                   "ok" if all(r["checks"].values()) else "FAILED"] for r in rows],
-                title=f"Time replay on the {label} cluster ({len(devs):,} GPUs on "
+                title=f"Time replay (spawner.whatif engine) on the {label} cluster ({len(devs):,} GPUs on "
                       f"{cluster_summary(devs)['nodes']} nodes); refused = did not fit on arrival",
             ))
         queued_rows = [replay_queued(tasks, cut, p) for p in policies]
@@ -197,11 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["policy", "inflation: served", "inflation: demand served", "replay (cut): served",
                  "replay (cut): peak concurrent", "queued replay (cut): tasks that waited",
                  "queued replay (cut): mean wait"],
-                rat_rows, title="Capacity ratio vs whole GPUs (policy / whole)"))
-    result["elapsed_s"] = time.perf_counter() - started
-    path = write_result(args.name, result, args.out)
-    print(f"\nwrote {path} in {result['elapsed_s']:.1f} s")
-    return 0
+                rat_rows, title="Capacity ratio vs whole GPUs (policy / whole, best fit)"))
 
 
 if __name__ == "__main__":

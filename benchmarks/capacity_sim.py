@@ -9,6 +9,7 @@ is :mod:`spawner.sharing`'s.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -18,11 +19,15 @@ from typing import Any
 from _common import percentile
 from trace_loader import TraceTask
 
+
 from spawner.catalog import catalog_from_yaml
+from spawner.fragmentation import TaskClass
 from spawner.ledger import Ledger
 from spawner.model import Team
 from spawner.packer import FULL, DevicePacker, GPUDevice
 from spawner.sharing import mig_table, pick_mig_slice, timeslice_effective_milli
+from spawner.whatif import Proposal, RecordedSession
+from spawner.whatif import replay as replay_sessions
 
 #: The profile sizes the product brief offers (docs/benchmarks.md), in milli-GPUs.
 DEFAULT_PROFILE_SIZES = (250, 500, 1000, 2000, 4000, 8000)
@@ -48,7 +53,12 @@ def whole_policy() -> Policy:
     return Policy("whole", round_to_whole, "every request rounded up to whole GPUs")
 
 
-def fractional_policy(sizes: Sequence[int]) -> Policy:
+def exact_policy() -> Policy:
+    return Policy("exact", lambda milli: milli, "exact fractions: every request gets exactly what it asked for "
+                  "(the upper bound; e.g. KAI's gpu-fraction)")
+
+
+def fractional_policy(sizes: Sequence[int], name: str = "fractional") -> Policy:
     sizes = tuple(sorted(set(sizes)))
     bad = [s for s in sizes if s <= 0 or (s > FULL and s % FULL)]
     if bad:
@@ -61,7 +71,7 @@ def fractional_policy(sizes: Sequence[int]) -> Policy:
         return None
 
     shown = ", ".join(f"{s / 1000:g}" for s in sizes)
-    return Policy("fractional", allocate, f"rounded up to the nearest profile size ({shown} GPUs)")
+    return Policy(name, allocate, f"rounded up to the nearest profile size ({shown} GPUs)")
 
 
 def timeslice_policy(replicas: int) -> Policy:
@@ -106,9 +116,13 @@ def sizes_from_catalog(path: str) -> list[int]:
 class ClusterSim:
     """One team's ledger plus the device packer, admitting trace tasks."""
 
-    def __init__(self, devices: list[GPUDevice], policy: Policy):
+    def __init__(self, devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
+                 workload: dict[TaskClass, float] | None = None):
         self.policy = policy
-        self.packer = DevicePacker(devices)
+        self.packer = DevicePacker(devices, scoring=scoring, workload=workload)
+        #: Time spent in the packer's place() and how many calls.
+        self.place_s = 0.0
+        self.place_calls = 0
         self.total_milli = len(devices) * FULL
         self.ledger = Ledger([Team(name=TEAM, guarantee_milli=self.total_milli, burst_milli=self.total_milli)])
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
@@ -127,7 +141,11 @@ class ClusterSim:
             return "not offered"
         if not self.ledger.reserve(key, TEAM, task.qos or "trace", alloc, kind="job").allowed:
             return "quota"
-        if self.packer.place(key, alloc, task.models or None) is None:
+        t0 = time.perf_counter()
+        placed = self.packer.place(key, alloc, task.models or None)
+        self.place_s += time.perf_counter() - t0
+        self.place_calls += 1
+        if placed is None:
             self.ledger.release(key)
             return "no device fits"
         self.ledger.confirm(key)
@@ -171,10 +189,76 @@ def trace_order(tasks: list[TraceTask]) -> list[TraceTask]:
     return sorted(tasks, key=lambda t: (t.creation if t.creation is not None else 0, t.row))
 
 
+def policy_workload(tasks: list[TraceTask], policy: Policy) -> dict[TaskClass, float]:
+    """The trace's request classes as the packer sees them (after the policy's rounding)."""
+    out: dict[TaskClass, float] = {}
+    for t in tasks:
+        alloc = policy.allocate(t.request_milli)
+        if alloc:
+            cls = TaskClass(alloc, t.models)
+            out[cls] = out.get(cls, 0.0) + 1.0
+    return out
+
+
+def fill(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
+         max_failures: int = 200) -> dict[str, Any]:
+    """The paper's measure: file order, no departures, until ``max_failures`` placements in a row fail.
+
+    Tasks are submitted in the order of the file (cycling through it again
+    if it runs out first); a task no offered size holds is skipped, not
+    counted as a failed placement. FGD scores against the trace's own
+    request classes, as the paper does.
+    """
+    sim = fill_sim(tasks, devices, policy, scoring, max_failures)
+    return {
+        "policy": policy.name,
+        "scoring": scoring,
+        "submitted": sum(sim.outcomes.values()),
+        "served_workloads": sim.running,
+        "outcomes": dict(sim.outcomes),
+        "requested_gpus": sim.requested / FULL,
+        "allocated_gpus": sim.allocated / FULL,
+        "requested_share": sim.requested / sim.total_milli,
+        "allocated_share": sim.allocated / sim.total_milli,
+        "place_calls": sim.place_calls,
+        "place_us_per_call": 1e6 * sim.place_s / sim.place_calls if sim.place_calls else 0.0,
+        "checks": sim.checks(),
+    }
+
+
+def fill_sim(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
+             max_failures: int = 200) -> ClusterSim:
+    """The cluster as :func:`fill` leaves it."""
+    workload = policy_workload(tasks, policy) if scoring == "fgd" else None
+    sim = ClusterSim(devices, policy, scoring, workload)
+    order = sorted(tasks, key=lambda t: t.row)
+    failures = submitted = 0
+    while order and failures < max_failures and submitted < 50 * len(order):
+        task = order[submitted % len(order)]
+        outcome = sim.submit(f"{task.name}#{submitted // len(order)}", task)
+        submitted += 1
+        if outcome == "placed":
+            failures = 0
+        elif outcome != "not offered":
+            failures += 1
+    return sim
+
+
+def find_cost(sim: ClusterSim, sizes: Sequence[int], repeat: int = 2000) -> dict[str, float]:
+    """Microseconds per ``packer.find`` for each size, on the cluster as it is (nothing placed)."""
+    out = {}
+    for milli in sizes:
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            sim.packer.find(milli)
+        out[str(milli)] = 1e6 * (time.perf_counter() - t0) / repeat
+    return out
+
+
 def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, load: float,
-            checkpoints: Sequence[float]) -> dict[str, Any]:
+            checkpoints: Sequence[float], scoring: str = "bestfit") -> dict[str, Any]:
     """Submit tasks in trace order, no departures, until ``load`` x cluster GPUs were offered."""
-    sim = ClusterSim(devices, policy)
+    sim = ClusterSim(devices, policy, scoring, policy_workload(tasks, policy) if scoring == "fgd" else None)
     order = trace_order(tasks)
     target = load * sim.total_milli
     offered = 0
@@ -196,6 +280,7 @@ def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, lo
                               "allocated_share": sim.allocated / sim.total_milli})
     return {
         "policy": policy.name,
+        "scoring": scoring,
         "submitted": i,
         "offered_load": offered / sim.total_milli,
         "served_workloads": sim.running,
@@ -205,6 +290,7 @@ def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, lo
         "requested_share": sim.requested / sim.total_milli,
         "first_refusal": first_refusal,
         "checkpoints": snapshots,
+        "place_us_per_call": 1e6 * sim.place_s / sim.place_calls if sim.place_calls else 0.0,
         "checks": sim.checks(),
     }
 
@@ -227,45 +313,49 @@ def task_intervals(tasks: list[TraceTask]) -> tuple[list[tuple[int, int, int]], 
     return intervals, zero_length
 
 
+def policy_sizes(policy: Policy, largest_milli: int) -> tuple[int, ...] | None:
+    """The catalog a policy amounts to (what it rounds up to), for the what-if engine; ``None``: exact."""
+    if policy.name == "exact":
+        return None
+    asks = [*range(1, FULL + 1), *range(2 * FULL, max(largest_milli, FULL) + 1, FULL)]
+    return tuple(sorted({a for a in map(policy.allocate, asks) if a is not None}))
+
+
 def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> dict[str, Any]:
-    """Replay creation/deletion times; a task that does not fit on arrival is refused."""
-    sim = ClusterSim(devices, policy)
+    """Replay creation/deletion times through the product's what-if engine (:mod:`spawner.whatif`).
+
+    A task that does not fit on arrival is refused; one team, ``cluster``,
+    whose guarantee and burst are the cluster's GPUs.
+    """
     intervals, zero_length = task_intervals(tasks)
-    events: list[tuple[int, int, int, TraceTask]] = []
-    for n, start, stop in intervals:
-        events.append((start, 1, n, tasks[n]))
-        events.append((stop, 0, n, tasks[n]))  # departures before arrivals at the same second
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
-    first = events[0][0] if events else 0
-    last = events[-1][0] if events else 0
-    alloc_integral = req_integral = 0
-    now = first
-    for at, kind, n, t in events:
-        alloc_integral += sim.allocated * (at - now)
-        req_integral += sim.requested * (at - now)
-        now = at
-        key = f"{t.name}@{n}"
-        if kind == 1:
-            sim.submit(key, t)
-        else:
-            sim.finish(key)
-    span = max(1, last - first)
-    checks = sim.checks()
-    checks["all_released_at_end"] = sim.running == 0 and sim.ledger.usage(TEAM).held_milli == 0
-    arrived = sum(sim.outcomes.values())
+    sessions = [RecordedSession(key=f"{tasks[n].name}@{n}", team=TEAM, user=tasks[n].name,
+                                gpu_milli=tasks[n].request_milli, start=start, end=stop, models=tasks[n].models)
+                for n, start, stop in intervals]
+    total = len(devices) * FULL
+    largest = max((t.request_milli for t in tasks), default=FULL)
+    proposal = Proposal(sizes=policy_sizes(policy, largest),
+                        teams={TEAM: Team(name=TEAM, guarantee_milli=total, burst_milli=total)})
+    r = replay_sessions(sessions, proposal, devices)
+    first = min((s.start for s in sessions), default=0)
+    last = max((s.end for s in sessions), default=0)
+    span_gpu_s = max(1, last - first) * total / FULL
+    outcomes = {"placed": r.served, **r.refused}
     return {
         "policy": policy.name,
-        "arrived": arrived,
+        "engine": "spawner.whatif.replay",
+        "arrived": r.sessions,
         "zero_length_skipped": zero_length,
-        "served_workloads": sim.outcomes["placed"],
-        "refused": arrived - sim.outcomes["placed"],
-        "outcomes": dict(sim.outcomes),
-        "peak_concurrent_workloads": sim.peak_running,
-        "peak_allocated_share": sim.peak_allocated / sim.total_milli,
-        "time_avg_allocated_share": alloc_integral / (span * sim.total_milli),
-        "time_avg_requested_share": req_integral / (span * sim.total_milli),
+        "served_workloads": r.served,
+        "refused": r.sessions - r.served,
+        "outcomes": outcomes,
+        "peak_concurrent_workloads": r.peak_sessions,
+        "peak_allocated_share": r.peak_held_milli / total,
+        "time_avg_allocated_share": r.served_gpu_hours * 3600 / span_gpu_s,
+        "time_avg_requested_share": r.served_requested_gpu_hours * 3600 / span_gpu_s,
+        "served_gpu_hours": r.served_gpu_hours,
+        "refused_gpu_hours": sum(r.refused_gpu_hours.values()),
         "window_s": [first, last],
-        "checks": checks,
+        "checks": dict(r.checks),
     }
 
 

@@ -187,8 +187,23 @@ def subset_nodes(devices: list[GPUDevice], min_gpus: int) -> list[GPUDevice]:
 
 
 def default_trace_dir() -> Path:
-    """``$GPULAB_TRACE_DIR``, else ``../shared/data/alibaba-gpu-v2023`` beside the checkout."""
+    """``$GPULAB_TRACE_DIR``, else ``../shared/data/alibaba-gpu-v2023`` beside the checkout.
+
+    In a ``git worktree`` the folder is also looked for beside the main
+    checkout (the worktree's ``.git`` file names it).
+    """
     env = os.environ.get("GPULAB_TRACE_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "alibaba-gpu-v2023"
+    repo = Path(__file__).resolve().parent.parent
+    tail = Path("shared") / "data" / "alibaba-gpu-v2023"
+    candidates = [repo.parent / tail]
+    git = repo / ".git"
+    if git.is_file():
+        text = git.read_text(errors="replace").strip()
+        if text.startswith("gitdir:"):
+            gitdir = Path(text[len("gitdir:"):].strip())  # <main>/.git/worktrees/<name>
+            if not gitdir.is_absolute():
+                gitdir = (repo / gitdir).resolve()
+            candidates.append(gitdir.parent.parent.parent.parent / tail)
+    return next((c for c in candidates if c.is_dir()), candidates[0])

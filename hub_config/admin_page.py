@@ -21,6 +21,7 @@ from spawner.priority import BY_SHORT_NAME
 from spawner.units import format_gpus
 
 from .api.admin import bucket_for, parse_period, profile_view, team_view
+from . import whatif_page
 from .scopes import ADMIN
 from .usage import current_report, period_report
 
@@ -208,4 +209,4 @@ class GPULabAdminPageHandler(BaseHandler):
         self.finish(html)
 
 
-handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler)]
+handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers]

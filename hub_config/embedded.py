@@ -1,8 +1,17 @@
-"""The embedded single-server hub: one GPU box (or a laptop), no Kubernetes."""
+"""The embedded single-server hub: one GPU box (or a laptop), no Kubernetes.
+
+Users are isolated by the operating system: when the hub runs as root, every
+hub user's servers and notebook jobs run as that user's own system account
+(``<prefix><name>``, created on first spawn, home 0700), and the hub's state
+(databases, cookie secret, pid files) sits in a 0700 folder of its own. A hub
+that cannot switch users runs everything as its own account, says so at start
+and on the login page, and listens on loopback only. See docs/single-server.md.
+"""
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import shutil
 import socket
@@ -10,6 +19,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from spawner.accounts import can_switch_users, unreachable_by_others
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
 
@@ -47,6 +57,52 @@ def check_bind_safe(bind_url: str, demo_auth: bool) -> None:
         )
 
 
+NOT_ISOLATED = ("users are NOT isolated from each other: the hub is not root, so every server and job "
+                "runs as the hub's own account and can read every other user's files and the hub's secrets. "
+                "Run the hub as root to give each user a system account (docs/single-server.md).")
+
+
+def check_isolation_bind(bind_url: str, isolated: bool) -> None:
+    """A hub that cannot keep users apart serves this machine only."""
+    host = urlparse(bind_url).hostname or ""
+    if not isolated and not is_loopback(host):
+        raise UnsafeBindError(
+            f"gpulab: refusing to start on {host or 'all interfaces'} ({bind_url}): {NOT_ISOLATED} "
+            "Without isolation the hub listens on a loopback address only.")
+
+
+def port_near(preferred: int) -> int:
+    """``preferred`` when it is free on 127.0.0.1, else a free port the kernel picks."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_dir(path: Path, mode: int) -> Path:
+    """Create ``path`` and give it exactly ``mode`` (the hub owns it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, mode)
+    return path
+
+
+def check_reachable(paths: dict[str, Path | str]) -> None:
+    """Users' accounts must reach the interpreter, gpulab's code and their homes."""
+    problems = []
+    for what, path in paths.items():
+        blocked = unreachable_by_others(path)
+        if blocked is not None:
+            problems.append(f"{what} {path}: other accounts cannot enter {blocked}")
+    if problems:
+        raise SystemExit(
+            "gpulab: refusing to start: servers and jobs run as the users' own accounts, which cannot "
+            "reach what they need:\n  " + "\n  ".join(problems) + "\nInstall gpulab in a virtualenv "
+            "other users can read (e.g. /opt/gpulab, created from /usr/bin/python3) and put the data "
+            "folder (--data-dir) or the homes (GPULAB_HOME_ROOT) where they can reach them.")
+
+
 def find_proxy() -> str:
     for candidate in (os.environ.get("GPULAB_CHP"), shutil.which("configurable-http-proxy"),
                       str(REPO_ROOT / "node_modules" / ".bin" / "configurable-http-proxy")):
@@ -58,8 +114,13 @@ def find_proxy() -> str:
 def configure_embedded(c) -> None:
     """Configure ``c`` for the embedded hub from ``GPULAB_*`` environment variables.
 
-    - ``GPULAB_BIND`` (default ``http://127.0.0.1:8000``)
-    - ``GPULAB_DATA_DIR`` (default ``./.gpulab``): hub database, cookie secret, user homes
+    - ``GPULAB_BIND`` (default ``http://127.0.0.1:8000``); the hub's internal
+      port and the proxy's API port follow it (+1, +2) or are picked free
+      (``GPULAB_HUB_PORT``, ``GPULAB_PROXY_API_PORT`` set them)
+    - ``GPULAB_DATA_DIR`` (default ``./.gpulab``): everything the hub writes
+      (``hub/`` 0700: databases, cookie secret, pid files; ``jobs/``; ``homes/``)
+    - ``GPULAB_HOME_ROOT`` (default ``$GPULAB_DATA_DIR/homes``), ``GPULAB_ACCOUNT_PREFIX``
+      (default ``jupyter-``): the users' system accounts
     - ``GPULAB_CATALOG`` (default: the demo teams): teams/profiles YAML
     - ``GPULAB_DEMO_AUTH`` (default ``1``), ``GPULAB_DEMO_PASSWORD`` (default ``gpulab-demo``)
     - ``GPULAB_ADMIN_USERS`` (default ``admin``), comma-separated
@@ -69,25 +130,53 @@ def configure_embedded(c) -> None:
     catalog_file = os.environ.get("GPULAB_CATALOG", DEMO_CATALOG)
     demo_auth = os.environ.get("GPULAB_DEMO_AUTH", "1") not in ("0", "false", "no")
     admins = [a for a in os.environ.get("GPULAB_ADMIN_USERS", "admin").split(",") if a]
+    isolated = can_switch_users()
     check_bind_safe(bind_url, demo_auth)
+    check_isolation_bind(bind_url, isolated)
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "homes").mkdir(exist_ok=True)
+    # Users' homes may live below the data folder: others may enter it, not list it.
+    prepare_dir(data_dir, 0o711 if isolated else 0o700)
+    state_dir = prepare_dir(data_dir / "hub", 0o700)
+    home_root = Path(os.environ.get("GPULAB_HOME_ROOT") or data_dir / "homes").resolve()
+    home_root.mkdir(parents=True, exist_ok=True)
     c.JupyterHub.bind_url = bind_url
     c.JupyterHub.hub_ip = "127.0.0.1"
-    c.JupyterHub.db_url = f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
-    c.JupyterHub.cookie_secret_file = str(data_dir / "jupyterhub_cookie_secret")
-    c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
-    c.ConfigurableHTTPProxy.pid_file = str(data_dir / "jupyterhub-proxy.pid")
+    port = urlparse(bind_url).port or 8000
+    c.JupyterHub.hub_port = int(os.environ.get("GPULAB_HUB_PORT") or port_near(port + 1))
+    api_port = int(os.environ.get("GPULAB_PROXY_API_PORT") or port_near(port + 2))
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{api_port}"
+    c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
+    c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
     c.ConfigurableHTTPProxy.command = [find_proxy()]
+    c.GPULabDB.db_url = f"sqlite:///{state_dir / 'gpulab.sqlite'}"
+    c.GPULabJobs.state_dir = str(data_dir / "jobs")
     c.JupyterHub.allow_named_servers = True
     c.JupyterHub.named_server_limit_per_user = 4
     c.JupyterHub.cleanup_servers = False  # servers survive a hub restart and are counted again
 
-    c.JupyterHub.spawner_class = "gpu-simple-local"
-    c.SimpleLocalProcessSpawner.home_dir_template = str(data_dir / "homes" / "{username}")
+    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
+    if isolated:
+        c.JupyterHub.spawner_class = "gpu-local"
+        c.UserAccounts.enabled = True
+        c.UserAccounts.home_root = str(home_root)
+        c.UserAccounts.prefix = os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-")
+        if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
+            prepare_dir(home_root, 0o711)
+        check_reachable({"the Python interpreter": sys.executable, "the single-user server": singleuser,
+                         "gpulab's code": REPO_ROOT, "the users' homes": home_root,
+                         "the job status folder": data_dir / "jobs"})
+        print(f"gpulab: users are isolated: each runs as system account {c.UserAccounts.prefix}<name> "
+              f"(created on first spawn, home in {home_root}); hub state in {state_dir} (0700)",
+              file=sys.stderr, flush=True)
+    else:
+        c.JupyterHub.spawner_class = "gpu-simple-local"
+        c.SimpleLocalProcessSpawner.home_dir_template = str(home_root / "{username}")
+        print(f"gpulab: WARNING: {NOT_ISOLATED}", file=sys.stderr, flush=True)
+        logging.getLogger("JupyterHub").warning("gpulab: %s", NOT_ISOLATED)
     c.Spawner.default_url = "/lab"
-    c.Spawner.cmd = [str(Path(sys.executable).with_name("jupyterhub-singleuser"))]
+    c.Spawner.cmd = [str(singleuser)]
     c.Spawner.http_timeout = 60
     c.Spawner.start_timeout = 60
 
@@ -105,6 +194,7 @@ def configure_embedded(c) -> None:
         c.Authenticator.admin_users = set(admins)
         gpus = ", ".join(f"{s.count} × {s.model}" for s in catalog.inventory) or "none declared"
         c.JupyterHub.template_vars = {
+            "gpulab_not_isolated": None if isolated else NOT_ISOLATED,
             "gpulab_demo": {
                 "users": members,
                 "admins": admins,
@@ -112,4 +202,6 @@ def configure_embedded(c) -> None:
                 "gpus": gpus + " (declared unless NVML finds a driver)",
             }
         }
+    else:
+        c.JupyterHub.template_vars = {"gpulab_not_isolated": None if isolated else NOT_ISOLATED}
     configure_gpulab(c, admin_users=admins)

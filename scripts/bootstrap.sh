@@ -37,7 +37,27 @@ if [[ $WANT_TEST == 1 ]]; then
 fi
 
 # 2. Python virtualenv with gpulab installed (editable).
+# Users' servers and jobs run as their own accounts, from this virtualenv: its
+# interpreter must be reachable by every account (pyenv under a 0700 /root is
+# not), so prefer one that is.
+reachable() {  # every folder on the way to the real interpreter is world-executable
+  local p
+  p=$(readlink -f "$(command -v "$1" 2>/dev/null)" 2>/dev/null) || return 1
+  [[ -n $p ]] || return 1
+  while [[ $p != / ]]; do
+    p=$(dirname "$p")
+    [[ $(( 0$(stat -c %a "$p") & 1 )) == 1 ]] || return 1
+  done
+}
 PY=${PYTHON:-python3}
+if [[ -z ${PYTHON:-} ]] && ! reachable "$PY" && reachable /usr/bin/python3 \
+   && /usr/bin/python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  PY=/usr/bin/python3
+fi
+if [[ -x .venv/bin/python ]] && reachable "$PY" && ! reachable .venv/bin/python; then
+  log "recreating .venv with $PY (the old interpreter is not reachable by users' accounts)"
+  rm -rf .venv
+fi
 if [[ ! -x .venv/bin/python ]]; then
   log "creating .venv"
   "$PY" -m venv .venv

@@ -240,6 +240,9 @@ _TEAM_KEYS = {
     "name", "display_name", "users", "groups", "guarantee", "burst", "per_user_cap",
     "allowed_profiles", "namespace", "idle_timeout",
 }
+#: Highest price per GPU-hour: costs of a year of a whole cluster stay finite numbers.
+MAX_PRICE = 1_000_000
+
 _TOP_KEYS = {"teams", "profiles", "sharing", "inventory", "prices"}
 
 
@@ -509,8 +512,10 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
             r.error(("prices",), f"expected a mapping of GPU model to price per GPU-hour, got {_kind(pr)}")
         else:
             for model, price in pr.items():
-                if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
-                    r.error(("prices", model), f"expected a non-negative price per GPU-hour, got {price!r}")
+                if (isinstance(price, bool) or not isinstance(price, (int, float))
+                        or not 0 <= price <= MAX_PRICE):  # also NaN and infinity
+                    r.error(("prices", model), f"expected a non-negative price per GPU-hour of at most {MAX_PRICE:g}, "
+                            f"got {str(price)[:40]}")
                 else:
                     prices[str(model)] = float(price)
 

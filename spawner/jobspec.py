@@ -94,6 +94,8 @@ def validate_notebook_path(path: Any) -> str:
         raise JobSpecError("notebook must be a path relative to your home directory, e.g. 'experiments/train.ipynb'")
     if len(path) > MAX_PATH_LEN:
         raise JobSpecError(f"notebook path is longer than {MAX_PATH_LEN} characters")
+    if path.endswith("/"):
+        raise JobSpecError("notebook path ends with '/': name a .ipynb file, not a folder")
     if any(ord(ch) < 32 or ch == "\x7f" for ch in path) or "\\" in path:
         raise JobSpecError("notebook path contains control characters or backslashes")
     p = PurePosixPath(path)

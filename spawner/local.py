@@ -1,10 +1,13 @@
 """The single-server spawners: JupyterHub's local process spawners + the GPU core.
 
-``GPULocalSpawner`` (entry point ``gpu-local``) runs each server as the
-user's own system account, like ``LocalProcessSpawner``;
-``GPUSimpleLocalSpawner`` (``gpu-simple-local``, the embedded default) runs
-every server as the hub's own account with a home per user, like
-``SimpleLocalProcessSpawner``. Both:
+``GPULocalSpawner`` (entry point ``gpu-local``, the embedded default when the
+hub runs as root) runs each server as the user's own system account
+(``jupyter-<name>``, created on first spawn, home 0700: see
+:mod:`spawner.accounts`), like ``LocalProcessSpawner`` with The Littlest
+JupyterHub's account creation. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``)
+runs every server as the hub's own account with a home per user, like
+``SimpleLocalProcessSpawner``: users are not isolated from each other, so the
+embedded hub uses it only when it cannot switch users, and says so. Both:
 
 - offer the profiles of the user's teams with live availability;
 - validate the choice again on the server and reserve quota in the shared
@@ -18,15 +21,17 @@ every server as the hub's own account with a home per user, like
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
 
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, set_user_setuid
 from tornado import web
 from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
+from .accounts import Account, AccountError, UserAccounts
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import options_from_formdata, render_options_form
@@ -80,6 +85,16 @@ class GPULocalMixin(LoggingConfigurable):
     _gpulab_state: dict[str, Any] | None = None
     #: cpu/mem traits as configured, before any profile set them.
     _configured_limits: dict[str, Any] | None = None
+    #: This named server's record was created by a visit of its spawn page and never ran.
+    _fresh_record: bool = False
+    #: start() refused the request (quota, capacity, options): JupyterHub stops the server next.
+    _refused_start: bool = False
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        orm = kwargs.get("orm_spawner")
+        self._fresh_record = bool(self.name) and orm is not None and orm.started is None \
+            and orm.last_activity is None
 
     allow_root_when_root = Bool(
         True,
@@ -133,6 +148,8 @@ class GPULocalMixin(LoggingConfigurable):
         runtime = self.gpulab
         choices = choices_for_user(runtime.catalog, runtime.ledger, self.user.name, self._groups(), self._capacity)
         note, declared = self.inventory_note()
+        # Showing the form starts nothing: the record JupyterHub made to show it goes again.
+        self._forget_unstarted_record()
         return render_options_form(choices, note, declared)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
@@ -140,8 +157,42 @@ class GPULocalMixin(LoggingConfigurable):
             options = options_from_formdata(formdata)
             self._resolve(options, check_now=True)
         except PolicyError as e:
+            self._forget_unstarted_record()
             raise web.HTTPError(e.status, str(e)) from None
         return options
+
+    # -- named-server records -----------------------------------------------
+
+    def _forget_unstarted_record(self) -> None:
+        """Remove this named server's record if it never ran.
+
+        JupyterHub stores a record on every visit of ``/hub/spawn/<user>/<name>``
+        and keeps it after a refused spawn; left behind, such records fill the
+        home page and count towards ``named_server_limit_per_user``. Only a
+        record that never ran is removed: a stopped server the user started
+        before stays.
+        """
+        user = getattr(self, "user", None)
+        orm = getattr(self, "orm_spawner", None)
+        if (not self._fresh_record or self.active or orm is None or orm.server is not None
+                or user is None or user.spawners.get(self.name) is not self):
+            return
+        user.spawners.pop(self.name, None)
+        user.db.delete(orm)
+        user.db.commit()
+        self.log.info("gpulab: removed the record of named server %s/%s, which never ran", user.name, self.name)
+
+    def run_post_stop_hook(self):
+        """After JupyterHub stopped a server that was refused in :meth:`start`, forget its record.
+
+        This is the last step of a failed spawn; the record goes once the
+        failure has been answered, before any other request can reuse it.
+        """
+        result = super().run_post_stop_hook()
+        if self._refused_start:
+            self._refused_start = False
+            asyncio.get_running_loop().call_soon(self._forget_unstarted_record)
+        return result
 
     def _resolve(self, options: dict[str, Any], check_now: bool = False) -> SpawnRequest:
         runtime = self.gpulab
@@ -165,6 +216,7 @@ class GPULocalMixin(LoggingConfigurable):
         try:
             request = self._resolve(dict(self.user_options or {}))
         except PolicyError as e:
+            self._refused()
             raise web.HTTPError(e.status, str(e)) from None
         key = self._key
         profile = request.profile
@@ -174,6 +226,7 @@ class GPULocalMixin(LoggingConfigurable):
         )
         if not decision.allowed:
             self.log.warning("gpulab: refused %s: %s", key, decision.reason)
+            self._refused()
             raise web.HTTPError(403, decision.reason)
         placement: Placement | None = None
         if request.milli:
@@ -183,6 +236,7 @@ class GPULocalMixin(LoggingConfigurable):
                 )
             if placement is None:
                 runtime.ledger.release(key)
+                self._refused()
                 raise web.HTTPError(409, self._capacity(profile).reason or "no free GPU fits this profile")
         # JupyterHub passes these to the server as MEM_LIMIT, CPU_LIMIT, ... (what
         # jupyter-resource-usage shows); a local process is not confined by them.
@@ -211,7 +265,11 @@ class GPULocalMixin(LoggingConfigurable):
             self._release()
             raise
         runtime.ledger.confirm(key)
+        self._fresh_record = False
         return result
+
+    def _refused(self) -> None:
+        self._refused_start = True
 
     def _release(self) -> None:
         runtime = self.gpulab
@@ -249,9 +307,13 @@ class GPULocalMixin(LoggingConfigurable):
         return gpu_env(state["team"], state["profile"], state["milli"], state["over_quota"],
                        state.get("shares") or [], self.gpulab.packer.devices)
 
+    def runs_as_root(self) -> bool:
+        """Will the single-user server's process be root?"""
+        return hasattr(os, "geteuid") and os.geteuid() == 0
+
     def get_args(self) -> list[str]:
         args = super().get_args()
-        if self.allow_root_when_root and hasattr(os, "geteuid") and os.geteuid() == 0:
+        if self.allow_root_when_root and self.runs_as_root():
             args.append("--allow-root")
         return args
 
@@ -289,7 +351,45 @@ class GPULocalMixin(LoggingConfigurable):
 
 
 class GPULocalSpawner(GPULocalMixin, LocalProcessSpawner):
-    """Local processes as each user's own system account, with GPU profiles."""
+    """Local processes as each user's own system account, with GPU profiles.
+
+    The account comes from ``c.UserAccounts`` (prefix, home root, creation);
+    the hub must be root to create accounts and switch to them.
+    """
+
+    _account: Account | None = None
+
+    @property
+    def accounts(self) -> UserAccounts:
+        return UserAccounts(parent=self)
+
+    @property
+    def account(self) -> Account:
+        """The system account this user's servers run as (created on first use)."""
+        if self._account is None:
+            self._account = self.accounts.account_for(self.user.name)
+        return self._account
+
+    async def start(self):
+        try:
+            self._account = await asyncio.to_thread(self.accounts.account_for, self.user.name)
+        except AccountError as e:
+            self.log.error("gpulab: %s", e)
+            raise web.HTTPError(500, f"cannot prepare the system account of {self.user.name}: {e}") from None
+        return await super().start()
+
+    def runs_as_root(self) -> bool:
+        return self.account.uid == 0
+
+    def make_preexec_fn(self, name):
+        return set_user_setuid(self.account.name)
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        account = self.account
+        env["USER"] = account.name
+        env["HOME"] = str(account.home)
+        env["SHELL"] = account.shell
+        return env
 
 
 class GPUSimpleLocalSpawner(GPULocalMixin, SimpleLocalProcessSpawner):

@@ -1,24 +1,30 @@
 """The device packer: places GPU requests on physical devices.
 
-A request below one GPU goes to the device whose free share fits it most
-tightly (best fit), so partially used devices fill up before fresh ones are
-touched and whole GPUs stay available for whole-GPU work. A request of N whole
-GPUs takes N completely free devices on one node, on the node with the fewest
-free devices that still fits (best fit again, at node level). No device ever
-holds more than 1000 milli-GPUs.
+Two scorings. Best fit: a request below one GPU goes to the device whose free
+share fits it most tightly, so partially used devices fill up before fresh
+ones are touched; when it needs a fresh device, or N whole GPUs (N completely
+free devices of one model on one node), it goes to the node left with the
+least free GPU (best fit at node level), so empty nodes stay empty for large
+requests. FGD (fragmentation gradient descent, :mod:`spawner.fragmentation`):
+the candidate that grows the fragmentation of the expected workload least,
+ties broken by best fit. No device ever holds more than 1000 milli-GPUs.
 
 The same packer serves the single-server spawner (one node), the single-server
 job runner and the capacity benchmark (thousands of nodes), so lookups are
-indexed by free share rather than scanned.
+indexed (distinct free shares per model; nodes by their count of free
+devices) rather than scanned: a query costs in the number of distinct free
+shares, not in the number of devices.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-FULL = 1000
+from .fragmentation import FULL, FragmentationWeights, TaskClass
+
+__all__ = ["FULL", "SCORINGS", "DevicePacker", "GPUDevice", "PackingError", "Placement", "devices_from_inventory"]
 
 
 @dataclass(frozen=True)
@@ -52,101 +58,254 @@ class PackingError(ValueError):
     pass
 
 
-class DevicePacker:
-    """Best-fit placement of milli-GPU requests on a fixed set of devices."""
+SCORINGS = ("bestfit", "fgd")
 
-    def __init__(self, devices: Iterable[GPUDevice]):
+
+class _NodeGroup:
+    """The devices of one GPU model on one node (multi-GPU requests stay inside one)."""
+
+    __slots__ = ("node", "model", "full", "partial_free")
+
+    def __init__(self, node: str, model: str):
+        self.node = node
+        self.model = model
+        #: Completely free devices, in index order of arrival.
+        self.full: dict[int, None] = {}
+        #: Sum of the free shares of the devices that are not completely free.
+        self.partial_free = 0
+
+
+class _ModelIndex:
+    """The free capacity of one GPU model, indexed for the queries the packer asks."""
+
+    __slots__ = ("values", "bucket", "by_full", "by_node_free", "max_full")
+
+    def __init__(self) -> None:
+        #: Sorted distinct free shares of partly used devices (0 < free < FULL).
+        self.values: list[int] = []
+        #: free share -> ordered set of the partly used devices with it.
+        self.bucket: dict[int, dict[int, None]] = {}
+        #: c >= 1 completely free devices -> sorted (partial free, node) of the node groups with c.
+        self.by_full: dict[int, list[tuple[int, str]]] = {}
+        #: Sorted (free GPU of the node group, node) of the groups with a completely free device.
+        self.by_node_free: list[tuple[int, str]] = []
+        #: The most devices of this model on one node.
+        self.max_full = 0
+
+    def add_group(self, group: _NodeGroup) -> None:
+        c = len(group.full)
+        if c:
+            lst = self.by_full.get(c)
+            if lst is None:
+                lst = self.by_full[c] = []
+            bisect.insort(lst, (group.partial_free, group.node))
+            bisect.insort(self.by_node_free, (c * FULL + group.partial_free, group.node))
+
+    def drop_group(self, group: _NodeGroup) -> None:
+        c = len(group.full)
+        if c:
+            lst = self.by_full[c]
+            del lst[bisect.bisect_left(lst, (group.partial_free, group.node))]
+            if not lst:
+                del self.by_full[c]
+            nf = self.by_node_free
+            del nf[bisect.bisect_left(nf, (c * FULL + group.partial_free, group.node))]
+
+    def add_free(self, idx: int, free: int) -> None:
+        b = self.bucket.get(free)
+        if b is None:
+            b = self.bucket[free] = {}
+            bisect.insort(self.values, free)
+        b[idx] = None
+
+    def drop_free(self, idx: int, free: int) -> None:
+        b = self.bucket[free]
+        del b[idx]
+        if not b:
+            del self.bucket[free]
+            del self.values[bisect.bisect_left(self.values, free)]
+
+
+class DevicePacker:
+    """Placement of milli-GPU requests on a fixed set of devices.
+
+    ``scoring="bestfit"``: the device whose free share fits most tightly, and
+    for a fresh device (or whole GPUs) the node left with the least free GPU.
+    ``scoring="fgd"``: the placement that grows the fragmentation of the
+    target ``workload`` least (:mod:`spawner.fragmentation`), ties broken by
+    best fit. Without a ``workload`` the packer learns it from the requests
+    it is asked to place.
+    """
+
+    def __init__(self, devices: Iterable[GPUDevice], *, scoring: str = "bestfit",
+                 workload: Mapping[TaskClass, float] | None = None):
+        if scoring not in SCORINGS:
+            raise PackingError(f"unknown scoring {scoring!r}; expected one of {', '.join(SCORINGS)}")
+        self.scoring = scoring
         self.devices: dict[int, GPUDevice] = {}
         for d in devices:
             if d.index in self.devices:
                 raise PackingError(f"duplicate device index {d.index}")
             self.devices[d.index] = d
         self._used: dict[int, int] = {i: 0 for i in self.devices}
+        self._used_total = 0
         self._placements: dict[str, Placement] = {}
-        # (model, free) -> ordered set of device indices; plus sorted free values per model.
-        self._bucket: dict[tuple[str, int], dict[int, None]] = {}
-        self._free_values: dict[str, list[int]] = {}
-        # node -> model -> ordered set of fully free device indices.
-        self._node_free: dict[str, dict[str, dict[int, None]]] = {}
+        self._groups: dict[tuple[str, str], _NodeGroup] = {}
+        self._group_of: dict[int, _NodeGroup] = {}
+        self._index: dict[str, _ModelIndex] = {}
         for d in self.devices.values():
-            self._index(d.index, FULL)
+            group = self._groups.get((d.node, d.model))
+            if group is None:
+                group = self._groups[(d.node, d.model)] = _NodeGroup(d.node, d.model)
+            self._group_of[d.index] = group
+            group.full[d.index] = None
+            if d.model not in self._index:
+                self._index[d.model] = _ModelIndex()
+        for group in self._groups.values():
+            mi = self._index[group.model]
+            mi.add_group(group)
+            mi.max_full = max(mi.max_full, len(group.full))
+        self._fixed_workload = workload is not None
+        self._seen: dict[TaskClass, float] = dict(workload or {})
+        self._weights: FragmentationWeights | None = None
+        self._stale = 0
 
     # -- index maintenance -------------------------------------------------
 
-    def _index(self, idx: int, free: int) -> None:
-        d = self.devices[idx]
-        b = self._bucket.setdefault((d.model, free), {})
-        if not b:
-            bisect.insort(self._free_values.setdefault(d.model, []), free)
-        b[idx] = None
-        if free == FULL:
-            self._node_free.setdefault(d.node, {}).setdefault(d.model, {})[idx] = None
-
-    def _unindex(self, idx: int, free: int) -> None:
-        d = self.devices[idx]
-        b = self._bucket[(d.model, free)]
-        del b[idx]
-        if not b:
-            del self._bucket[(d.model, free)]
-            values = self._free_values[d.model]
-            values.pop(bisect.bisect_left(values, free))
-        if free == FULL:
-            del self._node_free[d.node][d.model][idx]
+    def _set_free(self, idx: int, old: int, new: int) -> None:
+        group = self._group_of[idx]
+        mi = self._index[group.model]
+        mi.drop_group(group)
+        if old == FULL:
+            del group.full[idx]
+        else:
+            group.partial_free -= old
+            if old:
+                mi.drop_free(idx, old)
+        if new == FULL:
+            group.full[idx] = None
+        else:
+            group.partial_free += new
+            if new:
+                mi.add_free(idx, new)
+        mi.add_group(group)
 
     def _use(self, idx: int, milli: int) -> None:
         free = FULL - self._used[idx]
         if milli > free:
             raise PackingError(f"device {idx} has {free} milli free, cannot take {milli}")
-        self._unindex(idx, free)
         self._used[idx] += milli
-        self._index(idx, free - milli)
+        self._used_total += milli
+        self._set_free(idx, free, free - milli)
 
     def _unuse(self, idx: int, milli: int) -> None:
         free = FULL - self._used[idx]
-        self._unindex(idx, free)
         self._used[idx] -= milli
-        self._index(idx, free + milli)
+        self._used_total -= milli
+        self._set_free(idx, free, free + milli)
+
+    # -- the target workload (fgd) -------------------------------------------
+
+    def set_workload(self, workload: Mapping[TaskClass, float]) -> None:
+        """Score against this workload from now on (and stop learning it from requests)."""
+        self._fixed_workload = True
+        self._seen = dict(workload)
+        self._weights = None
+
+    def _learn(self, milli: int, models: Collection[str] | None) -> None:
+        cls = TaskClass(milli, frozenset(models or ()))
+        if cls not in self._seen:
+            self._weights = None  # a new class: rebuild now
+        self._seen[cls] = self._seen.get(cls, 0.0) + 1.0
+        self._stale += 1
+        if self._stale >= 256:  # popularity drifts slowly: rebuild now and then
+            self._weights = None
+
+    def _fragmentation(self) -> FragmentationWeights:
+        if self._weights is None:
+            self._stale = 0
+            max_gpus = max((mi.max_full for mi in self._index.values()), default=0)
+            self._weights = FragmentationWeights(self._seen, self._index.keys(), max_gpus)
+        return self._weights
 
     # -- queries -----------------------------------------------------------
 
-    def _models(self, models: Collection[str] | None) -> list[str]:
-        known = self._free_values.keys()
-        return [m for m in known if not models or m in models]
+    def _models(self, models: Collection[str] | None) -> list[tuple[str, _ModelIndex]]:
+        return [(m, mi) for m, mi in self._index.items() if not models or m in models]
 
     def find(self, milli: int, models: Collection[str] | None = None) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         """Where would ``milli`` go now? ``None`` if it fits nowhere."""
         if milli <= 0:
             return ("", ())
-        if milli <= FULL:
-            best: tuple[int, int] | None = None  # (free, idx)
-            for model in self._models(models):
-                values = self._free_values[model]
-                pos = bisect.bisect_left(values, milli)
-                if pos < len(values):
-                    free = values[pos]
-                    if best is None or free < best[0]:
-                        idx = next(iter(self._bucket[(model, free)]))
-                        best = (free, idx)
-            if best is None:
-                return None
-            idx = best[1]
-            return (self.devices[idx].node, ((idx, milli),))
-        if milli % FULL:
+        if milli > FULL and milli % FULL:
             raise PackingError(f"{milli} milli-GPUs: requests above one GPU must be whole GPUs")
-        need = milli // FULL
-        choice: tuple[int, str, list[int]] | None = None
-        for node, by_model in self._node_free.items():
-            for model, free_set in by_model.items():
-                if models and model not in models:
+        weights = self._fragmentation().by_model if self.scoring == "fgd" else None
+        if milli <= FULL:
+            return self._find_share(milli, self._models(models), weights)
+        return self._find_whole(milli // FULL, self._models(models), weights)
+
+    def _find_share(self, milli: int, models: list[tuple[str, _ModelIndex]],
+                    weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+        # Candidates are scored by (fragmentation growth, free share left on the device,
+        # free GPU left on the node); best fit uses the last two only.
+        best: tuple[int, int, int] | None = None
+        where: tuple[_ModelIndex, int] | None = None  # a partly used device's (index, free share)
+        fresh: tuple[str, int] | None = None  # (model, c): a completely free device of a node group
+        for model, mi in models:
+            values = mi.values
+            pos = bisect.bisect_left(values, milli)
+            if weights is None:
+                if pos < len(values):
+                    key = (0, values[pos] - milli, 0)
+                    if best is None or key < best:
+                        best, where, fresh = key, (mi, values[pos]), None
+                if mi.by_node_free:
+                    left, node = mi.by_node_free[0]
+                    key = (0, FULL - milli, left - milli)
+                    if best is None or key < best:
+                        group = self._groups[(node, model)]
+                        best, where, fresh = key, None, (model, len(group.full), node)
+                continue
+            w = weights[model]
+            if pos < len(values):
+                # the growth on a partly used device depends only on its free share;
+                # min() keeps the first (tightest) of equal scores
+                g = w.g
+                free = min(values[pos:], key=lambda f: g[f - milli] - g[f]) if len(values) - pos > 1 \
+                    else values[pos]
+                key = (w.share_delta(free, milli, 0), free - milli, 0)
+                if best is None or key < best:
+                    best, where, fresh = key, (mi, free), None
+            if mi.by_full:
+                base = w.share_delta(FULL, milli, 1) - w.fresh_cost[1]
+                for c, lst in mi.by_full.items():
+                    key = (base + w.fresh_cost[c], FULL - milli, c * FULL + lst[0][0])
+                    if best is None or key < best:
+                        best, where, fresh = key, None, (model, c, lst[0][1])
+        if where is not None:
+            idx = next(iter(where[0].bucket[where[1]]))
+        elif fresh is not None:
+            idx = next(iter(self._groups[(fresh[2], fresh[0])].full))
+        else:
+            return None
+        return (self.devices[idx].node, ((idx, milli),))
+
+    def _find_whole(self, need: int, models: list[tuple[str, _ModelIndex]],
+                    weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+        best: tuple[int, int] | None = None
+        choice: tuple[str, str] | None = None
+        for model, mi in models:
+            w = weights[model] if weights is not None else None
+            for c, lst in mi.by_full.items():
+                if c < need:
                     continue
-                n = len(free_set)
-                if n >= need and (choice is None or n < choice[0]):
-                    choice = (n, node, list(free_set)[:need])
-                    if n == need:
-                        break
+                key = (w.whole_delta(need, c) if w is not None else 0, (c - need) * FULL + lst[0][0])
+                if best is None or key < best:
+                    best, choice = key, (lst[0][1], model)
         if choice is None:
             return None
-        return (choice[1], tuple((i, FULL) for i in choice[2]))
+        group = self._groups[choice]
+        return (group.node, tuple((i, FULL) for i in list(group.full)[:need]))
 
     def can_place(self, milli: int, models: Collection[str] | None = None) -> bool:
         return self.find(milli, models) is not None
@@ -157,6 +316,8 @@ class DevicePacker:
         """Place ``milli`` for ``key``; ``None`` when no device can take it."""
         if key in self._placements:
             raise PackingError(f"{key} is already placed")
+        if self.scoring == "fgd" and not self._fixed_workload and milli > 0:
+            self._learn(milli, models)
         found = self.find(milli, models)
         if found is None:
             return None
@@ -202,9 +363,13 @@ class DevicePacker:
         return self._used[idx]
 
     def total_milli(self, models: Collection[str] | None = None) -> int:
+        if not models:
+            return FULL * len(self.devices)
         return sum(FULL for d in self.devices.values() if not models or d.model in models)
 
     def free_milli(self, models: Collection[str] | None = None) -> int:
+        if not models:
+            return FULL * len(self.devices) - self._used_total
         return sum(
             FULL - self._used[i] for i, d in self.devices.items() if not models or d.model in models
         )

@@ -118,9 +118,7 @@ def choices_for_user(
 
 
 def _option(options: Mapping[str, Any], key: str) -> str | None:
-    value = options.get(key)
-    if isinstance(value, list) and len(value) == 1:  # raw form data
-        value = value[0]
+    value = options.get(key)  # typed: forms unwrap their one-item lists before this
     if value is None:
         return None
     if not isinstance(value, str):

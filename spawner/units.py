@@ -7,15 +7,29 @@ anything finer than a thousandth of a GPU is refused rather than rounded.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 
 MILLI_PER_GPU = 1000
 #: Upper bound on any single GPU amount (a team, a profile): 1,000,000 GPUs.
 MAX_MILLI = 1_000_000 * MILLI_PER_GPU
+#: Longest number written as text that any unit accepts: thousands of digits or
+#: an exponent of a billion are refused before arithmetic can overflow or stall.
+MAX_NUMBER_CHARS = 32
+#: Largest memory size (1 EiB) and duration (100 years) any setting may hold.
+MAX_MEMORY_BYTES = 2**60
+MAX_DURATION_SECONDS = 100 * 365 * 86400
 
 
 class UnitError(ValueError):
     """A value could not be read as the unit asked for; the message says why."""
+
+
+def _short(value: str, what: str) -> str:
+    """``value`` stripped, refused when it is longer than any sensible number."""
+    value = value.strip()
+    if len(value) > MAX_NUMBER_CHARS:
+        raise UnitError(f"{what} is written with more than {MAX_NUMBER_CHARS} characters: {value[:20]!r}...")
+    return value
 
 
 def parse_gpus(value: object) -> int:
@@ -26,23 +40,29 @@ def parse_gpus(value: object) -> int:
     """
     if isinstance(value, bool) or value is None:
         raise UnitError(f"expected a number of GPUs, got {value!r}")
-    if isinstance(value, int):
-        dec = Decimal(value)
-    elif isinstance(value, float):
-        # repr() gives the shortest string that round-trips, so 0.1 -> "0.1".
-        dec = Decimal(repr(value))
-    elif isinstance(value, str):
-        try:
-            dec = Decimal(value.strip())
-        except InvalidOperation:
-            raise UnitError(f"expected a number of GPUs, got {value!r}") from None
-    else:
-        raise UnitError(f"expected a number of GPUs, got {type(value).__name__}")
-    if not dec.is_finite():
-        raise UnitError(f"expected a finite number of GPUs, got {value!r}")
-    if dec < 0:
-        raise UnitError(f"a GPU amount cannot be negative (got {value!r})")
-    milli = dec * MILLI_PER_GPU
+    if isinstance(value, int) and abs(value) > MAX_MILLI:
+        raise UnitError("that many GPUs is larger than any cluster")
+    try:
+        if isinstance(value, int):
+            dec = Decimal(value)
+        elif isinstance(value, float):
+            # repr() gives the shortest string that round-trips, so 0.1 -> "0.1".
+            dec = Decimal(repr(value))
+        elif isinstance(value, str):
+            dec = Decimal(_short(value, "a GPU amount"))
+        else:
+            raise UnitError(f"expected a number of GPUs, got {type(value).__name__}")
+        if not dec.is_finite():
+            raise UnitError(f"expected a finite number of GPUs, got {value!r}")
+        if dec < 0:
+            raise UnitError(f"a GPU amount cannot be negative (got {value!r})")
+        if dec > MAX_MILLI:
+            raise UnitError(f"{value!r} GPUs is larger than any cluster")
+        if dec and dec.adjusted() < -3:  # also 1e-999999999, which Decimal would round to 0
+            raise UnitError(f"{value!r} GPUs is finer than 1/1000 of a GPU; use at most 3 decimals")
+        milli = dec * MILLI_PER_GPU
+    except DecimalException:  # malformed, or an exponent beyond what Decimal holds
+        raise UnitError(f"expected a number of GPUs, got {str(value)[:40]!r}") from None
     if milli != milli.to_integral_value():
         raise UnitError(
             f"{value!r} GPUs is finer than 1/1000 of a GPU; use at most 3 decimals"
@@ -64,7 +84,7 @@ def parse_milli(value: object) -> int:
     if value < 0:
         raise UnitError(f"milli-GPUs cannot be negative (got {value})")
     if value > MAX_MILLI:
-        raise UnitError(f"{value} milli-GPUs is larger than any cluster")
+        raise UnitError(f"more than {MAX_MILLI} milli-GPUs is larger than any cluster")
     return value
 
 
@@ -95,14 +115,17 @@ def parse_memory(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise UnitError("a memory size cannot be negative")
-        return value
-    if not isinstance(value, str):
+        number = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]i?)?", _short(value, "a memory size"))
+        if not m:
+            raise UnitError(f"expected a memory size such as '8G' or '16Gi', got {value!r}")
+        number = int(Decimal(m.group(1)) * _MEM_SUFFIX[m.group(2) or ""])
+    else:
         raise UnitError(f"expected a memory size such as '8G' or '16Gi', got {value!r}")
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?)?\s*", value)
-    if not m:
-        raise UnitError(f"expected a memory size such as '8G' or '16Gi', got {value!r}")
-    number = Decimal(m.group(1)) * _MEM_SUFFIX[m.group(2) or ""]
-    return int(number)
+    if number > MAX_MEMORY_BYTES:
+        raise UnitError("a memory size larger than 1 EiB is not one")
+    return number
 
 
 def format_memory(num_bytes: int) -> str:
@@ -122,16 +145,18 @@ def parse_cpu(value: object) -> float:
     """Read a CPU amount (``2``, ``0.5``, ``"500m"``) as cores."""
     if isinstance(value, bool) or value is None:
         raise UnitError(f"expected a number of CPU cores, got {value!r}")
+    if isinstance(value, int) and abs(value) > 100_000:
+        raise UnitError("CPU cores out of range")
     if isinstance(value, (int, float)):
         cores = float(value)
     elif isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)(m?)\s*", value)
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", _short(value, "a CPU amount"))
         if not m:
             raise UnitError(f"expected a number of CPU cores such as 2 or '500m', got {value!r}")
         cores = float(m.group(1)) / (1000 if m.group(2) else 1)
     else:
         raise UnitError(f"expected a number of CPU cores, got {value!r}")
-    if cores < 0 or cores != cores or cores > 100_000:
+    if not 0 <= cores <= 100_000:  # also NaN and infinity
         raise UnitError(f"CPU cores out of range: {value!r}")
     return cores
 
@@ -143,15 +168,20 @@ def parse_duration(value: object) -> int:
     """Read a duration (``3600``, ``"90s"``, ``"30m"``, ``"4h"``, ``"1h30m"``) as seconds."""
     if isinstance(value, bool) or value is None:
         raise UnitError(f"expected a duration such as '30m' or 3600, got {value!r}")
+    seconds = None
     if isinstance(value, int):
         if value < 0:
             raise UnitError("a duration cannot be negative")
-        return value
-    if isinstance(value, str) and value.strip():
-        m = _DURATION_RE.match(value)
+        seconds = value
+    elif isinstance(value, str) and value.strip():
+        m = _DURATION_RE.match(_short(value, "a duration"))
         if m and any(m.groups()):
             d, h, mi, s = (int(g) if g else 0 for g in m.groups())
-            return ((d * 24 + h) * 60 + mi) * 60 + s
+            seconds = ((d * 24 + h) * 60 + mi) * 60 + s
+    if seconds is not None:
+        if seconds > MAX_DURATION_SECONDS:
+            raise UnitError("a duration longer than 100 years is not one")
+        return seconds
     raise UnitError(f"expected a duration such as '30m', '4h' or 3600, got {value!r}")
 
 

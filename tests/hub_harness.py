@@ -3,23 +3,33 @@
 Starts ``jupyterhub`` as a subprocess from a config file that calls the same
 ``configure_embedded(c)`` the product uses, plus test-only lines (an admin
 service token). Nothing in the hub is mocked.
+
+Run as root (as CI does), the hub gives every user a real system account:
+the harness picks an account prefix of its own per hub (``gt<hex>-``), so
+parallel runs never share accounts, keeps the data folder where those
+accounts can reach it, and removes its accounts in :meth:`RunningHub.close`.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import secrets
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import requests
+
+from spawner.accounts import UserAccounts, can_switch_users, delete_account, lookup
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -51,6 +61,18 @@ class RunningHub:
         self.log_path = self.workdir / "hub.log"
         self.proc: subprocess.Popen | None = None
         self.env = dict(env or {})
+        #: Real system accounts: their own prefix, a data folder they can reach (the
+        #: workdir is in pytest's 0700 temporary folder), linked as ``workdir/data``.
+        self.isolated = can_switch_users()
+        self.account_prefix = f"gt{secrets.token_hex(3)}-"
+        self.data_dir = self.workdir / "data"
+        if self.isolated and not self.data_dir.exists():
+            real = Path(tempfile.mkdtemp(prefix="gpulab-test-data-", dir="/tmp"))
+            os.chmod(real, 0o711)
+            self.data_dir.symlink_to(real)
+        self.env.setdefault("GPULAB_ACCOUNT_PREFIX", self.account_prefix)
+        if self.isolated:  # even when a fixture fails before its teardown could run
+            atexit.register(self.remove_accounts)
         scopes = admin_scopes or [
             "admin:users", "admin:servers", "admin:server_state", "list:users", "read:users",
             "read:servers", "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs",
@@ -75,7 +97,7 @@ class RunningHub:
         env = dict(os.environ)
         env.update({
             "GPULAB_BIND": self.url,
-            "GPULAB_DATA_DIR": str(self.workdir / "data"),
+            "GPULAB_DATA_DIR": str(self.data_dir.resolve()),
             "GPULAB_CATALOG": str(self.catalog_path),
             "PATH": f"{VENV_BIN}:{REPO / 'node_modules' / '.bin'}:{env.get('PATH', '')}",
             "PYTHONUNBUFFERED": "1",
@@ -111,7 +133,7 @@ class RunningHub:
                 self.proc.wait(5)
         self.proc = None
         # configurable-http-proxy runs in the hub's session; make sure it is gone.
-        pid_file = self.workdir / "data" / "jupyterhub-proxy.pid"
+        pid_file = self.state_dir / "jupyterhub-proxy.pid"
         if pid_file.exists():
             try:
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
@@ -144,6 +166,61 @@ class RunningHub:
 
     def close(self) -> None:
         self.stop(kill_servers=True)
+        if self.isolated:
+            self.remove_accounts()
+            real = self.data_dir.resolve()
+            if real != self.data_dir and real.parent == Path("/tmp"):
+                shutil.rmtree(real, ignore_errors=True)
+
+    # -- users' system accounts ----------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        """The hub's private folder (databases, cookie secret, pid files)."""
+        return self.data_dir / "hub"
+
+    @property
+    def accounts(self) -> UserAccounts:
+        return UserAccounts(prefix=self.account_prefix, home_root=str(self.data_dir.resolve() / "homes"))
+
+    def account(self, user: str):
+        """The user's system account (created as the hub creates it), or ``None`` when not isolated."""
+        return self.accounts.account_for(user) if self.isolated else None
+
+    def home(self, user: str) -> Path:
+        """The user's home as the hub sees it (the account is created if needed)."""
+        account = self.account(user)
+        return account.home if account is not None else self.data_dir / "homes" / user
+
+    def give(self, user: str, path: Path) -> Path:
+        """Make ``path`` (and the folders between it and the home) the user's, as if they wrote it."""
+        account = self.account(user)
+        if account is None:
+            return path
+        home = account.home.resolve()
+        target = Path(path).resolve()
+        for p in [target, *target.parents]:
+            if p == home:
+                break
+            os.chown(p, account.uid, account.gid, follow_symlinks=False)
+        return path
+
+    def remove_accounts(self) -> None:
+        """Kill every process of this hub's accounts, then delete the accounts and homes."""
+        names = [line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines()
+                 if line.startswith(self.account_prefix)]
+        uids = {lookup(n).uid for n in names if lookup(n) is not None}
+        for _ in range(3):
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        if entry.stat().st_uid in uids:
+                            os.kill(int(entry.name), signal.SIGKILL)
+                    except (OSError, ProcessLookupError):
+                        pass
+            time.sleep(0.2)
+        for name in names:
+            delete_account(name)
 
     def log_tail(self, n: int = 60) -> str:
         try:

@@ -76,7 +76,7 @@ def kill_job_runners(hub: RunningHub) -> None:
     import signal
     import sqlite3
 
-    path = hub.workdir / "data" / "gpulab.sqlite"
+    path = hub.state_dir / "gpulab.sqlite"
     if not path.exists():
         return
     db = sqlite3.connect(path)

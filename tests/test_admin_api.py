@@ -71,7 +71,7 @@ def tokens(hub):
 
 
 def db(hub: RunningHub) -> sqlite3.Connection:
-    return sqlite3.connect(hub.workdir / "data" / "gpulab.sqlite")
+    return sqlite3.connect(hub.state_dir / "gpulab.sqlite")
 
 
 def snapshot(hub: RunningHub) -> tuple:

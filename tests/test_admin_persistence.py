@@ -31,7 +31,7 @@ def hub(tmp_path_factory):
 
 
 def intervals(hub: RunningHub, key: str) -> list[tuple]:
-    with sqlite3.connect(hub.workdir / "data" / "gpulab.sqlite") as conn:
+    with sqlite3.connect(hub.state_dir / "gpulab.sqlite") as conn:
         return conn.execute("SELECT started_at, ended_at, gpu_milli FROM gpulab_usage WHERE key = ? ORDER BY id",
                             (key,)).fetchall()
 

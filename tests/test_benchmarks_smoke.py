@@ -137,7 +137,18 @@ def test_capacity_on_a_small_trace_in_the_same_format(tmp_path):
     pods, nodes = write_small_trace(tmp_path)
     doc, stdout = run_bench("capacity.py", tmp_path, "--pods", str(pods), "--nodes", str(nodes))
     assert doc["gpu_tasks"] == 5 and doc["skipped"] == {"no GPU (num_gpu = 0)": 1}
-    inflation = {r["policy"]: r for r in doc["inflation"]["rows"]}
+    # Paths are the repository's view of the files, not this machine's absolute paths.
+    assert not Path(doc["pods_file"]).is_absolute() and (ROOT / doc["pods_file"]).resolve() == pods.resolve()
+    # The paper's method: file order, cycling, until 200 placements in a row fail.
+    paper = {(r["policy"], r["scoring"]): r for r in doc["paper"]["rows"]}
+    assert paper[("exact", "bestfit")]["served_workloads"] == 8  # eight quarters fill both T4s
+    assert paper[("exact", "bestfit")]["requested_gpus"] == pytest.approx(2.0)
+    assert paper[("whole", "bestfit")]["served_workloads"] == 2
+    for r in paper.values():
+        assert all(r["checks"].values()), r
+        assert r["place_us_per_call"] > 0 and r["place_calls"] > 0
+    assert doc["advisor"]["sizes_milli"] == [250, 1000, 8000]  # today's largest size stays
+    inflation = {r["policy"]: r for r in doc["inflation"]["rows"] if r["scoring"] == "bestfit"}
     # No departures: whole GPUs serve two quarter tasks, quarter profiles serve eight.
     assert inflation["whole"]["served_workloads"] == 2
     assert inflation["fractional"]["served_workloads"] == 8
@@ -179,8 +190,17 @@ def test_capacity_without_times_skips_the_replay(tmp_path):
 
 @pytest.mark.skipif(not HAVE_TRACE, reason=f"Alibaba trace not found in {TRACE_DIR}")
 def test_capacity_smoke_on_the_alibaba_trace(tmp_path):
-    doc, _ = run_bench("capacity.py", tmp_path, "--smoke")
+    doc, stdout = run_bench("capacity.py", tmp_path, "--smoke")
     assert doc["smoke"] is True and doc["gpu_tasks"] == 600
+    assert "Paper method" in stdout
+    rows = doc["paper"]["rows"]
+    assert {(r["policy"], r["scoring"]) for r in rows} >= {(p, s) for p in ("whole", "fractional", "advisor", "exact")
+                                                            for s in ("bestfit", "fgd")}
+    for r in rows:
+        assert all(r["checks"].values()), (r["policy"], r["scoring"], r["checks"])
+        assert 0 < r["requested_share"] <= r["allocated_share"] <= 1.0
+    advisor = doc["advisor"]
+    assert len(advisor["sizes_milli"]) <= 6 and advisor["measured"] is not None
     for r in doc["inflation"]["rows"]:
         assert all(r["checks"].values()), (r["policy"], r["checks"])
         assert r["served_workloads"] + r["refused"] == r["submitted"]
@@ -196,6 +216,20 @@ def test_capacity_smoke_on_the_alibaba_trace(tmp_path):
             assert r["arrived"] + r["zero_length_skipped"] == doc["gpu_tasks"]
             assert r.get("peak_allocated_share", 0) <= 1.0
             assert r["time_avg_requested_share"] <= r["time_avg_allocated_share"]
+
+
+def test_the_advisors_fill_measure_agrees_with_the_benchmarks(tmp_path):
+    """spawner.advisor.fill_work (the advisor's evaluator) and the benchmark's ledger+packer fill
+    place the same work on the same trace."""
+    from spawner.advisor import fill_work
+
+    pods, nodes = write_small_trace(tmp_path)
+    tasks = trace_loader.load_pods(pods).tasks
+    devices = trace_loader.load_nodes(nodes)
+    for sizes in ([250, 1000], [500, 1000], [1000]):
+        bench = capacity.fill(tasks, devices, capacity.fractional_policy(sizes))
+        requests = [(t.request_milli, t.models) for t in tasks]
+        assert fill_work(requests, devices, sizes) == round(bench["requested_gpus"] * 1000), sizes
 
 
 # -- spawn path ---------------------------------------------------------------

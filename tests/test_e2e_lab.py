@@ -59,7 +59,8 @@ def hub(tmp_path_factory):
                     "read:servers", "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs",
                     "custom:gpulab:culler"]  # the test also plays the idle culler
     h = RunningHub(tmp_path_factory.mktemp("e2e-lab"), CATALOG, admin_scopes=admin_scopes)
-    write_notebook(h.workdir / "data" / "homes" / "alice" / "greet.ipynb")
+    write_notebook(h.home("alice") / "greet.ipynb")
+    h.give("alice", h.home("alice") / "greet.ipynb")
     h.start()
     yield h
     h.close()

@@ -39,3 +39,27 @@ def test_gpulab_up_refuses_a_public_bind_with_demo_login(tmp_path):
     assert out.returncode != 0
     assert "refusing to start" in out.stdout + out.stderr
     assert not (tmp_path / "jupyterhub.sqlite").exists()
+
+
+def test_a_hub_without_isolation_serves_loopback_only():
+    from hub_config.embedded import check_isolation_bind
+
+    check_isolation_bind("http://127.0.0.1:8000", isolated=False)
+    check_isolation_bind("http://0.0.0.0:8000", isolated=True)
+    with pytest.raises(UnsafeBindError, match="NOT isolated"):
+        check_isolation_bind("http://0.0.0.0:8000", isolated=False)
+
+
+def test_internal_ports_follow_the_public_port_or_are_picked_free():
+    import socket
+
+    from hub_config.embedded import port_near
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        assert port_near(busy) != busy
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    assert port_near(free) == free

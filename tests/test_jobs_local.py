@@ -44,7 +44,7 @@ def hub(tmp_path_factory):
     h = RunningHub(tmp_path_factory.mktemp("jobs-local"), CATALOG, extra_config=EXTRA)
     h.start()
     for user in ("alice", "bob", "carol"):
-        write_notebook(h.workdir / "data" / "homes" / user / "exp" / "calc.ipynb")
+        h.give(user, write_notebook(h.home(user) / "exp" / "calc.ipynb"))
     yield h
     h.stop()
     kill_job_runners(h)
@@ -57,7 +57,7 @@ def tokens(hub):
 
 
 def home(hub: RunningHub, user: str) -> Path:
-    return hub.workdir / "data" / "homes" / user
+    return hub.home(user)
 
 
 def job_holdings(hub: RunningHub) -> list[dict]:
@@ -303,7 +303,7 @@ def test_job_whose_process_died_with_the_hub_is_failed_with_a_reason(hub, tokens
     # The runner outlives the hub (own session); kill it while the hub is down.
     import sqlite3
 
-    db = sqlite3.connect(hub.workdir / "data" / "gpulab.sqlite")
+    db = sqlite3.connect(hub.state_dir / "gpulab.sqlite")
     pid = db.execute("select pid from gpulab_jobs where id = ?", (job["id"],)).fetchone()[0]
     db.close()
     os.killpg(pid, signal.SIGKILL)

@@ -16,6 +16,7 @@ MODULES = [
     "hub_config.api.admin",
     "hub_config.api.idle",
     "hub_config.api.jobs",
+    "hub_config.api.whatif",
 ]
 
 

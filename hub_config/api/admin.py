@@ -38,6 +38,7 @@ from .me import quota_view
 #: Admin bodies are small; anything bigger is refused before parsing.
 MAX_ADMIN_BODY = 64 * 1024
 MAX_PERIOD = timedelta(days=366)
+MIN_YEAR, MAX_YEAR = 1970, 9000
 
 
 def parse_period(period: str | None, start: str | None, end: str | None) -> tuple[datetime, datetime]:
@@ -47,10 +48,12 @@ def parse_period(period: str | None, start: str | None, end: str | None) -> tupl
     def when(value: str, name: str) -> datetime:
         try:
             dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        except ValueError:
+            if dt.tzinfo is not None:
+                dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+        except (ValueError, OverflowError):
             raise web.HTTPError(400, f"{name} must be an ISO 8601 date or time, got {value[:40]!r}") from None
-        if dt.tzinfo is not None:
-            dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+        if not MIN_YEAR <= dt.year <= MAX_YEAR:  # bucket arithmetic must stay inside datetime's range
+            raise web.HTTPError(400, f"{name} must be between the years {MIN_YEAR} and {MAX_YEAR}")
         return dt
 
     if start or end:
@@ -414,13 +417,8 @@ class UsageCSVHandler(UsageHandler):
 class AuditHandler(AdminAPIHandler):
     async def get(self) -> None:
         self.check_admin()
-        try:
-            limit = int(self.get_argument("limit", "100"))
-            offset = int(self.get_argument("offset", "0"))
-        except ValueError:
-            raise web.HTTPError(400, "limit and offset must be whole numbers") from None
-        if not 1 <= limit <= 1000 or offset < 0:
-            raise web.HTTPError(400, "limit must be 1-1000 and offset at least 0")
+        limit = self.int_argument("limit", 100, 1, 1000)
+        offset = self.int_argument("offset", 0)
         target = self.get_argument("target", None)
         entries, total = self.store.entries(limit=limit, offset=offset, target=target)
         self.write_json({"entries": entries, "total": total})

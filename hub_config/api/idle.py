@@ -362,12 +362,7 @@ class AuditHandler(IdleBase):
     async def get(self) -> None:
         if not (self.has_scope(ADMIN) or self.has_scope(CULLER)):
             self.require_scope(ADMIN)
-        try:
-            limit = int(self.get_argument("limit", "500"))
-        except ValueError:
-            raise web.HTTPError(400, "limit must be an integer") from None
-        if not 1 <= limit <= 10000:
-            raise web.HTTPError(400, "limit must be between 1 and 10000")
+        limit = self.int_argument("limit", 500, 1, 10000)
         query = select(IdleEventRow).order_by(IdleEventRow.id.desc()).limit(limit)
         user = self.get_argument("user", None)
         if user is not None:

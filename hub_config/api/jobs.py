@@ -19,7 +19,7 @@ from spawner.jobspec import STATES, JobSpecError
 from ..jobs.models import JobRecord
 from ..jobs.service import get_service
 from ..scopes import ADMIN, JOBS
-from .base import GPULabAPIHandler
+from .base import GPULabAPIHandler, ascii_id
 
 #: Largest submission body (parameters are limited separately, and more tightly).
 MAX_SUBMIT_BYTES = 64 * 1024
@@ -55,7 +55,8 @@ class JobsBase(GPULabAPIHandler):
 
     def load(self, job_id: str) -> JobRecord:
         self.require_any_jobs_scope()
-        rec = self.jobs.get(int(job_id)) if job_id.isdigit() and len(job_id) < 12 else None
+        number = ascii_id(job_id)
+        rec = self.jobs.get(number) if number is not None else None
         if rec is None or not self.may_see(rec):
             raise web.HTTPError(404, f"no job {job_id[:20]}")
         return rec
@@ -134,10 +135,7 @@ class JobRerunHandler(JobsBase):
 class JobLogsHandler(JobsBase):
     async def get(self, job_id: str) -> None:
         rec = self.load(job_id)
-        raw = self.get_argument("offset", "0")
-        if not raw.isdigit() or len(raw) > 15:
-            raise web.HTTPError(400, "offset must be a whole number of bytes, at least 0")
-        offset = int(raw)
+        offset = self.int_argument("offset", 0)
         try:
             data, new_offset = self.jobs.read_log(rec, offset, LOG_CHUNK)
         except JobSpecError as e:

@@ -9,6 +9,11 @@
   process group, the job is recorded ``preempted`` and, once its process is
   gone, ``queued`` again (it keeps its quota admission and runs again later).
 - Time limits: a job running longer than its limit is stopped and ``timed-out``.
+- Users: when servers run as the users' own system accounts (``c.UserAccounts``),
+  a job's runner runs as its owner's account too. The runner itself creates the
+  output folder and the log in the owner's home, so everything there is the
+  owner's and the hub never writes into a home as root. Its exit-status file is
+  created by the hub, owned by the owner, in a folder others cannot list.
 - Hub restarts: runners live in their own session and outlive the hub; on start
   a ``running`` job whose runner still lives is re-adopted (devices and quota),
   one whose runner is gone is finished from its exit-status file, or marked
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spawner import jobspec
+from spawner.accounts import Account, AccountError, demote_kwargs
 from spawner.env import gpu_env
 from spawner.local import ensure_packer
 from spawner.packer import FULL
@@ -80,6 +86,8 @@ class LocalJobBackend:
         self.preempting: dict[int, int] = {}
         self.state_dir = Path(self.settings.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if service.owner_accounts:  # runners (other accounts) reach their own file; nobody lists
+            os.chmod(self.state_dir, 0o711)
 
     @property
     def packer(self):
@@ -187,7 +195,9 @@ class LocalJobBackend:
         path = self.status_path(rec.id, rec.attempts)
         try:
             status = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # missing, or empty: the runner never finished
+            status = None
+        if not isinstance(status, dict):
             status = None
         self._release_devices(rec.id)
         if status is None:
@@ -267,26 +277,30 @@ class LocalJobBackend:
     # -- processes -------------------------------------------------------------------------
 
     def _start(self, rec: JobRecord, shares: list[list[int]]) -> None:
-        home = self.service.home_dir(rec.user)
         key = jobspec.workload_key(rec.id)
+        account: Account | None = None
         try:
+            if self.service.owner_accounts:
+                account = self.service.accounts.account_for(rec.user)
+            home = self.service.home_dir(rec.user)
             source = self.service.check_notebook(rec.user, rec.notebook)
-        except jobspec.JobSpecError as e:  # the file went away (or became a bad symlink) while queued
+            output = home / rec.output_path
+            log_file = home / rec.log_path
+            # Checked here, created by the runner as the owner: never by the hub inside a home.
+            self.service.safe_path(rec.user, output, create_parent=account is None)
+            self.service.safe_path(rec.user, log_file)
+        except (jobspec.JobSpecError, AccountError) as e:  # e.g. the file went away while queued
             self._release_devices(rec.id)
             self.service.transition(rec.id, jobspec.FAILED, str(e))
             return
         attempt = rec.attempts + 1
-        output = home / rec.output_path
-        log_file = home / rec.log_path
-        try:
-            self.service.safe_path(rec.user, output, create_parent=True)
-            self.service.safe_path(rec.user, log_file)
-        except jobspec.JobSpecError as e:
-            self._release_devices(rec.id)
-            self.service.transition(rec.id, jobspec.FAILED, str(e))
-            return
         status = self.status_path(rec.id, attempt)
-        status.unlink(missing_ok=True)
+        try:
+            self._create_status_file(status, account)
+        except OSError as e:
+            self._release_devices(rec.id)
+            self.service.transition(rec.id, jobspec.FAILED, f"cannot create the job's status file: {e}")
+            return
         env = {k: os.environ[k] for k in self.settings.env_keep if k in os.environ}
         env.update(gpu_env(rec.team, rec.profile, rec.gpu_milli, rec.over_quota, shares, self.packer.devices))
         env.update({
@@ -298,27 +312,38 @@ class LocalJobBackend:
             "GPULAB_PREEMPTIBLE": "1" if rec.job_class == "batch" or rec.over_quota else "0",
             "PYTHONUNBUFFERED": "1",
         })
+        if account is not None:
+            env.update({"USER": account.name, "LOGNAME": account.name, "SHELL": account.shell})
         cmd = [sys.executable, "-m", RUNNER_MODULE, "--input", str(source), "--output", str(output),
-               "--cwd", str(source.parent), "--status", str(status)]
-        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "ab") as out:
-            if attempt > 1:
-                out.write(f"\n--- gpulab: attempt {attempt} ---\n".encode())
-            try:
-                proc = subprocess.Popen(cmd, cwd=str(source.parent), env=env, stdout=out,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)  # own group: SIGTERM reaches the kernel too
-            except OSError as e:
-                self._release_devices(rec.id)
-                self.service.transition(rec.id, jobspec.FAILED, f"cannot start papermill: {e}")
-                return
+               "--cwd", str(source.parent), "--status", str(status), "--log", str(log_file),
+               "--attempt", str(attempt)]
+        try:
+            proc = subprocess.Popen(cmd, cwd=str(source.parent), env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                    start_new_session=True,  # own group: SIGTERM reaches the kernel too
+                                    **(demote_kwargs(account) if account is not None else {}))
+        except (OSError, subprocess.SubprocessError) as e:
+            self._release_devices(rec.id)
+            self.service.transition(rec.id, jobspec.FAILED, f"cannot start papermill: {e}")
+            return
         self.procs[rec.id] = proc
         self.pids[rec.id] = proc.pid
         self.service.transition(rec.id, jobspec.RUNNING,
                                 f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
                                 pid=proc.pid, shares_json=json.dumps(shares), attempts=attempt)
-        log.info("gpulab jobs: started job %d (%s) pid %d, %s", rec.id, key, proc.pid,
-                    env.get("CUDA_VISIBLE_DEVICES"))
+        log.info("gpulab jobs: started job %d (%s) pid %d as %s, %s", rec.id, key, proc.pid,
+                 account.name if account is not None else "the hub's account", env.get("CUDA_VISIBLE_DEVICES"))
+
+    @staticmethod
+    def _create_status_file(path: Path, account: Account | None) -> None:
+        """An empty status file only the runner's account (and the hub) may read or write."""
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            if account is not None:
+                os.fchown(fd, account.uid, account.gid)
+        finally:
+            os.close(fd)
 
     def _signal(self, pid: int, sig: int) -> None:
         try:

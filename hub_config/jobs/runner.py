@@ -8,6 +8,10 @@ otherwise lost). A SIGTERM (cancel, preemption, time limit) ends the runner
 and its kernel without a status file: the hub recorded why before it sent it.
 
 Parameters come as JSON in ``GPULAB_JOB_PARAMETERS``, never through a shell.
+
+It runs as the job's owner (when the hub switches users) and creates the
+output folder and the log itself, so both belong to the owner. The hub creates
+the status file for it; the runner only writes into it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,21 @@ from pathlib import Path
 
 
 def write_status(path: str, status: dict) -> None:
-    tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, path)
+    """Fill the status file the hub made for this attempt (never follows a symlink)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(status))
+
+
+def open_log(path: str, attempt: int) -> None:
+    """Send this process's stdout and stderr (and papermill's) to the job's log."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if attempt > 1:
+        print(f"\n--- gpulab: attempt {attempt} ---", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--cwd", required=True)
     parser.add_argument("--status", required=True)
+    parser.add_argument("--log", help="append stdout and stderr to this file (created if missing)")
+    parser.add_argument("--attempt", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.log:
+        try:
+            open_log(args.log, args.attempt)
+        except OSError as e:
+            write_status(args.status, {"returncode": 1, "error": f"cannot open the job's log {args.log}: {e}"})
+            return 1
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parameters = json.loads(os.environ.get("GPULAB_JOB_PARAMETERS", "{}"))

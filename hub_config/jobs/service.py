@@ -29,6 +29,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
 from spawner import jobspec
+from spawner.accounts import UserAccounts
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
 from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
@@ -61,9 +62,10 @@ class GPULabJobs(Configurable):
         "",
         config=True,
         help="""Where a user's home is, as the hub sees it; `{username}` is replaced.
-        Notebook paths are relative to it. Default: the spawner's
-        `c.SimpleLocalProcessSpawner.home_dir_template` when set (the embedded hub),
-        else the user's system home (`~username`).""",
+        Notebook paths are relative to it. Default: the home of the user's system
+        account when servers run as such accounts (`c.UserAccounts`), else the
+        spawner's `c.SimpleLocalProcessSpawner.home_dir_template` when set, else
+        the user's system home (`~username`).""",
     )
     max_parameters_bytes = Int(
         16 * 1024, config=True,
@@ -168,6 +170,11 @@ class JobService:
         self.settings = GPULabJobs(config=config) if config is not None else GPULabJobs()
         self.runtime = runtime or get_runtime(config=config)
         self.db = session_factory(config)
+        self.accounts = UserAccounts(config=config) if config is not None else UserAccounts()
+        spawner_class = str(_config_value(config, "JupyterHub", "spawner_class") or "")
+        #: Jobs run as their owner's system account, like the owner's servers.
+        self.owner_accounts = self.accounts.enabled or spawner_class in (
+            "gpu-local", "spawner.local.GPULocalSpawner")
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.backend = self._make_backend()
@@ -188,6 +195,8 @@ class JobService:
         return LocalJobBackend(self)
 
     def home_dir(self, user: str) -> Path:
+        if self.owner_accounts and not self.settings.home_dir_template:
+            return self.accounts.home_of(user)
         template = self.settings.home_dir_template or _config_value(
             self.config, "SimpleLocalProcessSpawner", "home_dir_template") or ""
         if template:

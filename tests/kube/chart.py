@@ -134,6 +134,13 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
     for stale in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout or "[]"):
         if stale["name"].startswith("gpulab-") and stale["namespace"].startswith("gpulab-hub-"):
             helm(kube_testbed, "uninstall", stale["name"], "--namespace", stale["namespace"], "--wait", check=False)
+    # PriorityClasses a crashed benchmark or run left without a release.
+    releases = {r["name"] for r in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout
+                                              or "[]")}
+    for pc in c.get("/apis/scheduling.k8s.io/v1/priorityclasses")["items"]:
+        owner = pc["metadata"].get("annotations", {}).get("meta.helm.sh/release-name")
+        if pc["metadata"]["name"].startswith("gpulab-") and owner not in releases:
+            c.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{pc['metadata']['name']}")
     try:
         helm(kube_testbed, "install", name, str(CHART), "--namespace", hub_ns, "-f", str(values_file), "--wait",
              "--timeout", "120s")

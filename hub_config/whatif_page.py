@@ -1,0 +1,44 @@
+"""``/hub/gpulab/admin/whatif``: replay the last days under proposed settings, before saving them.
+
+The page is a form over ``/hub/api/gpulab/whatif`` (the API does all the
+validation and the replay); it shows today's settings and the proposal side
+by side, and the profile advisor's catalog with its predicted gain.
+"""
+
+from __future__ import annotations
+
+from jupyterhub.handlers.base import BaseHandler
+from jupyterhub.scopes import Scope
+from tornado import web
+
+from spawner.config import get_runtime
+from spawner.units import format_gpus, format_duration
+
+from .api.whatif import MAX_DAYS, catalog_sizes, offer_rules
+from .scopes import ADMIN
+
+
+class WhatIfPageHandler(BaseHandler):
+    """The what-if page; needs the ``custom:gpulab:admin`` scope, like the admin page."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        if (self.parsed_scopes or {}).get(ADMIN) != Scope.ALL:
+            raise web.HTTPError(403, f"the what-if page requires the {ADMIN} scope")
+        runtime = get_runtime(config=self.settings.get("config"))
+        catalog = runtime.catalog
+        teams = [{"name": t.name, "label": t.label, "guarantee": format_gpus(t.guarantee_milli),
+                  "burst": format_gpus(t.burst_milli),
+                  "idle_timeout": format_duration(t.idle_timeout_seconds) if t.idle_timeout_seconds else ""}
+                 for t in catalog.teams.values()]
+        html = await self.render_template(
+            "gpulab-whatif.html",
+            teams=teams,
+            sizes=", ".join(format_gpus(m) for m in catalog_sizes(catalog)),
+            offers=offer_rules(runtime).label,
+            max_days=MAX_DAYS,
+        )
+        self.finish(html)
+
+
+handlers = [(r"/gpulab/admin/whatif/?", WhatIfPageHandler)]

@@ -1,0 +1,262 @@
+"""Attacker tests: on the embedded hub, one user cannot reach another user or the hub.
+
+Real accounts (the hub creates them; the harness gives them a prefix of its
+own and removes them), real servers, a real notebook job. Alice attacks from
+a terminal of her own JupyterLab (typed through its websocket), from a process
+with exactly her account's credentials (uid, gid, groups, no capabilities) and
+from a cell of her own notebook job; the targets are bob's home, his job's output and log, his server's
+environment (his token), the hub's databases and secrets, and bob's and the
+hub's processes. Each probe has a positive control, so a broken probe fails
+instead of passing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import requests
+
+from spawner.accounts import can_switch_users
+from tests.hub_harness import RunningHub, process_env
+from tests.jobs_fixtures import kill_job_runners, submit, user_token, wait_state, write_notebook
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not can_switch_users(), reason="creating and switching accounts needs root (CI runs as root)"),
+]
+
+PROBE = Path(__file__).with_name("isolation_probe.py")
+CATALOG = """
+profiles:
+  - {slug: cpu, display_name: "CPU", gpus: 0}
+teams:
+  - {name: vision, users: [alice, bob], guarantee: 1, burst: 2, allowed_profiles: [cpu]}
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = RunningHub(tmp_path_factory.mktemp("isolation"), CATALOG,
+                   extra_config="c.GPULabJobs.poll_interval = 0.3\n")
+    h.start()
+    yield h
+    h.stop()
+    kill_job_runners(h)
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def world(hub: RunningHub):
+    """Both users with a running server, a file in their home and a finished job."""
+    tokens = {u: user_token(hub, u) for u in ("alice", "bob")}
+    for user in ("alice", "bob"):
+        r = hub.api("POST", f"/users/{user}/server", data=json.dumps({"profile": "cpu", "team": "vision"}))
+        assert r.status_code in (201, 202), r.text
+    servers = {u: hub.wait_server(u) for u in ("alice", "bob")}
+    for user in ("alice", "bob"):
+        home = hub.home(user)
+        hub.give(user, write_notebook(home / "exp" / "calc.ipynb"))
+        (home / "secret.txt").write_text(f"{user}'s secret")
+        hub.give(user, home / "secret.txt")
+    bob_job = wait_state(hub, submit(hub, tokens["bob"], notebook="exp/calc.ipynb", job_class="batch",
+                                     profile="cpu")["id"], "succeeded")
+    return {"tokens": tokens, "servers": servers, "bob_job": bob_job}
+
+
+def server_pid(hub: RunningHub, user: str) -> int:
+    return hub.api("GET", f"/users/{user}").json()["servers"][""]["state"]["pid"]
+
+
+def proxy_pid(hub: RunningHub) -> int:
+    return int((hub.state_dir / "jupyterhub-proxy.pid").read_text().strip())
+
+
+def targets(hub: RunningHub, world: dict) -> dict:
+    bob_home = hub.home("bob")
+    job = world["bob_job"]
+    state = hub.state_dir
+    bob_server_token = process_env(server_pid(hub, "bob"))["JUPYTERHUB_API_TOKEN"]
+    return {
+        "read": {
+            "own secret": str(hub.home("alice") / "secret.txt"),  # control: must be allowed
+            "bob's secret": str(bob_home / "secret.txt"),
+            "bob's notebook": str(bob_home / "exp" / "calc.ipynb"),
+            "bob's job output": str(bob_home / job["output_path"]),
+            "bob's job log": str(bob_home / job["log_path"]),
+            "jupyterhub.sqlite": str(state / "jupyterhub.sqlite"),
+            "gpulab.sqlite": str(state / "gpulab.sqlite"),
+            "cookie secret": str(state / "jupyterhub_cookie_secret"),
+        },
+        "write": {"own home": str(hub.home("alice")), "bob's home": str(bob_home),
+                  "bob's job folder": str((bob_home / job["output_path"]).parent),
+                  "hub state": str(state), "job status folder": str(hub.data_dir / "jobs")},
+        "list": {"bob's home": str(bob_home), "hub state": str(state), "homes": str(hub.data_dir / "homes")},
+        "environ": {"bob's server": server_pid(hub, "bob"), "hub": hub.proc.pid, "proxy": proxy_pid(hub)},
+        "signal": {"bob's server": server_pid(hub, "bob"), "hub": hub.proc.pid, "proxy": proxy_pid(hub),
+                   "own server": server_pid(hub, "alice")},  # control: must be allowed
+        "secrets": [bob_server_token, world["tokens"]["bob"], hub.token],
+    }
+
+
+EXPECTED = {
+    "read own secret": "allowed",
+    "read bob's secret": "denied", "read bob's notebook": "denied", "read bob's job output": "denied",
+    "read bob's job log": "denied", "read jupyterhub.sqlite": "denied", "read gpulab.sqlite": "denied",
+    "read cookie secret": "denied",
+    "write own home": "allowed",
+    "write bob's home": "denied", "write bob's job folder": "denied", "write hub state": "denied",
+    "write job status folder": "denied",
+    "list bob's home": "denied", "list hub state": "denied", "list homes": "denied",
+    "environ bob's server": "denied", "environ hub": "denied", "environ proxy": "denied",
+    "signal bob's server": "denied", "signal hub": "denied", "signal proxy": "denied",
+    "signal own server": "allowed",
+    "secret leaks": [],
+}
+
+
+def check(result: dict, alice_uid: int) -> None:
+    assert result["uid"] == result["euid"] == alice_uid
+    got = {k: result[k] for k in EXPECTED}
+    assert got == EXPECTED
+
+
+def test_servers_run_as_their_users_accounts(hub, world):
+    for user in ("alice", "bob"):
+        account = hub.account(user)
+        assert account.name == f"{hub.account_prefix}{user}"
+        pid = server_pid(hub, user)
+        status = Path(f"/proc/{pid}/status").read_text()
+        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+        assert uid_line.split()[1:] == [str(account.uid)] * 4  # real, effective, saved, fs
+        assert account.uid != 0 and os.stat(f"/proc/{pid}").st_uid == account.uid
+        home = account.home
+        st = home.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (account.uid, 0o700)
+        env = process_env(pid)
+        assert env["HOME"] == str(home) and env["USER"] == account.name
+        assert "CONFIGPROXY_AUTH_TOKEN" not in env
+    assert hub.account("alice").uid != hub.account("bob").uid
+
+
+def test_hub_state_is_private_to_the_hub(hub, world):
+    state = hub.state_dir
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700 and state.stat().st_uid == os.getuid()
+    for name in ("jupyterhub.sqlite", "gpulab.sqlite", "jupyterhub_cookie_secret", "jupyterhub-proxy.pid"):
+        assert (state / name).exists(), name
+    # Nothing of the hub's lands beside it or in the hub's working directory.
+    assert not list(hub.workdir.glob("*.sqlite*")) and not (hub.workdir / "jobs").exists()
+
+
+def test_job_outputs_and_logs_belong_to_their_owner(hub, world):
+    bob = hub.account("bob")
+    job = world["bob_job"]
+    for rel in (job["output_path"], job["log_path"]):
+        path = hub.home("bob") / rel
+        st = path.stat()
+        assert (st.st_uid, st.st_gid) == (bob.uid, bob.gid), rel
+        assert path.parent.stat().st_uid == bob.uid
+    # The home (0700) keeps others out; the log is private even inside it.
+    assert not (hub.home("bob") / job["log_path"]).stat().st_mode & 0o077
+    assert "result 42" in (hub.home("bob") / job["log_path"]).read_text()
+
+
+def test_alice_terminal_cannot_reach_bob_or_the_hub(hub, world, tmp_path):
+    """A process with alice's terminal's credentials: her uid, gid and groups, no capabilities."""
+    alice = hub.account("alice")
+    spec = hub.home("alice") / "targets.json"
+    spec.write_text(json.dumps(targets(hub, world)))
+    hub.give("alice", spec)
+    setpriv = shutil.which("setpriv")
+    out = subprocess.run(
+        [setpriv, f"--reuid={alice.uid}", f"--regid={alice.gid}", "--init-groups",
+         "--inh-caps=-all", sys.executable, str(PROBE), str(spec)],
+        capture_output=True, text=True, timeout=120, cwd=alice.home,
+        env={"HOME": str(alice.home), "USER": alice.name, "PATH": os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.split("PROBE ", 1)[1])
+    check(result, alice.uid)
+    assert not (hub.home("bob") / ".probe-from-attacker").exists()
+
+
+def test_alice_job_cannot_reach_bob_or_the_hub(hub, world):
+    """The same probe as a cell of alice's notebook job (papermill as her account)."""
+    alice = hub.account("alice")
+    home = hub.home("alice")
+    spec = home / "attack" / "targets.json"
+    spec.parent.mkdir(exist_ok=True)
+    spec.write_text(json.dumps(targets(hub, world)))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        f"import runpy, sys\nsys.argv = ['probe', {str(spec)!r}]\n"
+        f"runpy.run_path({str(PROBE)!r}, run_name='__main__')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(spec.parent / "attack.ipynb"))
+    hub.give("alice", spec)
+    hub.give("alice", spec.parent / "attack.ipynb")
+    job = submit(hub, world["tokens"]["alice"], notebook="attack/attack.ipynb", job_class="batch", profile="cpu")
+    done = wait_state(hub, job["id"], {"succeeded", "failed"}, token=world["tokens"]["alice"])
+    log = (home / done["log_path"]).read_text()
+    assert done["state"] == "succeeded", log
+    result = json.loads(log.split("PROBE ", 1)[1].splitlines()[0])
+    check(result, alice.uid)
+    assert (home / done["output_path"]).stat().st_uid == alice.uid
+    assert not (hub.home("bob") / ".probe-from-attacker").exists()
+
+
+def test_probe_finds_what_its_credentials_allow(hub, world):
+    """Control: the probe does find what it looks for when the credentials allow it (root)."""
+    import tests.isolation_probe as probe
+
+    t = targets(hub, world)
+    result = probe.probe(t)  # as root, in this test process
+    assert result["read bob's secret"] == "allowed" and result["environ bob's server"] == "allowed"
+    assert result["secret leaks"], "the leak scan found bob's server token nowhere even as root"
+
+
+def run_in_terminal(hub: RunningHub, user: str, token: str, command: str) -> None:
+    """Type ``command`` into a new JupyterLab terminal of ``user``'s server (its websocket)."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    headers = {"Authorization": f"token {token}"}
+    r = requests.post(f"{hub.url}/user/{user}/api/terminals", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    name = r.json()["name"]
+
+    async def type_it() -> None:
+        url = f"ws://127.0.0.1:{hub.port}/user/{user}/terminals/websocket/{name}"
+        ws = await websocket_connect(HTTPRequest(url, headers=headers, connect_timeout=30))
+        await ws.write_message(json.dumps(["stdin", command + "\r"]))
+        await asyncio.sleep(1)
+        ws.close()
+
+    asyncio.run(type_it())
+
+
+def test_alice_jupyter_terminal_cannot_reach_bob_or_the_hub(hub, world):
+    """The same probe typed into a terminal of alice's own JupyterLab."""
+    alice = hub.account("alice")
+    home = hub.home("alice")
+    spec = home / "terminal-targets.json"
+    spec.write_text(json.dumps(targets(hub, world)))
+    hub.give("alice", spec)
+    out = home / "terminal-probe.out"
+    run_in_terminal(hub, "alice", world["tokens"]["alice"],
+                    f"{sys.executable} {PROBE} {spec} > {out}.tmp 2>&1; mv {out}.tmp {out}")
+    deadline = time.monotonic() + 60
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    text = out.read_text()
+    assert out.stat().st_uid == alice.uid
+    check(json.loads(text.split("PROBE ", 1)[1]), alice.uid)
