@@ -1,27 +1,38 @@
-"""One GPU idle-culler cycle over thousands of GPU servers, beside jupyterhub-idle-culler 2.x.
+"""GPU idle-culler cycles over thousands of GPU servers, beside jupyterhub-idle-culler 2.x.
 
-Both cullers run against the same hub REST API in the same run, alternating:
+Both cullers run against the same hub REST API in the same run, on the same
+population of servers in four equal kinds -- idle GPU with the browser tab
+closed, idle GPU with the tab open, busy GPU with the tab closed, busy GPU with
+the tab open -- and each pair of cycles starts from the same fresh population:
 
 * ``gpulab-idle-culler``: :meth:`idle_culler.app.GPUIdleCuller.cycle` (hub user
-  list + gpulab idle state + ONE Prometheus query + the decision per server);
-* ``jupyterhub-idle-culler``: :func:`jupyterhub_idle_culler.cull_idle`, one call.
+  list + gpulab idle state + ONE Prometheus query + the decision per server +
+  ONE request recording the cycle + one stop per reclaimed server), timed in
+  three kinds of cycle: **warn** (no warnings yet: the idle half is warned),
+  **reclaim** (their grace is over: the idle half is claimed and stopped) and
+  **steady** (warned, grace running: nothing to do);
+* ``jupyterhub-idle-culler``: :func:`jupyterhub_idle_culler.cull_idle`, one call
+  (it stops every server whose hub activity is older than the limit: the
+  closed tabs, busy or not).
 
-**Stand-ins (labelled as such in the output):** a real hub with 5,000 running
-servers is not feasible on a benchmark machine, so the hub REST API is a
-stand-in process (tornado) serving JupyterHub's paginated
-``GET /hub/api/users?state=ready`` (default and maximum page size 200, like
-JupyterHub's) with KubeSpawner-like server state, plus gpulab's
-``GET /hub/api/gpulab/idle/state``; and Prometheus is a stand-in serving
-``/api/v1/query`` with one matrix of dcgm-exporter series (one per server,
-samples every ``--interval`` s over the idle window). Every GPU is busy, so
-neither culler stops anything: the benchmark times the scan and decision,
-which is what a cycle costs when nothing is idle. The stand-in reports its
-own time spent building the Prometheus answer, so it can be subtracted.
+**Real and stand-in parts (named in the output):** Prometheus is the real
+Debian ``prometheus`` binary, its TSDB filled with one window of 30 s
+dcgm-exporter history per server by ``promtool tsdb create-blocks-from
+openmetrics``; the culler's clock is set to the end of that history. The hub
+REST API is a stand-in process (tornado) serving JupyterHub's paginated
+``GET /hub/api/users?state=ready`` (page size 200, like JupyterHub's) with
+KubeSpawner-like server state, ``DELETE .../server`` (204), and gpulab's idle
+state and cycle endpoints (it accepts every claim): a real hub with 5,000
+running servers is not feasible on a benchmark machine.
+
+Wall time is the cycle's; CPU time is this process's (both cullers run here;
+Prometheus and the stand-in hub are other processes, so their CPU is not
+counted for either culler -- Prometheus' query time is inside gpulab's wall time).
 
 Run::
 
     .venv/bin/python benchmarks/culler_cycle.py            # 5,000 servers
-    .venv/bin/python benchmarks/culler_cycle.py --smoke    # 50 servers, seconds
+    .venv/bin/python benchmarks/culler_cycle.py --smoke    # 40 servers, seconds
 """
 
 from __future__ import annotations
@@ -30,10 +41,12 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import multiprocessing
-import socket
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,41 +57,49 @@ from _common import table, write_result  # noqa: E402
 
 PAGE_MAX = 200  # JupyterHub's default api_page_default_limit / api_page_max_limit
 TOKEN = "benchmark-token-0123456789"
+KINDS = ("idle-closed", "idle-open", "busy-closed", "busy-open")
+CYCLES = ("warn", "reclaim", "steady")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def kind_of(i: int) -> str:
+    return KINDS[i % 4]
 
 
-# -- the stand-in hub + Prometheus (a separate process) -----------------------
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def serve_standins(port: int, n_servers: int, window: int, interval: int, ready) -> None:
+# -- the stand-in hub API (a separate process) ------------------------------------
+
+
+def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
     from tornado import ioloop, web
 
-    now_iso = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-    users = []
-    for i in range(n_servers):
+    started = iso(at - 2 * window)  # every session is older than its idle timeout
+    state = {"scenario": "warn", "stopped": set()}
+    counts: dict[str, int] = {}
+
+    def count(key: str, n: int = 1) -> None:
+        counts[key] = counts.get(key, 0) + n
+
+    def user_model(i: int) -> dict[str, Any]:
         name = f"user{i:05d}"
-        users.append({
+        # The tab decides what the hub sees: an open tab keeps last_activity fresh.
+        seen = iso(time.time() - (30 if kind_of(i).endswith("open") else 2 * 86400))
+        return {
             "kind": "user", "name": name, "admin": False, "groups": [], "roles": ["user"],
-            "created": now_iso, "last_activity": now_iso, "pending": None,
+            "created": started, "last_activity": seen, "pending": None,
             "servers": {"": {
-                "name": "", "full_name": f"{name}/", "last_activity": now_iso, "started": now_iso,
+                "name": "", "full_name": f"{name}/", "last_activity": seen, "started": started,
                 "pending": None, "ready": True, "stopped": False, "url": f"/user/{name}/",
                 "user_options": {"team": "vision", "profile": "h100-1"},
                 "progress_url": f"/hub/api/users/{name}/server/progress", "full_url": None,
                 "state": {"pod_name": f"jupyter-{name}", "namespace": "jhub", "dns_name": "",
                           "gpulab": {"team": "vision", "profile": "h100-1", "milli": 1000}},
             }},
-        })
-    counts: dict[str, int] = {}
-    standin_seconds = [0.0]
+        }
 
-    def count(key: str) -> None:
-        counts[key] = counts.get(key, 0) + 1
+    models = [user_model(i) for i in range(n_servers)]
 
     class Root(web.RequestHandler):
         def get(self):
@@ -92,181 +113,240 @@ def serve_standins(port: int, n_servers: int, window: int, interval: int, ready)
                 raise web.HTTPError(403)
             offset = int(self.get_argument("offset", "0"))
             limit = min(int(self.get_argument("limit", str(PAGE_MAX))), PAGE_MAX)
-            page = users[offset:offset + limit]
+            live = [m for m in models if m["name"] not in state["stopped"]]
+            page = live[offset:offset + limit]
             nxt = None
-            if offset + limit < len(users):
+            if offset + limit < len(live):
                 base = f"{self.request.protocol}://{self.request.host}/hub/api/users"
                 nxt = {"offset": offset + limit, "limit": limit,
                        "url": f"{base}?state=ready&offset={offset + limit}&limit={limit}"}
             self.set_header("Content-Type", "application/json")
             if "pagination" in self.request.headers.get("Accept", ""):
                 self.finish(json.dumps({"items": page, "_pagination": {
-                    "offset": offset, "limit": limit, "total": len(users), "next": nxt}}))
+                    "offset": offset, "limit": limit, "total": len(live), "next": nxt}}))
             else:
                 self.finish(json.dumps(page))
 
+    class Server(web.RequestHandler):
+        def delete(self, name):
+            count("DELETE server")
+            state["stopped"].add(name)
+            self.set_status(204)
+            self.finish()
+
     class IdleState(web.RequestHandler):
         def get(self):
-            count("GET /hub/api/gpulab/idle/state")
-            self.finish({"now": time.time(), "warnings": [], "keepalives": [],
+            count("GET gpulab/idle/state")
+            warnings = []
+            if state["scenario"] in ("reclaim", "steady"):
+                reclaim_at = at - 60 if state["scenario"] == "reclaim" else at + 600
+                warnings = [{"user": f"user{i:05d}", "server": "", "warned_at": at - 900, "reclaim_at": reclaim_at,
+                             "session": started, "held": False}
+                            for i in range(n_servers) if kind_of(i).startswith("idle")]
+            self.finish({"now": at, "warnings": warnings, "keepalives": [],
                          "profiles": {"h100-1": {"gpu_milli": 1000, "idle_timeout_seconds": window}},
                          "teams": {"vision": {"idle_timeout_seconds": None}}})
 
-    class Query(web.RequestHandler):
+    class Cycle(web.RequestHandler):
         def post(self):
-            self.get()
+            count("POST gpulab/idle/cycle")
+            doc = json.loads(self.request.body)
+            for key in ("warnings", "holds", "clears", "reclaims"):
+                count(f"recorded {key}", len(doc.get(key, [])))
+            self.finish({"warnings": len(doc.get("warnings", [])), "holds": 0, "clears": 0,
+                         "reclaims": [{"user": r["user"], "server": r["server"], "accepted": True,
+                                       "message": "recorded"} for r in doc.get("reclaims", [])]})
 
+    class Control(web.RequestHandler):
         def get(self):
-            count("Prometheus /api/v1/query")
-            t0 = time.perf_counter()
-            at = float(self.get_argument("time", str(time.time())))
-            stamps = [at - k * interval for k in range(window // interval, -1, -1)]
-            values = json.dumps([[round(t, 3), "100"] for t in stamps])  # every GPU busy
-            parts = []
-            for u in users:
-                name = u["name"]
-                labels = json.dumps({"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "0", "UUID": f"GPU-{name}",
-                                     "Hostname": "node-1", "modelName": "NVIDIA H100 80GB HBM3",
-                                     "namespace": "jhub", "pod": f"jupyter-{name}", "container": "notebook"})
-                parts.append('{"metric":' + labels + ',"values":' + values + "}")
-            body = '{"status":"success","data":{"resultType":"matrix","result":[' + ",".join(parts) + "]}}"
-            standin_seconds[0] += time.perf_counter() - t0
-            self.set_header("Content-Type", "application/json")
-            self.finish(body)
+            self.finish({"requests": counts, "stopped": sorted(state["stopped"])})
 
-    class Stats(web.RequestHandler):
-        def get(self):
-            self.finish({"requests": counts, "prometheus_standin_seconds": standin_seconds[0]})
-
-        def delete(self):
+        def post(self):  # a fresh population for the next cycle
+            state["scenario"] = self.get_argument("scenario")
+            state["stopped"] = set()
             counts.clear()
-            standin_seconds[0] = 0.0
             self.set_status(204)
+            self.finish()
 
     app = web.Application([
-        (r"/hub/api/?", Root), (r"/hub/api/users", Users), (r"/hub/api/gpulab/idle/state", IdleState),
-        (r"/api/v1/query", Query), (r"/stats", Stats),
+        (r"/hub/api/?", Root), (r"/hub/api/users", Users), (r"/hub/api/users/([^/]+)/server", Server),
+        (r"/hub/api/gpulab/idle/state", IdleState), (r"/hub/api/gpulab/idle/cycle", Cycle),
+        (r"/control", Control),
     ])
     app.listen(port, "127.0.0.1")
     ready.set()
     ioloop.IOLoop.current().start()
 
 
-# -- the two cullers ------------------------------------------------------------
+# -- the real Prometheus, with one window of history per server --------------------
 
 
-async def stats(base: str, reset: bool = False) -> dict[str, Any]:
+def start_prometheus(workdir: Path, n_servers: int, at: float, window: int, interval: int):
+    from tests.dcgm_fake_exporter import RunningPrometheus
+
+    prom = RunningPrometheus(workdir, [])
+    stamps = [at - k * interval for k in range(window // interval + 2, -1, -1)]
+    series = []
+    for i in range(n_servers):
+        name = f"user{i:05d}"
+        value = 0.0 if kind_of(i).startswith("idle") else 97.0
+        series.append(("DCGM_FI_DEV_GPU_UTIL", {
+            "gpu": "0", "UUID": f"GPU-{name}", "Hostname": "node-1", "modelName": "NVIDIA H100 80GB HBM3",
+            "namespace": "jhub", "pod": f"jupyter-{name}", "container": "notebook"},
+            [(t, value) for t in stamps]))
+    t0 = time.perf_counter()
+    prom.backfill(series)
+    backfill_s = time.perf_counter() - t0
+    prom.start(timeout=120)
+    return prom, backfill_s
+
+
+# -- the two cullers ---------------------------------------------------------------
+
+
+async def control(base: str, scenario: str | None = None) -> dict[str, Any]:
     from tornado.httpclient import AsyncHTTPClient
 
     client = AsyncHTTPClient()
-    if reset:
-        await client.fetch(base + "/stats", method="DELETE")
+    if scenario:
+        await client.fetch(f"{base}/control?scenario={scenario}", method="POST", body=b"")
         return {}
-    return json.loads((await client.fetch(base + "/stats")).body)
+    return json.loads((await client.fetch(base + "/control")).body)
 
 
-async def run(args) -> dict[str, Any]:
+async def timed(coro_factory) -> tuple[Any, float, float]:
+    c0, t0 = time.process_time(), time.perf_counter()
+    result = await coro_factory()
+    return result, time.perf_counter() - t0, time.process_time() - c0
+
+
+async def run(args, prom_url: str, at: float) -> dict[str, Any]:
     from jupyterhub_idle_culler import cull_idle
     from traitlets.config import Config
 
     from idle_culler.app import GPUIdleCuller
+    from tests.hub_harness import free_port
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: not a fork of a running event loop
     ready = ctx.Event()
-    proc = ctx.Process(target=serve_standins, args=(port, args.servers, args.window, args.interval, ready),
-                                   daemon=True)
+    proc = ctx.Process(target=serve_hub, args=(port, args.servers, at, args.window, ready), daemon=True)
     proc.start()
     if not ready.wait(60):
         raise SystemExit("stand-in hub did not start")
     quiet = logging.getLogger("benchmark-culler")
     quiet.setLevel(logging.WARNING)
+    config = Config()
+    config.GPUIdleCuller.update(url=base + "/hub/api", api_token=TOKEN, source="prometheus",
+                                concurrency=args.concurrency, api_page_size=PAGE_MAX, config_file="",
+                                grace_seconds=900, log_level=logging.ERROR)
+    config.PrometheusSource.update(prometheus_url=prom_url, scrape_interval=float(args.interval))
+    ours = GPUIdleCuller(config=config)
+    ours.initialize([])
+    ours.clock = lambda: at
+    ours.log.setLevel(logging.ERROR)  # like the peer at WARNING: no line per server in either
+    half = args.servers // 2
+    rows: list[dict[str, Any]] = []
     try:
-        config = Config()
-        config.GPUIdleCuller.update(url=base + "/hub/api", api_token=TOKEN, source="prometheus",
-                                    concurrency=args.concurrency, api_page_size=PAGE_MAX, config_file="",
-                                    max_sample_gap=args.interval * 3, log_level=logging.WARNING)
-        config.PrometheusSource.prometheus_url = base
-        ours = GPUIdleCuller(config=config)
-        ours.initialize([])
-        ours.log.setLevel(logging.WARNING)
-
-        rows, ours_times, theirs_times, ours_queries, verdict_counts = [], [], [], [], {}
         for rep in range(args.repeat):
-            await stats(base, reset=True)
-            t0 = time.perf_counter()
-            summary = await ours.cycle()
-            ours_s = time.perf_counter() - t0
-            ours_stats = await stats(base)
-            await stats(base, reset=True)
-            t0 = time.perf_counter()
-            await cull_idle(url=base + "/hub/api", api_token=TOKEN, inactive_limit=10 * 86400, logger=quiet,
-                            concurrency=args.concurrency, api_page_size=PAGE_MAX)
-            theirs_s = time.perf_counter() - t0
-            theirs_stats = await stats(base)
-            prom_requests = ours_stats["requests"].get("Prometheus /api/v1/query", 0)
-            verdict_counts = {}
-            for v in summary["verdicts"].values():
-                verdict_counts[v] = verdict_counts.get(v, 0) + 1
-            assert summary["gpu_servers"] == args.servers, summary["gpu_servers"]
-            assert prom_requests == 1 and summary["queries"] == 1, (prom_requests, summary["queries"])
-            assert not summary["warned"] and not summary["reclaimed"]
-            ours_times.append(ours_s)
-            theirs_times.append(theirs_s)
-            ours_queries.append(prom_requests)
-            rows.append({
-                "repeat": rep + 1, "gpulab_cycle_s": ours_s, "idle_culler_cycle_s": theirs_s,
-                "ratio": ours_s / theirs_s, "gpulab_metric_queries": prom_requests,
-                "gpulab_hub_requests": sum(v for k, v in ours_stats["requests"].items() if "hub/api" in k),
-                "idle_culler_hub_requests": sum(theirs_stats["requests"].values()),
-                "prometheus_standin_s": ours_stats["prometheus_standin_seconds"],
-            })
+            for kind in CYCLES:
+                await control(base, kind)
+                summary, ours_wall, ours_cpu = await timed(ours.cycle)
+                ours_req = (await control(base))["requests"]
+                await control(base, kind)
+                _, peer_wall, peer_cpu = await timed(lambda: cull_idle(
+                    url=base + "/hub/api", api_token=TOKEN, inactive_limit=args.window, logger=quiet,
+                    concurrency=args.concurrency, api_page_size=PAGE_MAX))
+                peer = await control(base)
+                peer_stopped = peer["stopped"]
+                # What each culler did, checked every time (a benchmark of wrong work means nothing).
+                expected = {"warn": (half, 0), "reclaim": (0, half), "steady": (0, 0)}[kind]
+                assert (len(summary["warned"]), len(summary["reclaimed"])) == expected, (kind, summary["warned"][:3])
+                assert summary["queries"] == 1 and summary["gpu_servers"] == args.servers
+                assert ours_req.get("POST gpulab/idle/cycle", 0) == (1 if kind != "steady" else 0)
+                idx = {int(n[4:]) for n in peer_stopped}
+                rows.append({
+                    "repeat": rep + 1, "cycle": kind,
+                    "gpulab_wall_s": ours_wall, "gpulab_cpu_s": ours_cpu,
+                    "peer_wall_s": peer_wall, "peer_cpu_s": peer_cpu,
+                    "wall_ratio": ours_wall / peer_wall, "cpu_ratio": ours_cpu / peer_cpu,
+                    "gpulab_hub_requests": sum(ours_req.values()) - sum(v for k, v in ours_req.items()
+                                                                     if k.startswith("recorded")),
+                    "peer_hub_requests": sum(peer["requests"].values()),
+                    "gpulab_answer_bytes": ours.utilisation.last_answer_bytes,
+                    # Waiting for Prometheus once the hub's list was read (it was asked at the start).
+                    "gpulab_prometheus_wait_s": summary.get("source_wait_seconds", 0.0),
+                    "gpulab_warned": len(summary["warned"]), "gpulab_reclaimed": len(summary["reclaimed"]),
+                    "peer_stopped": len(idx),
+                    "peer_wrong_stops": sum(1 for i in idx if kind_of(i).startswith("busy")),
+                    "peer_missed_idle": sum(1 for i in range(args.servers)
+                                            if kind_of(i).startswith("idle") and i not in idx),
+                })
     finally:
         proc.terminate()
         proc.join(10)
-    med_ours, med_theirs = statistics.median(ours_times), statistics.median(theirs_times)
-    return {
-        "rows": rows, "verdicts_last_cycle": verdict_counts,
-        "gpulab_median_s": med_ours, "idle_culler_median_s": med_theirs,
-        "ratio_median": med_ours / med_theirs, "metric_queries_per_cycle": sorted(set(ours_queries)),
-    }
+    out: dict[str, Any] = {"rows": rows, "cycles": {}}
+    for kind in CYCLES:
+        rs = [r for r in rows if r["cycle"] == kind]
+        med = {k: statistics.median(r[k] for r in rs) for k in ("gpulab_wall_s", "gpulab_cpu_s", "peer_wall_s",
+                                                                 "peer_cpu_s")}
+        out["cycles"][kind] = {**med, "wall_ratio": med["gpulab_wall_s"] / med["peer_wall_s"],
+                               "cpu_ratio": med["gpulab_cpu_s"] / med["peer_cpu_s"]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="50 servers, one repeat (used by the tests)")
-    ap.add_argument("--servers", type=int, help="GPU servers (default 5000)")
-    ap.add_argument("--repeat", type=int, help="cycles timed per culler, alternating (default 5)")
-    ap.add_argument("--window", type=int, default=600, help="idle window in seconds (default 600)")
-    ap.add_argument("--interval", type=int, default=30, help="dcgm-exporter sample interval (default 30)")
+    ap.add_argument("--smoke", action="store_true", help="40 servers, one repeat (used by the tests)")
+    ap.add_argument("--servers", type=int, help="GPU servers, a multiple of 4 (default 5000)")
+    ap.add_argument("--repeat", type=int, help="rounds of the three cycle kinds, each beside the peer (default 3)")
+    ap.add_argument("--window", type=int, default=3600, help="idle timeout in seconds (default 3600)")
+    ap.add_argument("--interval", type=int, default=30, help="dcgm-exporter scrape interval (default 30)")
     ap.add_argument("--concurrency", type=int, default=10, help="hub requests in flight, both cullers (default 10)")
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
-    args.servers = args.servers or (50 if args.smoke else 5000)
-    args.repeat = args.repeat or (1 if args.smoke else 5)
+    args.servers = args.servers or (40 if args.smoke else 5000)
+    args.repeat = args.repeat or (1 if args.smoke else 3)
+    if args.servers % 4:
+        ap.error("--servers must be a multiple of 4 (four kinds of session)")
+    if not shutil.which("prometheus") or not shutil.which("promtool"):
+        raise SystemExit("needs the prometheus and promtool binaries (Debian package `prometheus`)")
 
-    result = asyncio.run(run(args))
+    at = math.floor((time.time() - 6 * 3600) / args.interval) * args.interval  # history ends 6 h ago
+    with tempfile.TemporaryDirectory(prefix="culler-bench-") as tmp:
+        prom, backfill_s = start_prometheus(Path(tmp), args.servers, at, args.window, args.interval)
+        try:
+            result = asyncio.run(run(args, prom.url, at))
+        finally:
+            prom.stop()
     print(table(
-        ["repeat", "gpulab cycle (s)", "jupyterhub-idle-culler (s)", "ratio", "metric queries",
-         "gpulab hub requests", "idle-culler hub requests", "Prometheus stand-in (s)"],
-        [[r["repeat"], r["gpulab_cycle_s"], r["idle_culler_cycle_s"], r["ratio"], r["gpulab_metric_queries"],
-          r["gpulab_hub_requests"], r["idle_culler_hub_requests"], r["prometheus_standin_s"]]
-         for r in result["rows"]],
-        title=f"One cull cycle over {args.servers:,} GPU servers (stand-in hub API and Prometheus)",
+        ["cycle", "repeat", "gpulab wall (s)", "peer wall (s)", "wall ratio", "gpulab CPU (s)", "peer CPU (s)",
+         "CPU ratio", "gpulab hub req", "peer hub req", "answer bytes", "Prometheus wait (s)"],
+        [[r["cycle"], r["repeat"], r["gpulab_wall_s"], r["peer_wall_s"], r["wall_ratio"], r["gpulab_cpu_s"],
+          r["peer_cpu_s"], r["cpu_ratio"], r["gpulab_hub_requests"], r["peer_hub_requests"],
+          r["gpulab_answer_bytes"], r["gpulab_prometheus_wait_s"]] for r in result["rows"]],
+        title=(f"Cull cycles over {args.servers:,} GPU servers in four kinds (real Prometheus, "
+               f"stand-in hub API), window {args.window}s, scrape {args.interval}s"),
     ))
-    print(f"\nmedian: gpulab {result['gpulab_median_s']:.3f}s, jupyterhub-idle-culler "
-          f"{result['idle_culler_median_s']:.3f}s, ratio {result['ratio_median']:.2f}; "
-          f"metric queries per cycle: {result['metric_queries_per_cycle']}")
+    for kind, c in result["cycles"].items():
+        print(f"median {kind:8s} cycle: wall ratio {c['wall_ratio']:.2f}, CPU ratio {c['cpu_ratio']:.2f} "
+              f"(gpulab {c['gpulab_wall_s']:.3f}s / {c['gpulab_cpu_s']:.3f}s CPU; "
+              f"jupyterhub-idle-culler {c['peer_wall_s']:.3f}s / {c['peer_cpu_s']:.3f}s CPU)")
+    last = result["rows"][-1]
+    print(f"jupyterhub-idle-culler per cycle: {last['peer_stopped']} stopped, {last['peer_wrong_stops']} of them "
+          f"busy; {last['peer_missed_idle']} idle GPUs left running. Prometheus backfill took {backfill_s:.1f}s.")
     path = write_result("culler_cycle", {
         "smoke": args.smoke,
-        "standins": "hub REST API and Prometheus are stand-in processes (see the script's docstring)",
+        "parts": "real Prometheus (backfilled with promtool); stand-in hub REST API process (see the docstring)",
         "parameters": {"servers": args.servers, "repeat": args.repeat, "window_s": args.window,
                        "interval_s": args.interval, "concurrency": args.concurrency, "page_size": PAGE_MAX},
+        "prometheus_backfill_s": backfill_s,
         **result,
     }, args.out)
-    print(json.dumps({"result": str(path), "ratio_median": result["ratio_median"],
-                      "metric_queries_per_cycle": result["metric_queries_per_cycle"]}))
+    print(json.dumps({"result": str(path), **{k: {"wall_ratio": round(c["wall_ratio"], 3),
+                                                  "cpu_ratio": round(c["cpu_ratio"], 3)}
+                                              for k, c in result["cycles"].items()}}))
     return 0
 
 

@@ -205,8 +205,15 @@ class GPULabAdminPageHandler(BaseHandler):
             money=money,
             hours=hours,
             period_label=dict(PERIODS)[period],
+            idle=idle_admin_view(self.settings.get("config")),
         )
         self.finish(html)
 
 
 handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers]
+
+
+def idle_admin_view(config) -> dict[str, Any] | None:
+    from .idle_records import idle_admin_view as view
+
+    return view(config)

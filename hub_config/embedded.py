@@ -23,6 +23,7 @@ from spawner.accounts import can_switch_users, unreachable_by_others
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
 
+from .idle_service import configure_idle_culler
 from .setup import configure_gpulab
 
 DEMO_CATALOG = str(Path(__file__).parent / "demo-teams.yaml")
@@ -205,3 +206,4 @@ def configure_embedded(c) -> None:
     else:
         c.JupyterHub.template_vars = {"gpulab_not_isolated": None if isolated else NOT_ISOLATED}
     configure_gpulab(c, admin_users=admins)
+    configure_idle_culler(c)  # the NVML culler when a driver is present; the admin page says why not

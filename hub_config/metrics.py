@@ -14,6 +14,10 @@ the numbers are never stale and nothing runs between scrapes:
 - ``gpulab_profile_retired{profile}``: 1 for retired profiles, 0 otherwise
 - ``gpulab_team_gpu_hours{team,quota}``: GPU-hours used in the last 24 hours
   (``quota`` = ``in-quota`` / ``over-quota``), from the usage history
+- ``gpulab_team_idle_gpu_hours_before_reclaim{team}`` and
+  ``gpulab_team_gpu_hours_freed{team}``: for the idle culler's reclaims of the
+  last 24 hours, the idle GPU-hours it observed before reclaiming, and the
+  GPU-hours the reclaims freed (until each user next held a GPU, or now)
 """
 
 from __future__ import annotations
@@ -94,6 +98,31 @@ class GPULabCollector:
                     hours.add_metric([t["team"], "in-quota"], t["in_quota_gpu_hours"])
                     hours.add_metric([t["team"], "over-quota"], t["burst_gpu_hours"])
                 yield hours
+            yield from reclaim_metrics(recorder, now)
+
+
+def reclaim_metrics(recorder, now):
+    """The two reclaim figures of the last 24 hours, per team (nothing without the culler's table)."""
+    from .usage import reclaim_figures
+
+    _, figures = reclaim_figures(recorder.sessions, recorder.settings, now - timedelta(hours=24), now, now)
+    if figures is None:
+        return
+    idle = GaugeMetricFamily("gpulab_team_idle_gpu_hours_before_reclaim",
+                             "Idle GPU-hours the culler observed before its reclaims of the last 24 hours",
+                             labels=["team"])
+    freed = GaugeMetricFamily("gpulab_team_gpu_hours_freed",
+                              "GPU-hours freed by the culler's reclaims of the last 24 hours (until each "
+                              "user next held a GPU, or now)", labels=["team"])
+    by_team: dict[str, tuple[float, float]] = {}
+    for (team, _), (i, f) in figures.items():
+        a, b = by_team.get(team, (0.0, 0.0))
+        by_team[team] = (a + i, b + f)
+    for team, (i, f) in sorted(by_team.items()):
+        idle.add_metric([team], round(i, 6))
+        freed.add_metric([team], round(f, 6))
+    yield idle
+    yield freed
 
 
 _collector: GPULabCollector | None = None

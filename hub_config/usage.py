@@ -49,8 +49,8 @@ class GPULabUsage(Configurable):
         "",
         config=True,
         help="""Table of the idle culler's events in gpulab's database. Default: the
-        first table with `gpu_hours_reclaimed`, `team` and `at` columns (the culler's
-        audit event fields). Absent: reclaimed GPU-hours are reported as unknown.""",
+        first table with the culler's audit event columns (`idle_gpu_hours`, `action`,
+        `gpu_milli`, `team`, `user`, `kind`, `at`). Absent: reclaim figures are reported as unknown.""",
     )
     jobs_table = Unicode(
         "",
@@ -283,36 +283,81 @@ def _time_value(column, dt: datetime):
     return dt
 
 
-def reclaimed_gpu_hours(sessions: sessionmaker[Session], settings: GPULabUsage, start: datetime,
-                        end: datetime) -> tuple[str | None, dict[tuple[str, str], float] | None]:
-    """``(table, {(team, user): hours})`` from the culler's records, or ``(None, None)`` when absent.
+#: Columns the idle culler's audit events carry (hub_config/api/idle.py).
+RECLAIM_COLUMNS = {"idle_gpu_hours", "gpu_milli", "action", "team", "user", "kind", "at"}
 
-    The culler (issue 4) keeps its events in gpulab's database with the fields of
-    its audit API (``at``, ``kind``, ``user``, ``team``, ``gpu_hours_reclaimed``).
+
+def next_gpu_holds(sessions: sessionmaker[Session], users: set[str], after: datetime) -> dict[str, list[datetime]]:
+    """Per user, the sorted start times of their GPU holdings that began after ``after``."""
+    if not users:
+        return {}
+    with sessions() as s:
+        rows = s.execute(select(UsageInterval.user, UsageInterval.started_at)
+                         .where(UsageInterval.user.in_(sorted(users)), UsageInterval.started_at > after,
+                                UsageInterval.gpu_milli > 0)).all()
+    out: dict[str, list[datetime]] = defaultdict(list)
+    for user, started in rows:
+        out[user].append(started)
+    for starts in out.values():
+        starts.sort()
+    return out
+
+
+def freed_until(holds: dict[str, list[datetime]], user: str, reclaimed_at: datetime) -> datetime | None:
+    """When ``user`` next held a GPU after a reclaim at ``reclaimed_at`` (None: not since)."""
+    from bisect import bisect_right
+
+    starts = holds.get(user, [])
+    i = bisect_right(starts, reclaimed_at)
+    return starts[i] if i < len(starts) else None
+
+
+def reclaim_figures(sessions: sessionmaker[Session], settings: GPULabUsage, start: datetime, end: datetime,
+                    now: datetime | None = None,
+                    ) -> tuple[str | None, dict[tuple[str, str], tuple[float, float]] | None]:
+    """``(table, {(team, user): (idle GPU-hours before reclaim, GPU-hours freed)})`` of the
+    reclaims in ``[start, end)``, or ``(None, None)`` when the culler's table is absent.
+
+    *Idle GPU-hours before reclaim*: the GPUs held times the idle time the culler
+    proved before it reclaimed them (waste that happened). *GPU-hours freed*: the
+    GPUs taken back times the time from the reclaim until the user next held a
+    GPU again, or ``now`` (what the reclaim gave back to everyone else). A kernel
+    shutdown frees no allocation (the server keeps its GPU): 0 freed.
     """
-    from sqlalchemy import func, literal
+    from spawner.idle import gpu_hours_freed
 
+    now = now or utcnow()
     engine = sessions.kw["bind"]
     try:
-        table = _find_table(engine, settings.reclaims_table, {"gpu_hours_reclaimed", "team", "at"})
+        table = _find_table(engine, settings.reclaims_table, RECLAIM_COLUMNS)
     except Exception as e:
         log.warning("gpulab: cannot inspect gpulab's database for reclaims: %s", e)
         return None, None
     if table is None:
         return None, None
     c = table.c
-    user = c.user if "user" in c else literal("")
-    q = (select(c.team, user, func.sum(c.gpu_hours_reclaimed))
-         .where(c.at >= _time_value(c.at, start), c.at < _time_value(c.at, end)).group_by(c.team, user))
-    if "kind" in c:
-        q = q.where(c.kind == "reclaim")
+    q = (select(c.at, c.team, c.user, c.gpu_milli, c.action, c.idle_gpu_hours)
+         .where(c.kind == "reclaim", c.at >= _time_value(c.at, start), c.at < _time_value(c.at, end)))
     try:
         with engine.connect() as conn:
             rows = conn.execute(q).all()
     except Exception as e:
         log.warning("gpulab: cannot read the culler's reclaims from %s: %s", table.name, e)
         return table.name, None
-    return table.name, {(t or "", u or ""): float(h or 0) for t, u, h in rows}
+    at_of = [(datetime.fromtimestamp(float(at), timezone.utc).replace(tzinfo=None)
+              if isinstance(at, (int, float)) else at) for at, *_ in rows]
+    holds = next_gpu_holds(sessions, {r[2] for r in rows}, min(at_of)) if rows else {}
+    epoch = now.replace(tzinfo=timezone.utc).timestamp()
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for (_, team, user, milli, action, idle_hours), at in zip(rows, at_of):
+        freed = 0.0
+        if action == "stop-server":
+            nxt = freed_until(holds, user, at)
+            freed = gpu_hours_freed(int(milli or 0), at.replace(tzinfo=timezone.utc).timestamp(),
+                                    None if nxt is None else nxt.replace(tzinfo=timezone.utc).timestamp(), epoch)
+        idle0, freed0 = out.get((team or "", user or ""), (0.0, 0.0))
+        out[(team or "", user or "")] = (idle0 + float(idle_hours or 0), freed0 + freed)
+    return table.name, out
 
 
 def jobs_by_state(sessions: sessionmaker[Session], settings: GPULabUsage, start: datetime,
@@ -353,6 +398,14 @@ def _merge_counts(into: dict[str, int], more: dict[str, int]) -> None:
         into[k] = into.get(k, 0) + v
 
 
+def _reclaim_totals(figures: list[tuple[float, float]], unknown: bool) -> dict[str, float | None]:
+    """The two reclaim figures, named for what they measure (None: the culler's table is absent)."""
+    if unknown:
+        return {"idle_gpu_hours_before_reclaim": None, "gpu_hours_freed": None}
+    return {"idle_gpu_hours_before_reclaim": round(sum(i for i, _ in figures), 6),
+            "gpu_hours_freed": round(sum(f for _, f in figures), 6)}
+
+
 def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsage, start: datetime,
                   end: datetime, bucket: timedelta = timedelta(days=1), *, others: bool = True) -> dict[str, Any]:
     """GPU-hours, cost, reclaims, jobs and utilisation per team and user over ``[start, end)``.
@@ -391,14 +444,13 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
         for tot in (teams[smp.team], users[(smp.team, smp.user)]):
             tot.util_sum += smp.util_pct
             tot.util_n += 1
-    reclaim_table, reclaims = reclaimed_gpu_hours(sessions, settings, start, end) if others else (None, None)
+    reclaim_table, reclaims = reclaim_figures(sessions, settings, start, end) if others else (None, None)
     jobs_table, jobs = jobs_by_state(sessions, settings, start, end) if others else (None, None)
     names = sorted(set(teams) | set(catalog.teams) | {t for t, _ in (reclaims or {})} | {t for t, _ in (jobs or {})})
     out_teams = []
     for name in names:
         d = {"team": name, **teams[name].to_dict()}
-        d["reclaimed_gpu_hours"] = (round(sum(h for (t, _), h in reclaims.items() if t == name), 6)
-                                    if reclaims is not None else None)
+        d.update(_reclaim_totals([h for (t, _), h in (reclaims or {}).items() if t == name], reclaims is None))
         if jobs is not None:
             counts: dict[str, int] = {}
             for (t, _), c in jobs.items():
@@ -412,7 +464,7 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
         d["users"] = []
         for u in user_names:
             ud = {"user": u, **users[(name, u)].to_dict()}
-            ud["reclaimed_gpu_hours"] = round(reclaims.get((name, u), 0.0), 6) if reclaims is not None else None
+            ud.update(_reclaim_totals([reclaims.get((name, u), (0.0, 0.0))] if reclaims else [], reclaims is None))
             ud["jobs"] = dict(jobs.get((name, u), {})) if jobs is not None else None
             d["users"].append(ud)
         d["series"] = [round(series[name].get(i, 0.0), 6) for i in range(n_buckets)]
@@ -424,7 +476,7 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
         "total": {
             "gpu_hours": round(sum(t.gpu_hours for t in teams.values()), 6),
             "cost": round(sum(t.cost for t in teams.values()), 4),
-            "reclaimed_gpu_hours": round(sum(reclaims.values()), 6) if reclaims is not None else None,
+            **_reclaim_totals(list((reclaims or {}).values()), reclaims is None),
         },
         "prices": dict(catalog.prices),
         "sources": {

@@ -28,18 +28,20 @@ from urllib.parse import urlparse
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.log import LogFormatter
+from traitlets import Any as AnyTrait
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode, default
 from traitlets.config import Application
 
 from spawner.idle import (
-    BUSY, IDLE, IdleVerdict, IdleWarning, Step, idle_timeout_for, judge_gpu_idle, next_step, reclaimed_gpu_hours,
+    BUSY, SHORT, STATUSES, IdleVerdict, IdleWarning, Step, idle_gpu_hours_observed, idle_timeout_for,
+    judge_gpu_idle, max_gap_for, next_step,
 )
 from spawner.model import Profile, Team
 
 from .hub import HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, MetricsHandler
 from .nvml_source import NVMLSource
-from .sources import DCGMExporterSource, PrometheusSource, SourceUnavailable, UtilisationSource
+from .sources import AnswerTooLarge, DCGMExporterSource, PrometheusSource, SourceUnavailable, UtilisationSource
 from .targets import ServerTarget, targets_from_users
 
 SOURCES = {"prometheus": PrometheusSource, "dcgm-exporter": DCGMExporterSource, "nvml": NVMLSource}
@@ -98,11 +100,30 @@ class GPUIdleCuller(Application):
         900, min=0, config=True,
         help="Seconds between the warning the user sees and the reclaim.",
     )
+    max_missed_samples = Integer(
+        2, min=0, config=True,
+        help="""How many samples in a row may be missing inside an idle run and still count as
+        *unknown* rather than as a break: one or two lost scrapes do not restart the idle clock.
+        Longer holes, stale series and partial data still mean "not idle".""",
+    )
     max_sample_gap = Float(
-        90.0, min=0.1, config=True,
+        min=0.1, config=True,
         help="""Largest allowed hole between samples (and age of the newest one), in seconds.
-        dcgm-exporter collects every 30 s by default; with `dcgm-exporter` or `nvml` as the
-        source the culler samples once per cycle, so keep this above --cull-every.""",
+        Default: (max_missed_samples + 1.5) x the sample interval -- Prometheus' scrape interval
+        (c.PrometheusSource.scrape_interval) with `prometheus`, --cull-every with `dcgm-exporter`
+        and `nvml` (they sample once per cycle). Keep it below Prometheus' lookback delta (5m).""",
+    )
+
+    @default("max_sample_gap")
+    def _default_max_sample_gap(self) -> float:
+        interval = self.cull_every
+        if self.source == "prometheus":
+            interval = PrometheusSource(parent=self).scrape_interval
+        return max_gap_for(interval, self.max_missed_samples)
+
+    clock = AnyTrait(
+        time.time,
+        help="The culler's clock (seconds since the epoch); tests replace it to step through idle windows.",
     )
     node_name = Unicode(
         config=True,
@@ -147,6 +168,8 @@ class GPUIdleCuller(Application):
         "timeout": "GPUIdleCuller.default_timeout",
         "grace": "GPUIdleCuller.grace_seconds",
         "max-sample-gap": "GPUIdleCuller.max_sample_gap",
+        "max-missed-samples": "GPUIdleCuller.max_missed_samples",
+        "scrape-interval": "PrometheusSource.scrape_interval",
         "node-name": "GPUIdleCuller.node_name",
         "metrics-url": "GPUIdleCuller.metrics_url",
         "prometheus-url": "PrometheusSource.prometheus_url",
@@ -195,12 +218,21 @@ class GPUIdleCuller(Application):
 
     def timeout_for(self, target: ServerTarget, profiles: dict, teams: dict) -> tuple[int, str]:
         """The server's idle timeout from the hub's catalog (shorter of profile and team)."""
-        p = profiles.get(target.profile) or {}
-        t = teams.get(target.team) or {}
-        profile = Profile(slug=target.profile, display_name=target.profile,
-                          idle_timeout_seconds=p.get("idle_timeout_seconds")) if target.profile else None
-        team = Team(name=target.team, idle_timeout_seconds=t.get("idle_timeout_seconds")) if target.team else None
+        return self._timeout(target.profile, target.team, profiles, teams)
+
+    def _timeout(self, slug: str, team_name: str, profiles: dict, teams: dict) -> tuple[int, str]:
+        p = profiles.get(slug) or {}
+        t = teams.get(team_name) or {}
+        profile = Profile(slug=slug, display_name=slug, idle_timeout_seconds=p.get("idle_timeout_seconds")) \
+            if slug else None
+        team = Team(name=team_name, idle_timeout_seconds=t.get("idle_timeout_seconds")) if team_name else None
         return idle_timeout_for(profile, team, self.default_timeout)
+
+    def candidate_windows(self, profiles: dict, teams: dict) -> set[int]:
+        """Every idle timeout a GPU server can have under the hub's catalog (usually a handful)."""
+        slugs = [""] + [s for s, p in profiles.items() if (p.get("gpu_milli") or 0) > 0]
+        names = [""] + list(teams)
+        return {self._timeout(s, n, profiles, teams)[0] for s in slugs for n in names}
 
     async def cycle(self) -> dict[str, Any]:
         """One pass over every GPU server; returns what it did (for logs, tests and the benchmark)."""
@@ -210,18 +242,32 @@ class GPUIdleCuller(Application):
         hub = self.hub
         queries_before = self.utilisation.queries
         summary: dict[str, Any] = {"servers": 0, "gpu_servers": 0, "non_gpu": 0, "warned": [], "cleared": [],
-                                   "reclaimed": [], "kernels": [], "skipped": [], "verdicts": {},
+                                   "reclaimed": [], "kernels": [], "skipped": [], "verdicts": {}, "held": [],
                                    "source_error": None}
         self.metrics.cycles.inc()
+        # The server list is the slow part (pages of users): Prometheus is asked meanwhile,
+        # for every timeout the catalog allows, so the cycle waits for the slower of the two.
+        users_task = asyncio.ensure_future(hub.ready_users())
+        prefetch: asyncio.Future | None = None
         try:
-            idle_state, users = await asyncio.gather(hub.idle_state(), hub.ready_users())
+            idle_state = await hub.idle_state()
+            profiles, teams = idle_state.get("profiles", {}), idle_state.get("teams", {})
+            now = self._cycle_now = self.clock()
+            if isinstance(self.utilisation, PrometheusSource):
+                prefetch = asyncio.ensure_future(
+                    self.utilisation.fetch(now, self.candidate_windows(profiles, teams)))
+                prefetch.add_done_callback(_retrieve)
+            users = await users_task
         except (HubAPIError, OSError) as e:
+            for task in (users_task, prefetch):
+                if task is not None:
+                    task.cancel()
             self.metrics.errors.labels("hub").inc()
             self.log.error("Cannot read the hub's servers; culling nothing this cycle: %s", e)
             summary["source_error"] = f"hub: {e}"
             self._finish(summary, started, queries_before)
             return summary
-        targets, non_gpu, unmapped = targets_from_users(users, idle_state.get("profiles", {}), self.node_name)
+        targets, non_gpu, unmapped = targets_from_users(users, profiles, self.node_name)
         summary["servers"] = sum(len(u.get("servers") or {}) for u in users)
         summary["non_gpu"] = len(non_gpu)
         targets = [t for t in targets if (self.cull_named_servers if t.server else self.cull_default_servers)]
@@ -231,57 +277,91 @@ class GPUIdleCuller(Application):
         summary["skipped"].extend(unmapped)
         self.metrics.skipped.inc(len(unmapped))
 
-        warnings = {(w["user"], w["server"]): IdleWarning(w["warned_at"], w["reclaim_at"])
+        warnings = {(w["user"], w["server"]): IdleWarning(w["warned_at"], w["reclaim_at"], w.get("session", ""),
+                                                           bool(w.get("held")))
                     for w in idle_state.get("warnings", [])}
         keepalives = {(k["user"], k["server"]): k["until"] for k in idle_state.get("keepalives", [])}
-        timeouts = {t.key: self.timeout_for(t, idle_state.get("profiles", {}), idle_state.get("teams", {}))
-                    for t in targets}
-        now = self._cycle_now = time.time()
+        timeouts = {t.key: self.timeout_for(t, profiles, teams) for t in targets}
+        windows = {k: sec for k, (sec, _) in timeouts.items()}
         data: dict[str, list] = {}
-        if targets:
-            window = max(sec for sec, _ in timeouts.values())
+        if not targets and prefetch is not None:
+            prefetch.cancel()
+        elif targets:
+            source_started = time.monotonic()
             try:
-                data = await self.utilisation.collect(targets, now, window)
+                if prefetch is not None:
+                    answer = dict(await prefetch)
+                    asked = set(self.candidate_windows(profiles, teams))
+                    if set(windows.values()) - asked:  # cannot happen with one catalog; ask again if it does
+                        answer.update(await self.utilisation.fetch(now, set(windows.values()) - asked))
+                    data = self.utilisation.join(answer, targets, windows)
+                else:
+                    data = await self.utilisation.collect(targets, now, windows)
             except SourceUnavailable as e:
                 # Fail safe: no data means no decision at all -- no warning, no clear, no reclaim.
+                reason = "too-large" if isinstance(e, AnswerTooLarge) else "unavailable"
                 self.metrics.errors.labels("source").inc()
+                self.metrics.source_failures.labels(reason).inc()
                 self.metrics.skipped.inc(len(targets))
                 summary["skipped"].extend(t.key for t in targets)
                 summary["source_error"] = str(e)
                 self.log.error("Utilisation source unavailable; culling nothing this cycle: %s", e)
                 self._finish(summary, started, queries_before)
                 return summary
+            summary["source_wait_seconds"] = time.monotonic() - source_started
+            self.metrics.answer_bytes.set(getattr(self.utilisation, "last_answer_bytes", 0))
 
         counts: dict[str, int] = {}
-        actions = []
+        batch = CycleBatch()
         # A warning for a server that is no longer running (stopped by its user) is void.
-        ready = {(u["name"], name) for u in users for name, srv in (u.get("servers") or {}).items()
-                 if srv.get("ready") or srv.get("pending")}
+        running = {(t.user, t.server) for t in targets}
+        running.update((u["name"], name) for u in users for name, srv in (u.get("servers") or {}).items()
+                       if srv.get("ready") or srv.get("pending"))
         for (user, server) in warnings:
-            if (user, server) not in ready:
-                actions.append(self._clear_gone(user, server, summary))
+            if (user, server) not in running:
+                batch.clear(user, server, "server not running")
+                summary["cleared"].append(f"{user}/{server}")
+        threshold, gap = self.threshold_percent, self.max_sample_gap
         for t in targets:
             seconds, origin = timeouts[t.key]
-            verdict = judge_gpu_idle(data.get(t.key, []), now=now, window_seconds=seconds,
-                                     threshold_percent=self.threshold_percent, max_gap_seconds=self.max_sample_gap,
-                                     expected_devices=t.expected_devices)
+            who = (t.user, t.server)
+            verdict = judge_gpu_idle(data.get(t.key, ()), now=now, window_seconds=seconds,
+                                     threshold_percent=threshold, max_gap_seconds=gap,
+                                     expected_devices=t.expected_devices, started_at=t.started_at)
             counts[verdict.status] = counts.get(verdict.status, 0) + 1
             summary["verdicts"][t.key] = verdict.status
-            if verdict.missing_data:
+            if verdict.missing_data and not (verdict.status == SHORT and "session_started_at" in verdict.evidence):
                 self.metrics.skipped.inc()
                 summary["skipped"].append(t.key)
-                self.log.info("Not culling %s: %s", t.key, verdict.reason)
-            step = next_step(verdict, warnings.get((t.user, t.server)), keepalives.get((t.user, t.server)), now)
-            if step in (Step.NOTHING, Step.WAIT, Step.HOLD):
-                if step is Step.WAIT:
-                    self.log.debug("%s idle, warned; reclaim at %s", t.key, warnings[(t.user, t.server)].reclaim_at)
+                self.log.debug("Not culling %s: %s", t.key, verdict.reason)
+            warning = warnings.get(who)
+            step = next_step(verdict, warning, keepalives.get(who), now, t.started)
+            if step is Step.NOTHING or step is Step.WAIT:
                 continue
-            actions.append(self._act(step, t, verdict, seconds, origin, warnings.get((t.user, t.server)), now,
-                                     summary))
-        if actions:
-            await asyncio.gather(*actions)
-        for status in (IDLE, BUSY, "missing", "partial", "stale", "short"):
+            if step is Step.WARN or step is Step.REWARN:
+                self.log.warning("%s %s: GPU idle for %ss (%s); reclaim in %ss",
+                                 "Warning" if step is Step.WARN else "Re-announcing the warning of", t.key,
+                                 seconds, origin, self.grace_seconds)
+                batch.warn(self._record(t, verdict, seconds, origin, grace_seconds=self.grace_seconds,
+                                        renew=step is Step.REWARN))
+                self.metrics.warnings.labels(t.team).inc()
+                summary["warned"].append(t.key)
+            elif step is Step.HOLD:
+                self.log.info("Holding the warning of %s until its data returns: %s", t.key, verdict.reason)
+                batch.hold(t.user, t.server, t.started, verdict.reason)
+                summary["held"].append(t.key)
+            elif step is Step.CLEAR or step is Step.VOID:
+                reason = ("server restarted: the new session gets its full timeout and grace" if step is Step.VOID
+                          else "kept alive by the user" if verdict.status != BUSY else verdict.reason)
+                self.log.info("Clearing the warning of %s: %s", t.key, reason)
+                batch.clear(t.user, t.server, reason)
+                summary["cleared"].append(t.key)
+            elif step is Step.RECLAIM:
+                self._plan_reclaim(batch, t, verdict, warning, seconds, origin, now)
+        for status in STATUSES:
             self.metrics.gpu_servers.labels(status).set(counts.get(status, 0))
+        if not batch.empty and not self.dry_run:
+            await self._apply(batch, summary)
         self._finish(summary, started, queries_before)
         return summary
 
@@ -291,107 +371,87 @@ class GPUIdleCuller(Application):
         self.metrics.cycle_seconds.set(summary["seconds"])
         self.metrics.queries.set(summary["queries"])
         self.log.info(
-            "Cycle: %d servers, %d on GPUs, %d warned, %d cleared, %d reclaimed, %d kernels, %d skipped, "
-            "%d metric queries, %.3fs", summary["servers"], summary["gpu_servers"], len(summary["warned"]),
-            len(summary["cleared"]), len(summary["reclaimed"]), len(summary["kernels"]), len(summary["skipped"]),
-            summary["queries"], summary["seconds"])
+            "Cycle: %d servers, %d on GPUs, %d warned, %d held, %d cleared, %d reclaimed, %d kernels, "
+            "%d skipped, %d metric queries, %.3fs", summary["servers"], summary["gpu_servers"],
+            len(summary["warned"]), len(summary["held"]), len(summary["cleared"]), len(summary["reclaimed"]),
+            len(summary["kernels"]), len(summary["skipped"]), summary["queries"], summary["seconds"])
 
     def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str,
                 **extra: Any) -> dict[str, Any]:
-        evidence = dict(verdict.evidence)
+        evidence = verdict.evidence
         evidence["idle_timeout_seconds"] = seconds
         evidence["idle_timeout_from"] = origin
         evidence["hub_last_activity"] = t.last_activity  # kept to show activity is not utilisation
         evidence["decided_at"] = self._cycle_now
         evidence["source"] = self.source
-        return {"user": t.user, "server": t.server, "team": t.team, "profile": t.profile,
+        return {"user": t.user, "server": t.server, "session": t.started, "team": t.team, "profile": t.profile,
                 "gpu_milli": t.gpu_milli, "reason": verdict.reason, "evidence": evidence, **extra}
 
-    async def _act(self, step: Step, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str,
-                   warning: IdleWarning | None, now: float, summary: dict) -> None:
-        hub = self.hub
-        try:
-            if step is Step.WARN:
-                body = self._record(t, verdict, seconds, origin, grace_seconds=self.grace_seconds)
-                self.log.warning("Warning %s: GPU idle for %ss (%s); reclaim in %ss", t.key, seconds, origin,
-                                 self.grace_seconds)
-                if not self.dry_run:
-                    await hub.warn(body)
-                self.metrics.warnings.labels(t.team).inc()
-                summary["warned"].append(t.key)
-            elif step is Step.CLEAR:
-                reason = "kept alive by the user" if verdict.status != BUSY else verdict.reason
-                self.log.info("Clearing warning of %s: %s", t.key, reason)
-                if not self.dry_run:
-                    await hub.clear(t.user, t.server, reason[:500])
-                summary["cleared"].append(t.key)
-            elif step is Step.RECLAIM:
-                await self._reclaim(t, verdict, warning, seconds, origin, now, summary)
-        except (HubAPIError, OSError) as e:
-            self.metrics.errors.labels("hub").inc()
-            self.log.error("%s of %s failed: %s", step.value, t.key, e)
-
-    async def _clear_gone(self, user: str, server: str, summary: dict) -> None:
-        if self.dry_run:
-            return
-        try:
-            await self.hub.clear(user, server, "server not running")
-            summary["cleared"].append(f"{user}/{server}")
-        except (HubAPIError, OSError) as e:
-            self.metrics.errors.labels("hub").inc()
-            self.log.error("Clearing the warning of stopped server %s/%s failed: %s", user, server, e)
-
-    async def _reclaim(self, t: ServerTarget, verdict: IdleVerdict, warning: IdleWarning | None,
-                       seconds: int, origin: str, now: float, summary: dict) -> None:
-        hub = self.hub
+    def _plan_reclaim(self, batch: CycleBatch, t: ServerTarget, verdict: IdleVerdict, warning: IdleWarning | None,
+                      seconds: int, origin: str, now: float) -> None:
         holders = self.utilisation.kernel_holders(t)
-        base = hub.server_base(t.url, t.full_url)
+        base = self.hub.server_base(t.url, t.full_url)
+        idle_since = (warning.warned_at if warning else now) - seconds
+        # Per kernel, only its own samples count: a process younger than the window is not proven idle.
+        young = [h for h in holders if (h.get("started_at") or 0) > now - seconds]
+        if young:
+            self.log.info("Not reclaiming %s yet: GPU process %s started %ds ago, the idle timeout is %ss",
+                          t.key, young[0]["pid"], now - young[0]["started_at"], seconds)
+            return
         if self.kernel_shutdown and holders and base and all(h["kernel_id"] for h in holders):
             kernel_ids = sorted({h["kernel_id"] for h in holders})
             self.log.warning("Reclaiming GPU of %s: shutting down idle kernel(s) %s", t.key, ", ".join(kernel_ids))
-            if self.dry_run:
-                return
-            # Claim first: the hub refuses (409) if the user kept the GPU since this cycle began.
-            # The server keeps its GPU allocation; only the kernels' GPU memory is freed: 0 GPU-hours.
-            if not await self._claim(t, self._record(t, verdict, seconds, origin, action="shutdown-kernel",
-                                                     kernel_ids=kernel_ids, gpu_hours_reclaimed=0.0)):
-                return
-            for kid in kernel_ids:
-                await hub.shutdown_kernel(base, kid)
-                summary["kernels"].append(f"{t.key}:{kid}")
-            self.metrics.reclaims.labels(t.team, "shutdown-kernel").inc()
+            # The server keeps its GPU allocation; only the kernels' GPU memory is freed.
+            batch.reclaim(self._record(t, verdict, seconds, origin, action="shutdown-kernel", kernel_ids=kernel_ids,
+                                       idle_since=idle_since, idle_gpu_hours=0.0), t, base)
             return
-        idle_since = (warning.warned_at if warning else now) - seconds
-        hours = reclaimed_gpu_hours(t.gpu_milli, idle_since, now)
-        self.log.warning("Reclaiming GPU of %s: stopping the server (%.4f GPU-hours): %s", t.key, hours,
-                         verdict.reason)
-        if self.dry_run:
-            return
-        if not await self._claim(t, self._record(t, verdict, seconds, origin, action="stop-server",
-                                                 gpu_hours_reclaimed=hours)):
-            return
+        hours = idle_gpu_hours_observed(t.gpu_milli, idle_since, now)
+        self.log.warning("Reclaiming GPU of %s: stopping the server (%.4f idle GPU-hours observed): %s", t.key,
+                         hours, verdict.reason)
+        batch.reclaim(self._record(t, verdict, seconds, origin, action="stop-server", idle_since=idle_since,
+                                   idle_gpu_hours=hours), t, base)
+
+    async def _apply(self, batch: CycleBatch, summary: dict) -> None:
+        """Record the whole cycle in ONE hub request, then stop what the hub let us reclaim.
+
+        Claims go first: the hub refuses a claim (that item only) when the user kept the
+        GPU after this cycle read the idle state, and nothing is stopped for it.
+        """
         try:
+            result = await self.hub.record_cycle(batch.body())
+        except (HubAPIError, OSError) as e:
+            self.metrics.errors.labels("record").inc()
+            self.log.error("Recording this cycle's warnings and reclaims failed; stopping nothing: %s", e)
+            return
+        stops = []
+        for outcome, (body, t, base) in zip(result.get("reclaims", []), batch.claims):
+            if not outcome.get("accepted"):
+                self.log.info("Not reclaiming %s: %s", t.key, outcome.get("message", "refused by the hub"))
+                continue
+            stops.append(self._carry_out(body, t, base, summary))
+        if stops:
+            await asyncio.gather(*stops)
+
+    async def _carry_out(self, body: dict, t: ServerTarget, base: str | None, summary: dict) -> None:
+        hub = self.hub
+        try:
+            if body["action"] == "shutdown-kernel":
+                for kid in body["kernel_ids"]:
+                    await hub.shutdown_kernel(base, kid)
+                    summary["kernels"].append(f"{t.key}:{kid}")
+                self.metrics.reclaims.labels(t.team, "shutdown-kernel").inc()
+                return
             code = await hub.stop_server(t.user, t.server)
-        except HubAPIError as e:
+        except (HubAPIError, OSError) as e:
             self.metrics.errors.labels("stop").inc()
             self.log.error("Stopping %s failed after the reclaim was recorded: %s", t.key, e)
             return
         if code == 202:
             self.log.info("Server %s is slow to stop", t.key)
         self.metrics.reclaims.labels(t.team, "stop-server").inc()
-        self.metrics.reclaimed_gpu_hours.labels(t.team).inc(hours)
+        self.metrics.idle_gpu_hours.labels(t.team).inc(body["idle_gpu_hours"])
+        self.metrics.reclaimed_gpus.labels(t.team).inc(t.gpu_milli / 1000)
         summary["reclaimed"].append(t.key)
-
-    async def _claim(self, t: ServerTarget, body: dict[str, Any]) -> bool:
-        """Record the reclaim in the hub's audit log; False when the hub refuses it (kept alive)."""
-        try:
-            await self.hub.record_reclaim(body)
-        except HubAPIError as e:
-            if e.code == 409:
-                self.log.info("Not reclaiming %s: %s", t.key, e)
-                return False
-            raise
-        return True
 
     # -- service loop -------------------------------------------------------
 
@@ -426,6 +486,42 @@ class GPUIdleCuller(Application):
 
     def start(self) -> None:
         asyncio.run(self.run())
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a prefetch's exception as seen when the cycle ended before awaiting it."""
+    if not future.cancelled():
+        future.exception()
+
+
+class CycleBatch:
+    """Everything one cycle records in the hub, sent as one request."""
+
+    def __init__(self) -> None:
+        self.warnings: list[dict] = []
+        self.holds: list[dict] = []
+        self.clears: list[dict] = []
+        self.claims: list[tuple[dict, ServerTarget, str | None]] = []
+
+    @property
+    def empty(self) -> bool:
+        return not (self.warnings or self.holds or self.clears or self.claims)
+
+    def warn(self, body: dict) -> None:
+        self.warnings.append(body)
+
+    def hold(self, user: str, server: str, session: str, reason: str) -> None:
+        self.holds.append({"user": user, "server": server, "session": session, "reason": reason[:500]})
+
+    def clear(self, user: str, server: str, reason: str) -> None:
+        self.clears.append({"user": user, "server": server, "reason": reason[:500]})
+
+    def reclaim(self, body: dict, target: ServerTarget, base: str | None) -> None:
+        self.claims.append((body, target, base))
+
+    def body(self) -> dict[str, list]:
+        return {"warnings": self.warnings, "holds": self.holds, "clears": self.clears,
+                "reclaims": [b for b, _, _ in self.claims]}
 
 
 def main(argv: list[str] | None = None) -> None:

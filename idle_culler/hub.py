@@ -102,8 +102,10 @@ class HubClient:
         await self.request("DELETE", "/gpulab/idle/warnings", params={"user": user, "server": server,
                                                                        "reason": reason})
 
-    async def record_reclaim(self, body: dict[str, Any]) -> None:
-        await self.request("POST", "/gpulab/idle/reclaims", body)
+    async def record_cycle(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One cycle's warnings, holds, clears and reclaim claims in one request."""
+        _, doc = await self.request("POST", "/gpulab/idle/cycle", body)
+        return doc or {}
 
     async def stop_server(self, user: str, server: str) -> int:
         """Stop a server (named or default); 202 = stopping, 204 = stopped."""

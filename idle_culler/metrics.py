@@ -20,10 +20,21 @@ class CullerMetrics:
         self.warnings = Counter("gpulab_culler_warnings", "Idle warnings recorded.", ["team"], registry=r)
         self.reclaims = Counter("gpulab_culler_reclaims", "Reclaims, by action (stop-server, shutdown-kernel).",
                                 ["team", "action"], registry=r)
-        self.reclaimed_gpu_hours = Counter(
-            "gpulab_culler_reclaimed_gpu_hours",
-            "GPU-hours given back by stopping idle servers (GPUs held x verified idle time).",
+        self.idle_gpu_hours = Counter(
+            "gpulab_culler_idle_gpu_hours_before_reclaim",
+            "Idle GPU-hours observed before reclaims (GPUs held x proven idle time up to the reclaim). "
+            "The GPU-hours freed after reclaims are on the hub's /hub/metrics "
+            "(gpulab_idle_gpu_hours_freed).",
             ["team"], registry=r)
+        self.reclaimed_gpus = Counter(
+            "gpulab_culler_reclaimed_gpus", "GPUs taken back from idle servers (sum of their GPU amounts).",
+            ["team"], registry=r)
+        self.source_failures = Counter(
+            "gpulab_culler_source_failures",
+            "Cycles that culled nothing because the utilisation source failed, by reason "
+            "(unavailable, too-large: see the log line for what to change).", ["reason"], registry=r)
+        self.answer_bytes = Gauge("gpulab_culler_last_answer_bytes",
+                                  "Size of the utilisation source's last answer, in bytes.", registry=r)
         self.gpu_servers = Gauge("gpulab_culler_gpu_servers", "GPU servers seen in the last cycle, by verdict.",
                                  ["verdict"], registry=r)
         self.cycle_seconds = Gauge("gpulab_culler_last_cycle_seconds", "Wall time of the last cycle.",

@@ -87,6 +87,21 @@ def read_process_table(proc_root: str = "/proc") -> dict[int, int]:
     return table
 
 
+def process_started_at(pid: int, proc_root: str = "/proc") -> float | None:
+    """When ``pid`` started (seconds since the epoch), from ``/proc/<pid>/stat`` and the boot time."""
+    try:
+        stat = Path(proc_root, str(pid), "stat").read_text()
+        boot = next(float(line.split()[1]) for line in Path(proc_root, "stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:  # field 22 of stat: start time in clock ticks after boot (index 19 after "state")
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return None
+
+
 def owner_of(pid: int, parents: dict[int, int], roots: dict[int, str]) -> str | None:
     """The server key whose process tree contains ``pid``."""
     seen = 0
@@ -128,7 +143,7 @@ class NVMLSource(UtilisationSource):
         self.adapter = NVMLAdapter(self.nvml_module)
         self._initialised = False
         self._last_seen: dict[int, int] = {}
-        self._history: dict[tuple[str, str], deque] = {}
+        self._history: dict[tuple[str, str, str], deque] = {}
         self._holders: dict[str, list[dict]] = {}
 
     def _ensure_init(self) -> None:
@@ -139,7 +154,8 @@ class NVMLSource(UtilisationSource):
                 raise SourceUnavailable(f"NVML: {e}") from None
             self._initialised = True
 
-    async def collect(self, targets, now, window_seconds):
+    async def collect(self, targets, now, windows):
+        window_seconds = max(windows.values(), default=0.0)
         targets = [t for t in targets if t.mapping == DEVICE and t.pid]
         self._ensure_init()
         self.queries += 1
@@ -168,7 +184,8 @@ class NVMLSource(UtilisationSource):
                 key = owner_of(pid, parents, roots)
                 if key is not None:
                     holders[key].append({"pid": pid, "device": index, "used_memory_bytes": used,
-                                         "kernel_id": kernel_id_of(pid, parents, self.proc_root)})
+                                         "kernel_id": kernel_id_of(pid, parents, self.proc_root),
+                                         "started_at": process_started_at(pid, self.proc_root)})
         if devices and not answered:
             raise SourceUnavailable("NVML answered for none of the devices")
         self._holders = holders
@@ -177,7 +194,9 @@ class NVMLSource(UtilisationSource):
         for key, target in by_key.items():
             series = []
             for index in target.devices:
-                hist = self._history.setdefault((key, device_id(target.hostname, str(index))), deque())
+                # Keyed by session: a restarted server never inherits the samples of the one before.
+                hist = self._history.setdefault((key, target.started, device_id(target.hostname, str(index))),
+                                                deque())
                 if index in answered:
                     hist.append((now, float(busiest.get((key, index), 0))))
                 while hist and hist[0][0] < horizon:
@@ -189,7 +208,7 @@ class NVMLSource(UtilisationSource):
                                                                                 if h["device"] == index))}))
             out[key] = series
         # Servers that went away: forget their history.
-        for hk in [hk for hk in self._history if hk[0] not in by_key]:
+        for hk in [hk for hk in self._history if hk[0] not in by_key or hk[1] != by_key[hk[0]].started]:
             del self._history[hk]
         return out
 

@@ -3,16 +3,15 @@
 - :class:`PrometheusSource`: ONE PromQL query per cycle for every GPU server,
   over dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL`` (percent) and
   ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (0..1, the only utilisation MIG instances
-  have). It asks for a *range vector* (``metric[600s]`` at ``/api/v1/query``),
-  which returns the raw samples with their scrape timestamps. (``query_range``
-  would re-sample onto a step grid and fill holes from the 5-minute lookback,
-  hiding exactly the stale or missing data the decision must see.)
+  have). Prometheus aggregates each idle window itself (peak, sample count,
+  widest hole, newest sample's age) and answers a few numbers per GPU,
+  whatever the window and scrape interval.
 - :class:`DCGMExporterSource`: scrapes dcgm-exporter ``/metrics`` endpoints
   directly (no Prometheus) and keeps the samples it saw over the window.
 - ``NVMLSource`` (:mod:`idle_culler.nvml_source`): per-process use on a single server.
 
 ``collect()`` returns, per server key, the :class:`~spawner.idle.DeviceSeries`
-of its GPUs; a source that cannot answer at all raises
+(raw samples) or :class:`~spawner.idle.DeviceSummary` (aggregates) of its GPUs; a source that cannot answer at all raises
 :class:`SourceUnavailable`, and then nothing is culled that cycle.
 """
 
@@ -31,7 +30,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Dict, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
-from spawner.idle import DeviceSeries
+from spawner.idle import DeviceSeries, DeviceSummary
 
 from .targets import DEVICE, ServerTarget, device_id
 
@@ -53,7 +52,8 @@ class UtilisationSource(LoggingConfigurable):
     queries = 0
 
     async def collect(self, targets: list[ServerTarget], now: float,
-                      window_seconds: float) -> dict[str, list[DeviceSeries]]:
+                      windows: Mapping[str, float]) -> dict[str, list[DeviceSeries | DeviceSummary]]:
+        """Samples (or summaries) per server key; ``windows`` maps each key to its idle window."""
         raise NotImplementedError
 
     def kernel_holders(self, target: ServerTarget) -> list[dict]:
@@ -73,8 +73,8 @@ def percent(metric: str, value: float) -> float:
     return value * 100.0 if metric == GR_ENGINE_ACTIVE else value
 
 
-def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]]]]):
-    """Index raw ``(labels, samples)`` by ``(namespace, pod)`` and by ``(host, gpu)``.
+def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]] | DeviceSummary]]):
+    """Index ``(labels, samples or summary)`` by ``(namespace, pod)`` and by ``(host, gpu)``.
 
     A MIG instance is its own device (``GPU_I_ID``) and is measured by
     ``GR_ENGINE_ACTIVE``; on a whole GPU, ``GR_ENGINE_ACTIVE`` (when profiling
@@ -97,12 +97,13 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
         namespace, pod, host, gpu, mig = ident
         if metric == GR_ENGINE_ACTIVE and not mig and ident in has_util:
             continue
-        series = DeviceSeries(
-            device=device_id(host, gpu, mig),
-            samples=tuple((t, percent(metric, v)) for t, v in samples),
-            metric=metric,
-            labels={k: labels[k] for k in EVIDENCE_LABELS if labels.get(k)},
-        )
+        common = dict(device=device_id(host, gpu, mig), metric=metric,
+                      labels={k: labels[k] for k in EVIDENCE_LABELS if labels.get(k)})
+        if isinstance(samples, DeviceSummary):
+            series = replace(samples, peak=percent(metric, samples.peak), mean=percent(metric, samples.mean),
+                             **common)
+        else:
+            series = DeviceSeries(samples=tuple((t, percent(metric, v)) for t, v in samples), **common)
         if pod:
             by_pod[(namespace, pod)].append(series)
         by_device[(host, gpu)].append(series)
@@ -126,9 +127,40 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 
 # -- Prometheus -------------------------------------------------------------
 
+#: Labels kept in Prometheus' answer: enough to join a series to a server and to name the GPU in the
+#: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
+KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
+#: Per series and window, what Prometheus computes (``stat`` label of each answer element).
+STATS = ("peak", "samples", "max_age", "start", "tail")
+
 
 class PrometheusSource(UtilisationSource):
-    """dcgm-exporter metrics through Prometheus: one query per cycle."""
+    """dcgm-exporter metrics through Prometheus: one query per cycle, aggregated in Prometheus.
+
+    For each idle window in use (one per distinct timeout) and each metric,
+    Prometheus answers five numbers per GPU:
+
+    - ``peak``: ``max_over_time`` of the raw samples in the window, plus
+      ``0 * sum_over_time``, so a single NaN sample makes it NaN (unusable);
+    - ``samples``: ``count_over_time``;
+    - ``max_age``: over the steps of a ``[window:scrape_interval]`` subquery
+      (the query's only subquery: its cost grows with window / interval), the
+      largest age of the newest sample. With regular scrapes the age at every
+      step repeats the scrapes' phase against the step grid (``tail`` modulo
+      the interval) and grows by one interval per missed scrape, so the widest
+      hole is ``max_age - phase + scrape_interval`` (to within scrape jitter);
+    - ``start``: the age of the newest sample at the window's start (absent
+      when the series has no sample in Prometheus' lookback before it: a
+      series that began inside the window, or a hole across its start longer
+      than the lookback). A hole longer than the lookback that starts inside
+      the window shows in ``spread`` (the age grows to the lookback first);
+    - ``tail``: the age of the newest sample now.
+
+    The query is evaluated at a multiple of ``scrape_interval`` so the
+    subquery's last step is the evaluation time. ``max_answer_bytes`` caps
+    the answer: larger, or refused by Prometheus, the cycle reclaims nothing
+    and the log line and ``gpulab_culler_source_failures`` say what to change.
+    """
 
     prometheus_url = Unicode(
         "http://prometheus-server", config=True,
@@ -143,43 +175,174 @@ class PrometheusSource(UtilisationSource):
         "", config=True, help="File with a bearer token for Prometheus (empty: no Authorization header).",
     )
     request_timeout = Float(30.0, config=True, help="Seconds to wait for Prometheus.")
+    scrape_interval = Float(
+        30.0, min=0.001, config=True,
+        help="""How often Prometheus scrapes dcgm-exporter, in seconds (the subquery step that
+        measures holes). Match your scrape config.""",
+    )
+    max_answer_bytes = Integer(
+        64 * 1024 * 1024, min=1024, config=True,
+        help="""Largest Prometheus answer accepted, in bytes. The answer holds about 1 KiB per GPU
+        series and distinct idle timeout; above the cap the cycle reclaims nothing.""",
+    )
 
-    def query(self, window_seconds: float) -> str:
-        matchers = [f'__name__=~"{GPU_UTIL}|{GR_ENGINE_ACTIVE}"']
-        if self.series_selector.strip():
-            matchers.append(self.series_selector.strip())
-        return "{" + ",".join(matchers) + "}" + f"[{int(math.ceil(window_seconds))}s]"
+    last_answer_bytes = 0
 
-    async def collect(self, targets, now, window_seconds):
-        if not targets:
-            return {}
-        params = urlencode({"query": self.query(window_seconds), "time": f"{now:.3f}"})
+    def query(self, windows: Iterable[float]) -> str:
+        """One PromQL expression: every stat, for every metric and window, joined with ``or``."""
+        extra = self.series_selector.strip()
+        step = _duration(self.scrape_interval)
+        by = ",".join(KEEP_LABELS)
+        parts = []
+        for window in sorted(set(windows)):
+            w = _duration(window)
+            for metric in METRICS:
+                sel = f"{metric}{{{extra}}}" if extra else metric
+                exprs = {
+                    "peak": f"max_over_time({sel}[{w}]) + 0 * sum_over_time({sel}[{w}])",
+                    "samples": f"count_over_time({sel}[{w}])",
+                    "max_age": f"max_over_time((time() - timestamp({sel}))[{w}:{step}])",
+                    "start": f"time() - {_seconds(window)} - timestamp({sel} offset {w})",
+                    "tail": f"time() - timestamp({sel})",
+                }
+                for stat in STATS:
+                    e = f"max by ({by}) ({exprs[stat]})"
+                    for label, value in (("stat", stat), ("metric", metric), ("window", w)):
+                        e = f'label_replace({e}, "{label}", "{value}", "", "")'
+                    parts.append(e)
+        return " or ".join(parts)
+
+    def evaluation_time(self, now: float) -> float:
+        """``now`` rounded down to a multiple of the scrape interval (the subquery's step grid)."""
+        return math.floor(now / self.scrape_interval) * self.scrape_interval
+
+    async def _fetch(self, body: str) -> bytes:
         headers = {"Content-Type": "application/x-www-form-urlencoded"}
         if self.bearer_token_file:
             with open(self.bearer_token_file) as f:
                 headers["Authorization"] = "Bearer " + f.read().strip()
         url = self.prometheus_url.rstrip("/") + "/api/v1/query"
+        limit = self.max_answer_bytes
+        chunks: list[bytes] = []
+        received = [0]
+
+        def on_chunk(chunk: bytes) -> None:
+            received[0] += len(chunk)
+            if received[0] > limit:
+                raise AnswerTooLarge("answer too large")  # aborts the transfer; reported below
+            chunks.append(chunk)
+
+        # The cap is ours (in on_chunk), not tornado's, so that it is reported as what it is.
+        client = AsyncHTTPClient(force_instance=True, max_body_size=2**62)
         self.queries += 1
+        error = None
         try:
-            resp = await AsyncHTTPClient().fetch(HTTPRequest(
-                url, method="POST", body=params, headers=headers, request_timeout=self.request_timeout))
-            doc = json.loads(resp.body)
-        except (HTTPClientError, OSError, ValueError, asyncio.TimeoutError) as e:
-            raise SourceUnavailable(f"Prometheus at {url}: {e}") from None
-        if doc.get("status") != "success" or (doc.get("data") or {}).get("resultType") != "matrix":
-            raise SourceUnavailable(f"Prometheus at {url} answered {str(doc)[:300]}")
-        raw = []
+            await client.fetch(HTTPRequest(url, method="POST", body=body, headers=headers,
+                                           request_timeout=self.request_timeout, streaming_callback=on_chunk))
+        except HTTPClientError as e:
+            detail = b"".join(chunks)[:500].decode(errors="replace")
+            error = f"Prometheus at {url} answered {e.code}: {_prometheus_error(detail) or e}"
+            if "too many samples" in detail or "exceeded" in detail:
+                error += (" -- narrow c.PrometheusSource.series_selector, shorten the idle timeouts, or raise "
+                          "Prometheus' --query.max-samples")
+        except (OSError, ValueError, asyncio.TimeoutError, Exception) as e:  # noqa: B014 (tornado raises many kinds)
+            error = f"Prometheus at {url}: {e}"
+        finally:
+            client.close()
+        self.last_answer_bytes = received[0]
+        if received[0] > limit:
+            raise AnswerTooLarge(
+                f"Prometheus' answer exceeded {limit} bytes (c.PrometheusSource.max_answer_bytes): "
+                "narrow c.PrometheusSource.series_selector to the hub's pods or raise max_answer_bytes")
+        if error:
+            raise SourceUnavailable(error)
+        return b"".join(chunks)
+
+    async def collect(self, targets, now, windows):
+        if not targets:
+            return {}
+        return self.join(await self.fetch(now, set(windows.values())), targets, windows)
+
+    async def fetch(self, now: float, windows: Iterable[float]) -> dict[str, tuple]:
+        """Ask Prometheus once for every window; ``{window: (by_pod, by_device)}``.
+
+        Separate from :meth:`join` so the culler can ask while it is still listing
+        the hub's servers (it knows the possible timeouts from the catalog).
+        """
+        windows = sorted(set(windows))
+        at = self.evaluation_time(now)
+        body = urlencode({"query": self.query(windows), "time": f"{at:.3f}"})
+        raw = await self._fetch(body)
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise SourceUnavailable(f"Prometheus answered something that is not JSON: {raw[:200]!r}") from None
+        if doc.get("status") != "success" or (doc.get("data") or {}).get("resultType") != "vector":
+            raise SourceUnavailable(f"Prometheus answered {str(doc)[:300]}")
+        stats: dict[tuple, dict[str, float]] = defaultdict(dict)
+        label_sets: dict[tuple, dict[str, str]] = {}
         for item in doc["data"]["result"]:
-            samples = []
-            for t, v in item.get("values", ()):
-                try:
-                    samples.append((float(t), float(v)))
-                except (TypeError, ValueError):
-                    samples.append((float(t), float("nan")))
-            raw.append((item.get("metric", {}), samples))
-        by_pod, by_device = index_series(raw)
-        self.log.debug("Prometheus: %d series for %d servers", len(raw), len(targets))
-        return series_for_targets(targets, by_pod, by_device)
+            labels = item.get("metric") or {}
+            key = (labels.get("window", ""), labels.get("metric", ""),
+                   *(labels.get(k, "") for k in KEEP_LABELS))
+            label_sets[key] = labels
+            try:
+                stats[key][labels.get("stat", "")] = float(item["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                stats[key][labels.get("stat", "")] = math.nan
+        seconds = {_duration(w): w for w in windows}
+        by_window: dict[str, list] = {w: [] for w in seconds}
+        for key, st in stats.items():
+            if key[0] in seconds:
+                labels = dict(label_sets[key], __name__=key[1])
+                by_window[key[0]].append((labels, self._summary(st, seconds[key[0]])))
+        self.log.debug("Prometheus: %d series x windows, %d bytes", len(stats), self.last_answer_bytes)
+        return {w: index_series(rows) for w, rows in by_window.items()}
+
+    def join(self, answer: Mapping[str, tuple], targets: list[ServerTarget],
+             windows: Mapping[str, float]) -> dict[str, list]:
+        """Each server's summaries over its own window (none when its window was not asked for)."""
+        out: dict[str, list] = {}
+        for w, (by_pod, by_device) in answer.items():
+            wanted = [t for t in targets if _duration(windows[t.key]) == w]
+            out.update(series_for_targets(wanted, by_pod, by_device))
+        for t in targets:
+            out.setdefault(t.key, [])
+        return out
+
+    def _summary(self, st: Mapping[str, float], window: float) -> DeviceSummary:
+        n = st.get("samples", 0.0)
+        peak = st.get("peak", math.nan)
+        tail = st.get("tail", math.inf)
+        phase = tail % self.scrape_interval if math.isfinite(tail) else 0.0
+        widest = st.get("max_age", math.inf) - phase + self.scrape_interval
+        finite = math.isfinite(peak)
+        return DeviceSummary(
+            device="", samples=int(n) if math.isfinite(n) else 0, peak=peak if finite else math.nan,
+            mean=math.nan, lead=0.0 if "start" in st else math.inf,
+            tail=tail, max_gap=widest, finite=finite,
+        )
+
+
+class AnswerTooLarge(SourceUnavailable):
+    """The metrics answer is larger than the culler accepts."""
+
+
+def _duration(seconds: float) -> str:
+    """A PromQL duration: whole seconds when possible, else milliseconds."""
+    ms = int(round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:g}"
+
+
+def _prometheus_error(body: str) -> str:
+    try:
+        return str(json.loads(body).get("error", ""))
+    except (ValueError, AttributeError):
+        return body[:300]
 
 
 # -- dcgm-exporter, scraped directly --------------------------------------
@@ -218,7 +381,8 @@ class DCGMExporterSource(UtilisationSource):
                 out.append((labels, s.timestamp if s.timestamp is not None else scraped_at, float(s.value)))
         return out
 
-    async def collect(self, targets, now, window_seconds):
+    async def collect(self, targets, now, windows):
+        window_seconds = max(windows.values(), default=0.0)
         if not self.exporter_urls:
             raise SourceUnavailable("no dcgm-exporter URLs configured (c.DCGMExporterSource.exporter_urls)")
         results = await asyncio.gather(*(self._scrape(u) for u in self.exporter_urls), return_exceptions=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 POD = "pod"
@@ -45,6 +46,10 @@ class ServerTarget:
     url: str = ""  # the server's URL prefix, e.g. /user/alice/
     full_url: str | None = None  # set when the hub knows its public URL
     last_activity: str | None = None
+    #: The server session: the hub's ``started`` timestamp as given (identifies the session) ...
+    started: str = ""
+    #: ... and as seconds since the epoch (only samples after it count as this session's evidence).
+    started_at: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -67,6 +72,19 @@ def device_id(host: str, gpu: str, mig_instance: str = "") -> str:
     """Stable name of a GPU (or MIG instance) in evidence and decisions."""
     base = f"{host}/gpu{gpu}"
     return f"{base}/mig{mig_instance}" if mig_instance else base
+
+
+def parse_time(value: Any) -> float | None:
+    """Seconds since the epoch from the hub's ISO 8601 timestamps (``...Z``); None if absent or bad."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
 
 
 def targets_from_users(users: list[dict[str, Any]], profiles: Mapping[str, Mapping[str, Any]],
@@ -108,7 +126,8 @@ def targets_from_users(users: list[dict[str, Any]], profiles: Mapping[str, Mappi
                 continue
             common = dict(user=user["name"], server=name, team=team, profile=profile, gpu_milli=milli,
                           url=server.get("url") or "", full_url=server.get("full_url"),
-                          last_activity=server.get("last_activity"))
+                          last_activity=server.get("last_activity"), started=server.get("started") or "",
+                          started_at=parse_time(server.get("started")))
             if state.get("pod_name"):
                 targets.append(ServerTarget(mapping=POD, pod=str(state["pod_name"]),
                                             namespace=str(state.get("namespace") or ""), **common))

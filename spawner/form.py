@@ -32,11 +32,21 @@ def choice_value(choice: ProfileChoice) -> str:
     return f"{choice.team.name}:{choice.profile.slug}"
 
 
+def notice_html(notice: str) -> str:
+    """The spawn page's first line: why the user's last server ended (e.g. a GPU reclaim)."""
+    return f'<p class="gpulab-reclaimed" id="gpulab-reclaimed" role="status">{escape(notice)}</p>'
+
+
 def render_options_form(choices: Iterable[ProfileChoice], inventory_note: str = "",
-                        inventory_declared: bool = False) -> str:
-    """HTML for JupyterHub's spawn form: one radio per (team, profile)."""
+                        inventory_declared: bool = False, notice: str = "") -> str:
+    """HTML for JupyterHub's spawn form: one radio per (team, profile).
+
+    ``notice``: a sentence for the user first (why their last server ended).
+    """
     choices = list(choices)
     parts = [FORM_CSS]
+    if notice:
+        parts.append(notice_html(notice))
     if inventory_note:
         cls = "gpulab-inventory gpulab-declared" if inventory_declared else "gpulab-inventory"
         parts.append(f'<p class="{cls}" id="gpulab-inventory">{escape(inventory_note)}</p>')

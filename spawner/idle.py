@@ -1,15 +1,24 @@
 """The GPU cull decision: plain data in, a verdict out (no I/O, no clocks).
 
-A server is *GPU-idle* only when we can prove it: every sample of every GPU it
-holds, over the whole idle window, is at or below the threshold, and the
-samples cover the window (no device missing, none stale, no hole wider than
-``max_gap_seconds``). Anything less -- no series, a missing device, a stale or
-gappy series, a NaN -- means "not idle". The culler never guesses.
+A server is *GPU-idle* only when we can prove it from **its own session**:
+the server started at least one idle timeout ago, and every sample of every
+GPU it holds over ``[now - timeout, now]`` is at or below the threshold, with
+samples covering the window. A hole of up to ``max_gap_seconds`` between two
+samples (one or two missed scrapes) is *unknown*: it neither proves idleness
+nor restarts the idle clock. Anything less -- no series, a missing device, a
+stale series, a longer hole, a NaN, a server younger than its timeout --
+means "not idle". The culler never guesses.
+
+Sources hand the decision either raw samples (:class:`DeviceSeries`: NVML,
+dcgm-exporter scraped directly) or a per-device summary computed elsewhere
+(:class:`DeviceSummary`: Prometheus aggregates the window itself and answers
+a few numbers per GPU). Both are judged by the same rules.
 
 Also here: which idle timeout applies (profile vs team), the
-warn -> grace -> reclaim state machine, the "keep my GPU" policy, and how
-reclaimed GPU-hours are counted. The culler service, the hub API and the
-benchmarks all call these functions.
+warn -> grace -> reclaim state machine (warnings belong to one server
+session), the "keep my GPU" policy, and the two GPU-hour figures a reclaim
+is reported with. The culler service, the hub API and the benchmarks all
+call these functions.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ BUSY = "busy"
 MISSING = "missing"  # no series at all for this server
 PARTIAL = "partial"  # some of its devices have no series, or a series has holes / bad values
 STALE = "stale"  # the newest sample is too old
-SHORT = "short"  # the samples do not reach back to the start of the window
+SHORT = "short"  # the samples (or the server's session) do not reach back to the start of the window
+STATUSES = (IDLE, BUSY, MISSING, PARTIAL, STALE, SHORT)
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,44 @@ class DeviceSeries:
 
 
 @dataclass(frozen=True)
+class DeviceSummary:
+    """What the decision needs to know about one device's samples over one window.
+
+    ``lead``: seconds from the window start to the first sample; ``tail``: age
+    of the newest sample; ``max_gap``: the widest hole between two samples
+    (``inf`` when unknown but known to be too wide). ``finite``: no NaN/inf
+    sample. ``peak``/``mean`` in percent. ``samples == 0`` means none in the window.
+    """
+
+    device: str
+    samples: int
+    peak: float
+    mean: float
+    lead: float
+    tail: float
+    max_gap: float
+    finite: bool = True
+    metric: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def summarize(series: DeviceSeries, *, start: float, now: float) -> DeviceSummary:
+    """Summarise raw samples over ``[start, now]`` (samples outside are ignored)."""
+    in_window = sorted((t, v) for t, v in series.samples if start <= t <= now)
+    if not in_window:
+        return DeviceSummary(series.device, 0, 0.0, 0.0, math.inf, math.inf, math.inf, True,
+                             series.metric, series.labels)
+    values = [v for _, v in in_window]
+    finite = all(math.isfinite(v) for v in values)
+    stamps = [t for t, _ in in_window]
+    gap = max((b - a for a, b in zip(stamps, stamps[1:])), default=0.0)
+    peak = max(values) if finite else math.nan
+    mean = sum(values) / len(values) if finite else math.nan
+    return DeviceSummary(series.device, len(values), peak, mean, stamps[0] - start, now - stamps[-1], gap,
+                         finite, series.metric, series.labels)
+
+
+@dataclass(frozen=True)
 class IdleVerdict:
     idle: bool
     status: str
@@ -60,27 +108,37 @@ class IdleVerdict:
 
 
 def judge_gpu_idle(
-    series: Sequence[DeviceSeries],
+    series: Sequence[DeviceSeries | DeviceSummary],
     *,
     now: float,
     window_seconds: float,
     threshold_percent: float,
     max_gap_seconds: float,
     expected_devices: Iterable[str] | int | None = None,
+    started_at: float | None = None,
 ) -> IdleVerdict:
     """Is this server's GPU idle over ``[now - window_seconds, now]``?
 
     ``expected_devices``: the device ids the server holds (a set) or how many
     devices it holds (an int); a server with fewer series than that is
-    ``partial``. Samples in the future (clock skew) are ignored.
+    ``partial``. ``started_at``: when the server (or kernel) started; samples
+    from before it belong to someone else's session, so a server younger than
+    the window is ``short`` whatever its GPU did before. Samples in the
+    future (clock skew) are ignored.
     """
     start = now - window_seconds
     evidence: dict[str, Any] = {
         "window_seconds": window_seconds,
+        "window_start": start,
         "threshold_percent": threshold_percent,
         "max_gap_seconds": max_gap_seconds,
         "devices": {},
     }
+    if started_at is not None:
+        evidence["session_started_at"] = started_at
+        if started_at > start:
+            return IdleVerdict(False, SHORT, f"server started {_secs(now - started_at)} ago; its idle timeout is "
+                                             f"{_secs(window_seconds)}, so only its own samples count", evidence)
     if not series:
         return IdleVerdict(False, MISSING, "no GPU utilisation samples for this server", evidence)
 
@@ -89,34 +147,35 @@ def judge_gpu_idle(
     busy: list[str] = []
     seen: set[str] = set()
     for s in series:
+        if isinstance(s, DeviceSeries):
+            s = summarize(s, start=start, now=now)
         seen.add(s.device)
-        in_window = sorted((t, v) for t, v in s.samples if start <= t <= now)
-        info: dict[str, Any] = {"metric": s.metric, "samples": len(in_window)}
+        info: dict[str, Any] = {"metric": s.metric, "samples": s.samples}
         if s.labels:
             info["labels"] = dict(s.labels)
         evidence["devices"].setdefault(s.device, []).append(info)
-        if not in_window:
+        if s.samples == 0:
             problems.append((STALE, f"{s.device}: no sample in the last {_secs(window_seconds)}"))
             continue
-        values = [v for _, v in in_window]
-        if any(not math.isfinite(v) for v in values):
+        if not s.finite:
             problems.append((PARTIAL, f"{s.device}: non-numeric sample"))
             continue
-        info.update(max=max(values), mean=round(sum(values) / len(values), 3),
-                    first_at=in_window[0][0], last_at=in_window[-1][0])
-        if max(values) > threshold_percent:
-            busy.append(f"{s.device} peaked at {max(values):g}% (threshold {threshold_percent:g}%)")
+        # None, not NaN, for what the source did not measure: the evidence is strict JSON.
+        info.update(max=s.peak, mean=_round(s.mean), max_gap_seconds=_round(s.max_gap))
+        if s.peak > threshold_percent:
+            busy.append(f"{s.device} peaked at {s.peak:g}% (threshold {threshold_percent:g}%)")
             continue
-        if now - in_window[-1][0] > max_gap_seconds:
-            problems.append((STALE, f"{s.device}: newest sample is {_secs(now - in_window[-1][0])} old"))
+        if s.tail > max_gap_seconds:
+            problems.append((STALE, f"{s.device}: newest sample is {_secs(s.tail)} old"))
             continue
-        if in_window[0][0] - start > max_gap_seconds:
-            problems.append((SHORT, f"{s.device}: samples start only {_secs(now - in_window[0][0])} ago, "
+        if s.lead > max_gap_seconds:
+            problems.append((SHORT, f"{s.device}: samples start only {_secs(window_seconds - s.lead)} ago, "
                                     f"window is {_secs(window_seconds)}"))
             continue
-        gap = max((b[0] - a[0] for a, b in zip(in_window, in_window[1:])), default=0.0)
-        if gap > max_gap_seconds:
-            problems.append((PARTIAL, f"{s.device}: a {_secs(gap)} hole in the samples"))
+        if s.max_gap > max_gap_seconds:
+            wide = f"a {_secs(s.max_gap)}" if math.isfinite(s.max_gap) else "a long"
+            problems.append((PARTIAL, f"{s.device}: {wide} hole in the samples "
+                                      f"(at most {_secs(max_gap_seconds)} counts as unknown)"))
             continue
 
     if busy:
@@ -139,13 +198,25 @@ def judge_gpu_idle(
     )
 
 
+def _round(x: float) -> float | None:
+    return round(x, 3) if math.isfinite(x) else None
+
+
 def _secs(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "unbounded"
     seconds = int(round(seconds))
     if seconds < 120:
         return f"{seconds}s"
     if seconds < 7200:
         return f"{seconds // 60}m{seconds % 60:02d}s" if seconds % 60 else f"{seconds // 60}m"
     return f"{seconds / 3600:.1f}h"
+
+
+def max_gap_for(scrape_interval: float, missed_scrapes: int) -> float:
+    """The widest hole that still counts as *unknown*: ``missed_scrapes`` missing samples
+    in a row, plus half an interval of scrape jitter."""
+    return (missed_scrapes + 1.5) * scrape_interval
 
 
 # -- timeouts ---------------------------------------------------------------
@@ -178,9 +249,11 @@ def idle_timeout_for(profile: Profile | None, team: Team | None, default_seconds
 class Step(str, Enum):
     NOTHING = "nothing"  # not idle, no warning: leave it
     WARN = "warn"  # idle, no warning yet: record one, reclaim after the grace period
-    WAIT = "wait"  # warned, still idle, grace not over
-    HOLD = "hold"  # warned, but the data is missing now: neither reclaim nor clear
+    WAIT = "wait"  # warned, still idle, grace not over (or already on hold)
+    HOLD = "hold"  # warned, but the data is missing now: neither reclaim nor clear; put the warning on hold
+    REWARN = "rewarn"  # warned, held through missing data, provably idle again: a new reclaim time, a fresh grace
     CLEAR = "clear"  # warned, but busy again (or kept alive): drop the warning
+    VOID = "void"  # the warning belongs to an earlier session of this server (it restarted): drop it
     RECLAIM = "reclaim"  # warned, grace over, still provably idle
 
 
@@ -188,20 +261,33 @@ class Step(str, Enum):
 class IdleWarning:
     warned_at: float
     reclaim_at: float
+    #: The server session the warning belongs to (its start time, as the hub reports it).
+    session: str = ""
+    #: Data went missing after the warning: the reclaim waits for data, then a fresh grace.
+    held: bool = False
 
 
 def next_step(verdict: IdleVerdict, warning: IdleWarning | None, keepalive_until: float | None,
-              now: float) -> Step:
-    """What to do with one server this cycle."""
+              now: float, session: str = "") -> Step:
+    """What to do with one server this cycle.
+
+    ``session`` identifies the running server session (its start time); a
+    warning recorded for another session is void, so a restarted server gets
+    its full timeout and grace.
+    """
+    if warning is not None and warning.session != session:
+        return Step.VOID
     if keepalive_until is not None and now < keepalive_until:
         return Step.CLEAR if warning is not None else Step.NOTHING
     if warning is None:
         return Step.WARN if verdict.idle else Step.NOTHING
     if verdict.idle:
+        if warning.held:
+            return Step.REWARN
         return Step.RECLAIM if now >= warning.reclaim_at else Step.WAIT
     if verdict.status == BUSY:
         return Step.CLEAR
-    return Step.HOLD
+    return Step.WAIT if warning.held else Step.HOLD
 
 
 # -- keep my GPU ------------------------------------------------------------
@@ -237,13 +323,22 @@ def grant_keepalive(policy: KeepalivePolicy, used: int, until: float | None, now
 # -- accounting -------------------------------------------------------------
 
 
-def reclaimed_gpu_hours(gpu_milli: int, idle_since: float, reclaimed_at: float) -> float:
-    """GPU-hours a reclaim gives back: the GPUs held times how long they were proven idle.
+def idle_gpu_hours_observed(gpu_milli: int, idle_since: float, reclaimed_at: float) -> float:
+    """Idle GPU-hours observed before a reclaim: the GPUs held times how long they were proven idle.
 
-    ``idle_since`` is the start of the idle window that justified the warning;
-    the count ends at the reclaim. (The culler cannot know how long the user
-    would have kept the idle GPU; this is the idle time it verified.)
+    ``idle_since`` is the start of the idle window that justified the warning
+    (the warning time minus the idle timeout); the count ends at the reclaim.
+    It measures waste that already happened, not capacity given back.
     """
     if gpu_milli <= 0 or reclaimed_at <= idle_since:
         return 0.0
     return round(gpu_milli / 1000 * (reclaimed_at - idle_since) / 3600, 6)
+
+
+def gpu_hours_freed(gpu_milli: int, reclaimed_at: float, next_held_at: float | None, now: float) -> float:
+    """GPU-hours a reclaim freed: the GPUs it took back, from the reclaim until the user
+    next holds a GPU again (``next_held_at``), or until ``now`` while they hold none."""
+    end = now if next_held_at is None else min(next_held_at, now)
+    if gpu_milli <= 0 or end <= reclaimed_at:
+        return 0.0
+    return round(gpu_milli / 1000 * (end - reclaimed_at) / 3600, 6)

@@ -35,7 +35,7 @@ from traitlets import List, Unicode, default
 from . import labels as gl
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
-from .form import choice_value
+from .form import choice_value, notice_html
 from .kube_conventions import (
     expand_user_template,
     privileged_containers,
@@ -129,6 +129,15 @@ class GPUKubeSpawner(KubeSpawner):
     @default("profile_list")
     def _default_profile_list(self):
         return self._gpulab_profile_list
+
+    def _render_options_form(self, profile_list):
+        """KubeSpawner's form, after a line saying why the last server ended when the idle
+        culler reclaimed its GPU."""
+        from hub_config.idle_records import reclaim_notice_for  # the hub side owns the culler's records
+
+        html = super()._render_options_form(profile_list)
+        notice = reclaim_notice_for(self)
+        return notice_html(notice) + html if notice else html
 
     @default("profile_form_template")
     def _default_profile_form_template(self) -> str:

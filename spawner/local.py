@@ -150,7 +150,13 @@ class GPULocalMixin(LoggingConfigurable):
         note, declared = self.inventory_note()
         # Showing the form starts nothing: the record JupyterHub made to show it goes again.
         self._forget_unstarted_record()
-        return render_options_form(choices, note, declared)
+        return render_options_form(choices, note, declared, self.reclaim_notice())
+
+    def reclaim_notice(self) -> str:
+        """"Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
+        from hub_config.idle_records import reclaim_notice_for  # the hub side owns the culler's records
+
+        return reclaim_notice_for(self)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
         try:

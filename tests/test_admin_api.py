@@ -340,7 +340,7 @@ def test_usage_gpu_hours_cost_reclaims_csv(hub):
     assert now["vision"]["held_milli"] == 500 and now["vision"]["users"][0]["user"] == "alice"
     assert vision["utilisation_pct"] is None  # no NVML here: no number rather than a guess
     assert report["sources"]["reclaims"] == "gpulab_idle_events"
-    assert vision["reclaimed_gpu_hours"] == 0
+    assert vision["idle_gpu_hours_before_reclaim"] == 0 and vision["gpu_hours_freed"] == 0
     assert vision["jobs"] == {}
 
     # The culler reports a reclaim through its own API (hub_config/api/idle.py), as it does in
@@ -351,20 +351,22 @@ def test_usage_gpu_hours_cost_reclaims_csv(hub):
     assert r.status_code == 201, r.text
     r = hub.api("POST", "/gpulab/idle/reclaims", json={
         "user": "bob", "server": "gone", "team": "vision", "profile": "h100-1", "gpu_milli": 1000,
-        "gpu_hours_reclaimed": 1.25, "reason": "GPU idle for 1h"})
+        "idle_gpu_hours": 1.25, "reason": "GPU idle for 1h"})
     assert r.status_code == 201, r.text
     report = hub.api("GET", "/gpulab/usage", params={"period": "24h"}).json()
     vision = next(t for t in report["teams"] if t["team"] == "vision")
-    assert vision["reclaimed_gpu_hours"] == 1.25
-    assert next(u for u in vision["users"] if u["user"] == "bob")["reclaimed_gpu_hours"] == 1.25
-    assert report["total"]["reclaimed_gpu_hours"] == 1.25
+    assert vision["idle_gpu_hours_before_reclaim"] == 1.25
+    assert next(u for u in vision["users"] if u["user"] == "bob")["idle_gpu_hours_before_reclaim"] == 1.25
+    assert report["total"]["idle_gpu_hours_before_reclaim"] == 1.25
+    # Freed: 1 GPU from the reclaim until now (bob holds no GPU since): more than 0, less than a minute.
+    assert 0 < report["total"]["gpu_hours_freed"] < 1 / 60
 
     r = hub.api("GET", "/gpulab/usage.csv", params={"period": "7d"})
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/csv")
     rows = [line.split(",") for line in r.text.strip().splitlines()]
     assert rows[0][:5] == ["start", "end", "team", "user", "gpu_hours"]
     alice_row = next(row for row in rows if row[2] == "vision" and row[3] == "alice")
-    assert float(alice_row[4]) > 0 and alice_row[10] == "500"
+    assert float(alice_row[4]) > 0 and alice_row[rows[0].index("held_milli_now")] == "500"
     assert time.time() - held_since < 600
 
 

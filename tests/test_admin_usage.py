@@ -149,7 +149,7 @@ def test_period_report_clips_splits_and_prices(sessions):
     assert n["gpu_hours"] == pytest.approx(2.0) and n["cost"] == pytest.approx(2.0 * 1.0)  # "*" price
     assert n["gpu_hours_by_model"] == {"unknown": 2.0}
     assert r["total"]["cost"] == pytest.approx(4.5 * 2.5 + 2.0)
-    assert v["reclaimed_gpu_hours"] is None and v["jobs"] is None  # no culler / jobs tables: unknown, not 0
+    assert v["idle_gpu_hours_before_reclaim"] is None and v["gpu_hours_freed"] is None and v["jobs"] is None  # no culler / jobs tables: unknown, not 0
     assert r["sources"]["reclaims"] is None and v["utilisation_pct"] is None
 
 

@@ -198,11 +198,20 @@ def run_scenario(hub: RunningHub, page) -> None:
     countdown = warning.locator(".gpulab-countdown").inner_text()
     assert countdown.startswith(("15:", "14:")), countdown
     shot(page, "sidebar-idle-warning", panel)
+    # Wherever the user is: a notification with the reclaim time and "Keep my GPU", and the status bar.
+    toast = page.locator(".Toastify__toast", has_text="will be reclaimed at")
+    toast.wait_for(timeout=45_000)
+    assert "Keep my GPU" in toast.inner_text()
+    status = page.locator(".gpulab-idle-status")
+    status.wait_for(timeout=30_000)
+    assert status.inner_text().startswith("GPU idle: reclaimed at"), status.inner_text()
+    shot(page, "idle-notification")
     warning.get_by_role("button", name="Keep my GPU").click()
     warning.wait_for(state="detached")
     panel.locator(".gpulab-status", has_text="Your GPU is kept.").wait_for()
     idle = hub.api("GET", "/gpulab/idle", params={"user": "alice", "server": ""}).json()
     assert idle["warning"] is None and idle["keepalive"]["used"] == 1
+    toast.wait_for(state="detached", timeout=45_000)  # the next poll sees no warning: the toast goes
 
     # The dark theme: same panel, readable (theme variables only).
     xsrf = next(c["value"] for c in page.context.cookies() if c["name"] == "_xsrf")

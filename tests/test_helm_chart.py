@@ -401,7 +401,7 @@ def test_grafana_dashboard_queries_are_valid_promql(tmp_path):
     ksm = {key: "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key) for key in (labels.TEAM, labels.USER)}
     assert ksm[labels.TEAM] in exprs["GPU utilisation per team"]
     assert ksm[labels.USER] in exprs["GPU utilisation per user"]
-    assert "gpulab_culler_reclaimed_gpu_hours_total" in exprs["Reclaimed GPU-hours per team"]
+    assert "gpulab_culler_idle_gpu_hours_before_reclaim_total" in exprs["Idle GPU-hours observed before reclaims, per team"]
     assert any("kube_resourcequota" in e and 'resourcequota="gpulab-gpus"' in e for e in exprs.values())
     moved = [d for d in render("kueue") if d["metadata"]["name"] == "gpulab-grafana-dashboard"]
     assert moved[0]["metadata"]["namespace"] == "monitoring"

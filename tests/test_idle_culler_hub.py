@@ -41,7 +41,7 @@ teams:
 
 def extra_config(prometheus_url: str, metrics_port: int) -> str:
     command = [sys.executable, "-m", "idle_culler", "--source=prometheus", f"--prometheus-url={prometheus_url}",
-               "--cull-every=1", f"--grace={GRACE}", "--max-sample-gap=2.5", f"--node-name={NODE}",
+               "--cull-every=1", f"--grace={GRACE}", "--max-sample-gap=2.5", "--scrape-interval=1", f"--node-name={NODE}",
                "--timeout=3600", "--log-level=DEBUG"]
     return f"""
 import sys
@@ -196,7 +196,9 @@ def test_idle_gpu_is_culled_after_warning_and_busy_or_unmeasured_ones_are_kept(h
     assert by_server[""] == ["warning", "reclaim"] and by_server["tab"] == ["warning", "reclaim"], events
     reclaim = next(e for e in events if e["kind"] == "reclaim" and e["server"] == "tab")
     assert reclaim["team"] == "vision" and reclaim["profile"] == "h100-1" and reclaim["gpu_milli"] == 1000
-    assert reclaim["gpu_hours_reclaimed"] > 0
+    # Idle GPU-hours observed: 1 GPU x (timeout + grace) at least; freed: from the reclaim until now.
+    assert reclaim["idle_gpu_hours_before_reclaim"] >= (TIMEOUT + GRACE - 1.5) / 3600
+    assert reclaim["gpu_hours_freed"] > 0
     assert reclaim["evidence"]["action"] == "stop-server"
     assert reclaim["evidence"]["source"] == "prometheus"
     assert reclaim["evidence"]["idle_timeout_seconds"] == TIMEOUT
@@ -212,12 +214,24 @@ def test_idle_gpu_is_culled_after_warning_and_busy_or_unmeasured_ones_are_kept(h
     assert running(hub, "bob") and running(hub, "carol") and running(hub, "carol", "cpu")
     assert audit(hub, "bob") == [] and audit(hub, "carol") == []
     text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-    assert metric(text, "gpulab_culler_reclaimed_gpu_hours_total", '{team="vision"}') > 0
+    assert metric(text, "gpulab_culler_idle_gpu_hours_before_reclaim_total", '{team="vision"}') > 0
     assert metric(text, "gpulab_culler_cycles_total") >= TIMEOUT
     assert metric(text, "gpulab_culler_skipped_missing_data_total") >= 1
     assert metric(text, "gpulab_culler_reclaims_total", '{action="stop-server",team="vision"}') == 2
     # Ledger freed: the two reclaimed GPUs are no longer held.
     assert sum(w["gpu_milli"] for w in hub.holdings()) == 2000
+    # The user is told, on the spawn page and in the idle API, never with a raw error.
+    view = idle_view(hub, "alice", "tab")
+    assert view["warning"] is None and "Your GPU was reclaimed at" in view["reclaimed"]["message"]
+    assert view["reclaimed"]["idle_minutes"] is not None and view["reclaimed"]["peak_percent"] == 0
+    page = hub.spawn_page(hub.login("alice")).text
+    assert 'id="gpulab-reclaimed"' in page and "Your GPU was reclaimed at" in page and "start again" in page
+    # Both figures on the hub's metrics, named for what they measure.
+    admin = user_token(hub, "admin")  # an admin user's token carries read:metrics
+    hub_metrics = requests.get(f"{hub.url}/hub/metrics", headers={"Authorization": f"token {admin}"},
+                               timeout=10).text
+    assert metric(hub_metrics, "gpulab_team_idle_gpu_hours_before_reclaim", '{team="vision"}') > 0
+    assert metric(hub_metrics, "gpulab_team_gpu_hours_freed", '{team="vision"}') > 0
 
 
 def _ts(iso: str) -> float:
@@ -255,6 +269,12 @@ def test_keepalive_is_honoured_and_capped(hub, exporter):
     poll("bob/keep reclaim recorded", lambda: reclaimed(hub, "bob", "keep"), hub=hub)
     kinds = [e["kind"] for e in audit(hub, "bob") if e["server"] == "keep"]
     assert kinds == ["warning", "keepalive", "warning", "reclaim"], kinds
+    # The admin page lists them, with their evidence and both GPU-hour figures.
+    page = hub.login("admin").get(f"{hub.url}/hub/gpulab/admin", timeout=30).text
+    for kind in ("warning", "keepalive", "reclaim"):
+        assert f'data-idle-event="{kind}"' in page, kind
+    assert 'data-culler-status="on"' in page
+    assert "Idle GPU-h before reclaim" in page and "GPU-h freed by reclaims" in page
 
 
 def test_warning_of_a_server_stopped_by_its_user_is_cleared(hub, exporter):
@@ -262,7 +282,10 @@ def test_warning_of_a_server_stopped_by_its_user_is_cleared(hub, exporter):
     exporter.set_gpu(device, 0)
     poll("carol/gone warned", lambda: idle_view(hub, "carol", "gone")["warning"], hub=hub)
     assert hub.api("DELETE", "/users/carol/servers/gone").status_code in (202, 204)
-    poll("warning cleared", lambda: idle_view(hub, "carol", "gone")["warning"] is None, hub=hub)
+    # The user's view drops it at once (no running session); the culler clears it next cycle.
+    assert idle_view(hub, "carol", "gone")["warning"] is None
+    poll("warning cleared", lambda: [e for e in audit(hub, "carol") if e["server"] == "gone"][-1]["kind"] == "cleared",
+         hub=hub)
     events = [e for e in audit(hub, "carol") if e["server"] == "gone"]
     assert [(e["kind"], e["reason"]) for e in events][-1] == ("cleared", "server not running")
     assert "reclaim" not in [e["kind"] for e in events]
@@ -283,12 +306,16 @@ def test_keepalive_bad_input(hub, body, status):
 
 def test_culler_only_endpoints_refuse_users(hub):
     bob = user_token(hub, "bob")
+    before = audit(hub, "bob")
     for method, path, body in [("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": 1}),
                                ("POST", "/gpulab/idle/reclaims", {"user": "bob", "server": ""}),
+                               ("POST", "/gpulab/idle/cycle", {"reclaims": [{"user": "bob", "server": ""}]}),
                                ("GET", "/gpulab/idle/state", None), ("GET", "/gpulab/idle/audit", None)]:
         r = hub.api(method, path, token=bob, data=json.dumps(body) if body else None)
         assert r.status_code == 403, (path, r.text)
-    assert audit(hub, "bob")[-1]["kind"] == "reclaim"  # nothing recorded by the refused calls
+    # Nothing recorded by the refused calls (freed GPU-hours grow with time: compare the events).
+    assert [(e["at"], e["kind"], e["server"]) for e in audit(hub, "bob")] == [
+        (e["at"], e["kind"], e["server"]) for e in before]
 
 
 def test_prometheus_down_means_no_culls(hub, exporter, prometheus, metrics_port):
@@ -307,8 +334,58 @@ def test_prometheus_down_means_no_culls(hub, exporter, prometheus, metrics_port)
     assert len(audit(hub)) == before
     text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
     assert metric(text, "gpulab_culler_errors_total", '{stage="source"}') >= errors_before + TIMEOUT
+    assert metric(text, "gpulab_culler_source_failures_total", '{reason="unavailable"}') >= TIMEOUT
     # Once Prometheus is back and a whole idle window is measured, bob is warned
     # (joined through the new `hostname` label).
     prometheus.start()
     warning = poll("bob warned after Prometheus is back", lambda: idle_view(hub, "bob")["warning"], hub=hub)
     assert list(warning["evidence"]["devices"]) == [f"{NODE}/gpu{device}"]
+
+
+def test_a_restarted_server_gets_its_full_timeout_and_grace(hub, exporter):
+    """The old session's warning is void, and the GPU's idle past does not count for the new one."""
+    # Every free GPU idle from now on, whichever one each session gets.
+    held = {d for u in hub.api("GET", "/users").json() for srv in (u.get("servers") or {}).values()
+            for d, _ in ((srv.get("state") or {}).get("gpulab") or {}).get("shares") or []}
+    for d in set(range(DEVICES)) - held:
+        exporter.set_gpu(d, 0)
+    spawn(hub, "alice", "again")
+    first = poll("alice/again warned", lambda: idle_view(hub, "alice", "again")["warning"], hub=hub)
+    hub.api("DELETE", "/users/alice/servers/again")  # the user stops it (or the culler got there first)
+    poll("stopped", lambda: not running(hub, "alice", "again"), hub=hub)
+    assert spawn(hub, "alice", "again") not in held  # a GPU that has been idle for a while
+    started = _ts(hub.api("GET", "/users/alice").json()["servers"]["again"]["started"])
+    assert idle_view(hub, "alice", "again")["warning"] is None  # nothing inherited by the new session
+    warned = poll("new session warned", lambda: idle_view(hub, "alice", "again")["warning"], hub=hub)
+    # Not before a whole idle timeout of the new session's own samples.
+    assert _ts(warned["warned_at"]) - started >= TIMEOUT
+    assert warned["evidence"]["session_started_at"] == pytest.approx(started, abs=0.01)
+    assert _ts(warned["warned_at"]) > _ts(first["warned_at"])
+    poll("reclaimed after its own grace", lambda: not running(hub, "alice", "again"), hub=hub)
+    kinds = [(e["kind"], e["session"]) for e in audit(hub, "alice") if e["server"] == "again"]
+    sessions = [s for k, s in kinds if k == "warning"]
+    assert len(sessions) == 2 and sessions[0] != sessions[1], kinds
+    assert [k for k, _ in kinds][-1] == "reclaim"
+
+
+def test_a_warning_held_through_missing_data_is_announced_again_with_a_fresh_grace(hub, exporter):
+    device = spawn(hub, "carol", "hole")
+    exporter.set_gpu(device, 0)
+    first = poll("carol/hole warned", lambda: idle_view(hub, "carol", "hole")["warning"], hub=hub)
+    exporter.remove(f"util/{NODE}/{device}")  # its metrics go missing during the grace
+    held = poll("warning held", lambda: (w := idle_view(hub, "carol", "hole")["warning"]) and w["held"] and w,
+                hub=hub)
+    time.sleep(GRACE)  # the old grace ends while the data is missing: no reclaim
+    assert running(hub, "carol", "hole")
+    exporter.set_gpu(device, 0)
+    back = time.time()
+    renewed = poll("re-announced", lambda: (w := idle_view(hub, "carol", "hole")["warning"])
+                   and not w["held"] and w["warned_at"] != first["warned_at"] and w, hub=hub)
+    assert _ts(renewed["reclaim_at"]) - _ts(renewed["warned_at"]) == pytest.approx(GRACE, abs=0.01)
+    assert _ts(renewed["warned_at"]) >= back  # only after data returned (and covered a timeout)
+    assert held["reclaim_at"] == first["reclaim_at"]
+    poll("reclaimed", lambda: not running(hub, "carol", "hole"), hub=hub)
+    events = [e for e in audit(hub, "carol") if e["server"] == "hole"]
+    assert [e["kind"] for e in events] == ["warning", "held", "warning", "reclaim"], events
+    assert "fresh grace" in events[2]["reason"]
+    assert _ts(events[3]["at"]) >= _ts(renewed["reclaim_at"])

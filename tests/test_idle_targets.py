@@ -40,3 +40,33 @@ def test_targets_from_kubespawner_local_spawner_and_form_choices():
     assert b.expected_devices == {"box-1/gpu3", "box-1/gpu5"}
     assert non_gpu == ["alice/cpu"]
     assert sorted(unmapped) == ["bob/odd", "bob/unknown"]
+
+
+def test_a_kernel_younger_than_the_idle_timeout_is_not_reclaimed():
+    """Per kernel, only its own samples count: a GPU process started inside the window waits."""
+    import time as _time
+
+    from idle_culler.app import CycleBatch, GPUIdleCuller
+    from idle_culler.nvml_source import process_started_at
+    from idle_culler.targets import DEVICE, ServerTarget
+    from spawner.idle import IdleVerdict, IdleWarning
+
+    culler = GPUIdleCuller(config_file="", source="nvml", api_token="x")
+    culler.initialize([])
+    culler.hub = culler.make_hub_client()
+    now = _time.time()
+    target = ServerTarget(user="u", server="", team="t", profile="p", gpu_milli=1000, mapping=DEVICE,
+                          hostname="h", devices=(0,), url="/user/u/", full_url="http://127.0.0.1:1/user/u/")
+    verdict = IdleVerdict(True, "idle", "idle", {})
+    warning = IdleWarning(now - 900, now - 1)
+    for age, claims in ((60, 0), (7200, 1)):
+        culler.utilisation._holders = {target.key: [{"pid": 123, "device": 0, "used_memory_bytes": 1,
+                                                     "kernel_id": "k1", "started_at": now - age}]}
+        batch = CycleBatch()
+        culler._plan_reclaim(batch, target, verdict, warning, 3600, "default", now)
+        assert len(batch.claims) == claims, age
+    assert batch.claims[0][0]["action"] == "shutdown-kernel"
+    # The start time of a real process: this one, which started before now.
+    import os
+
+    assert process_started_at(os.getpid()) <= _time.time()

@@ -590,3 +590,27 @@ def _regenerate_docs() -> None:  # pragma: no cover - a maintenance command
 
 if __name__ == "__main__":  # pragma: no cover
     _regenerate_docs()
+
+
+async def test_form_says_when_the_idle_culler_reclaimed_the_last_server(api, tmp_path):
+    import json as _json
+    import time as _time
+
+    from hub_config.db import session_factory
+    from hub_config.idle_records import IdleEventRow
+
+    config = make_config(api)
+    config.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
+    s = spawner_for(api, "carol", config=config)
+    assert "gpulab-reclaimed" not in await s._render_options_form_dynamically(s)
+    now = _time.time()
+    with session_factory(config=config)() as session:
+        session.add(IdleEventRow(at=now, kind="reclaim", user="carol", server="", team="vision",
+                                 profile="h100-half", gpu_milli=500, reason="idle", action="stop-server",
+                                 evidence=_json.dumps({"idle_since": now - 75 * 60,
+                                                       "devices": {"n/gpu0": [{"max": 0.0}]}})))
+        session.commit()
+    html = await s._render_options_form_dynamically(s)
+    assert 'id="gpulab-reclaimed"' in html
+    assert "Your GPU was reclaimed at" in html and "after 75 minutes at 0 %" in html and "start again" in html
+    assert 'id="kubespawner-profiles-list"' in html  # KubeSpawner's form follows

@@ -80,7 +80,7 @@ def jp_server_cleanup():
 def hub(tmp_path_factory):
     h = RunningHub(tmp_path_factory.mktemp("whatif"), CATALOG)
     h.start()
-    seed_history(h.workdir / "data" / "gpulab.sqlite")
+    seed_history(h.state_dir / "gpulab.sqlite")
     yield h
     h.close()
 

@@ -384,7 +384,7 @@ class UsageHandler(AdminAPIHandler):
 
 
 CSV_COLUMNS = ["start", "end", "team", "user", "gpu_hours", "in_quota_gpu_hours", "burst_gpu_hours", "cost",
-               "utilisation_pct", "reclaimed_gpu_hours", "held_milli_now", "jobs"]
+               "utilisation_pct", "idle_gpu_hours_before_reclaim", "gpu_hours_freed", "held_milli_now", "jobs"]
 
 
 class UsageCSVHandler(UsageHandler):
@@ -401,7 +401,8 @@ class UsageCSVHandler(UsageHandler):
             jobs = d.get("jobs")
             w.writerow([report["start"], report["end"], team, user, d["gpu_hours"], d["in_quota_gpu_hours"],
                         d["burst_gpu_hours"], d["cost"], "" if d["utilisation_pct"] is None else d["utilisation_pct"],
-                        "" if d["reclaimed_gpu_hours"] is None else d["reclaimed_gpu_hours"], held,
+                        *("" if d[k] is None else d[k] for k in ("idle_gpu_hours_before_reclaim", "gpu_hours_freed")),
+                        held,
                         "" if jobs is None else " ".join(f"{k}={v}" for k, v in sorted(jobs.items()))])
 
         for t in report["teams"]:

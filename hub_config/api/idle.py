@@ -1,4 +1,4 @@
-"""Idle warnings, "keep my GPU", reclaims and their audit log (issue 4).
+"""Idle warnings, "keep my GPU", reclaims and their audit log.
 
 The culler service (a separate process, scope ``custom:gpulab:culler``)
 records warnings and reclaims here; the user's lab session reads its warning
@@ -9,10 +9,16 @@ never resets a grace period.
 - ``GET  /hub/api/gpulab/idle?user=U&server=S``          the user, an admin or the culler
 - ``POST /hub/api/gpulab/idle/keepalive`` ``{user, server}`` the user or an admin (409 when used up)
 - ``GET  /hub/api/gpulab/idle/state``                    culler: every warning, keep-alive and the timeouts
-- ``POST /hub/api/gpulab/idle/warnings``                 culler
+- ``POST /hub/api/gpulab/idle/cycle``                    culler: one cycle's warnings, holds, clears
+  and reclaim claims in one request (each claim accepted or refused on its own)
+- ``POST /hub/api/gpulab/idle/warnings``                 culler (one warning)
 - ``DELETE /hub/api/gpulab/idle/warnings?user=U&server=S`` culler
-- ``POST /hub/api/gpulab/idle/reclaims``                 culler
+- ``POST /hub/api/gpulab/idle/reclaims``                 culler (one claim)
 - ``GET  /hub/api/gpulab/idle/audit``                    an admin or the culler
+
+A warning belongs to one server session (the spawner's start time): a
+restarted server's old warning is void. A warning *held* because data went
+missing gets a new reclaim time and a fresh grace when data returns.
 """
 
 from __future__ import annotations
@@ -20,95 +26,23 @@ from __future__ import annotations
 import json
 import math
 import time
-from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Float, Integer, String, Text, select
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import select
 from tornado import web
-from traitlets import Integer as IntTrait
-from traitlets.config import Configurable
 
-from spawner.idle import KeepalivePolicy, KeepaliveRefused, grant_keepalive
+from jupyterhub import orm
+from jupyterhub.utils import isoformat
 
-from ..db import Base, session_factory
+from spawner.idle import KeepaliveRefused, grant_keepalive
+
+from ..db import session_factory
+from ..idle_records import (
+    ACTIONS, EVENT_KINDS, MAX_CYCLE_BYTES, MAX_GRACE_SECONDS, MAX_NAME, MAX_REASON, MAX_SESSION, GPULabIdle,
+    IdleEventRow, IdleWarningRow, KeepaliveRow, audit_json, evidence_peak, iso, reclaim_message,
+)
 from ..scopes import ADMIN, CULLER, JOBS
 from .base import GPULabAPIHandler
-
-EVENT_KINDS = ("warning", "reclaim", "keepalive", "cleared")
-MAX_NAME = 255
-MAX_REASON = 2000
-MAX_GRACE_SECONDS = 7 * 86400
-
-
-class GPULabIdle(Configurable):
-    """Hub-side policy for "keep my GPU" (``c.GPULabIdle.*``)."""
-
-    keepalive_max_uses = IntTrait(
-        2, min=0, config=True,
-        help="How many times a user may press 'keep my GPU' per server session (0 disables it).",
-    )
-    keepalive_extends_seconds = IntTrait(
-        3600, min=1, config=True,
-        help="How long one 'keep my GPU' protects a server from the GPU idle culler, in seconds.",
-    )
-
-    @property
-    def policy(self) -> KeepalivePolicy:
-        return KeepalivePolicy(self.keepalive_max_uses, self.keepalive_extends_seconds)
-
-
-# -- tables ---------------------------------------------------------------
-
-
-class IdleWarningRow(Base):
-    __tablename__ = "gpulab_idle_warnings"
-    user: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
-    server: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
-    warned_at: Mapped[float] = mapped_column(Float)
-    reclaim_at: Mapped[float] = mapped_column(Float)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    evidence: Mapped[str] = mapped_column(Text, default="{}")
-
-
-class KeepaliveRow(Base):
-    __tablename__ = "gpulab_idle_keepalives"
-    user: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
-    server: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
-    used: Mapped[int] = mapped_column(Integer, default=0)
-    until: Mapped[float | None] = mapped_column(Float, nullable=True)
-    #: The server session the count belongs to (the spawner's ``started``); a new session starts at 0.
-    session: Mapped[str] = mapped_column(String(64), default="")
-
-
-class IdleEventRow(Base):
-    __tablename__ = "gpulab_idle_events"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[float] = mapped_column(Float, index=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    user: Mapped[str] = mapped_column(String(MAX_NAME), index=True)
-    server: Mapped[str] = mapped_column(String(MAX_NAME))
-    team: Mapped[str] = mapped_column(String(MAX_NAME), default="")
-    profile: Mapped[str] = mapped_column(String(MAX_NAME), default="")
-    gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    evidence: Mapped[str] = mapped_column(Text, default="{}")
-    gpu_hours_reclaimed: Mapped[float] = mapped_column(Float, default=0.0)
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def event_json(e: IdleEventRow) -> dict[str, Any]:
-    return {
-        "at": iso(e.at), "kind": e.kind, "user": e.user, "server": e.server, "team": e.team,
-        "profile": e.profile, "gpu_milli": e.gpu_milli, "reason": e.reason,
-        "evidence": json.loads(e.evidence or "{}"), "gpu_hours_reclaimed": e.gpu_hours_reclaimed,
-    }
-
 
 # -- handlers -------------------------------------------------------------
 
@@ -155,24 +89,29 @@ class IdleBase(GPULabAPIHandler):
         return u.spawners[server]
 
     def _session_id(self, user: str, server: str) -> str:
+        """The running session of a server: its start time, written as the hub's REST API writes it."""
         spawner = self._spawner(user, server)
         started = getattr(getattr(spawner, "orm_spawner", None), "started", None) if spawner else None
-        return started.isoformat() if started else ""
+        return isoformat(started) if started else ""
 
     def view(self, session, user: str, server: str) -> dict[str, Any]:
         w = session.get(IdleWarningRow, (user, server))
         k = session.get(KeepaliveRow, (user, server))
         policy = self.settings_idle.policy
+        current = self._session_id(user, server)
         used = until = None
-        if k is not None and k.session == self._session_id(user, server):
+        if k is not None and k.session == current:
             used, until = k.used, k.until
         now = time.time()
+        if w is not None and w.session and w.session != current:
+            w = None  # an earlier session's warning: void for this one
         return {
             "user": user,
             "server": server,
+            "session": current,
             "warning": None if w is None else {
                 "warned_at": iso(w.warned_at), "reclaim_at": iso(w.reclaim_at), "reason": w.reason,
-                "evidence": json.loads(w.evidence or "{}"),
+                "held": w.held_at is not None, "evidence": json.loads(w.evidence or "{}"),
             },
             "keepalive": {
                 "used": used or 0,
@@ -180,16 +119,140 @@ class IdleBase(GPULabAPIHandler):
                 "extends_seconds": policy.extends_seconds,
                 "until": iso(until) if until and until > now else None,
             },
+            "reclaimed": None if current else self._last_reclaim(session, user, server),
         }
 
+    def _last_reclaim(self, session, user: str, server: str) -> dict[str, Any] | None:
+        """What a user whose server is not running should be told: the last reclaim, in plain words."""
+        e = session.scalars(select(IdleEventRow).where(
+            IdleEventRow.user == user, IdleEventRow.server == server, IdleEventRow.kind == "reclaim",
+            IdleEventRow.action == "stop-server").order_by(IdleEventRow.id.desc()).limit(1)).first()
+        if e is None:
+            return None
+        evidence = json.loads(e.evidence or "{}")
+        idle_since = evidence.get("idle_since")
+        minutes = int(round((e.at - idle_since) / 60)) if isinstance(idle_since, (int, float)) else None
+        peak = evidence_peak(evidence)
+        return {"at": iso(e.at), "idle_minutes": minutes, "peak_percent": peak,
+                "threshold_percent": evidence.get("threshold_percent"), "gpu_milli": e.gpu_milli,
+                "message": reclaim_message(e.at, minutes, peak)}
+
     def record(self, session, kind: str, user: str, server: str, data: dict[str, Any], reason: str,
-               evidence: Any = None, gpu_hours: float = 0.0) -> None:
+               evidence: Any = None, at: float | None = None) -> None:
         session.add(IdleEventRow(
-            at=time.time(), kind=kind, user=user, server=server,
+            at=time.time() if at is None else at, kind=kind, user=user, server=server,
             team=str(data.get("team") or "")[:MAX_NAME], profile=str(data.get("profile") or "")[:MAX_NAME],
-            gpu_milli=_int(data.get("gpu_milli", 0), "gpu_milli"), reason=reason[:MAX_REASON],
-            evidence=json.dumps(evidence if evidence is not None else {}), gpu_hours_reclaimed=gpu_hours,
+            gpu_milli=data.get("gpu_milli", 0) or 0, reason=reason[:MAX_REASON],
+            evidence=json.dumps(evidence if evidence is not None else {}), session=data.get("session", "") or "",
+            action=data.get("action", "") if kind == "reclaim" else "",
+            idle_gpu_hours=data.get("idle_gpu_hours", 0.0) if kind == "reclaim" else 0.0,
         ))
+
+    # -- the culler's records: validated first, then applied -------------------
+
+    def _common(self, item: Any, what: str) -> dict[str, Any]:
+        if not isinstance(item, dict):
+            raise web.HTTPError(400, f"each of {what} must be a JSON object")
+        user, server = self._target(item)
+        session_id = item.get("session", "")
+        if not isinstance(session_id, str) or len(session_id) > MAX_SESSION:
+            raise web.HTTPError(400, f"session must be a string of at most {MAX_SESSION} characters")
+        return {**item, "user": user, "server": server, "session": session_id, "reason": _reason(item)}
+
+    def check_warning(self, item: Any) -> dict[str, Any]:
+        d = self._common(item, "warnings")
+        d["grace_seconds"] = _int(item.get("grace_seconds"), "grace_seconds", 0, MAX_GRACE_SECONDS)
+        d["gpu_milli"] = _int(item.get("gpu_milli", 0), "gpu_milli")
+        d["evidence"] = _evidence(item)
+        if not isinstance(item.get("renew", False), bool):
+            raise web.HTTPError(400, "renew must be true or false")
+        return d
+
+    def check_reclaim(self, item: Any) -> dict[str, Any]:
+        d = self._common(item, "reclaims")
+        d["evidence"] = _evidence(item)
+        d["gpu_milli"] = _int(item.get("gpu_milli", 0), "gpu_milli")
+        for key in ("idle_gpu_hours", "idle_since"):
+            value = item.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise web.HTTPError(400, f"{key} must be a non-negative number")
+            d[key] = float(value)
+        d["action"] = item.get("action", "stop-server")
+        if d["action"] not in ACTIONS:
+            raise web.HTTPError(400, "action must be 'stop-server' or 'shutdown-kernel'")
+        if d["action"] == "shutdown-kernel":
+            kernel_ids = item.get("kernel_ids")
+            if (not isinstance(kernel_ids, list) or not kernel_ids or len(kernel_ids) > 64
+                    or not all(isinstance(k, str) and 0 < len(k) <= 64 for k in kernel_ids)):
+                raise web.HTTPError(400, "kernel_ids must be a list of kernel id strings")
+        return d
+
+    def apply_warning(self, session, d: dict[str, Any], now: float) -> bool:
+        """Record a warning (or re-announce a held one); False when it already stands."""
+        user, server = d["user"], d["server"]
+        w = session.get(IdleWarningRow, (user, server))
+        if w is not None and w.session == d["session"] and not d.get("renew"):
+            return False  # idempotent: a warning's clock never restarts by itself
+        reason = d["reason"]
+        if w is not None and w.session == d["session"]:
+            reason = f"data returned after a hole; new reclaim time with a fresh grace: {reason}"
+        if w is None:
+            w = IdleWarningRow(user=user, server=server)
+            session.add(w)
+        w.warned_at, w.reclaim_at, w.held_at = now, now + d["grace_seconds"], None
+        w.reason, w.evidence, w.session = d["reason"], json.dumps(d["evidence"]), d["session"]
+        self.record(session, "warning", user, server, d, reason, d["evidence"], now)
+        self.log.info("gpulab idle: warned %s/%s, reclaim at %s: %s", user, server, iso(w.reclaim_at), reason)
+        return True
+
+    def apply_hold(self, session, d: dict[str, Any], now: float) -> bool:
+        w = session.get(IdleWarningRow, (d["user"], d["server"]))
+        if w is None or w.held_at is not None or w.session != d["session"]:
+            return False
+        w.held_at = now
+        self.record(session, "held", d["user"], d["server"], d,
+                    f"reclaim postponed until utilisation data returns: {d['reason']}", at=now)
+        return True
+
+    def apply_clear(self, session, d: dict[str, Any], now: float) -> bool:
+        w = session.get(IdleWarningRow, (d["user"], d["server"]))
+        if w is None:
+            return False
+        session.delete(w)
+        self.record(session, "cleared", d["user"], d["server"], {"session": w.session}, d["reason"] or "cleared",
+                    at=now)
+        self.log.info("gpulab idle: cleared warning of %s/%s: %s", d["user"], d["server"], d["reason"])
+        return True
+
+    def apply_reclaim(self, session, d: dict[str, Any], now: float) -> str | None:
+        """Claim a reclaim before the culler acts; the reason it is refused, or None when granted.
+
+        A "keep my GPU" pressed after the culler read the idle state, a held or
+        restarted session, or a grace not yet over all refuse it.
+        """
+        user, server = d["user"], d["server"]
+        warning = session.get(IdleWarningRow, (user, server))
+        k = session.get(KeepaliveRow, (user, server))
+        if warning is None:
+            return f"no idle warning for {user}/{server} (cleared or kept alive); not reclaiming"
+        if warning.session != d["session"]:
+            return f"the warning of {user}/{server} belongs to an earlier session; not reclaiming"
+        if warning.held_at is not None:
+            return f"the warning of {user}/{server} is held until its data returns"
+        if warning.reclaim_at > now:
+            return f"the grace period of {user}/{server} ends at {iso(warning.reclaim_at)}"
+        if k is not None and k.until and k.until > now:
+            return f"{user}/{server} is kept alive until {iso(k.until)}"
+        session.delete(warning)
+        if d["action"] == "stop-server" and k is not None:  # the session ends: so does its keep-alive allowance
+            session.delete(k)
+        evidence = {**d["evidence"], "action": d["action"], "idle_since": d["idle_since"]}
+        if d["action"] == "shutdown-kernel":
+            evidence["kernel_ids"] = d["kernel_ids"]
+        self.record(session, "reclaim", user, server, d, d["reason"], evidence, now)
+        self.log.warning("gpulab idle: reclaimed %s/%s (%s, %.4f idle GPU-hours observed): %s",
+                         user, server, d["action"], d["idle_gpu_hours"], d["reason"])
+        return None
 
 
 def _int(value: Any, what: str, lo: int = 0, hi: int = 10**9) -> int:
@@ -248,7 +311,7 @@ class KeepaliveHandler(IdleBase):
             warning = session.get(IdleWarningRow, (user, server))
             if warning is not None:
                 session.delete(warning)
-            self.record(session, "keepalive", user, server, gpulab_state,
+            self.record(session, "keepalive", user, server, {**gpulab_state, "session": session_id},
                         f"'keep my GPU' {k.used}/{policy.max_uses} by {self.caller_name}, until {iso(k.until)}")
             session.commit()
             self.log.info("gpulab idle: %s/%s kept alive until %s (%d/%d) by %s",
@@ -269,7 +332,8 @@ class StateHandler(IdleBase):
             self.write_json({
                 "now": now,
                 "warnings": [{"user": w.user, "server": w.server, "warned_at": w.warned_at,
-                              "reclaim_at": w.reclaim_at} for w in warnings],
+                              "reclaim_at": w.reclaim_at, "session": w.session, "held": w.held_at is not None}
+                             for w in warnings],
                 "keepalives": [{"user": k.user, "server": k.server, "until": k.until, "used": k.used,
                                 "session": k.session} for k in keepalives],
                 "profiles": {p.slug: {"gpu_milli": p.gpu_milli, "idle_timeout_seconds": p.idle_timeout_seconds}
@@ -278,84 +342,75 @@ class StateHandler(IdleBase):
             })
 
 
+class CycleHandler(IdleBase):
+    """One culler cycle's records in one request: all validated first (a 400 records nothing),
+    then applied in one transaction; each reclaim claim is granted or refused on its own."""
+
+    async def post(self) -> None:
+        self._require_culler()
+        data = self.read_json(max_bytes=MAX_CYCLE_BYTES)
+        lists = {}
+        for key in ("warnings", "holds", "clears", "reclaims"):
+            items = data.get(key, [])
+            if not isinstance(items, list):
+                raise web.HTTPError(400, f"{key} must be a list")
+            lists[key] = items
+        warnings = [self.check_warning(i) for i in lists["warnings"]]
+        holds = [self._common(i, "holds") for i in lists["holds"]]
+        clears = [self._common(i, "clears") for i in lists["clears"]]
+        claims = [self.check_reclaim(i) for i in lists["reclaims"]]
+        names = {d["user"] for d in warnings + claims}
+        known = {n for (n,) in self.db.query(orm.User.name).filter(orm.User.name.in_(names))} if names else set()
+        unknown = sorted(names - known)
+        if unknown:
+            raise web.HTTPError(404, f"no such user(s): {', '.join(unknown[:10])}")
+        now = time.time()
+        with self.idle_db() as session:
+            out = {
+                "clears": sum(self.apply_clear(session, d, now) for d in clears),
+                "warnings": sum(self.apply_warning(session, d, now) for d in warnings),
+                "holds": sum(self.apply_hold(session, d, now) for d in holds),
+                "reclaims": [],
+            }
+            for d in claims:
+                refused = self.apply_reclaim(session, d, now)
+                out["reclaims"].append({"user": d["user"], "server": d["server"], "accepted": refused is None,
+                                        "message": refused or "recorded"})
+            session.commit()
+        self.write_json(out)
+
+
 class WarningsHandler(IdleBase):
     async def post(self) -> None:
         self._require_culler()
-        data = self.read_json()
-        user, server = self._target(data)
-        grace = _int(data.get("grace_seconds"), "grace_seconds", 0, MAX_GRACE_SECONDS)
-        reason, evidence = _reason(data), _evidence(data)
-        _int(data.get("gpu_milli", 0), "gpu_milli")
-        if self.find_user(user) is None:
-            raise web.HTTPError(404, f"no such user {user!r}")
-        now = time.time()
+        d = self.check_warning(self.read_json())
+        if self.find_user(d["user"]) is None:
+            raise web.HTTPError(404, f"no such user {d['user']!r}")
         with self.idle_db() as session:
-            existing = session.get(IdleWarningRow, (user, server))
-            if existing is not None:  # idempotent: a warning's clock never restarts
-                self.write_json(self.view(session, user, server), 200)
-                return
-            session.add(IdleWarningRow(user=user, server=server, warned_at=now, reclaim_at=now + grace,
-                                       reason=reason, evidence=json.dumps(evidence)))
-            self.record(session, "warning", user, server, data, reason, evidence)
+            created = self.apply_warning(session, d, time.time())
             session.commit()
-            self.log.info("gpulab idle: warned %s/%s, reclaim at %s: %s", user, server, iso(now + grace), reason)
-            self.write_json(self.view(session, user, server), 201)
+            self.write_json(self.view(session, d["user"], d["server"]), 201 if created else 200)
 
     async def delete(self) -> None:
         self._require_culler()
         user, server = self._target()
         reason = self.get_argument("reason", "GPU busy again")[:MAX_REASON]
         with self.idle_db() as session:
-            existing = session.get(IdleWarningRow, (user, server))
-            if existing is not None:
-                session.delete(existing)
-                self.record(session, "cleared", user, server, {}, reason)
-                session.commit()
-                self.log.info("gpulab idle: cleared warning of %s/%s: %s", user, server, reason)
+            self.apply_clear(session, {"user": user, "server": server, "reason": reason}, time.time())
+            session.commit()
             self.write_json(self.view(session, user, server))
 
 
 class ReclaimsHandler(IdleBase):
     async def post(self) -> None:
         self._require_culler()
-        data = self.read_json()
-        user, server = self._target(data)
-        reason, evidence = _reason(data), _evidence(data)
-        hours = data.get("gpu_hours_reclaimed", 0.0)
-        if isinstance(hours, bool) or not isinstance(hours, (int, float)) or not math.isfinite(hours) or hours < 0:
-            raise web.HTTPError(400, "gpu_hours_reclaimed must be a non-negative number")
-        action = data.get("action", "stop-server")
-        if action not in ("stop-server", "shutdown-kernel"):
-            raise web.HTTPError(400, "action must be 'stop-server' or 'shutdown-kernel'")
-        _int(data.get("gpu_milli", 0), "gpu_milli")
-        evidence = {**evidence, "action": action}
-        if action == "shutdown-kernel":
-            kernel_ids = data.get("kernel_ids")
-            if (not isinstance(kernel_ids, list) or not kernel_ids or len(kernel_ids) > 64
-                    or not all(isinstance(k, str) and 0 < len(k) <= 64 for k in kernel_ids)):
-                raise web.HTTPError(400, "kernel_ids must be a list of kernel id strings")
-            evidence["kernel_ids"] = kernel_ids
-        now = time.time()
+        d = self.check_reclaim(self.read_json())
         with self.idle_db() as session:
-            # The culler claims a reclaim here *before* it acts, so a "keep my GPU" pressed
-            # after the culler read the idle state still wins.
-            warning = session.get(IdleWarningRow, (user, server))
-            k = session.get(KeepaliveRow, (user, server))
-            if warning is None:
-                raise web.HTTPError(409, f"no idle warning for {user}/{server} (cleared or kept alive); not reclaiming")
-            if warning.reclaim_at > now:
-                raise web.HTTPError(409, f"the grace period of {user}/{server} ends at {iso(warning.reclaim_at)}")
-            if k is not None and k.until and k.until > now:
-                raise web.HTTPError(409, f"{user}/{server} is kept alive until {iso(k.until)}")
-            session.delete(warning)
-            if action == "stop-server" and k is not None:  # the session ends: so does its keep-alive allowance
-                session.delete(k)
-            self.record(session, "reclaim", user, server, data, reason, evidence, float(hours))
+            refused = self.apply_reclaim(session, d, time.time())
+            if refused:
+                raise web.HTTPError(409, refused)
             session.commit()
-        self.log.warning("gpulab idle: reclaimed %s/%s (%s, %.4f GPU-hours): %s",
-                         user, server, action, hours, reason)
-        self.set_status(201)
-        self.write_json({"user": user, "server": server, "recorded": True}, 201)
+        self.write_json({"user": d["user"], "server": d["server"], "recorded": True}, 201)
 
 
 class AuditHandler(IdleBase):
@@ -372,16 +427,19 @@ class AuditHandler(IdleBase):
             if kind not in EVENT_KINDS:
                 raise web.HTTPError(400, f"kind must be one of {', '.join(EVENT_KINDS)}")
             query = query.where(IdleEventRow.kind == kind)
-        with self.idle_db() as session:
+        sessions = self.idle_db
+        with sessions() as session:
             events = list(reversed(session.scalars(query).all()))
-            self.write_json({"events": [event_json(e) for e in events]})
+        self.write_json({"events": audit_json(sessions, events)})
 
 
 handlers = [
     (r"/api/gpulab/idle", IdleHandler),
     (r"/api/gpulab/idle/keepalive", KeepaliveHandler),
     (r"/api/gpulab/idle/state", StateHandler),
+    (r"/api/gpulab/idle/cycle", CycleHandler),
     (r"/api/gpulab/idle/warnings", WarningsHandler),
     (r"/api/gpulab/idle/reclaims", ReclaimsHandler),
     (r"/api/gpulab/idle/audit", AuditHandler),
 ]
+

@@ -6,7 +6,9 @@
  * - `gpulab-labextension:run-as-job`: the "Run as GPU job" command and dialog;
  * - `gpulab-labextension:launcher`: a Launcher card in a "GPU" category;
  * - `gpulab-labextension:notebook-toolbar`: a notebook toolbar button;
- * - `gpulab-labextension:filebrowser`: the file browser context menu on .ipynb.
+ * - `gpulab-labextension:filebrowser`: the file browser context menu on .ipynb;
+ * - `gpulab-labextension:idle-notifications` and `:connection-lost` (idle.ts):
+ *   idle warnings wherever the user is, and the reclaim explained.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { MainAreaWidget, ToolbarButton } from '@jupyterlab/apputils';
@@ -18,6 +20,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { api } from './api';
 import { initialForm, runJobDialog } from './dialog';
 import { gpuIcon } from './icons';
+import idlePlugins from './idle';
 import { notebookParameters } from './logic';
 import { JobLogWidget } from './logs';
 import { GPUPanel } from './panel';
@@ -198,4 +201,4 @@ const fileBrowserMenu: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [sidebar, runAsJob, launcher, notebookToolbar, fileBrowserMenu];
+export default [sidebar, runAsJob, launcher, notebookToolbar, fileBrowserMenu, ...idlePlugins];

@@ -127,12 +127,16 @@ function IdleWarning({
       <div>
         <strong>Idle GPU:</strong> {idle.warning.reason}
       </div>
-      <div>
-        Reclaimed in{' '}
-        <span className="gpulab-countdown" role="timer" aria-label="time until the GPU is reclaimed">
-          {formatCountdown(idle.warning.reclaim_at, now)}
-        </span>
-      </div>
+      {idle.warning.held ? (
+        <div className="gpulab-idle-held">On hold: no utilisation data right now; nothing is reclaimed until it returns.</div>
+      ) : (
+        <div>
+          Reclaimed in{' '}
+          <span className="gpulab-countdown" role="timer" aria-label="time until the GPU is reclaimed">
+            {formatCountdown(idle.warning.reclaim_at, now)}
+          </span>
+        </div>
+      )}
       <button
         className="jp-mod-styled jp-mod-accept gpulab-keep"
         disabled={!keep.enabled || busy}

@@ -80,11 +80,22 @@ export interface IMe {
 export interface IIdleState {
   user: string;
   server: string;
+  /** The running server session (its start time); '' when the server is not running. */
+  session?: string;
   warning: null | {
     warned_at: string;
     reclaim_at: string;
     reason: string;
+    /** Data went missing after the warning: no reclaim until it returns, then a fresh grace. */
+    held?: boolean;
     evidence: Record<string, unknown>;
+  };
+  /** Set when the server is not running and its last end was a reclaim. */
+  reclaimed?: null | {
+    at: string;
+    idle_minutes: number | null;
+    peak_percent: number;
+    message: string;
   };
   keepalive: {
     used: number;

@@ -1,0 +1,126 @@
+"""The Prometheus source's aggregated answer against a real Prometheus holding real history.
+
+The history is written into Prometheus' TSDB with ``promtool`` (backfill), so a
+test asks about any moment of an hour of 30 s scrapes at once, without waiting:
+short holes, long holes, stale series, NaN, MIG ratios, busy samples, and an
+answer too large to accept. Every case is also judged from the raw samples;
+Prometheus' few numbers per GPU must lead to the same verdict.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from idle_culler.sources import GPU_UTIL, GR_ENGINE_ACTIVE, AnswerTooLarge, PrometheusSource
+from idle_culler.targets import POD, ServerTarget
+from spawner.idle import BUSY, IDLE, PARTIAL, SHORT, STALE, DeviceSeries, judge_gpu_idle, max_gap_for
+from tests.dcgm_fake_exporter import RunningPrometheus
+
+pytestmark = pytest.mark.integration
+
+STEP = 30.0
+WINDOW = 3600.0
+T = math.floor(1_790_000_000 / STEP) * STEP  # "now" of the tests: a fixed moment in the past
+START = T - 2 * WINDOW  # history begins two windows before
+GAP = max_gap_for(STEP, 2)
+
+
+def stamps(start=START, end=T):
+    n = int((end - start) / STEP)
+    return [start + i * STEP for i in range(n + 1)]
+
+
+def zeros(skip=lambda t: False, end=T):
+    return [(t, 0.0) for t in stamps(end=end) if not skip(t)]
+
+
+def hole(at: float, missing: int):
+    """Drop ``missing`` scrapes in a row starting at ``at`` seconds before T."""
+    first = T - at
+    return lambda t: first <= t < first + missing * STEP
+
+
+CASES = {
+    # name: (metric, samples, expected status)
+    "idle": (GPU_UTIL, zeros(), IDLE),
+    "one-missed": (GPU_UTIL, zeros(hole(1800, 1)), IDLE),
+    "two-missed": (GPU_UTIL, zeros(hole(1200, 2)), IDLE),
+    "two-missed-twice": (GPU_UTIL, zeros(lambda t: hole(3000, 2)(t) or hole(600, 2)(t)), IDLE),
+    "three-missed": (GPU_UTIL, zeros(hole(1800, 3)), PARTIAL),
+    "hour-hole": (GPU_UTIL, zeros(hole(3300, 100)), PARTIAL),  # longer than Prometheus' 5 min lookback
+    "hole-across-start": (GPU_UTIL, zeros(hole(3900, 20)), SHORT),  # 10 min, from before the window start
+    "short-hole-across-start": (GPU_UTIL, zeros(hole(3630, 2)), IDLE),
+    "busy-once": (GPU_UTIL, [(t, 40.0 if t == T - 900 else 0.0) for t in stamps()], BUSY),
+    "busy-before-window": (GPU_UTIL, [(t, 90.0 if t < T - WINDOW - 300 else 0.0) for t in stamps()], IDLE),
+    "nan": (GPU_UTIL, [(t, math.nan if t == T - 600 else 0.0) for t in stamps()], PARTIAL),
+    "stale": (GPU_UTIL, zeros(end=T - 240), STALE),
+    "mig-idle": (GR_ENGINE_ACTIVE, [(t, 0.004) for t in stamps()], IDLE),  # 0.4 % as a 0..1 ratio
+    "mig-busy": (GR_ENGINE_ACTIVE, [(t, 0.3 if t == T - 60 else 0.0) for t in stamps()], BUSY),
+}
+
+
+def labels(name: str, metric: str) -> dict[str, str]:
+    out = {"gpu": "0", "UUID": f"GPU-{name}", "Hostname": "node-1", "namespace": "jhub", "pod": f"jupyter-{name}",
+           "modelName": "NVIDIA H100 80GB HBM3", "container": "notebook"}
+    if metric == GR_ENGINE_ACTIVE:
+        out.update(GPU_I_ID="1", GPU_I_PROFILE="1g.10gb")
+    return out
+
+
+TARGETS = [ServerTarget(user=name, server="", team="t", profile="p", gpu_milli=1000, mapping=POD,
+                        pod=f"jupyter-{name}", namespace="jhub") for name in CASES]
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    p = RunningPrometheus(tmp_path_factory.mktemp("prom-history"), [])
+    p.backfill([(metric, labels(name, metric), samples) for name, (metric, samples, _) in CASES.items()])
+    p.start()
+    yield p
+    p.stop()
+
+
+def judge(series, now=T):
+    return judge_gpu_idle(series, now=now, window_seconds=WINDOW, threshold_percent=1.0, max_gap_seconds=GAP,
+                          expected_devices=1)
+
+
+async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(prometheus):
+    source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP)
+    data = await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS})
+    assert source.queries == 1
+    got = {t.user: judge(data[t.key]).status for t in TARGETS}
+    assert got == {name: expected for name, (_, _, expected) in CASES.items()}
+    # The same rules on the raw samples agree case by case.
+    for name, (metric, samples, expected) in CASES.items():
+        scale = 100.0 if metric == GR_ENGINE_ACTIVE else 1.0
+        raw = DeviceSeries("node-1/gpu0", tuple((t, v * scale) for t, v in samples))
+        assert judge([raw]).status == expected, name
+    # A few numbers per GPU: one element per stat, not one per sample.
+    assert source.last_answer_bytes < 1200 * 5 * len(CASES)
+    idle = data["idle/"][0]
+    assert idle.samples == WINDOW / STEP + 1 and idle.peak == 0.0 and idle.max_gap <= STEP
+    assert data["mig-busy/"][0].peak == pytest.approx(30.0)
+    assert data["two-missed/"][0].max_gap == pytest.approx(3 * STEP)
+
+
+async def test_each_server_is_judged_over_its_own_window(prometheus):
+    source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP)
+    # busy-once peaked 900 s before T: busy over an hour, idle over ten minutes -- in the same query.
+    windows = {"busy-once/": WINDOW, "three-missed/": 600.0, "idle/": 1800.0}
+    targets = [t for t in TARGETS if t.key in windows]
+    data = await source.collect(targets, T, windows)
+    assert source.queries == 1
+    assert judge(data["busy-once/"]).status == BUSY
+    assert judge_gpu_idle(data["three-missed/"], now=T, window_seconds=600, threshold_percent=1.0,
+                          max_gap_seconds=GAP).status == IDLE  # its hole is outside the short window
+    assert data["idle/"][0].samples == 1800 / STEP + 1  # both ends of the range count
+
+
+async def test_an_answer_larger_than_the_cap_reclaims_nothing_and_says_what_to_change(prometheus):
+    source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP, max_answer_bytes=2048)
+    with pytest.raises(AnswerTooLarge, match="series_selector.*max_answer_bytes"):
+        await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS})
+    assert source.last_answer_bytes > 2048
