@@ -72,7 +72,9 @@ CATALOG: dict[str, Any] = {
     ],
     # A quota far above what the benchmark holds: admission is always allowed.
     "teams": [{"name": TEAM, "groups": ["bench"], "guarantee": 10000, "burst": 10000}],
-    "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4}},
+    # 0.5 GPU = 2 of 4 time-slices: k-of-R requests need the device plugin's
+    # failRequestsGreaterThanOne off (gpulab's default refuses them).
+    "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4, "fail_requests_greater_than_one": False}},
 }
 #: The profile every spawn asks for (fractional, so the sharing mapping runs).
 PROFILE = "h100-half"

@@ -1,4 +1,5 @@
-"""The ``gpulab`` command: ``gpulab up`` and ``gpulab check-config FILE``."""
+"""The ``gpulab`` command: ``gpulab up``, ``gpulab check-config FILE`` and
+``gpulab prepuller-values FILE`` (z2jh values that pre-pull the catalog's images)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,31 @@ def check_config(path: str, kubernetes: bool = False) -> int:
     return 0
 
 
+def prepuller_values(path: str) -> int:
+    """Print z2jh values pre-pulling every image of a catalog (or of a gpulab chart values file)."""
+    import yaml
+
+    from spawner.kube_conventions import prepuller_extra_images
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        print(f"{path}: cannot read: {e}", file=sys.stderr)
+        return 2
+    if isinstance(data, dict) and isinstance(data.get("gpulab"), dict):
+        data = data["gpulab"]  # the gpulab chart's values: the catalog is its `gpulab:` block
+    try:
+        from spawner.catalog import catalog_from_dict
+
+        images = prepuller_extra_images(catalog_from_dict(data, path))
+    except (CatalogError, ValueError) as e:
+        print(f"{path}: {e}", file=sys.stderr)
+        return 1
+    print("# z2jh values: pass with -f to the jupyterhub release (gpulab prepuller-values " + path + ")")
+    print(yaml.safe_dump({"prePuller": {"extraImages": images}}, sort_keys=True), end="")
+    return 0
+
+
 def known_gpu_models(catalog: Catalog, kubernetes: bool) -> set[str]:
     """GPU models profiles may name: this server's, or those the cluster's backends can select."""
     if kubernetes:
@@ -94,10 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     p_check.add_argument("file")
     p_check.add_argument("--kubernetes", action="store_true",
                          help="check for a Kubernetes cluster (unknown GPU models warn) instead of this server")
+    p_pull = sub.add_parser("prepuller-values",
+                            help="print z2jh prePuller.extraImages for a catalog's images")
+    p_pull.add_argument("file", help="a catalog YAML, or the gpulab chart's values file")
     args, extra = parser.parse_known_args(argv)
-    if args.command == "check-config":
+    if args.command in ("check-config", "prepuller-values"):
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command == "prepuller-values":
+            return prepuller_values(args.file)
         return check_config(args.file, kubernetes=args.kubernetes)
     return up(args, extra)
 

@@ -15,6 +15,14 @@ from typing import Any
 
 import yaml
 
+from .catalog_kube import (
+    NODE_TERM_KEYS,
+    PREFERRED_TERM_KEYS,
+    TOLERATION_KEYS,
+    check_node_term,
+    check_preferred_term,
+    check_toleration,
+)
 from .model import SLUG_RE, ImageChoice, Profile, Team, is_slug
 from .priority import BY_SHORT_NAME, get_priority_class, short_name
 from .units import (
@@ -225,7 +233,9 @@ def _closest(key: Any, allowed: set[str]) -> str | None:
 _PROFILE_KEYS = {
     "slug", "display_name", "description", "gpus", "gpu_milli", "gpu_model", "cpu",
     "memory", "images", "priority_class", "teams", "sharing", "idle_timeout", "retired",
+    "tolerations", "node_affinity_required", "node_affinity_preferred", "start_timeout",
 }
+
 _TEAM_KEYS = {
     "name", "display_name", "users", "groups", "guarantee", "burst", "per_user_cap",
     "allowed_profiles", "namespace", "idle_timeout",
@@ -313,6 +323,15 @@ def _read_profile(r: _Reader, spec: Any, path: Path) -> Profile | None:
     retired = d.get("retired", False)
     if not isinstance(retired, bool):
         r.error(path + ("retired",), f"expected true or false, got {_kind(retired)}")
+    tolerations = _read_objects(r, d.get("tolerations"), path + ("tolerations",), TOLERATION_KEYS,
+                                check_toleration)
+    required = _read_objects(r, d.get("node_affinity_required"), path + ("node_affinity_required",),
+                             NODE_TERM_KEYS, check_node_term)
+    preferred = _read_objects(r, d.get("node_affinity_preferred"), path + ("node_affinity_preferred",),
+                              PREFERRED_TERM_KEYS, check_preferred_term)
+    start_timeout = None
+    if d.get("start_timeout") is not None:
+        start_timeout = r.convert(parse_duration, d["start_timeout"], path + ("start_timeout",))
     if len(r.issues) > n_before or slug is None:
         return None
     return Profile(
@@ -320,7 +339,29 @@ def _read_profile(r: _Reader, spec: Any, path: Path) -> Profile | None:
         gpu_milli=milli or 0, gpu_model=gpu_model, cpu_guarantee=cpu_g, cpu_limit=cpu_l,
         mem_guarantee=mem_g, mem_limit=mem_l, images=tuple(images), priority_class=pc,
         teams=tuple(teams), sharing=sharing, idle_timeout_seconds=idle, retired=bool(retired),
+        tolerations=tolerations, node_affinity_required=required, node_affinity_preferred=preferred,
+        start_timeout_seconds=start_timeout,
     )
+
+
+def _read_objects(r: _Reader, value: Any, path: Path, allowed: set[str], check) -> tuple[dict, ...]:
+    """A list of Kubernetes objects (tolerations, affinity terms): known fields, checked shapes."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        r.error(path, f"expected a list, got {_kind(value)}")
+        return ()
+    out = []
+    for i, item in enumerate(value):
+        d = r.mapping(item, path + (i,), allowed)
+        if d is None:
+            continue
+        problem = check(d)
+        if problem:
+            r.error(path + (i,), problem)
+        else:
+            out.append(dict(d))
+    return tuple(out)
 
 
 def _read_team(r: _Reader, spec: Any, path: Path, name: str | None = None) -> Team | None:
@@ -562,6 +603,11 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         d["idle_timeout"] = format_duration(p.idle_timeout_seconds)
     if p.retired:
         d["retired"] = True
+    for key in ("tolerations", "node_affinity_required", "node_affinity_preferred"):
+        if getattr(p, key):
+            d[key] = [dict(x) for x in getattr(p, key)]
+    if p.start_timeout_seconds is not None:
+        d["start_timeout"] = format_duration(p.start_timeout_seconds)
     return d
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from .labels import KUEUE_QUEUE_NAME
 from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
 
 # -- classes and states -------------------------------------------------------
@@ -177,6 +178,14 @@ PAPERMILL_SCRIPT = (
 )
 
 
+#: papermill's exit status when the notebook raised (or could not be read):
+#: the notebook's fault, so running it again on a GPU only fails again.
+NOTEBOOK_FAILED_EXIT_CODES = (1,)
+#: The user and group of z2jh's single-user pods (singleuser.uid, singleuser.fsGid).
+DEFAULT_UID = 1000
+DEFAULT_FS_GID = 100
+
+
 @dataclass(frozen=True)
 class KubeJobRequest:
     """Everything the Job manifest depends on (all validated before)."""
@@ -210,6 +219,13 @@ class KubeJobRequest:
     mem_guarantee: int | None = None
     mem_limit: int | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: The profile's tolerations and node affinity (KubeSpawner's shapes).
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_affinity_required: tuple[Mapping[str, Any], ...] = ()
+    node_affinity_preferred: tuple[Mapping[str, Any], ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    uid: int | None = DEFAULT_UID
+    fs_gid: int | None = DEFAULT_FS_GID
 
 
 def _cpu(cores: float) -> str:
@@ -268,6 +284,8 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         "command": ["/bin/sh", "-c", PAPERMILL_SCRIPT],
         "env": env,
         "workingDir": home,
+        # As z2jh's single-user container: no setuid, no privilege escalation.
+        "securityContext": {"allowPrivilegeEscalation": False},
     }
     if requests or limits:
         container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
@@ -275,7 +293,32 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         "restartPolicy": "Never",
         "priorityClassName": pc.name,
         "containers": [container],
+        # A notebook job has no business with the Kubernetes API.
+        "automountServiceAccountToken": False,
     }
+    security: dict[str, Any] = {}
+    if req.uid is not None:
+        security["runAsUser"] = req.uid
+    if req.fs_gid is not None:
+        security["fsGroup"] = req.fs_gid
+    if security:
+        pod_spec["securityContext"] = security
+    tolerations = [dict(t) for t in req.tolerations]
+    if gpu is not None and gpu.effective_milli > 0:
+        tolerations += [dict(t) for t in gpu.tolerations if dict(t) not in tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    node_affinity: dict[str, Any] = {}
+    if req.node_affinity_required:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [dict(t) for t in req.node_affinity_required]}
+    if req.node_affinity_preferred:
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            dict(t) for t in req.node_affinity_preferred]
+    if node_affinity:
+        pod_spec["affinity"] = {"nodeAffinity": node_affinity}
+    if req.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in req.image_pull_secrets]
     if req.home_claim:
         mount: dict[str, Any] = {"name": "home", "mountPath": home}
         if req.home_sub_path:
@@ -292,9 +335,14 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         "backoffLimit": req.backoff_limit,
         "activeDeadlineSeconds": req.time_limit_seconds,
         "ttlSecondsAfterFinished": req.ttl_seconds_after_finished,
-        # Preemption and node drains are not the notebook's fault: Kubernetes
-        # retries the pod without spending backoffLimit, i.e. the job requeues.
+        # Kubernetes Job podFailurePolicy (batch/v1): a notebook that raised
+        # fails the Job at once, instead of running again on a GPU up to
+        # backoffLimit times; preemption and node drains (DisruptionTarget)
+        # are not the notebook's fault: the pod is retried without spending
+        # backoffLimit, i.e. the job requeues. Rules apply in order.
         "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "papermill", "operator": "In",
+                                                  "values": list(NOTEBOOK_FAILED_EXIT_CODES)}},
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]},
         "template": {
@@ -303,7 +351,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         },
     }
     if req.kueue_queue:
-        labels["kueue.x-k8s.io/queue-name"] = req.kueue_queue
+        labels[KUEUE_QUEUE_NAME] = req.kueue_queue
         # Kueue unsuspends the Job when it admits it against the ClusterQueue.
         job_spec["suspend"] = True
     return {

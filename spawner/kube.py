@@ -36,6 +36,12 @@ from . import labels as gl
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import choice_value, notice_html
+from .kube_conventions import (
+    expand_user_template,
+    privileged_containers,
+    qualified_hub_connect_url,
+    user_template_fields,
+)
 from .ledger import Workload
 from .local import workload_key
 from .policy import Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request
@@ -58,7 +64,10 @@ _APPLIED_TRAITS = (
     "namespace", "extra_labels", "extra_annotations", "extra_resource_limits",
     "extra_resource_guarantees", "node_selector", "scheduler_name", "priority_class_name",
     "cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit", "image", "environment",
+    "tolerations", "node_affinity_required", "node_affinity_preferred",
 )
+#: Seconds a namespace whose pods could not be listed is left alone before the next try.
+_RETRY_FAILED_NAMESPACE_SECONDS = 10.0
 
 
 def refusal(message: str, status: int = 400, reason: str = "gpulab") -> Exception:
@@ -143,6 +152,9 @@ class GPUKubeSpawner(KubeSpawner):
         # The configured values, so each spawn starts from them (a spawner object is reused).
         self._configured = {name: copy.deepcopy(getattr(self, name)) for name in _APPLIED_TRAITS}
         self._hub_namespace = self.namespace
+        self._configured_start_timeout = self.start_timeout
+        #: Namespace of the home claim KubeSpawner established (``_pvc_exists``).
+        self._pvc_namespace: str | None = None
         self._reserved_key: str | None = None
         self._refused_early = False
         self._starting = False
@@ -171,10 +183,24 @@ class GPUKubeSpawner(KubeSpawner):
         teams = self.runtime.catalog.teams.values()
         return sorted({self._hub_namespace, *(t.namespace for t in teams if t.namespace)})
 
-    async def _ledger_reflectors(self) -> list[GPUPodReflector]:
-        """Start (once per process) and return the reflectors the ledger is rebuilt from."""
+    #: Namespace -> loop time its pods last failed to list (a missing Role or namespace).
+    _failed_namespaces: dict[str | None, float] = {}
+
+    async def _ledger_reflectors(self) -> tuple[list[GPUPodReflector], set[str | None]]:
+        """Start (once per process) the reflectors the ledger is rebuilt from.
+
+        Returns ``(reflectors, failed namespaces)``. A namespace whose pods
+        cannot be listed (no Role there yet, namespace not created) is logged
+        and left out, and retried after a short pause; the others go on.
+        """
         out = []
+        failed: set[str | None] = set()
+        now = asyncio.get_running_loop().time()
         for ns in self._watched_namespaces():
+            since = GPUKubeSpawner._failed_namespaces.get(ns)
+            if since is not None and now - since < _RETRY_FAILED_NAMESPACE_SECONDS:
+                failed.add(ns)
+                continue
             key = ("gpulab-pods", ns)
             reflector = self.__class__.reflectors.get(key)
             if reflector is not None and reflector.watch_task is not None and reflector.watch_task.done():
@@ -188,13 +214,23 @@ class GPUKubeSpawner(KubeSpawner):
                 self.__class__.reflectors[key] = reflector
                 try:
                     await reflector.start()
-                except Exception:
+                except Exception as e:
                     self.__class__.reflectors.pop(key, None)
-                    raise
+                    GPUKubeSpawner._failed_namespaces[ns] = now
+                    failed.add(ns)
+                    self.log.warning("gpulab: cannot list GPU pods in %s (%s); its teams keep their last "
+                                     "known usage until it can be read", ns or "all namespaces",
+                                     _api_message(e) if isinstance(e, ApiException) else e)
+                    continue
             elif not reflector.first_load_future.done():
                 await reflector.first_load_future
+            GPUKubeSpawner._failed_namespaces.pop(ns, None)
             out.append(reflector)
-        return out
+        return out, failed
+
+    def _team_namespace(self, team_name: str) -> str:
+        team = self.runtime.catalog.teams.get(team_name)
+        return (team.namespace if team is not None and team.namespace else None) or self._hub_namespace
 
     def _live_workloads(self, reflectors: list[GPUPodReflector]) -> dict[str, Workload]:
         live: dict[str, Workload] = {}
@@ -205,14 +241,26 @@ class GPUKubeSpawner(KubeSpawner):
                     live[w.key] = w
         return live
 
-    async def refresh_ledger(self) -> None:
+    async def refresh_ledger(self) -> set[str | None]:
         """Rebuild the ledger from the pods the cluster runs; pending spawns stay reserved.
 
         Cheap: reads the reflectors' local copies (no API request once they run).
+        Workloads of teams whose namespace could not be read are kept as the
+        ledger knew them (never dropped for lack of data). Returns the
+        namespaces that could not be read.
         """
-        reflectors = await self._ledger_reflectors()
-        self.runtime.ledger.rebuild(self._live_workloads(reflectors).values(), keep_reserved=True)
-        _LOADED_RUNTIMES.add(self.runtime)
+        reflectors, failed = await self._ledger_reflectors()
+        live = self._live_workloads(reflectors)
+        if failed:
+            if None in failed:  # the all-namespaces watch: nothing is known
+                return failed
+            for w in self.runtime.ledger.workloads():
+                if self._team_namespace(w.team) in failed and w.key not in live:
+                    live[w.key] = w
+        self.runtime.ledger.rebuild(live.values(), keep_reserved=True)
+        if not failed:
+            _LOADED_RUNTIMES.add(self.runtime)
+        return failed
 
     # -- the spawn form ---------------------------------------------------
 
@@ -325,11 +373,16 @@ class GPUKubeSpawner(KubeSpawner):
             spec = self._gpu_spec(profile, team)
         except SharingError as e:
             raise refusal(str(e), 403, "sharing") from None
+        self._check_hami_privileged(spec)
         try:
-            await self.refresh_ledger()
+            failed = await self.refresh_ledger()
         except Exception:
             self.log.exception("gpulab: cannot read GPU usage from the cluster")
             raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503)
+        team_ns = team.namespace or self._hub_namespace
+        if None in failed or team_ns in failed:
+            raise refusal(f"The hub cannot read the GPU usage of team {team.name} (namespace {team_ns}) "
+                          f"right now; try again shortly, or ask an admin to check the hub's Role there.", 503)
         # No await between the rebuild and the reservation: concurrent spawns see each other.
         key = self.workload_key
         decision = self.runtime.ledger.reserve(
@@ -349,10 +402,28 @@ class GPUKubeSpawner(KubeSpawner):
         self.log.info("gpulab: admitted %s in team %s: %s (%s), %s", key, team.name, profile.slug,
                       spec.summary, decision.quota_label)
 
+    def _check_hami_privileged(self, spec: PodGPUSpec) -> None:
+        """HAMi's webhook denies any pod asking for its resources that has a privileged
+        container, init containers included (pkg/scheduler/webhook.go): say so before
+        creating anything, instead of an API error."""
+        if spec.backend != "hami" or spec.effective_milli <= 0:
+            return
+        names = privileged_containers(self.init_containers) + privileged_containers(self.extra_containers)
+        if (self.container_security_context or {}).get("privileged"):
+            names.append("notebook")
+        if names:
+            self.log.error("gpulab: HAMi profile with privileged container(s) %s", ", ".join(names))
+            raise refusal(
+                f"This cluster's HAMi GPU sharing refuses pods with a privileged container, and the hub "
+                f"adds one ({', '.join(names)}). An admin must turn it off: with Zero to JupyterHub, "
+                f"singleuser.cloudMetadata.blockWithIptables=false (the gpulab chart's NetworkPolicy "
+                f"blocks the cloud metadata server instead).", 500, "configuration")
+
     def _apply(self, request: SpawnRequest, spec: PodGPUSpec, workload: Workload) -> None:
         team, profile = request.team, request.profile
         self.namespace = team.namespace or self._hub_namespace
         self.dns_name = self.dns_name_template.format(namespace=self.namespace, name=self.pod_name)
+        self._follow_home_claim()
         labels = {**gl.workload_labels(workload), **spec.labels}
         self.extra_labels = {**self.extra_labels, **{k: _escape(v) for k, v in labels.items()}}
         annotations = {**gl.workload_annotations(workload), **spec.annotations}
@@ -362,6 +433,11 @@ class GPUKubeSpawner(KubeSpawner):
         self.node_selector = {**self.node_selector, **spec.node_selector}
         if spec.scheduler_name:
             self.scheduler_name = spec.scheduler_name
+        for t in (*spec.tolerations, *profile.tolerations):
+            if dict(t) not in self.tolerations:
+                self.tolerations = [*self.tolerations, dict(t)]
+        self.node_affinity_required = [*self.node_affinity_required, *map(dict, profile.node_affinity_required)]
+        self.node_affinity_preferred = [*self.node_affinity_preferred, *map(dict, profile.node_affinity_preferred)]
         self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
         for trait, value in (("cpu_guarantee", profile.cpu_guarantee), ("cpu_limit", profile.cpu_limit),
                              ("mem_guarantee", profile.mem_guarantee), ("mem_limit", profile.mem_limit)):
@@ -376,6 +452,21 @@ class GPUKubeSpawner(KubeSpawner):
         env.pop("CUDA_VISIBLE_DEVICES")  # on Kubernetes the device plugin picks the devices
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
 
+    def _follow_home_claim(self) -> None:
+        """One home per team namespace: a claim lives in one namespace, and a pod can only
+        mount claims of its own. KubeSpawner remembers ``pvc_name`` once the claim exists
+        and then skips creating it; when this server runs in another team's namespace than
+        the claim, let KubeSpawner create (or find) the claim there."""
+        if not self.storage_pvc_ensure:
+            return
+        if self._pvc_exists and self._pvc_namespace and self._pvc_namespace != self.namespace:
+            self.log.info("gpulab: %s's home claim %s is in namespace %s; this server runs in %s and "
+                          "gets the home there", self.user.name, self.pvc_name, self._pvc_namespace,
+                          self.namespace)
+            self._pvc_exists = False
+            self.pvc_name = self._expand_user_properties(self.pvc_name_template)
+        self._pvc_namespace = self.namespace
+
     # -- state ----------------------------------------------------------------
 
     #: What this server was granted (team, profile, effective milli, quota); hub state.
@@ -385,18 +476,35 @@ class GPUKubeSpawner(KubeSpawner):
         state = super().get_state()
         if self._gpulab_state:
             state["gpulab"] = dict(self._gpulab_state)
+        if "pvc_name" in state:
+            state["gpulab_pvc_namespace"] = self._pvc_namespace or self.namespace
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         if isinstance(state.get("gpulab"), dict):
             self._gpulab_state = dict(state["gpulab"])
+        if "pvc_name" in state:
+            # KubeSpawner saves the namespace of the last server, where it made the claim.
+            self._pvc_namespace = state.get("gpulab_pvc_namespace") or state.get("namespace")
 
     def clear_state(self) -> None:
         super().clear_state()
         self._gpulab_state = None
 
     # -- lifecycle ----------------------------------------------------------
+
+    def start(self):
+        """KubeSpawner's start, with the profile's ``start_timeout`` set first: JupyterHub
+        reads the timeout right after calling ``start()``, before the options are loaded."""
+        self.start_timeout = self._configured_start_timeout
+        try:
+            profile = self._resolve(self.user_options or {}).profile
+        except Exception:  # load_user_options refuses it, with the message
+            profile = None
+        if profile is not None and profile.start_timeout_seconds:
+            self.start_timeout = profile.start_timeout_seconds
+        return super().start()
 
     async def _start(self):
         """KubeSpawner's start; a failure frees the reservation, a quota 403 becomes a message."""
@@ -427,7 +535,7 @@ class GPUKubeSpawner(KubeSpawner):
         return url
 
     async def _confirm_if_seen(self) -> bool:
-        live = self._live_workloads(await self._ledger_reflectors())
+        live = self._live_workloads((await self._ledger_reflectors())[0])
         if self.workload_key in live:
             self.runtime.ledger.confirm(self.workload_key)
             return True
@@ -436,8 +544,13 @@ class GPUKubeSpawner(KubeSpawner):
     async def poll(self) -> int | None:
         if self.runtime not in _LOADED_RUNTIMES:
             # The hub polls every server it knows right after it starts: count
-            # what the cluster runs then, not only at the next spawn.
-            await self.refresh_ledger()
+            # what the cluster runs then, not only at the next spawn. Never let
+            # that fail the poll: JupyterHub would forget a running server.
+            try:
+                await self.refresh_ledger()
+            except Exception:
+                self.log.exception("gpulab: cannot read GPU usage from the cluster; polling %s anyway",
+                                   self._log_name)
         status = await super().poll()
         if status is None:
             w = self.runtime.ledger.get(self.workload_key)
@@ -490,4 +603,5 @@ def _api_message(e: ApiException) -> str:
         return e.reason or str(e)
 
 
-__all__ = ["GPUKubeSpawner", "GPUPodReflector", "quota_refusal_message", "workload_from_pod"]
+__all__ = ["GPUKubeSpawner", "GPUPodReflector", "expand_user_template", "privileged_containers",
+           "qualified_hub_connect_url", "quota_refusal_message", "user_template_fields", "workload_from_pod"]

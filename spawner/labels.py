@@ -28,6 +28,16 @@ WORKLOAD_ANNOTATION = PREFIX + "workload-key"
 #: Label selector for everything gpulab counts.
 SELECTOR = f"{GPU_MILLI}"
 
+#: Kueue's label naming the LocalQueue of a Job (kueue.x-k8s.io/queue-name).
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+#: The team's LocalQueue, as the Helm chart names it (templates/kueue.yaml).
+KUEUE_LOCAL_QUEUE_TEMPLATE = "gpulab-{team}"
+
+
+def kueue_local_queue(team: str, template: str = KUEUE_LOCAL_QUEUE_TEMPLATE) -> str:
+    """The name of ``team``'s Kueue LocalQueue (in the team's namespace)."""
+    return template.format(team=team)
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -50,6 +50,14 @@ class Profile:
     idle_timeout_seconds: int | None = None
     #: Retired profiles are not offered for new spawns; running ones go on.
     retired: bool = False
+    #: Kubernetes: pod tolerations, and node affinity terms (KubeSpawner's
+    #: ``node_affinity_required`` / ``node_affinity_preferred`` shapes).
+    tolerations: tuple[dict, ...] = ()
+    node_affinity_required: tuple[dict, ...] = ()
+    node_affinity_preferred: tuple[dict, ...] = ()
+    #: Seconds a server may take to start (node autoscaling, image pulls,
+    #: queueing); ``None`` = the spawner's ``start_timeout``.
+    start_timeout_seconds: int | None = None
 
     @property
     def gpus_display(self) -> str:

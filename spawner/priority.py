@@ -1,49 +1,80 @@
-"""Priority classes: production > training > development > batch.
+"""Priority classes: production > training > development > batch, and over-quota.
 
 This is data, not behaviour: the spawners put ``priorityClassName`` on pods,
 the jobs backends pick a class per job class, the Helm chart renders the
 Kubernetes ``PriorityClass`` objects, and the single-server job queue orders
-work by ``value``. All of them read it from here.
+work by ``rank``. All of them read it from here.
+
+Two orders live here, on purpose:
+
+- ``rank`` is gpulab's order of the classes (production > training >
+  development > batch > over-quota). It decides which queued job starts
+  first, and which class may be admitted above the guarantee.
+- ``value`` is the Kubernetes pod priority. The kube-scheduler preempts any
+  pod of strictly lower value on a node, whatever its namespace: it knows
+  nothing of teams. Distinct values per class would let team A's in-quota
+  training evict team B's in-quota notebooks. So every in-quota class has the
+  same value (the "guaranteed" band) and work above a team's guarantee runs
+  in ``gpulab-over-quota``, below it: in-quota work of any team can take GPUs
+  back only from borrowed work, never from another team's guarantee. Within
+  one team, in-quota work never has to evict the team's own in-quota work:
+  the ledger admits it only while the guarantee has room.
+- KAI scheduler treats priority values of 100 and above as non-preemptible
+  and lets such workloads use only in-quota resources of their queue
+  (KAI docs, "Priority and preemption": "priorityClass ... >= 100 are
+  non-preemptible"). The guaranteed band is above that threshold, the
+  over-quota class below it, so borrowed work may use over-quota resources
+  and be reclaimed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: KAI scheduler: pods with a priority value at or above this are non-preemptible.
+KAI_NON_PREEMPTIBLE_MIN = 100
+#: Kubernetes priority value of every in-quota class.
+GUARANTEED_VALUE = 10000
+#: Kubernetes priority value of borrowed (over-quota) work: below KAI's threshold.
+OVER_QUOTA_VALUE = 50
+
 
 @dataclass(frozen=True)
 class PriorityClass:
     name: str
-    #: The Kubernetes PriorityClass value; higher preempts lower.
+    #: The Kubernetes PriorityClass value; a pending pod may preempt pods of lower value.
     value: int
     #: Kubernetes ``preemptionPolicy`` of pods in this class.
     preemption_policy: str
     #: May work in this class run above the team's guarantee (as preemptible)?
     may_burst: bool
     description: str
+    #: gpulab's order of the classes: higher starts first in a queue.
+    rank: int = 0
 
 
 PRODUCTION = PriorityClass(
-    "gpulab-production", 100000, "PreemptLowerPriority", False,
-    "Inference endpoints. Never preempted by gpulab; never admitted over quota.",
+    "gpulab-production", GUARANTEED_VALUE, "PreemptLowerPriority", False,
+    "Inference endpoints, in quota. Never preempted; never admitted over quota.", rank=4,
 )
 TRAINING = PriorityClass(
-    "gpulab-training", 50000, "PreemptLowerPriority", False,
-    "Training jobs. Preempted only by production; never admitted over quota.",
+    "gpulab-training", GUARANTEED_VALUE, "PreemptLowerPriority", False,
+    "Training jobs, in quota. Never preempted; never admitted over quota.", rank=3,
 )
 DEVELOPMENT = PriorityClass(
-    "gpulab-development", 10000, "PreemptLowerPriority", True,
-    "Notebooks within the team guarantee. Preempted by training and production.",
+    "gpulab-development", GUARANTEED_VALUE, "PreemptLowerPriority", True,
+    "Notebooks within the team guarantee. Never preempted; above it they run as over-quota.", rank=2,
 )
 BATCH = PriorityClass(
-    "gpulab-batch", 1000, "Never",
-    True, "Sweeps and background jobs on otherwise idle GPUs; preemptible.",
+    "gpulab-batch", GUARANTEED_VALUE, "PreemptLowerPriority", True,
+    "Sweeps and background jobs within the team guarantee; above it they run as over-quota.", rank=1,
 )
 #: Over-quota (burst) work of any burstable class runs in this class, so that
-#: in-quota work of every class can preempt it.
+#: in-quota work of every team can preempt it, and it preempts nobody.
 OVER_QUOTA = PriorityClass(
-    "gpulab-over-quota", 100, "Never", True,
-    "Work running above its team's guarantee on borrowed capacity; first to be preempted.",
+    "gpulab-over-quota", OVER_QUOTA_VALUE, "Never", True,
+    "Work running above its team's guarantee on borrowed capacity; preempted by any in-quota work.",
+    rank=0,
 )
 
 #: Highest first. ``OVER_QUOTA`` is deliberately not a user-selectable class.
@@ -80,3 +111,12 @@ def short_name(pc: PriorityClass) -> str:
 def effective_priority_class(pc: PriorityClass, over_quota: bool) -> PriorityClass:
     """The class a workload actually runs in: over-quota work is demoted."""
     return OVER_QUOTA if over_quota else pc
+
+
+def may_preempt(preemptor: PriorityClass, victim: PriorityClass) -> bool:
+    """Would the kube-scheduler let a pending pod of ``preemptor`` evict a ``victim`` pod?
+
+    Kubernetes: only with ``preemptionPolicy: PreemptLowerPriority`` and only
+    pods of strictly lower priority value (scheduling.k8s.io PriorityClass).
+    """
+    return preemptor.preemption_policy == "PreemptLowerPriority" and victim.value < preemptor.value

@@ -11,11 +11,16 @@ on a 4-replica time-sliced cluster sees and pays for 0.5.
 
 - ``whole``: ``nvidia.com/gpu: N``; fractions are refused.
 - ``timeslice``: NVIDIA device-plugin time-slicing; ``R`` replicas per GPU
-  advertised as ``nvidia.com/gpu.shared``; a fraction rounds up to ``k/R``.
+  advertised as ``nvidia.com/gpu.shared`` on the nodes of the shared pool
+  (``renameByDefault``), ``nvidia.com/gpu`` on the whole-GPU pool, so the
+  resource name alone selects the pool. A fraction rounds up to ``1/R``:
+  with ``failRequestsGreaterThanOne`` (the default, as NVIDIA recommends) only
+  one replica per pod, since k replicas give neither k/R of the compute nor
+  any memory isolation, and may even land on two different GPUs.
 - ``mig``: MIG "mixed" strategy resources (``nvidia.com/mig-3g.40gb``); the
   smallest slice of the GPU model that covers the requested memory and compute.
 - ``hami``: HAMi vGPU, ``nvidia.com/gpu: 1`` with ``nvidia.com/gpumem-percentage``
-  and ``nvidia.com/gpucores``.
+  and ``nvidia.com/gpucores``, scheduled by ``hami-scheduler``.
 - ``kai``: NVIDIA KAI scheduler, ``schedulerName: kai-scheduler``, the
   ``gpu-fraction`` annotation and the team's ``kai.scheduler/queue`` label.
 
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .catalog import SHARING_BACKENDS
@@ -75,7 +80,7 @@ BACKEND_OPTIONS: dict[str, dict[str, str]] = {
     "timeslice": {
         "resource": "time-sliced resource name (default nvidia.com/gpu.shared)",
         "replicas": "replicas per GPU in the device plugin's timeSlicing config (default 4)",
-        "fail_requests_greater_than_one": "true when the device plugin refuses requests > 1 replica",
+        "fail_requests_greater_than_one": "the device plugin refuses requests > 1 replica (default true)",
         "whole_resource": "resource for requests of one GPU or more (default nvidia.com/gpu)",
     },
     "mig": {
@@ -86,7 +91,7 @@ BACKEND_OPTIONS: dict[str, dict[str, str]] = {
         "resource": "HAMi GPU count resource (default nvidia.com/gpu)",
         "memory_percentage_resource": "default nvidia.com/gpumem-percentage",
         "cores_resource": "default nvidia.com/gpucores",
-        "scheduler_name": "scheduler for HAMi pods; empty = leave it to HAMi's webhook (default)",
+        "scheduler_name": "scheduler for HAMi pods (default hami-scheduler)",
     },
     "kai": {
         "scheduler_name": "default kai-scheduler",
@@ -121,6 +126,8 @@ class PodGPUSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     #: One line for the spawn form and logs: "2 of 4 time-slices of one H100-80GB".
     summary: str = ""
+    #: Tolerations for the taints GPU nodes carry (see :func:`gpu_tolerations`).
+    tolerations: tuple[Mapping[str, str], ...] = ()
 
     @property
     def rounded(self) -> bool:
@@ -208,11 +215,16 @@ def map_timeslice(profile: Profile, milli: int, team: Team | None, config: Mappi
     replicas = int(opts.get("replicas", 4))
     resource = str(opts.get("resource") or "nvidia.com/gpu.shared")
     k, effective = timeslice_effective_milli(milli, replicas)
-    if k > 1 and opts.get("fail_requests_greater_than_one"):
+    # NVIDIA's time-slicing docs: asking for k > 1 replicas "does not guarantee
+    # proportional compute" and gives no memory isolation; the replicas may
+    # even come from different GPUs. failRequestsGreaterThanOne: true makes
+    # the device plugin refuse such pods, and it is our default too.
+    if k > 1 and opts.get("fail_requests_greater_than_one", True):
         raise SharingError(
-            f"profile {profile.slug!r} needs {k} of {replicas} time-slices, but the device plugin "
-            f"refuses requests for more than one (failRequestsGreaterThanOne); offer "
-            f"{format_gpus(MILLI_PER_GPU // replicas)} GPU instead"
+            f"profile {profile.slug!r} needs {k} of {replicas} time-slices, but a time-sliced pod "
+            f"gets one replica (failRequestsGreaterThanOne): {k} replicas would give neither "
+            f"{format_gpus(effective)} of the compute nor of the memory; offer "
+            f"{format_gpus(timeslice_effective_milli(1, replicas)[1])} GPU, or whole GPUs"
         )
     model = profile.gpu_model or "GPU"
     return PodGPUSpec(
@@ -317,7 +329,10 @@ def map_hami(profile: Profile, milli: int, team: Team | None, config: Mapping[st
     """One vGPU with a memory percentage and a core percentage of the device."""
     opts = _opts(config, "hami")
     _check_whole_number(profile, milli, "hami")
-    scheduler = opts.get("scheduler_name") or None
+    # HAMi's mutating webhook leaves a pod alone when it already names a
+    # scheduler other than the default one (pkg/scheduler/webhook.go), and
+    # z2jh's user-scheduler sets one: name HAMi's scheduler ourselves.
+    scheduler = str(opts.get("scheduler_name") or "hami-scheduler")
     if milli >= MILLI_PER_GPU:
         return _whole(profile, milli, opts, "hami", resource_key="resource", scheduler_name=scheduler)
     resource = str(opts.get("resource") or "nvidia.com/gpu")
@@ -370,6 +385,25 @@ MAPPERS: dict[str, Mapper] = {
 assert tuple(MAPPERS) == SHARING_BACKENDS, "one mapping per backend the catalog accepts"
 
 
+#: The taint key GPU node pools carry (GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule).
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def gpu_tolerations(spec: PodGPUSpec) -> tuple[dict[str, str], ...]:
+    """Tolerations a GPU pod needs on tainted GPU nodes.
+
+    What Kubernetes' ExtendedResourceToleration admission plugin adds when it
+    is on (a NoSchedule toleration, operator Exists, keyed by each extended
+    resource the pod requests), plus the common ``nvidia.com/gpu`` key, which
+    is also the taint of nodes whose shared units are named
+    ``nvidia.com/gpu.shared`` and of KAI fractions, which request no resource.
+    """
+    if spec.effective_milli <= 0:
+        return ()
+    keys = [GPU_TAINT_KEY] + sorted(k for k in spec.limits if "/" in k and k != GPU_TAINT_KEY)
+    return tuple({"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in keys)
+
+
 def backend_for(profile: Profile, config: Mapping[str, Any]) -> str:
     """The profile's override, else the cluster default, else ``whole``."""
     return profile.sharing or str(config.get("backend") or "whole")
@@ -387,7 +421,8 @@ def pod_gpu_spec(profile: Profile, config: Mapping[str, Any], team: Team | None 
         raise SharingError(f"unknown sharing backend {backend!r}; expected one of {', '.join(MAPPERS)}")
     if milli <= 0:
         return PodGPUSpec(backend=backend, requested_milli=0, effective_milli=0, summary="no GPU")
-    return MAPPERS[backend](profile, milli, team, config)
+    spec = MAPPERS[backend](profile, milli, team, config)
+    return replace(spec, tolerations=gpu_tolerations(spec))
 
 
 def effective_milli(profile: Profile, config: Mapping[str, Any]) -> int:
@@ -483,7 +518,8 @@ def validate_sharing_config(config: Any) -> None:
 
 
 __all__ = [
-    "BACKEND_OPTIONS", "DEFAULT_GPU_PRODUCTS", "DEFAULT_MIG_PROFILES", "GPU_PRODUCT_LABEL", "MAPPERS",
+    "BACKEND_OPTIONS", "DEFAULT_GPU_PRODUCTS", "DEFAULT_MIG_PROFILES", "GPU_PRODUCT_LABEL", "GPU_TAINT_KEY",
+    "MAPPERS", "gpu_tolerations",
     "MigSlice", "PodGPUSpec", "SharingError", "backend_for", "effective_milli", "mig_table",
     "pick_mig_slice", "pod_gpu_spec", "sharing_config_issues", "timeslice_effective_milli",
     "validate_sharing_config",

@@ -126,6 +126,55 @@ def test_overlay_exposes_the_culler_metrics_the_chart_scrapes():
     assert any({"port": port} in rule["ports"] for rule in hub["networkPolicy"]["ingress"])
 
 
+def test_servers_in_team_namespaces_reach_the_hub(monkeypatch):
+    """z2jh sets hub_connect_url to http://hub:8081 (its jupyterhub_config.py); the
+    overlay, which runs after it, makes it resolvable from the team namespaces."""
+    monkeypatch.setenv("POD_NAMESPACE", "jhub")
+    values = overlay()
+    values["hub"]["config"]["JupyterHub"]["hub_connect_url"] = "http://hub:8081"  # what z2jh sets
+    c = z2jh_config(values)
+    assert c.JupyterHub.hub_connect_url == "http://hub.jhub.svc.cluster.local:8081"
+    # The team namespaces' NetworkPolicy lets servers reach exactly that hub pod and port.
+    (np,) = [d for d in of_kind(render("default"), "NetworkPolicy")
+             if d["metadata"]["namespace"] == "gpulab-vision"]
+    hub_rule = next(r for r in np["spec"]["egress"] if r.get("ports") == [{"port": 8081}])
+    assert hub_rule["to"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "jhub"}
+
+
+def test_overlay_leaves_hami_no_privileged_container_and_blocks_metadata_by_policy():
+    """HAMi's webhook denies GPU pods with a privileged container (init containers
+    included); z2jh's iptables metadata block is one. The overlay turns it off, and
+    the chart's per-namespace NetworkPolicy blocks the metadata server instead."""
+    values = overlay()
+    assert values["singleuser"]["cloudMetadata"]["blockWithIptables"] is False
+    for np in of_kind(render("default"), "NetworkPolicy"):
+        for rule in np["spec"]["egress"]:
+            for peer in rule.get("to", []):
+                block = peer.get("ipBlock")
+                if block and block["cidr"] == "0.0.0.0/0":
+                    assert "169.254.169.254/32" in block["except"]
+
+
+def test_prepuller_values_cover_every_catalog_image(tmp_path, capsys):
+    from hub_config.cli import main
+
+    values = tmp_path / "my-gpulab.yaml"
+    values.write_text(yaml.safe_dump({"gpulab": {
+        "profiles": [
+            {"slug": "h100-1", "gpus": 1, "gpu_model": "H100-80GB", "images": [
+                {"slug": "torch", "image": "registry.example.com:5000/ml/torch-notebook:2.4"},
+                {"slug": "base", "image": "quay.io/jupyter/base-notebook"}]},
+            {"slug": "cpu", "gpus": 0}],
+        "teams": [{"name": "vision", "guarantee": 1}]}}))
+    assert main(["prepuller-values", str(values)]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out == {"prePuller": {"extraImages": {
+        "h100-1-torch": {"name": "registry.example.com:5000/ml/torch-notebook", "tag": "2.4"},
+        "h100-1-base": {"name": "quay.io/jupyter/base-notebook", "tag": "latest"}}}}
+    # The overlay leaves the list to that command, and z2jh's own prePuller stays on.
+    assert overlay()["prePuller"]["extraImages"] == {}
+
+
 # --------------------------------------------------------------------------
 # the images
 

@@ -151,7 +151,8 @@ def test_over_quota_batch_work_is_preempted_by_the_scheduler_and_waits(jobs_hub,
 
 @pytest.fixture(scope="module")
 def kueue_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
-    """A hub whose jobs go through the team's Kueue LocalQueue (the chart's `gpulab-<team>`)."""
+    """A hub whose jobs go through the team's Kueue LocalQueue (the chart's `gpulab-<team>`,
+    which is also the jobs service's default queue name)."""
     release = gpulab_release
     nlp = team(release, "nlp")
     catalog = {
@@ -168,7 +169,6 @@ c.GPULabJobs.poll_interval = 0.3
 c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
 c.GPULabJobs.kube_home_claim_template = ""
 c.GPULabJobs.kueue_enabled = True
-c.GPULabJobs.kueue_queue_template = "gpulab-{{team}}"
 """)
     hub.start()
     yield hub
@@ -208,9 +208,13 @@ def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels
     assert md["labels"]["gpulab.io/kind"] == "job" and md["labels"]["gpulab.io/gpu-milli"] == "1000"
     assert md["annotations"]["gpulab.io/workload-key"] == f"job:{job['id']}"
     assert spec["activeDeadlineSeconds"] == 7200
-    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} \
-        in spec["podFailurePolicy"]["rules"]
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "FailJob", "onExitCodes": {"containerName": "papermill", "operator": "In", "values": [1]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
     pod = spec["template"]["spec"]
+    # As z2jh's single-user pods (uid 1000, fsGroup 100 unless c.KubeSpawner says otherwise).
+    assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 100}
+    assert pod["automountServiceAccountToken"] is False
     assert pod["restartPolicy"] == "Never" and pod["nodeSelector"] == A100_SELECTOR
     c = pod["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"

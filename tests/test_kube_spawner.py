@@ -58,7 +58,9 @@ CATALOG = {
         {"name": "nlp", "users": ["carol", "alice"], "guarantee": 1, "burst": 2, "namespace": "team-nlp"},
         {"name": "crowd", "groups": ["crowd"], "guarantee": 4, "burst": 6, "namespace": "team-crowd"},
     ],
-    "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4},
+    # k-of-R time-slices (0.5 = 2 of 4) only with the device plugin's
+    # failRequestsGreaterThanOne turned off; these tests exercise that rounding.
+    "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4, "fail_requests_greater_than_one": False},
                 "kai": {"queue": "gpulab-{team}"}},
 }
 

@@ -43,7 +43,10 @@ def test_whole_gives_whole_gpus_and_refuses_fractions():
     (333, 3, 1, 334), (334, 3, 2, 667), (100, 10, 1, 100), (999, 2, 2, 1000),
 ])
 def test_timeslice_rounds_up_to_k_of_r(milli, replicas, k, effective):
-    spec = pod_gpu_spec(profile(milli), {"backend": "timeslice", "timeslice": {"replicas": replicas}}, TEAM)
+    # k > 1 replicas only when the device plugin is told to allow it.
+    cfg = {"backend": "timeslice",
+           "timeslice": {"replicas": replicas, "fail_requests_greater_than_one": False}}
+    spec = pod_gpu_spec(profile(milli), cfg, TEAM)
     assert dict(spec.limits) == {"nvidia.com/gpu.shared": str(k)}
     assert spec.effective_milli == effective
     assert spec.rounded == (effective != milli)
@@ -54,10 +57,14 @@ def test_timeslice_options():
                                                  "whole_resource": "nvidia.com/gpu-exclusive"}}
     assert dict(pod_gpu_spec(profile(500), cfg, TEAM).limits) == {"nvidia.com/gpu-ts": "1"}
     assert dict(pod_gpu_spec(profile(2000), cfg, TEAM).limits) == {"nvidia.com/gpu-exclusive": "2"}
-    strict = {"backend": "timeslice", "timeslice": {"replicas": 4, "fail_requests_greater_than_one": True}}
-    assert dict(pod_gpu_spec(profile(250), strict, TEAM).limits) == {"nvidia.com/gpu.shared": "1"}
-    with pytest.raises(SharingError, match="failRequestsGreaterThanOne"):
-        pod_gpu_spec(profile(500), strict, TEAM)
+    # NVIDIA's recommendation is the default: one replica per pod, so only 1/R is offered.
+    default = {"backend": "timeslice", "timeslice": {"replicas": 4}}
+    assert dict(pod_gpu_spec(profile(250), default, TEAM).limits) == {"nvidia.com/gpu.shared": "1"}
+    with pytest.raises(SharingError, match=r"failRequestsGreaterThanOne.*neither 0\.5 of the compute nor "
+                                           r"of the memory; offer 0\.25 GPU"):
+        pod_gpu_spec(profile(500), default, TEAM)
+    # Whole GPUs come from the whole-GPU pool: nvidia.com/gpu, not the shared resource.
+    assert dict(pod_gpu_spec(profile(1000), default, TEAM).limits) == {"nvidia.com/gpu": "1"}
 
 
 @given(st.integers(1, 999), st.integers(1, 64))
@@ -119,10 +126,13 @@ def test_hami_percentages():
     spec = pod_gpu_spec(profile(500), {"backend": "hami"}, TEAM)
     assert dict(spec.limits) == {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50",
                                  "nvidia.com/gpucores": "50"}
-    assert spec.effective_milli == 500 and spec.scheduler_name is None
-    odd = pod_gpu_spec(profile(333), {"backend": "hami", "hami": {"scheduler_name": "hami-scheduler"}}, TEAM)
+    # HAMi's webhook skips pods that already name another scheduler (z2jh's
+    # user-scheduler): the pod must name HAMi's, fractions and whole GPUs alike.
+    assert spec.effective_milli == 500 and spec.scheduler_name == "hami-scheduler"
+    assert pod_gpu_spec(profile(2000), {"backend": "hami"}, TEAM).scheduler_name == "hami-scheduler"
+    odd = pod_gpu_spec(profile(333), {"backend": "hami", "hami": {"scheduler_name": "my-hami"}}, TEAM)
     assert odd.limits["nvidia.com/gpumem-percentage"] == "34" and odd.effective_milli == 340
-    assert odd.scheduler_name == "hami-scheduler"
+    assert odd.scheduler_name == "my-hami"
 
 
 def test_kai_fraction_queue_and_scheduler():
@@ -146,7 +156,7 @@ def test_profile_override_cpu_profiles_and_unknown_models():
         pod_gpu_spec(profile(1000, "L4"), {"backend": "whole"}, TEAM)
     with pytest.raises(SharingError, match="above one GPU"):
         pod_gpu_spec(profile(1500), {"backend": "timeslice"}, TEAM)
-    assert effective_milli(profile(300), {"backend": "timeslice"}) == 500
+    assert effective_milli(profile(200), {"backend": "timeslice"}) == 250
     assert effective_milli(profile(300), {"backend": "whole"}) == 300  # unmappable: shown as asked
     assert set(MAPPERS) == {"whole", "timeslice", "mig", "hami", "kai"}
 

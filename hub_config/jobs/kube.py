@@ -5,10 +5,14 @@ the user's image, in the team's namespace, with the profile's GPU mapping from
 :mod:`spawner.sharing` (the code GPUKubeSpawner uses), the priority class of
 the job class (demoted to ``gpulab-over-quota`` above the guarantee), the
 ledger's labels, ``activeDeadlineSeconds`` from the time limit,
-``ttlSecondsAfterFinished``, and a ``podFailurePolicy`` that ignores
-``DisruptionTarget`` so that Kubernetes itself restarts a preempted pod
-without counting it against ``backoffLimit``. With Kueue, the Job carries the
-team's LocalQueue and starts suspended; Kueue admits it.
+``ttlSecondsAfterFinished``, and a ``podFailurePolicy`` that fails the Job
+when the notebook raised and ignores ``DisruptionTarget``, so that
+Kubernetes itself restarts a preempted pod without counting it against
+``backoffLimit``. The pod runs as z2jh's single-user pods do (uid, fsGroup,
+no privilege escalation, the same pull secrets), with the profile's
+tolerations and node affinity, and mounts the home claim KubeSpawner named.
+With Kueue, the Job carries the team's LocalQueue and starts suspended;
+Kueue admits it.
 
 The Job objects are the truth for what runs: every poll lists the Jobs of the
 namespaces with active jobs and moves each record to the state its Job shows.
@@ -21,7 +25,8 @@ import json
 from typing import Any
 
 from spawner import jobspec
-from spawner.labels import label_value, workload_annotations, workload_labels
+from spawner.kube_conventions import expand_user_template
+from spawner.labels import workload_annotations, workload_labels
 from spawner.ledger import Workload
 from spawner.sharing import SharingError, pod_gpu_spec
 
@@ -31,6 +36,8 @@ from .service import _config_value, log
 #: Seconds a job may go without its Job object after creation before it is failed
 #: (a list can race a create on a real API server).
 MISSING_GRACE_SECONDS = 30
+#: KubeSpawner's default pvc_name_template (kubespawner 7).
+KUBESPAWNER_PVC_NAME_TEMPLATE = "claim-{user_server}"
 
 
 class KubeJobBackend:
@@ -83,6 +90,22 @@ class KubeJobBackend:
         return (self.settings.kube_image or _config_value(self.service.config, "KubeSpawner", "image")
                 or "quay.io/jupyter/scipy-notebook:latest")
 
+    def _spawner_config(self, key: str) -> Any:
+        """A KubeSpawner setting as the hub's config gives it (GPUKubeSpawner's own first)."""
+        for section in ("GPUKubeSpawner", "KubeSpawner"):
+            value = _config_value(self.service.config, section, key)
+            if value is not None:
+                return value
+        return None
+
+    def home_claim(self, user: str) -> str:
+        """The user's home claim: the name KubeSpawner gave it (its ``pvc_name_template``,
+        safe slugs), in the team's namespace, where GPUKubeSpawner creates it too."""
+        template = self.settings.kube_home_claim_template
+        if template is None:
+            template = self._spawner_config("pvc_name_template") or KUBESPAWNER_PVC_NAME_TEMPLATE
+        return expand_user_template(template, user, self.settings.kube_namespace) if template else ""
+
     # -- the service's calls --------------------------------------------------------------
 
     def prepare(self, request, v: dict[str, Any]) -> int:
@@ -100,17 +123,21 @@ class KubeJobBackend:
         gpu = pod_gpu_spec(profile, catalog.sharing, team) if profile is not None and profile.is_gpu else None
         w = Workload(jobspec.workload_key(rec.id), rec.team, rec.user, rec.gpu_milli, rec.profile, "job",
                      rec.over_quota)
-        safe_user = label_value(rec.user).lower()
         s = self.settings
+        pull_secrets = self._spawner_config("image_pull_secrets") or []
+        if isinstance(pull_secrets, str):
+            pull_secrets = [pull_secrets]
+        uid = self._spawner_config("uid")
+        fs_gid = self._spawner_config("fs_gid")
         req = jobspec.KubeJobRequest(
             job_id=rec.id, name=rec.name, user=rec.user, namespace=self.namespace(rec.team),
             image=self.image(profile, None), job_class=rec.job_class, over_quota=rec.over_quota,
             notebook=rec.notebook, output_path=rec.output_path, log_path=rec.log_path,
             parameters=rec.parameters, time_limit_seconds=rec.time_limit_seconds,
             labels=workload_labels(w), annotations=workload_annotations(w), gpu=gpu,
-            home_claim=s.kube_home_claim_template.format(username=safe_user) if s.kube_home_claim_template else "",
+            home_claim=self.home_claim(rec.user),
             home_mount_path=s.kube_home_mount_path,
-            home_sub_path=s.kube_home_sub_path.format(username=safe_user),
+            home_sub_path=expand_user_template(s.kube_home_sub_path, rec.user) if s.kube_home_sub_path else "",
             ttl_seconds_after_finished=s.kube_ttl_seconds_after_finished,
             backoff_limit=s.kube_backoff_limit,
             kueue_queue=s.kueue_queue_template.format(team=rec.team) if s.kueue_enabled else None,
@@ -119,6 +146,12 @@ class KubeJobBackend:
             cpu_limit=profile.cpu_limit if profile else None,
             mem_guarantee=profile.mem_guarantee if profile else None,
             mem_limit=profile.mem_limit if profile else None,
+            tolerations=profile.tolerations if profile else (),
+            node_affinity_required=profile.node_affinity_required if profile else (),
+            node_affinity_preferred=profile.node_affinity_preferred if profile else (),
+            image_pull_secrets=tuple(p["name"] if isinstance(p, dict) else str(p) for p in pull_secrets),
+            uid=uid if isinstance(uid, int) else jobspec.DEFAULT_UID,
+            fs_gid=fs_gid if isinstance(fs_gid, int) else jobspec.DEFAULT_FS_GID,
         )
         return jobspec.kube_job_manifest(req)
 

@@ -221,7 +221,7 @@ class LocalJobBackend:
 
     def _schedule(self) -> None:
         waiting = [r for r in self.service.active(self.name) if r.state == jobspec.QUEUED]
-        waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).value, r.id))
+        waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
         for rec in waiting:
             key = jobspec.workload_key(rec.id)
             profile = self.runtime.catalog.profile(rec.profile)

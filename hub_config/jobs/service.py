@@ -32,6 +32,7 @@ from spawner import jobspec
 from spawner.accounts import UserAccounts
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
+from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
 from spawner.ledger import RESERVED, RUNNING, Workload
 from spawner.policy import PolicyError, resolve_request
 
@@ -109,23 +110,28 @@ class GPULabJobs(Configurable):
         user's server. It must contain papermill.""",
     )
     kube_home_claim_template = Unicode(
-        "claim-{username}", config=True,
-        help="""PersistentVolumeClaim holding the user's home, mounted into the job's pod
-        ({username} is the escaped user name). It must be ReadWriteMany when the user's
-        server may run at the same time (see docs/jobs.md). Empty: no home volume.""",
+        None, allow_none=True, config=True,
+        help="""PersistentVolumeClaim holding the user's home, mounted into the job's pod, in
+        KubeSpawner's template syntax ({username} and {user_server} are KubeSpawner's safe
+        slugs of the user name). Default: KubeSpawner's own `pvc_name_template`, so the job
+        mounts the claim the user's server mounts. With a ReadWriteOnce claim, a job can
+        only start on the node of the user's running server (see docs/kubernetes.md).
+        Empty: no home volume.""",
     )
     kube_home_mount_path = Unicode(
         "/home/jovyan", config=True, help="Where the home volume is mounted in the job's pod.",
     )
     kube_home_sub_path = Unicode(
-        "", config=True, help="subPath of the home volume ({username} is replaced), if homes share a claim.",
+        "", config=True,
+        help="subPath of the home volume ({username}: KubeSpawner's safe slug), if homes share a claim.",
     )
     kube_ttl_seconds_after_finished = Int(
         86400, config=True, help="`ttlSecondsAfterFinished` of the Jobs: finished Jobs are removed after this.",
     )
     kube_backoff_limit = Int(
         2, config=True,
-        help="`backoffLimit`: notebook failures before the Job fails (preemptions do not count).",
+        help="""`backoffLimit`: pod failures (an OOM kill, a node failure) before the Job fails.
+        A notebook that raised fails the Job at once; preemptions do not count.""",
     )
     kube_service_account = Unicode("", config=True, help="Service account of the job pods (empty: the namespace default).")
     kueue_enabled = Bool(
@@ -134,7 +140,9 @@ class GPULabJobs(Configurable):
         suspended; Kueue admits it against the team's ClusterQueue.""",
     )
     kueue_queue_template = Unicode(
-        "{team}", config=True, help="The team's Kueue LocalQueue name; `{team}` is replaced.",
+        KUEUE_LOCAL_QUEUE_TEMPLATE, config=True,
+        help="""The team's Kueue LocalQueue name; `{team}` is replaced. The default is the
+        name the Helm chart gives the LocalQueue it creates in each team namespace.""",
     )
 
     @default("state_dir")
@@ -434,7 +442,12 @@ class JobService:
             ledger.confirm(key)
         elif state in (jobspec.PREEMPTED, jobspec.QUEUED):
             w = ledger.get(key)
-            if w is not None and w.state != RESERVED:  # still admitted, waiting for devices again
+            if w is None:
+                # Its pod is gone (Kueue suspended the Job, or a preemption), so
+                # a ledger rebuilt from pods dropped it: the job still holds its share.
+                ledger.adopt(Workload(key, rec.team, rec.user, rec.gpu_milli, rec.profile, "job",
+                                      rec.over_quota, RESERVED))
+            elif w.state != RESERVED:  # still admitted, waiting for devices again
                 ledger.adopt(replace(w, state=RESERVED))
         elif state in FINAL_STATES:
             ledger.release(key)

@@ -86,8 +86,11 @@ def team_values(suffix: str) -> dict:
         # Kueue runs in the test bed: the chart's ResourceFlavor, ClusterQueues and LocalQueues.
         "kueue": {"enabled": True},
         "gpulab": {
+            # 0.5 GPU = 2 of 4 time-slices: the device plugin's failRequestsGreaterThanOne
+            # is off on this pool (tests/kube/nodes.yaml), so gpulab may ask for 2.
             "sharing": {"backend": "timeslice",
-                        "timeslice": {"resource": "nvidia.com/gpu.shared", "replicas": 4}},
+                        "timeslice": {"resource": "nvidia.com/gpu.shared", "replicas": 4,
+                                      "fail_requests_greater_than_one": False}},
             "profiles": [
                 {"slug": "cpu", "display_name": "CPU only", "gpus": 0},
                 {"slug": "h100-half", "display_name": "0.5 × H100", "gpus": 0.5, "gpu_model": "H100-80GB"},

@@ -148,3 +148,14 @@ A team's amount in one resource's unit, rounded up. Call with
 {{- if .Values.gpulab.inventory -}}{{- $_ := set $cat "inventory" .Values.gpulab.inventory -}}{{- end -}}
 {{- toYaml $cat -}}
 {{- end }}
+
+{{/* Integer milli-GPUs as a decimal number of GPUs: 750 -> 0.75, 2000 -> 2. */}}
+{{- define "gpulab.gpusOfMilli" -}}
+{{- $m := . | int64 -}}
+{{- $frac := mod $m 1000 -}}
+{{- if $frac -}}
+{{- printf "%d.%s" (div $m 1000) (printf "%03d" $frac | trimSuffix "0" | trimSuffix "0") -}}
+{{- else -}}
+{{- div $m 1000 -}}
+{{- end -}}
+{{- end }}

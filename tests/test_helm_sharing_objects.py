@@ -1,0 +1,226 @@
+"""The chart's objects for GPU sharing, queueing and team isolation.
+
+The real ``helm`` binary renders the chart (tests/test_helm_chart.py's
+helpers); each object is checked against the upstream convention it follows:
+the NVIDIA device plugin's per-node configs, Kueue's flavors and queues,
+KAI's Queue objects, z2jh's single-user NetworkPolicy and pull secret.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+
+import pytest
+import yaml
+
+from spawner import labels, sharing
+
+from .test_helm_chart import (
+    NAMESPACE,
+    QUANTITY,
+    catalog_of,
+    chart_values,
+    helm,
+    of_kind,
+    quota_in,
+    render,
+    team_namespace,
+    template_args,
+)
+
+
+def device_plugin_advertises(config_text: str) -> tuple[set[str], bool]:
+    """What a node running the NVIDIA device plugin with this config advertises.
+
+    Per the device plugin's config (v1): without `sharing`, each GPU is one
+    nvidia.com/gpu; with `timeSlicing`, each is `replicas` units, renamed to
+    <name>.shared when renameByDefault. Returns (resources, one-per-pod).
+    """
+    cfg = yaml.safe_load(config_text)
+    assert cfg["version"] == "v1"
+    ts = (cfg.get("sharing") or {}).get("timeSlicing")
+    if not ts:
+        return {"nvidia.com/gpu"}, False
+    names = {r["name"] + (".shared" if ts.get("renameByDefault") else "") for r in ts["resources"]}
+    return names, bool(ts.get("failRequestsGreaterThanOne"))
+
+
+def test_time_slicing_configmap(tmp_path):
+    docs = render("timeslice")
+    catalog = catalog_of(docs)
+    values = chart_values()["timeSlicing"]
+    (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gpulab-time-slicing"]
+    assert cm["metadata"]["namespace"] == "gpu-operator"
+    # Two node pools: whole GPUs (the ClusterPolicy default) and time-shared nodes.
+    assert set(cm["data"]) == {values["wholeConfig"], values["sharedConfig"]}
+    cfg = yaml.safe_load(cm["data"][values["sharedConfig"]])
+    ts = cfg["sharing"]["timeSlicing"]
+    assert ts["resources"] == [{"name": "nvidia.com/gpu", "replicas": catalog.sharing["timeslice"]["replicas"]}]
+    assert ts["renameByDefault"] is (catalog.sharing["timeslice"]["resource"] == "nvidia.com/gpu.shared")
+    # NVIDIA's recommendation, and the spawner's default.
+    assert ts["failRequestsGreaterThanOne"] is True
+    pools = {name: device_plugin_advertises(text) for name, text in cm["data"].items()}
+    # Every profile asks for something one pool advertises, within what that pool hands to one pod.
+    for p in catalog.profiles.values():
+        if not p.is_gpu:
+            continue
+        spec = sharing.pod_gpu_spec(p, catalog.sharing)
+        (resource, amount), = spec.limits.items()
+        fits = [name for name, (res, one) in pools.items() if resource in res and not (one and int(amount) > 1)]
+        assert fits, f"profile {p.slug} asks for {amount} {resource}: no node pool advertises it"
+    for variant in ("default", "mig", "hami"):
+        assert not any(d["metadata"]["name"] == "gpulab-time-slicing" for d in render(variant))
+    # A profile's own `sharing: timeslice` on a whole-GPU cluster needs it too.
+    values = tmp_path / "values.yaml"
+    values.write_text("gpulab:\n  profiles:\n    - {slug: h100-half, gpus: 0.5, gpu_model: H100-80GB, "
+                      "sharing: timeslice}\n  teams:\n    - {name: vision, guarantee: 1}\n")
+    docs = [d for d in yaml.safe_load_all(helm(*template_args([values])).stdout) if d]
+    assert any(d["metadata"]["name"] == "gpulab-time-slicing" for d in docs)
+    assert quota_in(docs, "gpulab-vision") == {"requests.nvidia.com/gpu.shared": "4"}
+
+
+@pytest.mark.parametrize("variant", ["kueue", "no-namespaces"])
+def test_kueue_objects(variant):
+    docs = render(variant)
+    catalog = catalog_of(docs)
+    values = chart_values()["kueue"]
+    assert not of_kind(render("default"), "ClusterQueue"), "Kueue is off by default"
+    flavors = {f["metadata"]["name"]: f for f in of_kind(docs, "ResourceFlavor")}
+    gpu_flavor_name = "h100" if variant == "kueue" else values["flavor"]["name"]
+    assert set(flavors) == {values["cpuFlavor"]["name"], gpu_flavor_name}
+    for flavor in flavors.values():
+        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in flavor["metadata"]
+        assert isinstance(flavor["spec"], dict)
+        assert all(isinstance(v, str) for v in (flavor["spec"].get("nodeLabels") or {}).values())
+    # Kueue injects the node labels of every flavor it assigns: CPU and memory
+    # get a flavor of their own, without the GPU nodes' labels.
+    assert not flavors[values["cpuFlavor"]["name"]]["spec"].get("nodeLabels")
+    if variant == "kueue":
+        assert flavors["h100"]["spec"]["nodeLabels"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cqs = {d["metadata"]["name"]: d for d in of_kind(docs, "ClusterQueue")}
+    lqs = of_kind(docs, "LocalQueue")
+    assert set(cqs) == {f"gpulab-{t}" for t in catalog.teams}
+    assert len({cq["spec"]["cohort"] for cq in cqs.values()}) == 1, "all teams in one cohort"
+    for team in catalog.teams.values():
+        ns = team_namespace(team)
+        cq = cqs[f"gpulab-{team.name}"]
+        assert cq["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in cq["metadata"]
+        spec = cq["spec"]
+        assert set(spec) == {"cohort", "namespaceSelector", "queueingStrategy", "resourceGroups", "preemption"}
+        assert spec["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+        assert spec["queueingStrategy"] in ("BestEffortFIFO", "StrictFIFO")
+        # Borrowed capacity is reclaimed; in-quota work never preempts another queue's.
+        assert spec["preemption"] == {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"}
+        cpu_group, gpu_group = spec["resourceGroups"]
+        assert cpu_group["coveredResources"] == ["cpu", "memory"]
+        assert [f["name"] for f in cpu_group["flavors"]] == [values["cpuFlavor"]["name"]]
+        (fl,) = gpu_group["flavors"]
+        assert fl["name"] == gpu_flavor_name
+        assert "cpu" not in gpu_group["coveredResources"]
+        for group in (cpu_group, gpu_group):
+            for f in group["flavors"]:
+                assert [r["name"] for r in f["resources"]] == group["coveredResources"], "same resources, same order"
+        hard = quota_in(docs, ns) if variant == "kueue" else None
+        for r in fl["resources"]:
+            assert set(r) <= {"name", "nominalQuota", "borrowingLimit", "lendingLimit"}
+            assert all(QUANTITY.match(str(r[k])) for k in r if k != "name"), r
+            nominal, borrow = int(r["nominalQuota"]), int(r["borrowingLimit"])
+            assert nominal == math.ceil(team.guarantee_milli / 1000)  # whole GPUs in these variants
+            assert nominal + borrow == math.ceil(team.burst_milli / 1000)
+            if hard is not None:
+                assert int(hard[f"requests.{r['name']}"]) == nominal + borrow, "Kueue and quota agree"
+        # The jobs backend labels its Jobs with this name (one source: spawner/labels.py).
+        (lq,) = [q for q in lqs if q["metadata"]["name"] == labels.kueue_local_queue(team.name)]
+        assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert lq["metadata"]["namespace"] == ns
+        assert lq["spec"] == {"clusterQueue": cq["metadata"]["name"]}
+    from hub_config.jobs.service import GPULabJobs
+
+    assert GPULabJobs().kueue_queue_template.format(team="x") == labels.kueue_local_queue("x")
+
+
+def kueue_node_labels(flavors: dict, cq: dict, requests: set[str]) -> dict:
+    """The node labels Kueue puts on a workload's pods: those of the flavor it
+    assigns in each resource group the workload requests something from."""
+    out: dict = {}
+    for group in cq["spec"]["resourceGroups"]:
+        if requests & set(group["coveredResources"]):
+            out.update(flavors[group["flavors"][0]["name"]]["spec"].get("nodeLabels") or {})
+    return out
+
+
+def test_kueue_gives_cpu_only_jobs_no_gpu_node_labels():
+    docs = render("kueue")
+    flavors = {f["metadata"]["name"]: f for f in of_kind(docs, "ResourceFlavor")}
+    cq = of_kind(docs, "ClusterQueue")[0]
+    assert kueue_node_labels(flavors, cq, {"cpu", "memory"}) == {}
+    assert kueue_node_labels(flavors, cq, {"cpu", "memory", "nvidia.com/gpu"}) == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_kai_queues_per_team():
+    docs = render("hami")  # one profile there uses sharing: kai
+    catalog = catalog_of(docs)
+    queues = {q["metadata"]["name"]: q for q in of_kind(docs, "Queue")}
+    assert not of_kind(render("default"), "Queue"), "only when the kai backend is in use"
+    parent = chart_values()["kai"]["parentQueue"]
+    assert queues[parent]["apiVersion"] == "scheduling.run.ai/v2" and "parentQueue" not in queues[parent]["spec"]
+    for team in catalog.teams.values():
+        # The queue the spawner's pods name (sharing.kai_queue), quota = guarantee, limit = burst.
+        name = sharing.kai_queue(team, catalog.sharing.get("kai") or {})
+        q = queues[name]
+        assert q["apiVersion"] == "scheduling.run.ai/v2" and "namespace" not in q["metadata"]
+        assert q["spec"]["parentQueue"] == parent
+        gpu = q["spec"]["resources"]["gpu"]
+        assert Fraction(str(gpu["quota"])) == Fraction(team.guarantee_milli, 1000)
+        assert Fraction(str(gpu["limit"])) == Fraction(team.burst_milli, 1000)
+        assert q["spec"]["resources"]["cpu"] == {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+
+
+def test_team_namespaces_get_z2jhs_single_user_network_policy():
+    docs = render("default")
+    catalog = catalog_of(docs)
+    policies = {d["metadata"]["namespace"]: d for d in of_kind(docs, "NetworkPolicy")}
+    assert set(policies) == {team_namespace(t) for t in catalog.teams.values()}
+    for np in policies.values():
+        spec = np["spec"]
+        assert spec["podSelector"] == {} and spec["policyTypes"] == ["Ingress", "Egress"]
+        # Ingress: only z2jh's hub and proxy (network-access-singleuser), from the hub's namespace.
+        (ingress,) = spec["ingress"]
+        (peer,) = ingress["from"]
+        assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                        "podSelector": {"matchLabels": {"hub.jupyter.org/network-access-singleuser": "true"}}}
+        assert ingress["ports"] == [{"port": 8888}]
+        egress = spec["egress"]
+        assert egress[0]["ports"] == [{"port": 8081}]
+        assert egress[0]["to"][0]["podSelector"]["matchLabels"] == {"app": "jupyterhub", "component": "hub"}
+        dns = egress[1]
+        assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+        (internet,) = [r for r in egress if any(p.get("ipBlock", {}).get("cidr") == "0.0.0.0/0"
+                                                 for p in r.get("to", []))]
+        assert set(internet["to"][0]["ipBlock"]["except"]) == {
+            "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.169.254/32"}
+    assert not of_kind(render("no-namespaces"), "NetworkPolicy"), "z2jh's own policy covers its namespace"
+
+
+def test_pull_secret_is_copied_into_every_team_namespace():
+    import base64
+
+    assert not of_kind(render("default"), "Secret"), "off by default"
+    docs = render("default", ("imagePullSecret.create=true", "imagePullSecret.registry=registry.example.com",
+                              "imagePullSecret.username=robot", "imagePullSecret.password=s3cret"))
+    catalog = catalog_of(docs)
+    secrets = {d["metadata"]["namespace"]: d for d in of_kind(docs, "Secret")}
+    assert set(secrets) == {team_namespace(t) for t in catalog.teams.values()}
+    for secret in secrets.values():
+        # z2jh's name and format, so c.KubeSpawner.image_pull_secrets works unchanged.
+        assert secret["metadata"]["name"] == "image-pull-secret"
+        assert secret["type"] == "kubernetes.io/dockerconfigjson"
+        cfg = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+        auth = cfg["auths"]["registry.example.com"]
+        assert auth["username"] == "robot" and auth["password"] == "s3cret"
+        assert base64.b64decode(auth["auth"]).decode() == "robot:s3cret"
+    proc = helm(*template_args([], ("imagePullSecret.create=true",)), check=False)
+    assert proc.returncode != 0 and "imagePullSecret.create needs imagePullSecret.registry" in proc.stderr
