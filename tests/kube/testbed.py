@@ -319,7 +319,8 @@ def _up(address: str, state_dir: Path) -> Testbed:
     check_loopback(address)
     existing = Testbed.load(state_dir)
     if existing and existing.address == address and all(existing.alive().values()) \
-            and set(existing.pids) == set(COMPONENTS) and existing.ready():
+            and set(existing.pids) == set(COMPONENTS) and existing.ready() \
+            and existing.versions.get("nodes") == _nodes_digest():
         return existing
     if existing:
         log("a previous test bed is not (fully) running: stopping what is left of it")
@@ -328,6 +329,8 @@ def _up(address: str, state_dir: Path) -> Testbed:
     state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     versions = dict(line.split("=", 1) for line in (bin_dir / "VERSIONS").read_text().split())
+    # A running test bed whose node list changed since it started is started afresh.
+    versions["nodes"] = _nodes_digest()
     ports = {name: free_port(address) for name in
              ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
     tb = Testbed(state_dir, address, ports, {}, versions)
@@ -423,6 +426,12 @@ def _up(address: str, state_dir: Path) -> Testbed:
     tb.versions["kueue"] = kueue.build().name
     tb.save()
     return tb
+
+
+def _nodes_digest() -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(NODES_FILE.read_bytes()).hexdigest()[:16]
 
 
 def _exists(tb: Testbed, path: str) -> bool:
