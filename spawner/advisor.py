@@ -203,7 +203,13 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
         # Least waste is only where the search starts: shares that leave no sliver
         # another share fits (0.32 + 0.65 on one GPU) place more work than any grid.
         pool = sorted({c for p in pools for c in p} | set(candidates))
-        sizes, measured = _improve(sizes, measured, pool, largest=round_up(largest, givable), evaluate=evaluate)
+        top = round_up(largest, givable)
+        # Several starts, as single swaps stop at local optima: the least-waste catalog, and
+        # shares added one by one from the recorded sizes alone and from every candidate.
+        starts = [(sizes, measured), _forward(sizes, candidates, max_sizes, evaluate),
+                  _forward(sizes, pool, max_sizes, evaluate)]
+        sizes, measured = max((_improve(s, m, pool, largest=top, evaluate=evaluate) for s, m in starts),
+                              key=lambda found: found[1])
     else:
         sizes = options_tried[0]
     req, alloc, _ = efficiency_of(demand, sizes)
@@ -219,6 +225,22 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
 
 #: Catalogs a local search may measure at most (each one is a packing simulation).
 MAX_SEARCH_EVALUATIONS = 600
+
+
+def _forward(start: list[int], pool: Sequence[int], max_sizes: int,
+             evaluate: Callable[[list[int]], float]) -> tuple[list[int], float]:
+    """Keep ``start``'s whole-GPU sizes and add shares one at a time, each the one measured best."""
+    sizes = [s for s in start if s >= FULL]
+    score = evaluate(sizes)
+    while len(sizes) < max_sizes:
+        trials = [(evaluate(sorted(sizes + [c])), c) for c in pool if c < FULL and c not in sizes]
+        if not trials:
+            break
+        best_score, best = max(trials)
+        if best_score <= score and len(sizes) > 1:
+            break
+        sizes, score = sorted(sizes + [best]), best_score
+    return sizes, score
 
 
 def _improve(sizes: list[int], score: float, pool: Sequence[int], *, largest: int | None,
