@@ -31,27 +31,30 @@ def team(release: Release, name: str) -> str:
     return name
 
 
-@pytest.fixture(scope="module")
-def jobs_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
-    release = gpulab_release
+def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -> RunningHub:
+    """A hub running notebook jobs on the cluster as the chart-bound hub ServiceAccount."""
     nlp = team(release, "nlp")
-    # The hub's catalog: the chart's teams and namespaces, with a half-GPU
-    # guarantee for nlp so that a 1-GPU batch job borrows (runs over quota).
     catalog = {
         "sharing": {"backend": "whole"},
         "profiles": [{"slug": "a100-1", "display_name": "1 × A100", "gpus": 1, "gpu_model": "A100-80GB"}],
-        "teams": [{"name": nlp, "users": ["carol"], "guarantee": 0.5, "burst": 2,
+        "teams": [{"name": nlp, "users": ["carol"], "guarantee": guarantee, "burst": 2,
                    "namespace": release.team_ns(nlp)}],
     }
-    hub = RunningHub(tmp_path_factory.mktemp("jobs-kube"), catalog_yaml=yaml.safe_dump(catalog),
-                     env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
+    return RunningHub(workdir, catalog_yaml=yaml.safe_dump(catalog),
+                      env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
 c.JupyterHub.spawner_class = "gpu-kube"
 c.KubeSpawner.namespace = "{release.hub_namespace}"
 c.GPULabJobs.backend = "kubernetes"
 c.GPULabJobs.poll_interval = 0.3
 c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
 c.GPULabJobs.kube_home_claim_template = ""
-""")
+""" + extra)
+
+
+@pytest.fixture(scope="module")
+def jobs_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
+    # nlp's guarantee is half a GPU, so a 1-GPU batch job borrows (runs over quota).
+    hub = jobs_hub_for(gpulab_release, tmp_path_factory.mktemp("jobs-kube"), guarantee=0.5)
     hub.start()
     yield hub
     hub.close()
@@ -153,23 +156,8 @@ def test_over_quota_batch_work_is_preempted_by_the_scheduler_and_waits(jobs_hub,
 def kueue_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
     """A hub whose jobs go through the team's Kueue LocalQueue (the chart's `gpulab-<team>`,
     which is also the jobs service's default queue name)."""
-    release = gpulab_release
-    nlp = team(release, "nlp")
-    catalog = {
-        "sharing": {"backend": "whole"},
-        "profiles": [{"slug": "a100-1", "display_name": "1 × A100", "gpus": 1, "gpu_model": "A100-80GB"}],
-        "teams": [{"name": nlp, "users": ["carol"], "guarantee": 1, "burst": 2, "namespace": release.team_ns(nlp)}],
-    }
-    hub = RunningHub(tmp_path_factory.mktemp("jobs-kueue"), catalog_yaml=yaml.safe_dump(catalog),
-                     env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
-c.JupyterHub.spawner_class = "gpu-kube"
-c.KubeSpawner.namespace = "{release.hub_namespace}"
-c.GPULabJobs.backend = "kubernetes"
-c.GPULabJobs.poll_interval = 0.3
-c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
-c.GPULabJobs.kube_home_claim_template = ""
-c.GPULabJobs.kueue_enabled = True
-""")
+    hub = jobs_hub_for(gpulab_release, tmp_path_factory.mktemp("jobs-kueue"), guarantee=1,
+                       extra="c.GPULabJobs.kueue_enabled = True\n")
     hub.start()
     yield hub
     hub.close()

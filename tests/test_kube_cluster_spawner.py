@@ -22,27 +22,12 @@ from spawner.config import get_runtime, set_runtime
 from spawner.kube import GPUKubeSpawner
 from tests.kube.chart import Release
 from tests.kube.cluster import Cluster
+from tests.kube.spawner_api import Hub, User
 from tests.kube.testbed import pod_ip_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-class User:
-    def __init__(self, name: str, groups: tuple[str, ...] = ()):
-        self.name = name
-        self.id = abs(hash(name)) % 10**6
-        self.url = f"/user/{name}/"
-        self.groups = [type("Group", (), {"name": g})() for g in groups]
-        self.escaped_name = name
-
-
-class Hub:
-    public_host = ""
-    url = "http://127.0.0.1:8081/hub/"
-    base_url = "/hub/"
-    api_url = "http://127.0.0.1:8081/hub/api"
 
 
 def hub_config(release: Release, **catalog_overrides) -> Config:

@@ -33,7 +33,7 @@ from spawner.config import GPULabRuntime, get_runtime, set_runtime
 from spawner.kube import GPUKubeSpawner
 from tests.kube.chart import Release
 from tests.kube.cluster import Cluster
-from tests.kube.spawner_api import ClusterView
+from tests.kube.spawner_api import ClusterView, Hub, User
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 K8S_VERSION = "1.36"
@@ -63,24 +63,6 @@ CATALOG = {
     "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4, "fail_requests_greater_than_one": False},
                 "kai": {"queue": "gpulab-{team}"}},
 }
-
-
-class User:
-    """What a spawner reads from JupyterHub's User (as KubeSpawner's tests use)."""
-
-    def __init__(self, name: str, groups: tuple[str, ...] = ()):
-        self.name = name
-        self.id = abs(hash(name)) % 10**6
-        self.url = f"/user/{name}/"
-        self.groups = [type("Group", (), {"name": g})() for g in groups]
-        self.escaped_name = name
-
-
-class Hub:
-    public_host = ""
-    url = "http://hub:8081/hub/"
-    base_url = "/hub/"
-    api_url = "http://hub:8081/hub/api"
 
 
 @pytest.fixture

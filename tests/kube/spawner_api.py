@@ -17,6 +17,26 @@ from tests.kube.cluster import Cluster
 _PLURAL_PATHS = {"pods": "/api/v1/namespaces/{ns}/pods", "resourcequotas": "/api/v1/namespaces/{ns}/resourcequotas"}
 
 
+class User:
+    """What a spawner reads from JupyterHub's User (as KubeSpawner's own tests build it)."""
+
+    def __init__(self, name: str, groups: tuple[str, ...] = ()):
+        self.name = name
+        self.id = abs(hash(name)) % 10**6
+        self.url = f"/user/{name}/"
+        self.groups = [type("Group", (), {"name": g})() for g in groups]
+        self.escaped_name = name
+
+
+class Hub:
+    """What a spawner reads from JupyterHub's Hub: where single-user servers reach it."""
+
+    public_host = ""
+    url = "http://127.0.0.1:8081/hub/"
+    base_url = "/hub/"
+    api_url = "http://127.0.0.1:8081/hub/api"
+
+
 class ClusterView:
     """Requests of one ServiceAccount since the view was made, and admin reads and writes."""
 
