@@ -51,6 +51,8 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 class TestbedError(RuntimeError):
     """The test bed could not be started; the message says why and what to do."""
 
+    __test__ = False  # not a pytest test class
+
 
 def log(message: str) -> None:
     print(f"[kube-testbed] {message}", file=sys.stderr, flush=True)
@@ -147,6 +149,8 @@ def token_kubeconfig(server: str, ca_file: str | Path, token: str, namespace: st
 @dataclass
 class Testbed:
     """A running (or recorded) test bed: where it is and how to reach it."""
+
+    __test__ = False  # not a pytest test class
 
     state_dir: Path
     address: str
