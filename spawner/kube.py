@@ -27,6 +27,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.spawner import PodReflector
@@ -50,10 +51,6 @@ from .scheduling import explain_unschedulable
 from .sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
 from .units import format_gpus
 
-try:  # JupyterHub >= 6: a policy refusal, shown to the user without a traceback
-    from jupyterhub.spawner import SpawnException as _SpawnException
-except ImportError:  # pragma: no cover - JupyterHub 5
-    from tornado.web import HTTPError as _SpawnException  # type: ignore[assignment]
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 _QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
@@ -72,10 +69,7 @@ _RETRY_FAILED_NAMESPACE_SECONDS = 10.0
 
 def refusal(message: str, status: int = 400, reason: str = "gpulab") -> Exception:
     """An HTTP error whose message the spawn page and the REST API show as is."""
-    try:
-        e = _SpawnException(message, reason=reason, status_code=status)
-    except TypeError:  # pragma: no cover - plain HTTPError
-        e = _SpawnException(status, message)
+    e = SpawnException(message, reason=reason, status_code=status)
     e.jupyterhub_message = message  # the form shows this instead of "403 SpawnException(...)"
     return e
 

@@ -139,10 +139,6 @@ class Ledger:
         """Call ``callback(event, workload)`` after every change (usage history)."""
         self._observers.append(callback)
 
-    def unsubscribe(self, callback: LedgerObserver) -> None:
-        if callback in self._observers:
-            self._observers.remove(callback)
-
     def _notify(self, events: list[tuple[str, Workload]]) -> None:
         for event, w in events:
             for callback in list(self._observers):

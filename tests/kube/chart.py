@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import secrets
 import shutil
 import subprocess
@@ -51,6 +52,28 @@ Z2JH_HUB_RULES = [
      "verbs": ["get", "watch", "list", "create", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
 ]
+
+
+SESSION_ANNOTATION = "gpulab.io/test-session"
+
+
+def session_id() -> str:
+    """This test process, as ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def session_alive(owner: str) -> bool:
+    """Is the test process ``host:pid`` still running here?"""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass
@@ -132,11 +155,20 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
     values_file = tmp / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     name = f"gpulab-{suffix}"
-    # A release an earlier, interrupted run left behind owns the cluster-scoped
-    # PriorityClasses: remove it first.
-    for stale in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout or "[]"):
-        if stale["name"].startswith("gpulab-") and stale["namespace"].startswith("gpulab-hub-"):
-            helm(kube_testbed, "uninstall", stale["name"], "--namespace", stale["namespace"], "--wait", check=False)
+    # The chart's PriorityClasses are cluster-wide, so one release per test bed: a
+    # release of a test session that has died is removed; a live session's is not.
+    c.patch(f"/api/v1/namespaces/{hub_ns}", {"metadata": {"annotations": {SESSION_ANNOTATION: session_id()}}})
+    for other in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout or "[]"):
+        if not (other["name"].startswith("gpulab-") and other["namespace"].startswith("gpulab-hub-")):
+            continue
+        owner = ((c.maybe_get(f"/api/v1/namespaces/{other['namespace']}") or {}).get("metadata", {})
+                 .get("annotations", {}).get(SESSION_ANNOTATION, ""))
+        if session_alive(owner):
+            c.cleanup()
+            pytest.fail(f"another test session ({owner}) has the gpulab chart installed in the test bed at "
+                        f"{kube_testbed.state_dir}; run beside it with GPULAB_KUBE_TESTBED_DIR=<another folder>",
+                        pytrace=False)
+        helm(kube_testbed, "uninstall", other["name"], "--namespace", other["namespace"], "--wait", check=False)
     # PriorityClasses a crashed benchmark or run left without a release.
     releases = {r["name"] for r in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout
                                               or "[]")}
