@@ -26,7 +26,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from traitlets import Bool, CaselessStrEnum
 from traitlets.config import Configurable
 
-from spawner.catalog import Catalog, catalog_from_dict, catalog_to_dict
+from spawner.catalog import Catalog, catalog_from_dict
+from spawner.catalog_write import catalog_to_dict
 
 from .db import Base, session_factory
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from tornado import web
 
-from spawner.catalog import Catalog, CatalogError, catalog_from_dict, catalog_to_dict, profile_to_dict, team_to_dict
+from spawner.catalog import Catalog, CatalogError, catalog_from_dict
+from spawner.catalog_write import catalog_to_dict, profile_to_dict, team_to_dict
 from spawner.model import is_slug
 from spawner.units import UnitError, format_gpus, parse_duration
 
