@@ -37,13 +37,10 @@ teams:
 """
 
 
-def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
-    """Kueue evicts a running Job by suspending it: its pods go, so a ledger
-    rebuilt from pods drops it, but the job is queued again and still holds its share."""
-    from traitlets.config import Config
 
-    from hub_config.jobs.service import JobService
-    from spawner import jobspec
+def kube_jobs_config(tmp_path, monkeypatch, kueue: bool = False):
+    """A jobs service config on the Kubernetes backend, with the catalog and database in ``tmp_path``."""
+    from traitlets.config import Config
 
     monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path))
     (tmp_path / "catalog.yaml").write_text(CATALOG)
@@ -51,7 +48,16 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     c.GPULab.catalog_file = str(tmp_path / "catalog.yaml")
     c.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
     c.GPULabJobs.backend = "kubernetes"
-    c.GPULabJobs.kueue_enabled = True
+    c.GPULabJobs.kueue_enabled = kueue
+    return c
+
+def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
+    """Kueue evicts a running Job by suspending it: its pods go, so a ledger
+    rebuilt from pods drops it, but the job is queued again and still holds its share."""
+    from hub_config.jobs.service import JobService
+    from spawner import jobspec
+
+    c = kube_jobs_config(tmp_path, monkeypatch, kueue=True)
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)  # no cluster here
     rec, _ = service.submit("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch",
@@ -75,17 +81,10 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     ("alice", "claim-alice"), ("jo_smith", "claim-jo-smith---515893c9"), ("a.b@x.com", "claim-a-b-x-com---464a0cfb"),
 ])
 def test_the_job_mounts_the_home_claim_kubespawner_named(tmp_path, monkeypatch, user, claim):
-    from traitlets.config import Config
-
     from hub_config.jobs.service import JobService
     from spawner.kube import expand_user_template
 
-    monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path))
-    (tmp_path / "catalog.yaml").write_text(CATALOG)
-    c = Config()
-    c.GPULab.catalog_file = str(tmp_path / "catalog.yaml")
-    c.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
-    c.GPULabJobs.backend = "kubernetes"
+    c = kube_jobs_config(tmp_path, monkeypatch)
     backend = JobService(config=c).backend
     assert backend.home_claim(user) == claim == expand_user_template("claim-{user_server}", user)
     c.KubeSpawner.pvc_name_template = "home-{username}"  # z2jh: singleuser.storage.dynamic.pvcNameTemplate
@@ -96,18 +95,10 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     """What the backend sends for a 1-GPU profile with tolerations and node affinity,
     under z2jh's single-user settings, checked against the Kubernetes schema (strict)."""
     import kubernetes_validate
-    from traitlets.config import Config
-
     from hub_config.jobs.service import JobService
     from spawner.labels import kueue_local_queue
 
-    monkeypatch.setenv("GPULAB_DATA_DIR", str(tmp_path))
-    (tmp_path / "catalog.yaml").write_text(CATALOG)
-    c = Config()
-    c.GPULab.catalog_file = str(tmp_path / "catalog.yaml")
-    c.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
-    c.GPULabJobs.backend = "kubernetes"
-    c.GPULabJobs.kueue_enabled = True
+    c = kube_jobs_config(tmp_path, monkeypatch, kueue=True)
     # What z2jh sets for its single-user pods (singleuser.uid, fsGid, image.pullSecrets).
     c.KubeSpawner.uid = 1000
     c.KubeSpawner.fs_gid = 100
