@@ -10,7 +10,10 @@ from pathlib import Path
 
 from collections.abc import Mapping
 
-from spawner.catalog import Catalog, CatalogError, catalog_from_yaml, gpu_model_issues
+import yaml
+
+from spawner.catalog import Catalog, CatalogError, catalog_from_dict, catalog_from_yaml, gpu_model_issues
+from spawner.kube_conventions import prepuller_extra_images
 from spawner.nvml import detect_gpus
 from spawner.sharing import DEFAULT_GPU_PRODUCTS
 from spawner.units import format_gpus
@@ -58,10 +61,6 @@ def check_config(path: str, kubernetes: bool = False) -> int:
 
 def prepuller_values(path: str) -> int:
     """Print z2jh values pre-pulling every image of a catalog (or of a gpulab chart values file)."""
-    import yaml
-
-    from spawner.kube_conventions import prepuller_extra_images
-
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
@@ -70,8 +69,6 @@ def prepuller_values(path: str) -> int:
     if isinstance(data, dict) and isinstance(data.get("gpulab"), dict):
         data = data["gpulab"]  # the gpulab chart's values: the catalog is its `gpulab:` block
     try:
-        from spawner.catalog import catalog_from_dict
-
         images = prepuller_extra_images(catalog_from_dict(data, path))
     except (CatalogError, ValueError) as e:
         print(f"{path}: {e}", file=sys.stderr)

@@ -22,11 +22,12 @@ Pure code: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .sharing import mig_table, pick_mig_slice, timeslice_effective_milli
+from .packer import DevicePacker
 from .units import MILLI_PER_GPU
 
 FULL = MILLI_PER_GPU
@@ -186,7 +187,8 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
     givable = givable_sizes(backend, options, model, max_gpus=max_gpus)
     # The sizes worth having: each recorded request rounded up to what the backend gives.
     candidates = sorted({s for s in (round_up(m, givable) for m in demand) if s is not None})
-    if round_up(largest, givable) is None:
+    largest_size = round_up(largest, givable)
+    if largest_size is None:
         raise AdvisorError(f"a recorded request of {largest} milli-GPUs is larger than anything backend "
                            f"{backend!r} gives")
     pools = [candidates]
@@ -203,12 +205,11 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
         # Least waste is only where the search starts: shares that leave no sliver
         # another share fits (0.32 + 0.65 on one GPU) place more work than any grid.
         pool = sorted({c for p in pools for c in p} | set(candidates))
-        top = round_up(largest, givable)
         # Several starts, as single swaps stop at local optima: the least-waste catalog, and
         # shares added one by one from the recorded sizes alone and from every candidate.
         starts = [(sizes, measured), _forward(sizes, candidates, max_sizes, evaluate),
                   _forward(sizes, pool, max_sizes, evaluate)]
-        sizes, measured = max((_improve(s, m, pool, largest=top, evaluate=evaluate) for s, m in starts),
+        sizes, measured = max((_improve(s, m, pool, largest=largest_size, evaluate=evaluate) for s, m in starts),
                               key=lambda found: found[1])
     else:
         sizes = options_tried[0]
@@ -300,7 +301,7 @@ def _catalog_options(demand: Mapping[int, float], pools: list[list[int]], max_si
 
 
 def _best_sizes(demand: Mapping[int, float], candidates: list[int], max_sizes: int,
-                forced: set[int] = frozenset()) -> list[int] | None:
+                forced: Collection[int] = frozenset()) -> list[int] | None:
     """Exact least allocation: DP over "the largest size chosen so far is candidate j".
 
     ``cost[k][j]``: least allocation of the demand up to candidate ``j`` with
@@ -310,7 +311,9 @@ def _best_sizes(demand: Mapping[int, float], candidates: list[int], max_sizes: i
     n = len(candidates)
     weight_at = [0.0] * n
     for milli, weight in demand.items():
-        weight_at[candidates.index(round_up(milli, candidates))] += weight
+        size = round_up(milli, candidates)
+        assert size is not None, "the largest candidate covers the largest request"
+        weight_at[candidates.index(size)] += weight
     prefix = [0.0]
     for w in weight_at:
         prefix.append(prefix[-1] + w)
@@ -355,12 +358,9 @@ def fill_work(requests: Sequence[tuple[int, frozenset[str]]], devices: Sequence[
     leaves, until ``max_failures`` placements in a row fail. A request no
     size holds is skipped. ``devices`` are :class:`spawner.packer.GPUDevice`.
     """
-    from .packer import DevicePacker  # the packer imports nothing from here; keep the import local anyway
-
     ordered = sorted(sizes)
     packer = DevicePacker(devices, scoring=scoring)
-    offered = [(m, models, round_up(m, ordered)) for m, models in requests]
-    offered = [(m, models, a) for m, models, a in offered if a is not None]
+    offered = [(m, models, a) for m, models in requests if (a := round_up(m, ordered)) is not None]
     if not offered:
         return 0
     placed = failures = n = 0

@@ -8,10 +8,10 @@ collected before failing, so ``gpulab check-config`` can list them all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -25,6 +25,7 @@ from .catalog_kube import (
 )
 from .model import SLUG_RE, ImageChoice, Profile, Team, is_slug
 from .priority import BY_SHORT_NAME, get_priority_class
+from .sharing import SHARING_BACKENDS, sharing_config_issues
 from .units import (
     UnitError,
     format_gpus,
@@ -35,10 +36,8 @@ from .units import (
     parse_milli,
 )
 
-#: GPU sharing mechanisms a profile or cluster may name.
-SHARING_BACKENDS = ("whole", "timeslice", "mig", "hami", "kai")
-
 Path = tuple[Any, ...]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,7 @@ class _Reader:
                 break
         self.issues.append(ConfigIssue(path, message, line))
 
-    def mapping(self, value: Any, path: Path, allowed: set[str], required: Iterable[str] = ()) -> dict | None:
+    def mapping(self, value: Any, path: Path, allowed: set[str], required: Iterable[str] = ()) -> dict[str, Any] | None:
         if not isinstance(value, Mapping):
             self.error(path, f"expected a mapping, got {_kind(value)}")
             return None
@@ -175,7 +174,7 @@ class _Reader:
                 self.error(path, f"missing required key '{key}'")
         return dict(value)
 
-    def convert(self, fn, value: Any, path: Path, default: Any = None) -> Any:
+    def convert(self, fn: Callable[[Any], T], value: Any, path: Path, default: T | None = None) -> T | None:
         try:
             return fn(value)
         except UnitError as e:
@@ -244,7 +243,7 @@ MAX_PRICE = 1_000_000
 _TOP_KEYS = {"teams", "profiles", "sharing", "inventory", "prices"}
 
 
-def _read_gpu_amount(r: _Reader, spec: Mapping, key: str, path: Path) -> int | None:
+def _read_gpu_amount(r: _Reader, spec: Mapping[str, Any], key: str, path: Path) -> int | None:
     if key not in spec:
         return None
     return r.convert(parse_gpus, spec[key], path + (key,))
@@ -260,11 +259,12 @@ def _read_profile(r: _Reader, spec: Any, path: Path) -> Profile | None:
     description = r.string(d.get("description", ""), path + ("description",), max_len=2000)
     if "gpus" in d and "gpu_milli" in d:
         r.error(path, "give either 'gpus' or 'gpu_milli', not both")
-    milli = 0
+    milli: int | None = 0
     if "gpus" in d:
         milli = r.convert(parse_gpus, d["gpus"], path + ("gpus",), 0)
     elif "gpu_milli" in d:
         milli = r.convert(parse_milli, d["gpu_milli"], path + ("gpu_milli",), 0)
+    milli = milli or 0
     if milli and milli > 1000 and milli % 1000:
         r.error(path + ("gpus",), f"{format_gpus(milli)} GPUs: more than one GPU must be a whole number of GPUs")
     gpu_model = d.get("gpu_model")
@@ -342,7 +342,8 @@ def _read_profile(r: _Reader, spec: Any, path: Path) -> Profile | None:
     )
 
 
-def _read_objects(r: _Reader, value: Any, path: Path, allowed: set[str], check) -> tuple[dict, ...]:
+def _read_objects(r: _Reader, value: Any, path: Path, allowed: set[str],
+                  check: Callable[[dict[str, Any]], str | None]) -> tuple[dict[str, Any], ...]:
     """A list of Kubernetes objects (tolerations, affinity terms): known fields, checked shapes."""
     if value is None:
         return ()
@@ -475,8 +476,6 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
             for k in SHARING_BACKENDS:
                 if k in s and not isinstance(s[k], Mapping):
                     r.error(("sharing", k), f"expected a mapping, got {_kind(s[k])}")
-            from .sharing import sharing_config_issues  # here: sharing imports this module
-
             for sub, message in sharing_config_issues({k: v for k, v in s.items() if isinstance(v, Mapping)}):
                 r.error(("sharing",) + sub, message)
             sharing = s

@@ -9,6 +9,8 @@ Pure code.
 
 from __future__ import annotations
 
+from typing import Any
+
 #: Fields of a Toleration, a NodeSelectorTerm, a PreferredSchedulingTerm and a requirement.
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 NODE_TERM_KEYS = {"matchExpressions", "matchFields"}
@@ -16,7 +18,7 @@ PREFERRED_TERM_KEYS = {"weight", "preference"}
 REQUIREMENT_KEYS = {"key", "operator", "values"}
 
 
-def check_toleration(t: dict) -> str | None:
+def check_toleration(t: dict[str, Any]) -> str | None:
     if t.get("operator", "Equal") not in ("Equal", "Exists"):
         return "operator must be Equal or Exists"
     if t.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
@@ -30,7 +32,7 @@ def check_toleration(t: dict) -> str | None:
     return None
 
 
-def check_node_term(term: dict) -> str | None:
+def check_node_term(term: dict[str, Any]) -> str | None:
     if not term:
         return "a node selector term needs matchExpressions or matchFields"
     for field_name in ("matchExpressions", "matchFields"):
@@ -46,7 +48,7 @@ def check_node_term(term: dict) -> str | None:
     return None
 
 
-def check_preferred_term(term: dict) -> str | None:
+def check_preferred_term(term: dict[str, Any]) -> str | None:
     w = term.get("weight")
     if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
         return "weight must be a whole number from 1 to 100"

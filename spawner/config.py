@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from traitlets import CaselessStrEnum, Dict, List, Unicode, Union
@@ -41,7 +42,7 @@ class GPULab(Configurable):
         file's `teams`). Added to those from `catalog_file`; a name defined in
         both is an error.""",
     )
-    profiles = List(
+    profiles: List[Any] = List(
         config=True,
         help="""Profiles given directly in traitlets config (same schema as the
         file's `profiles`). Added to those from `catalog_file`.""",
@@ -51,7 +52,7 @@ class GPULab(Configurable):
         help="""Cluster-wide GPU sharing defaults, e.g.
         `{"backend": "timeslice", "timeslice": {"replicas": 4}}`. Overrides the file's.""",
     )
-    inventory = List(
+    inventory: List[Any] = List(
         config=True,
         help="""Declared GPUs for the single-server mode when NVML finds no driver,
         e.g. `[{"model": "H100-80GB", "count": 8, "memory_mib": 81559}]`. Overrides the file's.""",
@@ -74,7 +75,7 @@ class GPULab(Configurable):
         config=True,
         help="""Import strings of callables `hook(runtime, settings)` run once when
         the process runtime is created, in order, before it is used; e.g.
-        `hub_config.catalog_store.attach_runtime` applies catalog edits stored in
+        `hub_config.config.runtime.attach_runtime` applies catalog edits stored in
         gpulab's database and records usage history. Keeps the core free of I/O.""",
     )
 
@@ -106,6 +107,10 @@ class GPULab(Configurable):
         return catalog_from_dict(data, source)
 
 
+def _no_reclaim_notice(spawner: Any) -> str:
+    return ""
+
+
 class GPULabRuntime:
     """Process-wide state: the current catalog, the ledger and (single server) the packer."""
 
@@ -119,7 +124,17 @@ class GPULabRuntime:
         self.gpu_inventory_source = gpu_inventory_source
         #: Where the packer's devices actually came from: ``nvml`` or ``declared``.
         self.inventory_source = "declared"
-        self._listeners: list = []
+        #: The hub's stored catalog (``hub_config.domain.catalog_store.CatalogStore``),
+        #: set by the hub's runtime hook; ``None`` outside the hub.
+        self.catalog_store: Any = None
+        #: The hub's usage recorder (``hub_config.domain.usage_records.UsageRecorder``), set by
+        #: the hub's runtime hook; ``None`` outside the hub.
+        self.usage: Any = None
+        #: ``reclaim_notice(spawner) -> str``: why this server's last session ended, when the
+        #: idle culler reclaimed its GPU ('' otherwise). The hub installs the reader of the
+        #: culler's records; the spawners only call it, so they import nothing from the hub.
+        self.reclaim_notice: Callable[[Any], str] = _no_reclaim_notice
+        self._listeners: list[Callable[[Catalog], None]] = []
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap in an edited catalog; takes effect for the next spawn or job."""
@@ -129,7 +144,7 @@ class GPULabRuntime:
         for listener in list(self._listeners):
             listener(catalog)
 
-    def on_catalog_change(self, listener) -> None:
+    def on_catalog_change(self, listener: Callable[[Catalog], None]) -> None:
         self._listeners.append(listener)
 
 

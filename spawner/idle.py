@@ -232,15 +232,11 @@ def idle_timeout_for(profile: Profile | None, team: Team | None, default_seconds
     """
     p = profile.idle_timeout_seconds if profile is not None else None
     t = team.idle_timeout_seconds if team is not None else None
-    if p is not None and t is not None:
-        if t < p:
-            return t, f"team {team.name}"
-        return p, f"profile {profile.slug}"
-    if p is not None:
-        return p, f"profile {profile.slug}"
-    if t is not None:
-        return t, f"team {team.name}"
-    return default_seconds, "default"
+    from_profile = (p, f"profile {profile.slug}") if profile is not None and p is not None else None
+    from_team = (t, f"team {team.name}") if team is not None and t is not None else None
+    if from_profile is not None and from_team is not None:
+        return from_team if from_team[0] < from_profile[0] else from_profile
+    return from_profile or from_team or (default_seconds, "default")
 
 
 # -- warn -> grace -> reclaim ---------------------------------------------

@@ -369,7 +369,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for c in status.get("conditions") or []:
-        if c.get("type") == kind and str(c.get("status")) == "True":
+        if isinstance(c, Mapping) and c.get("type") == kind and str(c.get("status")) == "True":
             return c
     return None
 

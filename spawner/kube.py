@@ -127,10 +127,8 @@ class GPUKubeSpawner(KubeSpawner):
     def _render_options_form(self, profile_list):
         """KubeSpawner's form, after a line saying why the last server ended when the idle
         culler reclaimed its GPU."""
-        from hub_config.idle_records import reclaim_notice_for  # the hub side owns the culler's records
-
         html = super()._render_options_form(profile_list)
-        notice = reclaim_notice_for(self)
+        notice = get_runtime(parent=self).reclaim_notice(self)
         return notice_html(notice) + html if notice else html
 
     @default("profile_form_template")

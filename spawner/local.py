@@ -36,6 +36,7 @@ from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import options_from_formdata, render_options_form
 from .ledger import Workload
+from .nvml import detect_gpus
 from .packer import DevicePacker, Placement, devices_from_inventory
 from .policy import Capacity, PolicyError, SpawnRequest, choices_for_user, device_capacity, resolve_request
 from .units import format_gpus
@@ -55,8 +56,6 @@ def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
         inventory_source = runtime.gpu_inventory_source
         devices = None
         if inventory_source in ("auto", "nvml"):
-            from .nvml import detect_gpus
-
             devices = detect_gpus()
             if devices is None and inventory_source == "nvml":
                 raise RuntimeError("gpu_inventory_source is 'nvml' but NVML found no NVIDIA driver")
@@ -154,9 +153,7 @@ class GPULocalMixin(LoggingConfigurable):
 
     def reclaim_notice(self) -> str:
         """"Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
-        from hub_config.idle_records import reclaim_notice_for  # the hub side owns the culler's records
-
-        return reclaim_notice_for(self)
+        return get_runtime(parent=self).reclaim_notice(self)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
         try:

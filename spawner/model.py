@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 from .priority import DEVELOPMENT, PriorityClass
 from .units import format_gpus
@@ -12,7 +14,7 @@ from .units import format_gpus
 SLUG_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
-def is_slug(value: object) -> bool:
+def is_slug(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(SLUG_RE.match(value))
 
 
@@ -52,9 +54,9 @@ class Profile:
     retired: bool = False
     #: Kubernetes: pod tolerations, and node affinity terms (KubeSpawner's
     #: ``node_affinity_required`` / ``node_affinity_preferred`` shapes).
-    tolerations: tuple[dict, ...] = ()
-    node_affinity_required: tuple[dict, ...] = ()
-    node_affinity_preferred: tuple[dict, ...] = ()
+    tolerations: tuple[dict[str, Any], ...] = ()
+    node_affinity_required: tuple[dict[str, Any], ...] = ()
+    node_affinity_preferred: tuple[dict[str, Any], ...] = ()
     #: Seconds a server may take to start (node autoscaling, image pulls,
     #: queueing); ``None`` = the spawner's ``start_timeout``.
     start_timeout_seconds: int | None = None
@@ -104,5 +106,5 @@ class Team:
     def label(self) -> str:
         return self.display_name or self.name
 
-    def has_member(self, user: str, groups: frozenset[str] | set[str] | list[str] = ()) -> bool:
+    def has_member(self, user: str, groups: Collection[str] = ()) -> bool:
         return user in self.users or bool(self.groups.intersection(groups))

@@ -21,8 +21,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from .fragmentation import FULL, FragmentationWeights, TaskClass
+from .fragmentation import FULL, FragmentationWeights, ModelWeights, TaskClass
 
 __all__ = ["FULL", "SCORINGS", "DevicePacker", "GPUDevice", "PackingError", "Placement", "devices_from_inventory"]
 
@@ -245,12 +246,12 @@ class DevicePacker:
         return self._find_whole(milli // FULL, self._models(models), weights)
 
     def _find_share(self, milli: int, models: list[tuple[str, _ModelIndex]],
-                    weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+                    weights: Mapping[str, ModelWeights] | None) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         # Candidates are scored by (fragmentation growth, free share left on the device,
         # free GPU left on the node); best fit uses the last two only.
         best: tuple[int, int, int] | None = None
         where: tuple[_ModelIndex, int] | None = None  # a partly used device's (index, free share)
-        fresh: tuple[str, int] | None = None  # (model, c): a completely free device of a node group
+        fresh: tuple[str, int, str] | None = None  # (model, c, node): a free device of a node group
         for model, mi in models:
             values = mi.values
             pos = bisect.bisect_left(values, milli)
@@ -291,7 +292,7 @@ class DevicePacker:
         return (self.devices[idx].node, ((idx, milli),))
 
     def _find_whole(self, need: int, models: list[tuple[str, _ModelIndex]],
-                    weights) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+                    weights: Mapping[str, ModelWeights] | None) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         best: tuple[int, int] | None = None
         choice: tuple[str, str] | None = None
         for model, mi in models:
@@ -380,7 +381,7 @@ class DevicePacker:
         )
 
 
-def devices_from_inventory(specs: Iterable, node: str = "local") -> list[GPUDevice]:
+def devices_from_inventory(specs: Iterable[Any], node: str = "local") -> list[GPUDevice]:
     """Expand declared ``DeviceSpec`` rows (model, count, memory) into devices."""
     out: list[GPUDevice] = []
     for spec in specs:

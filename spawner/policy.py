@@ -159,9 +159,10 @@ def resolve_request(
             raise PolicyError("you are in several teams: choose which team pays for this server")
         team = teams[0]
     else:
-        team = next((t for t in teams if t.name == team_name), None)
-        if team is None:
+        chosen = next((t for t in teams if t.name == team_name), None)
+        if chosen is None:
             raise PolicyError(f"you are not a member of team {team_name!r}", 403)
+        team = chosen
     profile = catalog.profile(slug)
     if profile is None:
         raise PolicyError(f"unknown profile {slug!r}")

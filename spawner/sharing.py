@@ -35,9 +35,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .catalog import SHARING_BACKENDS
 from .model import Profile, Team
 from .units import MILLI_PER_GPU, format_gpus
+
+#: The sharing backends a catalog may name (``sharing.backend``, a profile's ``sharing``).
+SHARING_BACKENDS = ("whole", "timeslice", "mig", "hami", "kai")
 
 
 class SharingError(ValueError):
@@ -258,7 +260,7 @@ def mig_table(model: str, opts: Mapping[str, Any] | None = None) -> tuple[MigSli
     return tuple(sorted(out))
 
 
-def _mig_shares(table: tuple[MigSlice, ...]):
+def _mig_shares(table: tuple[MigSlice, ...]) -> Callable[[MigSlice], tuple[int, int, int]]:
     """``share(slice) -> (compute_units, total_compute, memory_eighths)``.
 
     A GPU has 7 compute slices (4 on an A30) and 8 memory slices; the names

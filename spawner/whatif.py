@@ -207,7 +207,7 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
         res = out if counted else ReplayResult()
         res.sessions += 1
         row = team_row(s.team) if counted else dict.fromkeys(("served_gpu_hours", "refused_gpu_hours",
-                                                               "reclaimed_gpu_hours", "regret", "sessions"), 0)
+                                                               "reclaimed_gpu_hours", "regret", "sessions"), 0.0)
         row["sessions"] += 1
         if not s.samples:
             res.sessions_without_samples += 1

@@ -11,6 +11,14 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tiers: a test on the Kubernetes test bed is an integration test too, so the fast
+    tier (``-m "not integration"``, scripts/test --fast) never starts a control plane."""
+    for item in items:
+        if item.get_closest_marker("kube") and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Debian Chromium for the module's tests (fails, never skips, if missing)."""

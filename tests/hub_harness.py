@@ -79,7 +79,7 @@ class RunningHub:
         ]
         self.config_path = self.workdir / "jupyterhub_config.py"
         self.config_path.write_text(textwrap.dedent(f"""
-            from hub_config.embedded import configure_embedded
+            from hub_config.config.embedded import configure_embedded
             c = get_config()
             configure_embedded(c)
             c.JupyterHub.hub_port = {self.hub_port}

@@ -9,9 +9,10 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from hub_config.catalog_store import AuditEntry, CatalogStore, GPULabCatalogStore, StoredCatalog, load_at_start
-from hub_config.db import session_factory
-from hub_config.usage import GPULabUsage, UsageInterval, UsageRecorder, jobs_by_state, period_report
+from hub_config.domain.catalog_store import AuditEntry, CatalogStore, GPULabCatalogStore, StoredCatalog, load_at_start
+from hub_config.storage.db import session_factory, utcnow
+from hub_config.domain.usage import jobs_by_state, period_report
+from hub_config.domain.usage_records import GPULabUsage, UsageInterval, UsageRecorder
 from spawner.catalog import catalog_from_dict, catalog_from_yaml
 from spawner.config import GPULabRuntime
 from spawner.ledger import Ledger, Workload
@@ -104,7 +105,7 @@ def test_reconcile_closes_intervals_of_workloads_that_vanished(sessions):
 
 
 def test_no_utilisation_samples_without_nvml(sessions):
-    from hub_config.usage import UtilisationSample
+    from hub_config.domain.usage import UtilisationSample
     from spawner.packer import DevicePacker, devices_from_inventory
 
     runtime = GPULabRuntime(catalog_from_yaml("""
@@ -135,8 +136,7 @@ def test_period_report_clips_splits_and_prices(sessions):
     add_interval(sessions, "c", "nlp", "carol", 2000, t0 + timedelta(hours=1), t0 + timedelta(hours=2),
                  model=None)
     add_interval(sessions, "d", "nlp", "carol", 2000, t0 - timedelta(days=3), t0 - timedelta(days=2))
-    absent = GPULabUsage(reclaims_table="no_such_table", jobs_table="no_such_table")
-    r = period_report(runtime, sessions, absent, t0, t0 + timedelta(days=2), timedelta(days=1))
+    r = period_report(runtime, sessions, GPULabUsage(), t0, t0 + timedelta(days=2), timedelta(days=1))
     teams = {t["team"]: t for t in r["teams"]}
     v = teams["vision"]
     # alice: 3 h of 0.5 GPU inside the period; bob: 3 h of 1 GPU over quota.
@@ -149,28 +149,38 @@ def test_period_report_clips_splits_and_prices(sessions):
     assert n["gpu_hours"] == pytest.approx(2.0) and n["cost"] == pytest.approx(2.0 * 1.0)  # "*" price
     assert n["gpu_hours_by_model"] == {"unknown": 2.0}
     assert r["total"]["cost"] == pytest.approx(4.5 * 2.5 + 2.0)
-    assert v["idle_gpu_hours_before_reclaim"] is None and v["gpu_hours_freed"] is None and v["jobs"] is None  # no culler / jobs tables: unknown, not 0
-    assert r["sources"]["reclaims"] is None and v["utilisation_pct"] is None
+    assert v["idle_gpu_hours_before_reclaim"] == 0 and v["gpu_hours_freed"] == 0 and v["jobs"] == {}
+    assert r["sources"]["reclaims"] == "gpulab_idle_events" and v["utilisation_pct"] is None
+
+
+def test_unreadable_reclaims_and_jobs_are_unknown_not_zero(sessions):
+    """A database the culler's and the jobs' records cannot be read from reports None, never 0."""
+    engine = sessions.kw["bind"]
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE gpulab_idle_events")
+        conn.exec_driver_sql("DROP TABLE gpulab_jobs")
+    t0 = datetime(2026, 1, 1)
+    r = period_report(GPULabRuntime(CATALOG), sessions, GPULabUsage(), t0, t0 + timedelta(days=1))
+    v = next(t for t in r["teams"] if t["team"] == "vision")
+    assert v["idle_gpu_hours_before_reclaim"] is None and v["gpu_hours_freed"] is None and v["jobs"] is None
+    assert r["sources"]["reclaims"] is None and r["sources"]["jobs"] is None
 
 
 def test_jobs_are_counted_by_state_from_the_jobs_table(sessions):
-    from hub_config.db import Base
     from hub_config.jobs.models import JobRecord
 
-    Base.metadata.create_all(sessions.kw["bind"])
     runtime = GPULabRuntime(CATALOG)
-    now = datetime.utcnow()
+    now = utcnow()
     with sessions.begin() as s:
         for i, state in enumerate(["succeeded", "succeeded", "failed", "running"]):
             s.add(JobRecord(name=f"j{i}", user="alice" if i < 3 else "bob", team="vision", profile="half",
                             job_class="batch", state=state, notebook="n.ipynb", output_path="o", log_path="l",
                             time_limit_seconds=60, backend="local"))
-    table, counts = jobs_by_state(sessions, GPULabUsage(), now - timedelta(hours=1), now + timedelta(hours=1))
-    assert table == "gpulab_jobs"
+    counts = jobs_by_state(sessions, now - timedelta(hours=1), now + timedelta(hours=1))
     assert counts == {("vision", "alice"): {"succeeded": 2, "failed": 1}, ("vision", "bob"): {"running": 1}}
     r = period_report(runtime, sessions, GPULabUsage(), now - timedelta(hours=1), now + timedelta(hours=1))
     assert next(t for t in r["teams"] if t["team"] == "vision")["jobs"] == {"succeeded": 2, "failed": 1, "running": 1}
-    table, counts = jobs_by_state(sessions, GPULabUsage(), now - timedelta(days=9), now - timedelta(days=8))
+    counts = jobs_by_state(sessions, now - timedelta(days=9), now - timedelta(days=8))
     assert counts == {}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_config.embedded import UnsafeBindError, check_bind_safe, is_loopback
+from hub_config.config.embedded import UnsafeBindError, check_bind_safe, is_loopback
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def test_gpulab_up_refuses_a_public_bind_with_demo_login(tmp_path):
 
 
 def test_a_hub_without_isolation_serves_loopback_only():
-    from hub_config.embedded import check_isolation_bind
+    from hub_config.config.embedded import check_isolation_bind
 
     check_isolation_bind("http://127.0.0.1:8000", isolated=False)
     check_isolation_bind("http://0.0.0.0:8000", isolated=True)
@@ -53,7 +53,7 @@ def test_a_hub_without_isolation_serves_loopback_only():
 def test_internal_ports_follow_the_public_port_or_are_picked_free():
     import socket
 
-    from hub_config.embedded import port_near
+    from hub_config.config.embedded import port_near
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -68,7 +68,7 @@ def test_internal_ports_follow_the_public_port_or_are_picked_free():
 def test_operator_roles_keep_their_scopes_when_gpulab_adds_its_own():
     from traitlets.config import Config
 
-    from hub_config.setup import configure_gpulab
+    from hub_config.config.setup import configure_gpulab
 
     c = Config()
     c.JupyterHub.load_roles = [

@@ -23,7 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
-from hub_config import scopes as hub_scopes
+from hub_config.config import scopes as hub_scopes
 
 from .test_helm_chart import REPO, chart_values, of_kind, render
 
@@ -223,4 +223,7 @@ def test_image_builds_gpulab_from_what_it_copies(image, extra, tmp_path):
     assert proc.returncode == 0, proc.stderr
     (wheel,) = (tmp_path / "dist").glob("gpulab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"spawner/kube.py", "hub_config/setup.py", "labextension/__init__.py"} <= names
+    assert {"spawner/kube.py", "hub_config/config/setup.py", "labextension/__init__.py",
+            # the database migrations run at the hub's start: every file Alembic reads
+            "hub_config/storage/migrations/env.py", "hub_config/storage/migrations/script.py.mako",
+            "hub_config/storage/migrations/versions/0001_release_0_1_0.py"} <= names

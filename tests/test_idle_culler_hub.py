@@ -45,7 +45,7 @@ def extra_config(prometheus_url: str, metrics_port: int) -> str:
                "--timeout=3600", "--log-level=DEBUG"]
     return f"""
 import sys
-from hub_config.scopes import CULLER_SERVICE_SCOPES
+from hub_config.config.scopes import CULLER_SERVICE_SCOPES
 c.JupyterHub.services = list(c.JupyterHub.services) + [{{
     "name": "gpulab-idle-culler", "url": "http://127.0.0.1:{metrics_port}", "command": {command!r}}}]
 c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [{{

@@ -8,9 +8,9 @@ import sys
 import pytest
 from traitlets.config import Config
 
-from hub_config.idle_records import GPULabIdle
-from hub_config.idle_service import SERVICE, configure_idle_culler
-from hub_config.scopes import CULLER_SERVICE_SCOPES
+from hub_config.domain.idle_records import GPULabIdle
+from hub_config.config.idle_service import SERVICE, configure_idle_culler
+from hub_config.config.scopes import CULLER_SERVICE_SCOPES
 from spawner.packer import GPUDevice
 from tests.hub_harness import RunningHub
 

@@ -168,7 +168,7 @@ teams:
   - {name: vision, users: [alice, bob], guarantee: 2, burst: 2, allowed_profiles: [h100-1]}
 """
 EXTRA = f"""
-from hub_config.scopes import CULLER_SERVICE_SCOPES
+from hub_config.config.scopes import CULLER_SERVICE_SCOPES
 c.JupyterHub.services = list(c.JupyterHub.services) + [{{"name": "culler", "api_token": "{CULLER_TOKEN}"}}]
 c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [
     {{"name": "culler", "scopes": CULLER_SERVICE_SCOPES, "services": ["culler"]}}]

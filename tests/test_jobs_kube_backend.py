@@ -47,7 +47,7 @@ def kube_jobs_config(tmp_path, monkeypatch, kueue: bool = False):
     c = Config()
     c.GPULab.catalog_file = str(tmp_path / "catalog.yaml")
     c.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
-    c.GPULabJobs.backend = "kubernetes"
+    c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"
     c.GPULabJobs.kueue_enabled = kueue
     return c
 

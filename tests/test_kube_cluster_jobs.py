@@ -1,6 +1,6 @@
 """Notebook jobs on the real control plane: the real Job controller and scheduler.
 
-A real hub with ``c.GPULabJobs.backend = "kubernetes"`` creates ``batch/v1``
+A real hub with ``c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"`` creates ``batch/v1``
 Jobs as the chart-bound hub ServiceAccount. The real Job controller makes the
 pods, the real scheduler binds (and preempts) them, and the node agent plays
 the kubelet; a test ends a pod's container the way the notebook runner would
@@ -44,7 +44,7 @@ def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -
                       env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
 c.JupyterHub.spawner_class = "gpu-kube"
 c.KubeSpawner.namespace = "{release.hub_namespace}"
-c.GPULabJobs.backend = "kubernetes"
+c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"
 c.GPULabJobs.poll_interval = 0.3
 c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
 c.GPULabJobs.kube_home_claim_template = ""

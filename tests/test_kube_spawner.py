@@ -544,11 +544,13 @@ async def test_form_says_when_the_idle_culler_reclaimed_the_last_server(api, tmp
     import json as _json
     import time as _time
 
-    from hub_config.db import session_factory
-    from hub_config.idle_records import IdleEventRow
+    from hub_config.config.runtime import HOOK
+    from hub_config.domain.idle_records import IdleEventRow
+    from hub_config.storage.db import session_factory
 
     config = make_config(api)
     config.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
+    config.GPULab.runtime_hooks = [HOOK]  # what configure_gpulab adds: the hub reads the culler's records
     s = spawner_for(api, "carol", config=config)
     assert "gpulab-reclaimed" not in await s._render_options_form_dynamically(s)
     now = _time.time()

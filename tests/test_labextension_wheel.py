@@ -19,7 +19,7 @@ def test_wheel_ships_the_prebuilt_extension_and_server_switch(tmp_path):
                     "-w", str(tmp_path / "dist"), str(REPO)], check=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("gpulab-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    data = "gpulab-0.1.0.data/data/"
+    data = f"gpulab-{wheel.name.split('-')[1]}.data/data/"
     ext = data + "share/jupyter/labextensions/gpulab-labextension/"
     assert ext + "package.json" in names
     assert any(n.startswith(ext + "static/remoteEntry.") for n in names)

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hub_config.db import session_factory
-from hub_config.usage import UsageInterval, UtilisationSample
+from hub_config.storage.db import session_factory
+from hub_config.domain.usage_records import UsageInterval, UtilisationSample
 from tests.conftest import CHROMIUM
 from tests.hub_harness import REPO, RunningHub
 

@@ -30,11 +30,12 @@ from spawner.catalog_write import catalog_to_dict, profile_to_dict, team_to_dict
 from spawner.model import is_slug
 from spawner.units import UnitError, format_gpus, parse_duration
 
-from ..catalog_store import CatalogStore, StaleCatalogError, utcnow
-from ..scopes import ADMIN
-from ..usage import current_report, period_report
-from .base import GPULabAPIHandler
-from .me import quota_view
+from hub_config.domain.catalog_store import CatalogStore, StaleCatalogError
+from hub_config.storage.db import utcnow
+from hub_config.config.scopes import ADMIN
+from hub_config.domain.usage import current_report, period_report
+from hub_config.api.base import GPULabAPIHandler
+from hub_config.api.me import quota_view
 
 #: Admin bodies are small; anything bigger is refused before parsing.
 MAX_ADMIN_BODY = 64 * 1024
@@ -126,10 +127,10 @@ class AdminAPIHandler(GPULabAPIHandler):
 
     @property
     def store(self) -> CatalogStore:
-        store = getattr(self.gpulab, "catalog_store", None)
+        store = self.gpulab.catalog_store
         if store is None:
             raise web.HTTPError(503, "gpulab's catalog store is not attached "
-                                "(c.GPULab.runtime_hooks lacks hub_config.catalog_store.attach_runtime)")
+                                "(c.GPULab.runtime_hooks lacks hub_config.config.runtime.attach_runtime)")
         return store
 
     def body(self) -> dict[str, Any]:
@@ -372,7 +373,7 @@ class UsageHandler(AdminAPIHandler):
         start, end = parse_period(self.get_argument("period", None), self.get_argument("start", None),
                                   self.get_argument("end", None))
         runtime = self.gpulab
-        recorder = getattr(runtime, "usage", None)
+        recorder = runtime.usage
         if recorder is None:
             raise web.HTTPError(503, "gpulab's usage history is not attached")
         report = period_report(runtime, recorder.sessions, recorder.settings, start, end, bucket_for(end - start))

@@ -36,13 +36,13 @@ from jupyterhub.utils import isoformat
 
 from spawner.idle import KeepaliveRefused, grant_keepalive
 
-from ..db import session_factory
-from ..idle_records import (
+from hub_config.storage.db import session_factory
+from hub_config.domain.idle_records import (
     ACTIONS, EVENT_KINDS, MAX_CYCLE_BYTES, MAX_GRACE_SECONDS, MAX_NAME, MAX_REASON, MAX_SESSION, GPULabIdle,
     IdleEventRow, IdleWarningRow, KeepaliveRow, audit_json, evidence_peak, iso, reclaim_message,
 )
-from ..scopes import ADMIN, CULLER, JOBS
-from .base import GPULabAPIHandler
+from hub_config.config.scopes import ADMIN, CULLER, JOBS
+from hub_config.api.base import GPULabAPIHandler
 
 # -- handlers -------------------------------------------------------------
 

@@ -16,10 +16,10 @@ from tornado import web
 
 from spawner.jobspec import STATES, JobSpecError
 
-from ..jobs.models import JobRecord
-from ..jobs.service import get_service
-from ..scopes import ADMIN, JOBS
-from .base import GPULabAPIHandler, ascii_id
+from hub_config.jobs.models import JobRecord
+from hub_config.jobs.service import get_service
+from hub_config.config.scopes import ADMIN, JOBS
+from hub_config.api.base import GPULabAPIHandler, ascii_id
 
 #: Largest submission body (parameters are limited separately, and more tightly).
 MAX_SUBMIT_BYTES = 64 * 1024

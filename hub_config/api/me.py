@@ -14,8 +14,8 @@ from spawner.ledger import TeamUsage
 from spawner.model import Team
 from spawner.policy import choices_for_user, device_capacity, team_summary
 
-from ..scopes import ADMIN, JOBS
-from .base import GPULabAPIHandler
+from hub_config.config.scopes import ADMIN, JOBS
+from hub_config.api.base import GPULabAPIHandler
 
 
 def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:

@@ -28,9 +28,9 @@ from spawner.packer import GPUDevice, devices_from_inventory
 from spawner.units import UnitError, format_gpus, parse_duration, parse_gpus
 from spawner.whatif import Proposal, RecordedSession, replay
 
-from ..catalog_store import utcnow
-from ..usage import UsageInterval, UtilisationSample
-from .admin import AdminAPIHandler
+from hub_config.storage.db import utcnow
+from hub_config.domain.usage_records import UsageInterval, UtilisationSample
+from hub_config.api.admin import AdminAPIHandler
 
 MAX_WHATIF_BODY = 16 * 1024
 MAX_DAYS = 90
@@ -75,7 +75,7 @@ def _ts(dt) -> float:
 class WhatIfHandler(AdminAPIHandler):
     def _history(self, team: str | None, days: int) -> tuple[list[RecordedSession], Any, Any]:
         """The recorded sessions of the last ``days`` (one team's, or everyone's for ``None``)."""
-        recorder = getattr(self.gpulab, "usage", None)
+        recorder = self.gpulab.usage
         if recorder is None:
             raise web.HTTPError(503, "gpulab's usage history is not attached")
         until = utcnow()
@@ -234,7 +234,7 @@ def offer_rules(runtime) -> OfferRules:
     """On a single server the packer gives any milli-GPU share of the declared or detected GPUs;
     on Kubernetes the sharing backend decides, and the hub does not know the nodes."""
     catalog = runtime.catalog
-    packer = getattr(runtime, "packer", None)
+    packer = runtime.packer
     if packer is not None or catalog.inventory:
         devices = list(packer.devices.values()) if packer is not None else devices_from_inventory(catalog.inventory)
         return OfferRules("single server (any share of a GPU)", "kai", {}, None, devices)

@@ -1,4 +1,4 @@
-"""The jobs table, on gpulab's own database (:mod:`hub_config.db`)."""
+"""The jobs table, on gpulab's own database (:mod:`hub_config.storage.db`)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,7 @@ from typing import Any
 from sqlalchemy import Boolean, DateTime, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from ..db import Base
-
-
-def utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-
-
-def iso(t: datetime.datetime | None) -> str | None:
-    if t is None:
-        return None
-    if t.tzinfo is None:  # SQLite hands back naive datetimes; we only store UTC
-        t = t.replace(tzinfo=datetime.timezone.utc)
-    return t.isoformat().replace("+00:00", "Z")
+from hub_config.storage.db import Base, iso, utcnow
 
 
 class JobRecord(Base):
@@ -48,9 +36,9 @@ class JobRecord(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
     rerun_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
     backend: Mapped[str] = mapped_column(String(16))
-    created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime.datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[datetime.datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime, nullable=True)
     #: Times the job was started (a preempted job starts again).
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     #: Single server: the runner's process id (= its process group) and its device shares.

@@ -16,6 +16,7 @@ final state. A refusal says why and stores nothing.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from traitlets import Bool, CaselessStrEnum, Float, Int, List, Unicode, default
+from traitlets import Bool, Float, Int, List, Type, Unicode, default
 from traitlets.config import Configurable
 
 from spawner import jobspec
@@ -36,11 +37,10 @@ from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
 from spawner.ledger import RESERVED, RUNNING, Workload
 from spawner.policy import PolicyError, resolve_request
 
-from ..db import session_factory
-from .models import JobRecord, utcnow
-
-#: A child of JupyterHub's logger, so job events land in the hub's log.
-log = logging.getLogger("JupyterHub.gpulab.jobs")
+from hub_config.jobs.backends.base import JobBackend, config_value, log
+from hub_config.jobs.models import JobRecord
+from hub_config.storage.db import utcnow
+from hub_config.storage.db import session_factory
 
 #: Keys a submission may carry; anything else is refused (never silently ignored).
 SUBMIT_KEYS = frozenset({"notebook", "job_class", "profile", "team", "image", "parameters",
@@ -50,13 +50,15 @@ SUBMIT_KEYS = frozenset({"notebook", "job_class", "profile", "team", "image", "p
 class GPULabJobs(Configurable):
     """Settings of gpulab's notebook jobs (``c.GPULabJobs.*``)."""
 
-    backend = CaselessStrEnum(
-        ["auto", "local", "kubernetes"],
-        default_value="auto",
+    backend_class = Type(
+        default_value="hub_config.jobs.backends.local.LocalJobBackend",
+        klass="hub_config.jobs.backends.base.JobBackend",
         config=True,
-        help="""Where jobs run. `local`: papermill processes on this server's GPUs
-        (the embedded hub). `kubernetes`: one batch/v1 Job per submission. `auto`:
-        `kubernetes` when the hub's spawner is gpulab's KubeSpawner, else `local`.""",
+        help="""Where jobs run: a :class:`JobBackend` class or its import string.
+        `hub_config.jobs.backends.local.LocalJobBackend` (the default): papermill
+        processes on this server's GPUs, as their owners. On Kubernetes
+        `hub_config.jobs.backends.kube.KubeJobBackend`: one batch/v1 Job per
+        submission (the Helm overlay sets it).""",
     )
     home_dir_template = Unicode(
         "",
@@ -154,14 +156,6 @@ class GPULabJobs(Configurable):
         return os.environ.get("POD_NAMESPACE", "default")
 
 
-def _config_value(config: Any, section: str, key: str) -> Any:
-    try:
-        sec = config[section] if section in config else None
-        return sec[key] if sec is not None and key in sec else None
-    except (KeyError, TypeError):
-        return None
-
-
 class JobService:
     """Submissions, the state machine and the database, over one backend."""
 
@@ -171,7 +165,7 @@ class JobService:
         self.runtime = runtime or get_runtime(config=config)
         self.db = session_factory(config)
         self.accounts = UserAccounts(config=config) if config is not None else UserAccounts()
-        spawner_class = str(_config_value(config, "JupyterHub", "spawner_class") or "")
+        spawner_class = str(config_value(config, "JupyterHub", "spawner_class") or "")
         #: Jobs run as their owner's system account, like the owner's servers.
         self.owner_accounts = self.accounts.enabled or spawner_class in (
             "gpu-local", "spawner.local.GPULocalSpawner")
@@ -181,23 +175,13 @@ class JobService:
 
     # -- configuration ------------------------------------------------------
 
-    def _make_backend(self):
-        kind = self.settings.backend
-        if kind == "auto":
-            spawner = str(_config_value(self.config, "JupyterHub", "spawner_class") or "")
-            kind = "kubernetes" if ("kube" in spawner.lower()) else "local"
-        if kind == "kubernetes":
-            from .kube import KubeJobBackend
-
-            return KubeJobBackend(self)
-        from .local import LocalJobBackend
-
-        return LocalJobBackend(self)
+    def _make_backend(self) -> JobBackend:
+        return self.settings.backend_class(self)
 
     def home_dir(self, user: str) -> Path:
         if self.owner_accounts and not self.settings.home_dir_template:
             return self.accounts.home_of(user)
-        template = self.settings.home_dir_template or _config_value(
+        template = self.settings.home_dir_template or config_value(
             self.config, "SimpleLocalProcessSpawner", "home_dir_template") or ""
         if template:
             return Path(template.format(username=user))
@@ -243,7 +227,7 @@ class JobService:
             return s.get(JobRecord, job_id)
 
     def list(self, user: str | None = None, team: str | None = None, state: str | None = None,
-             limit: int = 500) -> list[JobRecord]:
+             limit: int = 500) -> builtins.list[JobRecord]:
         q = select(JobRecord).order_by(JobRecord.id.desc()).limit(limit)
         if user is not None:
             q = q.where(JobRecord.user == user)
@@ -254,7 +238,7 @@ class JobService:
         with self.db() as s:
             return list(s.scalars(q))
 
-    def active(self, backend: str | None = None) -> list[JobRecord]:
+    def active(self, backend: str | None = None) -> builtins.list[JobRecord]:
         q = select(JobRecord).where(JobRecord.state.not_in(FINAL_STATES)).order_by(JobRecord.id)
         if backend:
             q = q.where(JobRecord.backend == backend)
@@ -312,7 +296,7 @@ class JobService:
         if unknown:
             raise JobSpecError("unknown field(s): " + ", ".join(unknown[:5]) + "; GPU size, resources and "
                                "priority come from the profile and the job class")
-        pc = jobspec.priority_for(body.get("job_class"))
+        pc = jobspec.priority_for(str(body.get("job_class") or ""))
         options = {k: body[k] for k in ("team", "profile", "image") if body.get(k) is not None}
         try:
             request = resolve_request(self.runtime.catalog, user, groups, options)

@@ -23,11 +23,12 @@ from spawner.accounts import can_switch_users, unreachable_by_others
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
 
-from .idle_service import configure_idle_culler
-from .setup import configure_gpulab
+from hub_config.config.idle_service import configure_idle_culler
+from hub_config.config.setup import configure_gpulab
 
-DEMO_CATALOG = str(Path(__file__).parent / "demo-teams.yaml")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+HUB_CONFIG = Path(__file__).resolve().parents[1]
+DEMO_CATALOG = str(HUB_CONFIG / "demo-teams.yaml")
+REPO_ROOT = HUB_CONFIG.parent
 
 
 class UnsafeBindError(SystemExit):
@@ -189,7 +190,7 @@ def configure_embedded(c) -> None:
 
     members = sorted({u for t in catalog.teams.values() for u in t.users})
     if demo_auth:
-        c.JupyterHub.authenticator_class = "hub_config.auth.DemoAuthenticator"
+        c.JupyterHub.authenticator_class = "hub_config.config.auth.DemoAuthenticator"
         c.DemoAuthenticator.demo_password = os.environ.get("GPULAB_DEMO_PASSWORD", "gpulab-demo")
         c.Authenticator.allowed_users = set(members) | set(admins)
         c.Authenticator.admin_users = set(admins)

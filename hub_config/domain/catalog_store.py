@@ -29,21 +29,12 @@ from traitlets.config import Configurable
 from spawner.catalog import Catalog, catalog_from_dict
 from spawner.catalog_write import catalog_to_dict
 
-from .db import Base, session_factory
+from hub_config.storage.db import Base, iso, utcnow
 
 log = logging.getLogger("gpulab.catalog_store")
 
 #: Actor name used for changes that come from the config file.
 CONFIG_FILE_ACTOR = "config-file"
-
-
-def utcnow() -> datetime:
-    """Naive UTC (what SQLite stores); rendered with a ``Z`` suffix."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def iso(dt: datetime | None) -> str | None:
-    return dt.isoformat(timespec="seconds") + "Z" if dt is not None else None
 
 
 class GPULabCatalogStore(Configurable):
@@ -229,20 +220,3 @@ def load_at_start(store: CatalogStore, file_catalog: Catalog) -> Catalog:
     else:
         log.info("gpulab: using the catalog edited in the hub (version %d, by %s)", row.version, row.updated_by)
     return stored
-
-
-def attach_runtime(runtime, settings) -> None:
-    """``c.GPULab.runtime_hooks`` entry: stored catalog, usage history, metrics.
-
-    Runs once in the hub process when the runtime is created.
-    """
-    from . import usage
-
-    config = settings.config
-    sessions = session_factory(config)
-    store = CatalogStore(sessions, GPULabCatalogStore(config=config))
-    catalog = load_at_start(store, runtime.catalog)
-    if catalog is not runtime.catalog:
-        runtime.set_catalog(catalog)
-    runtime.catalog_store = store
-    runtime.usage = usage.attach(runtime, sessions, config)

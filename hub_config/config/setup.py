@@ -7,29 +7,41 @@ overlay's ``hub.extraConfig``.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
-from . import scopes
+from hub_config.api import admin as admin_api
+from hub_config.api import idle as idle_api
+from hub_config.api import jobs as jobs_api
+from hub_config.api import me as me_api
+from hub_config.api import whatif as whatif_api
+from hub_config.config import runtime, scopes
+from hub_config.domain import metrics
+from hub_config.jobs.service import start_with_hub
+from hub_config.pages import TEMPLATES
+from hub_config.pages import admin as admin_page
 
-TEMPLATES = str(Path(__file__).parent / "templates")
+
+def gpulab_handlers() -> list[tuple[str, type]]:
+    """Every tornado handler gpulab adds to the hub: the REST APIs and the pages.
+
+    The one place that decides where gpulab's hub API lives (docs/architecture.md):
+    today in the hub process, through ``c.JupyterHub.extra_handlers``, beside the
+    ledger that admits notebooks and jobs.
+    """
+    return [*me_api.handlers, *admin_api.handlers, *idle_api.handlers, *jobs_api.handlers,
+            *whatif_api.handlers, *admin_page.handlers]
 
 
-def configure_gpulab(c, *, admin_users: list[str] | None = None) -> None:
-    from .api import all_handlers
-
-    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + all_handlers()
-    # Admin page, stored catalog + usage history, Prometheus gauges (docs/admin.md).
-    from . import admin_page, metrics
-
-    c.JupyterHub.extra_handlers = c.JupyterHub.extra_handlers + admin_page.handlers
+def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:
+    """Everything a hub needs for gpulab: handlers, runtime hook, metrics, jobs, scopes, roles, templates."""
+    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + gpulab_handlers()
+    # Stored catalog + usage history + the culler's notices (docs/admin.md), at runtime creation.
     hooks = list(c.GPULab.get("runtime_hooks", []))
-    if "hub_config.catalog_store.attach_runtime" not in hooks:
-        c.GPULab.runtime_hooks = hooks + ["hub_config.catalog_store.attach_runtime"]
+    if runtime.HOOK not in hooks:
+        c.GPULab.runtime_hooks = hooks + [runtime.HOOK]
     metrics.register(c)
     # Recover and resume notebook jobs as soon as the hub is up, not on the
     # first request (the config file is loaded inside the hub's event loop).
-    from .jobs.service import start_with_hub
-
     start_with_hub()
     custom = dict(c.JupyterHub.get("custom_scopes", {}))
     custom.update(scopes.CUSTOM_SCOPES)

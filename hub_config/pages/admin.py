@@ -20,10 +20,11 @@ from spawner.config import get_runtime
 from spawner.priority import BY_SHORT_NAME
 from spawner.units import format_gpus
 
-from .api.admin import bucket_for, parse_period, profile_view, team_view
-from . import whatif_page
-from .scopes import ADMIN
-from .usage import current_report, period_report
+from hub_config.api.admin import bucket_for, parse_period, profile_view, team_view
+from hub_config.pages import whatif as whatif_page
+from hub_config.config.scopes import ADMIN
+from hub_config.domain.idle_records import idle_admin_view
+from hub_config.domain.usage import current_report, period_report
 
 PERIODS = [("24h", "24 hours"), ("7d", "7 days"), ("30d", "30 days"), ("90d", "90 days")]
 #: Colour per team in charts (Okabe-Ito, colour-blind safe; minus the two quota colours).
@@ -174,8 +175,8 @@ class GPULabAdminPageHandler(BaseHandler):
         if period not in dict(PERIODS):
             raise web.HTTPError(400, f"period must be one of {', '.join(p for p, _ in PERIODS)}")
         start, end = parse_period(period, None, None)
-        recorder = getattr(runtime, "usage", None)
-        store = getattr(runtime, "catalog_store", None)
+        recorder = runtime.usage
+        store = runtime.catalog_store
         report = (period_report(runtime, recorder.sessions, recorder.settings, start, end, bucket_for(end - start))
                   if recorder is not None else None)
         now = current_report(runtime)
@@ -212,8 +213,3 @@ class GPULabAdminPageHandler(BaseHandler):
 
 handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers]
 
-
-def idle_admin_view(config) -> dict[str, Any] | None:
-    from .idle_records import idle_admin_view as view
-
-    return view(config)

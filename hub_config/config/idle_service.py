@@ -15,15 +15,17 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from .scopes import CULLER_SERVICE_SCOPES
+from spawner.nvml import detect_gpus
 
-from .idle_records import CULLER_SERVICE as SERVICE
+from hub_config.config.scopes import CULLER_SERVICE_SCOPES
+
+from hub_config.domain.idle_records import CULLER_SERVICE as SERVICE
 
 
 def configure_idle_culler(c, detect: Callable[[], list | None] | None = None) -> bool:
     """Add the culler service to ``c`` when a driver is present; True when it will run."""
     if detect is None:
-        from spawner.nvml import detect_gpus as detect
+        detect = detect_gpus
     setting = os.environ.get("GPULAB_IDLE_CULLER", "auto").strip().lower()
     if setting in ("0", "off", "false", "no"):
         c.GPULabIdle.culler_running = False

@@ -37,8 +37,9 @@ from spawner.env import gpu_env
 from spawner.local import ensure_packer
 from spawner.packer import FULL
 
-from .models import JobRecord, utcnow
-from .service import log
+from hub_config.jobs.models import JobRecord
+from hub_config.storage.db import as_utc, utcnow
+from hub_config.jobs.backends.base import JobBackend, log
 
 RUNNER_MODULE = "hub_config.jobs.runner"
 
@@ -65,7 +66,7 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-class LocalJobBackend:
+class LocalJobBackend(JobBackend):
     """Runs jobs as local processes; see the module docstring."""
 
     name = "local"
@@ -73,9 +74,7 @@ class LocalJobBackend:
     sees_homes = True
 
     def __init__(self, service):
-        self.service = service
-        self.settings = service.settings
-        self.runtime = service.runtime
+        super().__init__(service)
         #: job id -> our child process (jobs adopted after a restart have none).
         self.procs: dict[int, subprocess.Popen] = {}
         #: job id -> pid of every runner we track (children and adopted).
@@ -213,8 +212,7 @@ class LocalJobBackend:
         for rec in self.service.active(self.name):
             if rec.state != jobspec.RUNNING or rec.id in self.stopping or rec.started_at is None:
                 continue
-            started = rec.started_at if rec.started_at.tzinfo else rec.started_at.replace(tzinfo=now.tzinfo)
-            if (now - started).total_seconds() > rec.time_limit_seconds:
+            if (now - as_utc(rec.started_at)).total_seconds() > rec.time_limit_seconds:
                 self.service.transition(rec.id, jobspec.TIMED_OUT,
                                         f"time limit of {rec.time_limit_seconds} s reached")
                 self._terminate(rec.id, None)

@@ -30,8 +30,8 @@ from spawner.labels import workload_annotations, workload_labels
 from spawner.ledger import Workload
 from spawner.sharing import SharingError, pod_gpu_spec
 
-from .models import JobRecord
-from .service import _config_value, log
+from hub_config.jobs.models import JobRecord
+from hub_config.jobs.backends.base import JobBackend, config_value, log
 
 #: Seconds a job may go without its Job object after creation before it is failed
 #: (a list can race a create on a real API server).
@@ -40,15 +40,13 @@ MISSING_GRACE_SECONDS = 30
 KUBESPAWNER_PVC_NAME_TEMPLATE = "claim-{user_server}"
 
 
-class KubeJobBackend:
+class KubeJobBackend(JobBackend):
     """Creates, watches and deletes ``batch/v1`` Jobs; see the module docstring."""
 
     name = "kubernetes"
 
     def __init__(self, service):
-        self.service = service
-        self.settings = service.settings
-        self.runtime = service.runtime
+        super().__init__(service)
         #: The hub reads homes only when an admin mounted them and said where.
         self.sees_homes = bool(self.settings.home_dir_template)
         self._api = None
@@ -73,7 +71,7 @@ class KubeJobBackend:
     def _api_message(e: Exception) -> str:
         body = getattr(e, "body", None)
         try:
-            return json.loads(body).get("message") or str(e)
+            return str(json.loads(body or "").get("message") or e)
         except (TypeError, ValueError, AttributeError):
             return f"{getattr(e, 'status', '')} {getattr(e, 'reason', '')}".strip() or str(e)
 
@@ -87,13 +85,13 @@ class KubeJobBackend:
         choice = profile.image_for(image_slug) if profile is not None else None
         if choice is not None:
             return choice.image
-        return (self.settings.kube_image or _config_value(self.service.config, "KubeSpawner", "image")
+        return (self.settings.kube_image or config_value(self.service.config, "KubeSpawner", "image")
                 or "quay.io/jupyter/scipy-notebook:latest")
 
     def _spawner_config(self, key: str) -> Any:
         """A KubeSpawner setting as the hub's config gives it (GPUKubeSpawner's own first)."""
         for section in ("GPUKubeSpawner", "KubeSpawner"):
-            value = _config_value(self.service.config, section, key)
+            value = config_value(self.service.config, section, key)
             if value is not None:
                 return value
         return None

@@ -14,8 +14,8 @@ from tornado import web
 from spawner.config import get_runtime
 from spawner.units import format_gpus, format_duration
 
-from .api.whatif import MAX_DAYS, catalog_sizes, offer_rules
-from .scopes import ADMIN
+from hub_config.api.whatif import MAX_DAYS, catalog_sizes, offer_rules
+from hub_config.config.scopes import ADMIN
 
 
 class WhatIfPageHandler(BaseHandler):

@@ -22,8 +22,8 @@ from traitlets.config import Configurable
 
 from spawner.idle import KeepalivePolicy, gpu_hours_freed
 
-from .db import Base, GPULabDB, session_factory
-from .usage import freed_until, next_gpu_holds
+from hub_config.storage.db import Base, GPULabDB, session_factory
+from hub_config.domain.usage_records import freed_until, next_gpu_holds
 
 #: The culler's service name in the hub's configuration.
 CULLER_SERVICE = "gpulab-idle-culler"

@@ -12,6 +12,8 @@ from secrets import compare_digest
 from jupyterhub.auth import Authenticator
 from traitlets import Unicode, default
 
+from spawner.config import get_runtime
+
 
 class DemoAuthenticator(Authenticator):
     """Demo users (the catalog's team members plus admins) with one shared password."""
@@ -35,8 +37,6 @@ class DemoAuthenticator(Authenticator):
         """
         if super().check_allowed(username, authentication):
             return True
-        from spawner.config import get_runtime
-
         catalog = get_runtime(config=self.config).catalog
         return any(username in team.users for team in catalog.teams.values())
 

@@ -28,6 +28,11 @@ from datetime import timedelta
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
+from spawner.config import get_runtime
+
+from hub_config.domain.usage import period_report, reclaim_figures
+from hub_config.storage.db import utcnow
+
 log = logging.getLogger("gpulab.metrics")
 
 
@@ -42,8 +47,6 @@ class GPULabCollector:
         return []
 
     def collect(self):
-        from spawner.config import get_runtime
-
         try:
             runtime = get_runtime(config=self.config)
         except Exception as e:  # a broken catalog must not break the hub's own metrics
@@ -82,13 +85,10 @@ class GPULabCollector:
         for slug, p in catalog.profiles.items():
             retired.add_metric([slug], 1 if p.retired else 0)
         yield from (held, guarantee, burst, cap, count, per_user, retired)
-        recorder = getattr(runtime, "usage", None)
+        recorder = runtime.usage
         if recorder is not None:
-            from .catalog_store import utcnow
-            from .usage import period_report
-
+            now = utcnow()
             try:
-                now = utcnow()
                 report = period_report(runtime, recorder.sessions, recorder.settings,
                                        now - timedelta(hours=24), now, bucket=timedelta(hours=24), others=False)
             except Exception as e:
@@ -103,9 +103,7 @@ class GPULabCollector:
 
 def reclaim_metrics(recorder, now):
     """The two reclaim figures of the last 24 hours, per team (nothing without the culler's table)."""
-    from .usage import reclaim_figures
-
-    _, figures = reclaim_figures(recorder.sessions, recorder.settings, now - timedelta(hours=24), now, now)
+    figures = reclaim_figures(recorder.sessions, now - timedelta(hours=24), now, now)
     if figures is None:
         return
     idle = GaugeMetricFamily("gpulab_team_idle_gpu_hours_before_reclaim",

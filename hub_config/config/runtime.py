@@ -1,0 +1,35 @@
+"""The hub's runtime hook: what the hub process adds to gpulab's runtime at start.
+
+``c.GPULab.runtime_hooks`` runs :func:`attach_runtime` once, when the runtime is
+created in the hub process: the catalog stored in gpulab's database (admin edits)
+replaces the file's when it should, the usage recorder follows the ledger, and the
+spawners get the reader of the idle culler's records. Everything it sets is a field
+declared on :class:`spawner.config.GPULabRuntime`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spawner.config import GPULab, GPULabRuntime
+
+from hub_config.domain.catalog_store import CatalogStore, GPULabCatalogStore, load_at_start
+from hub_config.domain.idle_records import reclaim_notice_for
+from hub_config.domain.usage_records import attach as attach_usage
+from hub_config.storage.db import session_factory
+
+#: The import string configure_gpulab puts in ``c.GPULab.runtime_hooks``.
+HOOK = "hub_config.config.runtime.attach_runtime"
+
+
+def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
+    """``c.GPULab.runtime_hooks`` entry: stored catalog, usage history, reclaim notices."""
+    config: Any = settings.config
+    sessions = session_factory(config)
+    store = CatalogStore(sessions, GPULabCatalogStore(config=config))
+    catalog = load_at_start(store, runtime.catalog)
+    if catalog is not runtime.catalog:
+        runtime.set_catalog(catalog)
+    runtime.catalog_store = store
+    runtime.usage = attach_usage(runtime, sessions, config)
+    runtime.reclaim_notice = reclaim_notice_for

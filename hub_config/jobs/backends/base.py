@@ -1,0 +1,57 @@
+"""What every jobs backend provides to :class:`~hub_config.jobs.service.JobService`."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only for annotations: the service imports the backends, not the reverse
+    from hub_config.jobs.models import JobRecord
+    from hub_config.jobs.service import JobService
+
+#: A child of JupyterHub's logger, so job events land in the hub's log.
+log = logging.getLogger("JupyterHub.gpulab.jobs")
+
+
+def config_value(config: Any, section: str, key: str) -> Any:
+    """``config[section][key]`` when the hub's config sets it, else ``None`` (never creates it)."""
+    try:
+        sec = config[section] if section in config else None
+        return sec[key] if sec is not None and key in sec else None
+    except (KeyError, TypeError):
+        return None
+
+
+class JobBackend(abc.ABC):
+    """Runs admitted jobs somewhere and reports their states back to the service."""
+
+    #: Short name stored on each job record (``local``, ``kubernetes``).
+    name: str = ""
+    #: Whether the hub can read the users' homes (check notebooks, serve logs and outputs).
+    sees_homes: bool = False
+
+    def __init__(self, service: JobService):
+        self.service = service
+        self.settings = service.settings
+        self.runtime = service.runtime
+
+    @abc.abstractmethod
+    def prepare(self, request: Any, v: dict[str, Any]) -> int:
+        """Check a validated submission can run here; the GPU milli it needs per device."""
+
+    @abc.abstractmethod
+    def submitted(self, rec: JobRecord) -> None:
+        """A job was admitted and stored: start it (or queue it) without blocking."""
+
+    @abc.abstractmethod
+    async def cancel(self, rec: JobRecord, reason: str) -> None:
+        """Stop a queued or running job; its record ends ``cancelled``."""
+
+    @abc.abstractmethod
+    async def recover(self) -> None:
+        """After a hub restart: adopt what still runs, settle what ended meanwhile."""
+
+    @abc.abstractmethod
+    async def tick(self) -> None:
+        """One poll: follow running jobs, start queued ones, enforce time limits."""

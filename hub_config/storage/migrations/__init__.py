@@ -1,0 +1,1 @@
+"""Alembic migrations of gpulab's database (run by :mod:`hub_config.storage.migrate`)."""
