@@ -137,9 +137,6 @@ class Catalog:
     def with_team(self, team: Team) -> Catalog:
         return replace(self, teams={**self.teams, team.name: team})
 
-    def with_profile(self, profile: Profile) -> Catalog:
-        return replace(self, profiles={**self.profiles, profile.slug: profile})
-
 
 # --------------------------------------------------------------------------
 # Reading

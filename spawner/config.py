@@ -134,18 +134,12 @@ class GPULabRuntime:
         #: idle culler reclaimed its GPU ('' otherwise). The hub installs the reader of the
         #: culler's records; the spawners only call it, so they import nothing from the hub.
         self.reclaim_notice: Callable[[Any], str] = _no_reclaim_notice
-        self._listeners: list[Callable[[Catalog], None]] = []
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap in an edited catalog; takes effect for the next spawn or job."""
         with self.lock:
             self.catalog = catalog
             self.ledger.set_teams(catalog.teams)
-        for listener in list(self._listeners):
-            listener(catalog)
-
-    def on_catalog_change(self, listener: Callable[[Catalog], None]) -> None:
-        self._listeners.append(listener)
 
 
 _runtime: GPULabRuntime | None = None

@@ -30,7 +30,7 @@ Pure code: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .units import MILLI_PER_GPU
@@ -140,15 +140,4 @@ def node_fragmentation(free: Sequence[int], model: str, workload: Mapping[TaskCl
         else:
             frag = total_free if full < -(-cls.milli // FULL) else total_free - full * FULL
         out += weight * frag
-    return out
-
-
-def workload_from_requests(requests: Iterable[tuple[int, Collection[str] | None]]) -> dict[TaskClass, float]:
-    """Popularity of each request class among ``(milli, models)`` pairs."""
-    out: dict[TaskClass, float] = {}
-    for milli, models in requests:
-        if milli <= 0:
-            continue
-        cls = TaskClass(int(milli), frozenset(models or ()))
-        out[cls] = out.get(cls, 0.0) + 1.0
     return out

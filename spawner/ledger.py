@@ -46,10 +46,6 @@ class Workload:
     over_quota: bool = False
     state: str = RUNNING
 
-    @property
-    def preemptible(self) -> bool:
-        return self.over_quota
-
 
 @dataclass(frozen=True)
 class Decision:
@@ -63,10 +59,6 @@ class Decision:
     milli: int
     #: The work would run above the team's guarantee (and is preemptible).
     over_quota: bool = False
-
-    @property
-    def preemptible(self) -> bool:
-        return self.over_quota
 
     @property
     def quota_label(self) -> str:
@@ -89,10 +81,6 @@ class TeamUsage:
     def free_milli(self) -> int:
         """Headroom up to the burst limit."""
         return max(0, self.burst_milli - self.held_milli)
-
-    @property
-    def guarantee_free_milli(self) -> int:
-        return max(0, self.guarantee_milli - self.held_milli)
 
 
 class _Totals:

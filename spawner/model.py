@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from .priority import DEVELOPMENT, PriorityClass
-from .units import format_gpus
 
 #: Slugs and team names end up in Kubernetes label values and namespaces.
 SLUG_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -60,10 +59,6 @@ class Profile:
     #: Seconds a server may take to start (node autoscaling, image pulls,
     #: queueing); ``None`` = the spawner's ``start_timeout``.
     start_timeout_seconds: int | None = None
-
-    @property
-    def gpus_display(self) -> str:
-        return format_gpus(self.gpu_milli)
 
     @property
     def is_gpu(self) -> bool:

@@ -207,12 +207,6 @@ class DevicePacker:
 
     # -- the target workload (fgd) -------------------------------------------
 
-    def set_workload(self, workload: Mapping[TaskClass, float]) -> None:
-        """Score against this workload from now on (and stop learning it from requests)."""
-        self._fixed_workload = True
-        self._seen = dict(workload)
-        self._weights = None
-
     def _learn(self, milli: int, models: Collection[str] | None) -> None:
         cls = TaskClass(milli, frozenset(models or ()))
         if cls not in self._seen:
@@ -375,10 +369,6 @@ class DevicePacker:
             FULL - self._used[i] for i, d in self.devices.items() if not models or d.model in models
         )
 
-    def fully_free_devices(self, models: Collection[str] | None = None) -> int:
-        return sum(
-            1 for i, d in self.devices.items() if self._used[i] == 0 and (not models or d.model in models)
-        )
 
 
 def devices_from_inventory(specs: Iterable[Any], node: str = "local") -> list[GPUDevice]:

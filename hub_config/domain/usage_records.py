@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, Index, Integer, String, func, select, text, update
+from sqlalchemy import Boolean, DateTime, Float, Index, Integer, String, select, text, update
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float as TFloat
@@ -217,9 +217,3 @@ def freed_until(holds: dict[str, list[datetime]], user: str, reclaimed_at: datet
     starts = holds.get(user, [])
     i = bisect_right(starts, reclaimed_at)
     return starts[i] if i < len(starts) else None
-
-
-def open_interval_count(sessions: sessionmaker[Session], key: str) -> int:
-    with sessions() as s:
-        return s.scalar(select(func.count(UsageInterval.id)).where(
-            UsageInterval.key == key, UsageInterval.ended_at.is_(None))) or 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-import logging
 import os
 from collections.abc import Iterable
 from dataclasses import replace
@@ -326,7 +325,7 @@ class JobService:
         try:
             real_home = home.resolve(strict=True)
         except OSError:
-            raise JobSpecError(f"your home directory does not exist yet: start a server once", 404) from None
+            raise JobSpecError("your home directory does not exist yet: start a server once", 404) from None
         real = (home / notebook).resolve()
         if real != real_home and real_home not in real.parents:
             raise JobSpecError("notebook path leaves your home directory (through a symlink)", 403)
