@@ -5,7 +5,8 @@ import {
   IJobRequest,
   ILogChunk,
   IMe,
-  ISession
+  ISession,
+  IStopState
 } from './types';
 
 /** Typed calls of the server extension and of the hub API behind it. */
@@ -46,6 +47,10 @@ export const api = {
     requestAPI<ILogChunk>(
       `hub/jobs/${encodeURIComponent(String(id))}/logs?offset=${offset}`
     ),
+  /** Ask the hub to stop this server (and so release its GPU); answered before the server goes. */
+  stopServer: () => requestAPI<IStopState>('stop', { method: 'POST', body: '{}' }),
+  /** The last stop request of this server, or null. */
+  stopState: () => requestAPI<IStopState | null>('stop'),
   output: (id: string | number) =>
     requestAPI<Record<string, unknown>>(
       `hub/jobs/${encodeURIComponent(String(id))}/output`
