@@ -145,11 +145,15 @@ def test_sidebar_dialog_jobs_list_and_stop(hub: RunningHub, browser):
         status = panel.locator(".gpulab-stop [role=status]")
         assert "releases its GPU as soon as the server has shut down" in status.inner_text()
         assert panel.get_by_role("button", name="Stop server and release GPU").is_disabled()
+        page.wait_for_timeout(1500)  # let the toast finish sliding in, for the picture
         shot_docs(page, "lab-server-stopping")
         # The hub stops it (kernels first, so this takes a while) and the GPU goes back to the team.
         hub.wait_server("alice", ready=False, timeout=150)
         assert [h for h in hub.me("alice")["holdings"] if h["kind"] == "notebook"] == []
-        toast.get_by_role("button", name="Go to the hub").click()
+        go = toast.get_by_role("button", name="Go to the hub")
+        assert go.is_visible()
+        page.on("dialog", lambda d: d.accept())  # "leave the page?" for a notebook the lab thinks unsaved
+        go.dispatch_event("click")  # (the toast stack keeps sliding while the lab's own errors arrive)
         page.wait_for_url("**/hub/home**")
     except Exception:
         shot_docs(page, "lab-sidebar-failure", failure=True)

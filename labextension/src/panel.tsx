@@ -130,8 +130,7 @@ async function confirmStop(model: GpuStatusModel, what: string, report: (text: s
     return;
   }
   try {
-    const state = await model.requestStop();
-    report(state.message);
+    await model.requestStop(); // the stop section shows its state from now on
   } catch (e) {
     report(`Stopping failed: ${message(e)}`);
   }
