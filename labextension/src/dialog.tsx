@@ -15,8 +15,16 @@ import { IJob, IMe, ITeamView, JobClass } from './types';
 import { defaultProfile, offerFor, offerLabel } from './viewLogic';
 
 const CLASSES = [
-  { value: 'batch', label: 'Batch', help: 'may borrow idle GPUs above the guarantee (then preemptible)' },
-  { value: 'training', label: 'Training', help: 'within the team guarantee only; never preempted by batch work' }
+  {
+    value: 'batch',
+    label: 'Batch',
+    help: 'may borrow idle GPUs above the guarantee (then preemptible)'
+  },
+  {
+    value: 'training',
+    label: 'Training',
+    help: 'within the team guarantee only; never preempted by batch work'
+  }
 ] as const;
 
 function teamOf(me: IMe, name: string): ITeamView | undefined {
@@ -50,11 +58,17 @@ function JobFormView({
     const current = profiles.find(p => p.slug === form.profile);
     // Keep the choice when this class may use it; else the first profile it may use now.
     const profile =
-      current && offerFor(current, jobClass).available ? form.profile : defaultProfile(team, jobClass, null, null);
+      current && offerFor(current, jobClass).available
+        ? form.profile
+        : defaultProfile(team, jobClass, null, null);
     update({ jobClass, profile });
   };
   return (
-    <form className="gpulab-job-form" onSubmit={e => e.preventDefault()} aria-label="Run as GPU job">
+    <form
+      className="gpulab-job-form"
+      onSubmit={e => e.preventDefault()}
+      aria-label="Run as GPU job"
+    >
       {errors.length > 0 && (
         <div className="gpulab-error gpulab-form-errors" role="alert">
           {errors.map((e, i) => (
@@ -74,7 +88,13 @@ function JobFormView({
       <div className="gpulab-row">
         <label className="gpulab-field gpulab-grow">
           <span>Name (optional)</span>
-          <input className="jp-mod-styled" name="name" value={form.name} placeholder="from the notebook" onChange={e => update({ name: e.target.value })} />
+          <input
+            className="jp-mod-styled"
+            name="name"
+            value={form.name}
+            placeholder="from the notebook"
+            onChange={e => update({ name: e.target.value })}
+          />
         </label>
         <label className="gpulab-field gpulab-time-limit">
           <span>Time limit (min)</span>
@@ -116,7 +136,10 @@ function JobFormView({
               value={form.team}
               onChange={e => {
                 const next = teamOf(me, e.target.value);
-                update({ team: e.target.value, profile: defaultProfile(next, form.jobClass, form.profile, null) });
+                update({
+                  team: e.target.value,
+                  profile: defaultProfile(next, form.jobClass, form.profile, null)
+                });
               }}
             >
               {me.teams.map(t => (
@@ -137,7 +160,11 @@ function JobFormView({
           >
             {form.profile === '' && <option value="">Choose…</option>}
             {profiles.map(p => (
-              <option key={p.slug} value={p.slug} disabled={!offerFor(p, form.jobClass).available && p.slug !== form.profile}>
+              <option
+                key={p.slug}
+                value={p.slug}
+                disabled={!offerFor(p, form.jobClass).available && p.slug !== form.profile}
+              >
                 {offerLabel(p, form.jobClass)}
               </option>
             ))}
@@ -199,7 +226,12 @@ class JobFormBody extends ReactWidget implements Dialog.IBodyWidget<IJobForm> {
 
   render(): JSX.Element {
     return (
-      <JobFormView me={this._me} initial={this._form} errors={this._errors} onChange={f => (this._form = f)} />
+      <JobFormView
+        me={this._me}
+        initial={this._form}
+        errors={this._errors}
+        onChange={f => (this._form = f)}
+      />
     );
   }
 }
@@ -241,15 +273,24 @@ export function initialForm(
   session: { team: string | null; profile: string | null } | null,
   last: ILastJobChoice | null
 ): IJobForm {
-  const byName = (name: string | null | undefined) => (name ? me.teams.find(x => x.name === name) : undefined);
+  const byName = (name: string | null | undefined) =>
+    name ? me.teams.find(x => x.name === name) : undefined;
   const t = byName(last?.team) ?? byName(session?.team) ?? me.teams[0];
   const lastProfile = last && t && last.team === t.name ? last.profile : null;
   return {
     notebook,
     jobClass: 'batch',
     team: t?.name ?? '',
-    profile: defaultProfile(t, 'batch', lastProfile, session?.team === t?.name ? session?.profile ?? null : null),
-    parameters: Object.entries(parameters).map(([name, value]) => ({ name, value: parameterText(value) })),
+    profile: defaultProfile(
+      t,
+      'batch',
+      lastProfile,
+      session?.team === t?.name ? (session?.profile ?? null) : null
+    ),
+    parameters: Object.entries(parameters).map(([name, value]) => ({
+      name,
+      value: parameterText(value)
+    })),
     timeLimitMinutes: '60',
     name: ''
   };

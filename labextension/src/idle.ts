@@ -9,7 +9,12 @@
  *   0 % — start again" instead of JupyterLab's raw connection error; when the
  *   user stopped it from the sidebar, "Server stopped, GPU released".
  */
-import { ConnectionLost, IConnectionLost, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  ConnectionLost,
+  IConnectionLost,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
@@ -25,9 +30,12 @@ async function keep(model: GpuStatusModel): Promise<void> {
   try {
     const state = await model.keep();
     const until = state?.keepalive.until;
-    Notification.success(until ? `Your GPU is kept until ${new Date(until).toLocaleTimeString()}.` : 'Kept.', {
-      autoClose: 5000
-    });
+    Notification.success(
+      until ? `Your GPU is kept until ${new Date(until).toLocaleTimeString()}.` : 'Kept.',
+      {
+        autoClose: 5000
+      }
+    );
   } catch (e) {
     Notification.error(message(e), { autoClose: 10000 });
   }
@@ -49,7 +57,8 @@ class IdleStatus extends Widget {
 
 const notifications: JupyterFrontEndPlugin<void> = {
   id: 'gpulab-labextension:idle-notifications',
-  description: 'Idle GPU warnings as notifications with a countdown and "Keep my GPU", and a status bar item.',
+  description:
+    'Idle GPU warnings as notifications with a countdown and "Keep my GPU", and a status bar item.',
   autoStart: true,
   requires: [IGpuStatus],
   optional: [IStatusBar],
@@ -107,7 +116,8 @@ const notifications: JupyterFrontEndPlugin<void> = {
 
 const connectionLost: JupyterFrontEndPlugin<IConnectionLost> = {
   id: 'gpulab-labextension:connection-lost',
-  description: 'Says "your GPU was reclaimed ... start again" when the idle culler stopped this server, "server stopped" when the user did.',
+  description:
+    'Says "your GPU was reclaimed ... start again" when the idle culler stopped this server, "server stopped" when the user did.',
   autoStart: true,
   requires: [IGpuStatus],
   provides: IConnectionLost,
@@ -128,7 +138,10 @@ const connectionLost: JupyterFrontEndPlugin<IConnectionLost> = {
       const result = await showDialog({
         title: 'Your GPU was reclaimed',
         body: reclaimedMessage(info),
-        buttons: [Dialog.cancelButton({ label: 'Close' }), Dialog.okButton({ label: 'Start again' })]
+        buttons: [
+          Dialog.cancelButton({ label: 'Close' }),
+          Dialog.okButton({ label: 'Start again' })
+        ]
       });
       if (result.button.accept) {
         window.location.href = hubHome();

@@ -67,7 +67,8 @@ async function openOutput(app: JupyterFrontEnd, job: IJob): Promise<void> {
 
 const status: JupyterFrontEndPlugin<GpuStatusModel> = {
   id: 'gpulab-labextension:status',
-  description: 'The GPU status model every gpulab view subscribes to (one poll, standby when hidden, back-off on errors).',
+  description:
+    'The GPU status model every gpulab view subscribes to (one poll, standby when hidden, back-off on errors).',
   autoStart: true,
   provides: IGpuStatus,
   activate: () => new GpuStatusModel({ client: api })
@@ -75,7 +76,8 @@ const status: JupyterFrontEndPlugin<GpuStatusModel> = {
 
 const sidebar: JupyterFrontEndPlugin<void> = {
   id: 'gpulab-labextension:sidebar',
-  description: 'The GPU sidebar: session GPU, idle policy, stop button, team quota, idle warning and jobs.',
+  description:
+    'The GPU sidebar: session GPU, idle policy, stop button, team quota, idle warning and jobs.',
   autoStart: true,
   requires: [IGpuStatus],
   activate: (app: JupyterFrontEnd, model: GpuStatusModel) => {
@@ -154,7 +156,10 @@ const runAsJob: JupyterFrontEndPlugin<void> = {
             // unreadable notebook: the form still opens and the API will say what is wrong
           }
         }
-        const job = await runJobDialog(me, initialForm(me, path, parameters, session, rememberedJobChoice(me.user)));
+        const job = await runJobDialog(
+          me,
+          initialForm(me, path, parameters, session, rememberedJobChoice(me.user))
+        );
         if (job) {
           rememberJobChoice(me.user, { team: job.team, profile: job.profile });
           if (app.commands.hasCommand(CommandIDs.refreshJobs)) {
@@ -174,7 +179,12 @@ const launcher: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   requires: [ILauncher],
   activate: (app: JupyterFrontEnd, launcher: ILauncher) => {
-    launcher.add({ command: CommandIDs.runAsJob, category: 'GPU', rank: 0, args: { isLauncher: true } });
+    launcher.add({
+      command: CommandIDs.runAsJob,
+      category: 'GPU',
+      rank: 0,
+      args: { isLauncher: true }
+    });
   }
 };
 
@@ -190,7 +200,8 @@ const notebookToolbar: JupyterFrontEndPlugin<void> = {
           label: 'GPU job',
           tooltip: 'Run this notebook as a GPU job',
           className: 'gpulab-toolbar-button',
-          onClick: () => void app.commands.execute(CommandIDs.runAsJob, { path: panel.context.path })
+          onClick: () =>
+            void app.commands.execute(CommandIDs.runAsJob, { path: panel.context.path })
         });
         panel.toolbar.insertItem(10, 'gpulab-run-as-job', button);
         return button;
@@ -223,4 +234,12 @@ const fileBrowserMenu: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [status, sidebar, runAsJob, launcher, notebookToolbar, fileBrowserMenu, ...idlePlugins];
+export default [
+  status,
+  sidebar,
+  runAsJob,
+  launcher,
+  notebookToolbar,
+  fileBrowserMenu,
+  ...idlePlugins
+];

@@ -47,7 +47,10 @@ function JobRow({
         <span className="gpulab-job-name" title={job.notebook}>
           <span className="gpulab-job-id gpulab-muted">#{String(job.id)}</span> {title}
         </span>
-        <span className={`gpulab-state gpulab-state-${job.state}`} aria-label={`state ${job.state}`}>
+        <span
+          className={`gpulab-state gpulab-state-${job.state}`}
+          aria-label={`state ${job.state}`}
+        >
           {job.state}
         </span>
       </div>
@@ -55,11 +58,16 @@ function JobRow({
         <span>{formatGPUs(job.gpu_milli)} GPU</span>
         <span>{job.job_class}</span>
         <span>{job.profile}</span>
-        <span className="gpulab-num">{duration === null ? 'not started' : formatDuration(duration)}</span>
+        <span className="gpulab-num">
+          {duration === null ? 'not started' : formatDuration(duration)}
+        </span>
       </div>
       <div className="gpulab-job-times gpulab-muted">
         <span>
-          submitted <time className="gpulab-num gpulab-job-submitted" dateTime={job.created_at}>{shortTime(job.created_at, now)}</time>
+          submitted{' '}
+          <time className="gpulab-num gpulab-job-submitted" dateTime={job.created_at}>
+            {shortTime(job.created_at, now)}
+          </time>
         </span>
         <span>
           started{' '}
@@ -83,7 +91,11 @@ function JobRow({
         </details>
       )}
       <div className="gpulab-job-actions">
-        <button className="jp-mod-styled gpulab-small" aria-label={`Logs of job ${title}`} onClick={() => actions.openLogs(job)}>
+        <button
+          className="jp-mod-styled gpulab-small"
+          aria-label={`Logs of job ${title}`}
+          onClick={() => actions.openLogs(job)}
+        >
           Logs
         </button>
         <button
@@ -132,11 +144,22 @@ export function JobsList({
 }): JSX.Element {
   return (
     <>
-      {error && <div className="gpulab-error" role="alert">Jobs: {error}</div>}
+      {error && (
+        <div className="gpulab-error" role="alert">
+          Jobs: {error}
+        </div>
+      )}
       {jobs !== null && jobs.length === 0 && <div className="gpulab-muted">No jobs yet.</div>}
       <ul className="gpulab-jobs" aria-label="Your GPU jobs">
         {(jobs ?? []).map(job => (
-          <JobRow key={String(job.id)} job={job} now={now} actions={actions} report={report} reload={reload} />
+          <JobRow
+            key={String(job.id)}
+            job={job}
+            now={now}
+            actions={actions}
+            report={report}
+            reload={reload}
+          />
         ))}
       </ul>
     </>

@@ -50,7 +50,12 @@ function LogView({ job }: { job: IJob }): JSX.Element {
         Job {String(job.id)} ({job.notebook}): {complete ? 'log complete' : 'tailing…'}
         {error && <span className="gpulab-error"> {error}</span>}
       </div>
-      <pre ref={pre} className="gpulab-logs-text" tabIndex={0} aria-label={`Log of job ${String(job.id)}`}>
+      <pre
+        ref={pre}
+        className="gpulab-logs-text"
+        tabIndex={0}
+        aria-label={`Log of job ${String(job.id)}`}
+      >
         {text}
       </pre>
     </div>

@@ -81,7 +81,10 @@ export class GpuStatusModel {
     // The countdown of an idle warning: a display clock, running only while there is one.
     this._clock = new Poll({
       auto: false,
-      factory: async () => this._ticked.emit(Date.now()),
+      factory: async () => {
+        this._now = Date.now();
+        this._ticked.emit(this._now);
+      },
       frequency: { interval: 1000, backoff: false },
       name: 'gpulab:countdown',
       standby: 'when-hidden'
@@ -108,6 +111,10 @@ export class GpuStatusModel {
     return this._stopChanged;
   }
   /** Once a second while an idle warning counts down (the tab visible). */
+  /** The display clock: when the countdown last ticked (or the model last polled). */
+  get now(): number {
+    return this._now;
+  }
   get ticked(): ISignal<this, number> {
     return this._ticked;
   }
@@ -181,6 +188,7 @@ export class GpuStatusModel {
 
   private async _tick(): Promise<void> {
     this._ticks++;
+    this._now = Date.now();
     let full = this._fullNext || this._ticks % this._slowEvery === 1 || this._slowEvery === 1;
     this._fullNext = false;
     const errors: IPartErrors = {};
@@ -192,7 +200,9 @@ export class GpuStatusModel {
       this._session = s;
       if (s.utilisation.available) {
         const devs = s.utilisation.devices;
-        const mean = Math.round(devs.reduce((a, d) => a + d.gpu_percent, 0) / Math.max(devs.length, 1));
+        const mean = Math.round(
+          devs.reduce((a, d) => a + d.gpu_percent, 0) / Math.max(devs.length, 1)
+        );
         this._history = [...this._history.slice(-(this._historySize - 1)), mean];
       }
       this._sessionChanged.emit(s);
@@ -341,4 +351,5 @@ export class GpuStatusModel {
   private _jobsChanged = new Signal<this, IJob[] | null>(this);
   private _stopChanged = new Signal<this, IStopState | null>(this);
   private _ticked = new Signal<this, number>(this);
+  private _now = Date.now();
 }

@@ -39,14 +39,29 @@ function QuotaBar({ team }: { team: ITeamView }): JSX.Element {
         <div className="gpulab-quota-in" style={{ width: `${s.inQuota}%` }} />
         <div className="gpulab-quota-burst" style={{ width: `${s.burst}%` }} />
         <div className="gpulab-quota-free" style={{ width: `${s.free}%` }} />
-        <div className="gpulab-quota-guarantee" style={{ left: `${s.guaranteeAt}%` }} aria-hidden="true" />
+        <div
+          className="gpulab-quota-guarantee"
+          style={{ left: `${s.guaranteeAt}%` }}
+          aria-hidden="true"
+        />
       </div>
       <div className="gpulab-quota-legend" aria-hidden="true">
-        <span><i className="gpulab-swatch gpulab-quota-in" />in quota {formatGPUs(team.in_quota_milli)}</span>
-        <span><i className="gpulab-swatch gpulab-quota-burst" />burst {formatGPUs(team.over_quota_milli)}</span>
-        <span><i className="gpulab-swatch gpulab-quota-free" />free {formatGPUs(team.free_milli)}</span>
+        <span>
+          <i className="gpulab-swatch gpulab-quota-in" />
+          in quota {formatGPUs(team.in_quota_milli)}
+        </span>
+        <span>
+          <i className="gpulab-swatch gpulab-quota-burst" />
+          burst {formatGPUs(team.over_quota_milli)}
+        </span>
+        <span>
+          <i className="gpulab-swatch gpulab-quota-free" />
+          free {formatGPUs(team.free_milli)}
+        </span>
       </div>
-      <div className="gpulab-muted gpulab-quota-note">Counts every server and job of the team, yours included.</div>
+      <div className="gpulab-muted gpulab-quota-note">
+        Counts every server and job of the team, yours included.
+      </div>
     </div>
   );
 }
@@ -66,16 +81,33 @@ function Sparkline({ values, reason }: { values: number[]; reason: string | null
       : `GPU utilisation of the device, last ${values.length} samples, now ${last} percent`;
   return (
     <div className="gpulab-spark">
-      <svg width={SPARK_W} height={SPARK_H} role="img" aria-label={label} viewBox={`0 0 ${SPARK_W} ${SPARK_H}`}>
+      <svg
+        width={SPARK_W}
+        height={SPARK_H}
+        role="img"
+        aria-label={label}
+        viewBox={`0 0 ${SPARK_W} ${SPARK_H}`}
+      >
         <rect x={0} y={0} width={SPARK_W} height={SPARK_H} className="gpulab-spark-bg" />
-        <path d={sparklinePath(values, SPARK_W, SPARK_H, SPARK_SLOTS)} className="gpulab-spark-line" />
+        <path
+          d={sparklinePath(values, SPARK_W, SPARK_H, SPARK_SLOTS)}
+          className="gpulab-spark-line"
+        />
       </svg>
       <span className="gpulab-spark-now">{last === null ? '–' : `${last}%`}</span>
     </div>
   );
 }
 
-function IdleWarning({ idle, onKeep }: { idle: IIdleState; onKeep: () => Promise<void> }): JSX.Element | null {
+function IdleWarning({
+  idle,
+  now,
+  onKeep
+}: {
+  idle: IIdleState;
+  now: number;
+  onKeep: () => Promise<void>;
+}): JSX.Element | null {
   const [busy, setBusy] = useState(false);
   if (!idle.warning) {
     return null;
@@ -87,12 +119,18 @@ function IdleWarning({ idle, onKeep }: { idle: IIdleState; onKeep: () => Promise
         <strong>Idle GPU:</strong> {idle.warning.reason}
       </div>
       {idle.warning.held ? (
-        <div className="gpulab-idle-held">On hold: no utilisation data right now; nothing is reclaimed until it returns.</div>
+        <div className="gpulab-idle-held">
+          On hold: no utilisation data right now; nothing is reclaimed until it returns.
+        </div>
       ) : (
         <div>
           Reclaimed in{' '}
-          <span className="gpulab-countdown" role="timer" aria-label="time until the GPU is reclaimed">
-            {formatCountdown(idle.warning.reclaim_at, Date.now())}
+          <span
+            className="gpulab-countdown"
+            role="timer"
+            aria-label="time until the GPU is reclaimed"
+          >
+            {formatCountdown(idle.warning.reclaim_at, now)}
           </span>
         </div>
       )}
@@ -118,7 +156,11 @@ function IdleWarning({ idle, onKeep }: { idle: IIdleState; onKeep: () => Promise
 }
 
 /** Confirm, then ask the hub to stop this server; the status line says what happens. */
-async function confirmStop(model: GpuStatusModel, what: string, report: (text: string) => void): Promise<void> {
+async function confirmStop(
+  model: GpuStatusModel,
+  what: string,
+  report: (text: string) => void
+): Promise<void> {
   const result = await showDialog({
     title: 'Stop this server?',
     body:
@@ -136,10 +178,16 @@ async function confirmStop(model: GpuStatusModel, what: string, report: (text: s
   }
 }
 
-function GPUPanelView({ model, actions }: { model: GpuStatusModel; actions: IPanelActions }): JSX.Element {
+function GPUPanelView({
+  model,
+  actions
+}: {
+  model: GpuStatusModel;
+  actions: IPanelActions;
+}): JSX.Element {
   const [status, setStatus] = useState('');
   const { session, me, idle, jobs, errors, hub } = model;
-  const now = Date.now();
+  const now = model.now;
   if (hub !== 'loading' && hub !== 'ok') {
     return (
       <div className="gpulab-panel">
@@ -147,13 +195,16 @@ function GPUPanelView({ model, actions }: { model: GpuStatusModel; actions: IPan
           <gpuIcon.react tag="span" className="gpulab-header-icon" />
           <h2>GPU</h2>
         </header>
-        <p className="gpulab-absent" role="note">{absenceSentence(hub)}</p>
+        <p className="gpulab-absent" role="note">
+          {absenceSentence(hub)}
+        </p>
       </div>
     );
   }
   const team = sessionTeam(me, session);
   const profile = sessionProfile(me, session);
-  const utilReason = session === null || session.utilisation.available ? null : session.utilisation.reason;
+  const utilReason =
+    session === null || session.utilisation.available ? null : session.utilisation.reason;
   const what = session?.gpu && session.share ? `its GPU share (${session.share})` : 'its resources';
   const stop = model.stop;
   return (
@@ -164,7 +215,11 @@ function GPUPanelView({ model, actions }: { model: GpuStatusModel; actions: IPan
       </header>
       <section className="gpulab-section" aria-labelledby="gpulab-session-h">
         <h3 id="gpulab-session-h">This session</h3>
-        {errors.session && <div className="gpulab-error" role="alert">This server did not answer: {errors.session}</div>}
+        {errors.session && (
+          <div className="gpulab-error" role="alert">
+            This server did not answer: {errors.session}
+          </div>
+        )}
         {session === null ? (
           <div className="gpulab-muted gpulab-placeholder">Loading…</div>
         ) : !session.gpu ? (
@@ -189,12 +244,14 @@ function GPUPanelView({ model, actions }: { model: GpuStatusModel; actions: IPan
         {session?.gpu && <Sparkline values={model.history} reason={utilReason} />}
         {session?.gpu && me && (
           <p className="gpulab-idle-policy">
-            <strong>Idle policy:</strong> {idlePolicyText(profile, idle?.keepalive.max ? idle.keepalive.extends_seconds : null)}
+            <strong>Idle policy:</strong>{' '}
+            {idlePolicyText(profile, idle?.keepalive.max ? idle.keepalive.extends_seconds : null)}
           </p>
         )}
         {idle && session && (
           <IdleWarning
             idle={idle}
+            now={now}
             onKeep={async () => {
               try {
                 await model.keep();
@@ -215,14 +272,25 @@ function GPUPanelView({ model, actions }: { model: GpuStatusModel; actions: IPan
               {session.gpu ? 'Stop server and release GPU' : 'Stop server'}
             </button>
             {stop && (
-              <div className={stop.state === 'failed' ? 'gpulab-error' : 'gpulab-muted'} role="status">
+              <div
+                className={stop.state === 'failed' ? 'gpulab-error' : 'gpulab-muted'}
+                role="status"
+              >
                 {stop.message}
               </div>
             )}
           </div>
         )}
-        {errors.me && <div className="gpulab-error" role="alert">Quota: {errors.me}</div>}
-        {team ? <QuotaBar team={team} /> : !errors.me && <div className="gpulab-quota gpulab-placeholder" />}
+        {errors.me && (
+          <div className="gpulab-error" role="alert">
+            Quota: {errors.me}
+          </div>
+        )}
+        {team ? (
+          <QuotaBar team={team} />
+        ) : (
+          !errors.me && <div className="gpulab-quota gpulab-placeholder" />
+        )}
       </section>
       <section className="gpulab-section" aria-labelledby="gpulab-jobs-h">
         <div className="gpulab-jobs-head">
@@ -234,7 +302,14 @@ function GPUPanelView({ model, actions }: { model: GpuStatusModel; actions: IPan
         <div className="gpulab-status" role="status" aria-live="polite">
           {status}
         </div>
-        <JobsList jobs={jobs} error={errors.jobs} now={now} actions={actions} report={setStatus} reload={() => model.refresh()} />
+        <JobsList
+          jobs={jobs}
+          error={errors.jobs}
+          now={now}
+          actions={actions}
+          report={setStatus}
+          reload={() => model.refresh()}
+        />
       </section>
     </div>
   );

@@ -13,8 +13,7 @@ export interface IDeviceSample {
 }
 
 export type Utilisation =
-  | { available: true; at: number; devices: IDeviceSample[] }
-  | { available: false; reason: string };
+  { available: true; at: number; devices: IDeviceSample[] } | { available: false; reason: string };
 
 export interface ISession {
   user: string;
@@ -116,13 +115,7 @@ export interface IIdleState {
 }
 
 export type JobState =
-  | 'queued'
-  | 'running'
-  | 'preempted'
-  | 'succeeded'
-  | 'failed'
-  | 'cancelled'
-  | 'timed-out';
+  'queued' | 'running' | 'preempted' | 'succeeded' | 'failed' | 'cancelled' | 'timed-out';
 
 export type JobClass = 'batch' | 'training';
 

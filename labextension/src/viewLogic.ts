@@ -16,7 +16,10 @@ export function sessionTeam(me: IMe | null, session: ISession | null): ITeamView
 }
 
 /** The session's profile as the catalog names it ("0.5 × H100"), if the hub lists it. */
-export function sessionProfile(me: IMe | null, session: ISession | null): IProfileChoice | undefined {
+export function sessionProfile(
+  me: IMe | null,
+  session: ISession | null
+): IProfileChoice | undefined {
   if (!me || !session?.profile) {
     return undefined;
   }
@@ -41,18 +44,26 @@ export function formatTimeout(seconds: number): string {
 }
 
 /** What the GPU idle culler will do to this session, in one sentence. */
-export function idlePolicyText(profile: IProfileChoice | undefined, keepaliveSeconds: number | null): string {
+export function idlePolicyText(
+  profile: IProfileChoice | undefined,
+  keepaliveSeconds: number | null
+): string {
   const timeout = profile?.idle_timeout_seconds;
   const when =
     typeof timeout === 'number'
       ? `If the GPU stays idle for ${formatTimeout(timeout)}`
       : "If the GPU stays idle for the culler's default timeout";
-  const keep = keepaliveSeconds ? ` or press “Keep my GPU” (${formatDuration(keepaliveSeconds)} more)` : '';
+  const keep = keepaliveSeconds
+    ? ` or press “Keep my GPU” (${formatDuration(keepaliveSeconds)} more)`
+    : '';
   return `${when}, you get a warning; unless you use it${keep}, the server is then stopped and the GPU released.`;
 }
 
 /** Whether a job of `jobClass` may use `profile` now; the profile's own view when the hub is older. */
-export function offerFor(profile: IProfileChoice, jobClass: JobClass): { available: boolean; overQuota: boolean; reason: string } {
+export function offerFor(
+  profile: IProfileChoice,
+  jobClass: JobClass
+): { available: boolean; overQuota: boolean; reason: string } {
   const offer = profile.job_classes?.[jobClass];
   if (offer) {
     return { available: offer.available, overQuota: offer.over_quota, reason: offer.reason };
@@ -105,7 +116,12 @@ export function shortTime(iso: string | null, now: number, timeZone?: string): s
   }
   const t = Date.parse(iso);
   const d = new Date(t);
-  const time = d.toLocaleTimeString('en-GB', { hour: '2-digit', minute: '2-digit', hour12: false, timeZone });
+  const time = d.toLocaleTimeString('en-GB', {
+    hour: '2-digit',
+    minute: '2-digit',
+    hour12: false,
+    timeZone
+  });
   const day = (x: number) => new Date(x).toLocaleDateString('en-GB', { timeZone });
   if (day(t) === day(now)) {
     return time;
@@ -114,6 +130,14 @@ export function shortTime(iso: string | null, now: number, timeZone?: string): s
 }
 
 /** The job's state history, oldest first: state, when, and why. */
-export function jobHistory(job: IJob, now: number, timeZone?: string): { state: string; at: string; reason: string }[] {
-  return (job.history ?? []).map(h => ({ state: h.state, at: shortTime(h.at, now, timeZone), reason: h.reason ?? '' }));
+export function jobHistory(
+  job: IJob,
+  now: number,
+  timeZone?: string
+): { state: string; at: string; reason: string }[] {
+  return (job.history ?? []).map(h => ({
+    state: h.state,
+    at: shortTime(h.at, now, timeZone),
+    reason: h.reason ?? ''
+  }));
 }

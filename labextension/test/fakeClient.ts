@@ -26,15 +26,33 @@ export const ME: IMe = { user: 'alice', teams: [], holdings: [] };
 
 export function job(id: number, state: IJob['state']): IJob {
   return {
-    id, name: `job${id}`, user: 'alice', team: 'vision', profile: 'h100-quarter', job_class: 'batch', state,
-    reason: null, gpu_milli: 250, over_quota: false, notebook: 'a.ipynb', output_path: null, log_path: null,
-    parameters: {}, time_limit_seconds: 600, created_at: '2026-11-30T10:00:00Z', started_at: null,
-    finished_at: null, history: []
+    id,
+    name: `job${id}`,
+    user: 'alice',
+    team: 'vision',
+    profile: 'h100-quarter',
+    job_class: 'batch',
+    state,
+    reason: null,
+    gpu_milli: 250,
+    over_quota: false,
+    notebook: 'a.ipynb',
+    output_path: null,
+    log_path: null,
+    parameters: {},
+    time_limit_seconds: 600,
+    created_at: '2026-11-30T10:00:00Z',
+    started_at: null,
+    finished_at: null,
+    history: []
   };
 }
 
 export const IDLE: IIdleState = {
-  user: 'alice', server: '', warning: null, keepalive: { used: 0, max: 2, extends_seconds: 3600, until: null }
+  user: 'alice',
+  server: '',
+  warning: null,
+  keepalive: { used: 0, max: 2, extends_seconds: 3600, until: null }
 };
 
 export class FakeClient implements IGpuLabClient {
@@ -67,7 +85,10 @@ export class FakeClient implements IGpuLabClient {
     return this.answer('me', ME);
   }
   jobs(): Promise<IJob[]> {
-    return this.answer('jobs', this.jobList.map(j => ({ ...j })));
+    return this.answer(
+      'jobs',
+      this.jobList.map(j => ({ ...j }))
+    );
   }
   idle(): Promise<IIdleState> {
     return this.answer('idle', IDLE);
@@ -81,9 +102,8 @@ export class FakeClient implements IGpuLabClient {
   async stopState(): Promise<IStopState | null> {
     return null;
   }
-
 }
 
-export const hubDown = () => new GPULabAPIError(502, 'the hub is not reachable: Connection refused');
-export const noGpulab = () =>
-  new GPULabAPIError(404, 'This hub does not run gpulab', 'no-gpulab');
+export const hubDown = () =>
+  new GPULabAPIError(502, 'the hub is not reachable: Connection refused');
+export const noGpulab = () => new GPULabAPIError(404, 'This hub does not run gpulab', 'no-gpulab');

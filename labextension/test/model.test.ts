@@ -62,7 +62,14 @@ describe('GpuStatusModel: one Lumino Poll for every view', () => {
     const from = client.count('jobs') - 1;
     await vi.advanceTimersByTimeAsync(250 * 1000);
     const failing = gaps(client.times('jobs').slice(from));
-    expect(failing.slice(0, 6)).toEqual([INTERVAL, 3 * INTERVAL, 9 * INTERVAL, 27 * INTERVAL, MAX, MAX]);
+    expect(failing.slice(0, 6)).toEqual([
+      INTERVAL,
+      3 * INTERVAL,
+      9 * INTERVAL,
+      27 * INTERVAL,
+      MAX,
+      MAX
+    ]);
     expect(Math.max(...failing)).toBe(MAX);
     expect(model.errors.jobs).toContain('not reachable');
     expect(model.session?.profile).toBe('h100-half'); // what answered is still shown

@@ -14,8 +14,17 @@ import { job, SESSION } from './fakeClient';
 
 function profile(slug: string, milli: number, extra: Partial<IProfileChoice> = {}): IProfileChoice {
   return {
-    slug, display_name: slug, description: '', gpu_milli: milli, gpu_model: 'H100-80GB', priority_class: 'gpulab-development',
-    available: true, reason: '', over_quota: false, capacity: '', ...extra
+    slug,
+    display_name: slug,
+    description: '',
+    gpu_milli: milli,
+    gpu_model: 'H100-80GB',
+    priority_class: 'gpulab-development',
+    available: true,
+    reason: '',
+    over_quota: false,
+    capacity: '',
+    ...extra
   };
 }
 
@@ -23,14 +32,32 @@ const burstOnly = profile('h100-1', 1000, {
   over_quota: true,
   job_classes: {
     batch: { available: true, over_quota: true, reason: '' },
-    training: { available: false, over_quota: false, reason: 'team vision holds 0.25 of its 0.5 GPU guarantee; this work is never admitted over quota and needs 1' }
+    training: {
+      available: false,
+      over_quota: false,
+      reason:
+        'team vision holds 0.25 of its 0.5 GPU guarantee; this work is never admitted over quota and needs 1'
+    }
   }
 });
 
 const team: ITeamView = {
-  name: 'vision', display_name: 'Vision', guarantee_milli: 500, burst_milli: 2000, per_user_cap_milli: null,
-  held_milli: 250, in_quota_milli: 250, over_quota_milli: 0, free_milli: 1750, user_held_milli: 250, summary: '',
-  profiles: [profile('cpu', 0), burstOnly, profile('h100-half', 500, { display_name: '0.5 × H100', idle_timeout_seconds: 1800 })]
+  name: 'vision',
+  display_name: 'Vision',
+  guarantee_milli: 500,
+  burst_milli: 2000,
+  per_user_cap_milli: null,
+  held_milli: 250,
+  in_quota_milli: 250,
+  over_quota_milli: 0,
+  free_milli: 1750,
+  user_held_milli: 250,
+  summary: '',
+  profiles: [
+    profile('cpu', 0),
+    burstOnly,
+    profile('h100-half', 500, { display_name: '0.5 × H100', idle_timeout_seconds: 1800 })
+  ]
 };
 
 describe('the session and its idle policy', () => {
@@ -52,8 +79,12 @@ describe('the session and its idle policy', () => {
 
 describe('the job dialog', () => {
   it('offers a training job no burst', () => {
-    expect(offerLabel(burstOnly, 'batch')).toBe('h100-1 (1 GPU) — available above the guarantee (preemptible)');
-    expect(offerLabel(burstOnly, 'training')).toMatch(/^h100-1 \(1 GPU\) — not now: team vision holds/);
+    expect(offerLabel(burstOnly, 'batch')).toBe(
+      'h100-1 (1 GPU) — available above the guarantee (preemptible)'
+    );
+    expect(offerLabel(burstOnly, 'training')).toMatch(
+      /^h100-1 \(1 GPU\) — not now: team vision holds/
+    );
   });
   it('starts from the last used profile, then the session profile, never "CPU only"', () => {
     expect(defaultProfile(team, 'batch', 'h100-1', 'h100-half')).toBe('h100-1');
@@ -73,7 +104,11 @@ describe('the jobs list', () => {
     const j = {
       ...job(7, 'running'),
       history: [
-        { state: 'queued' as const, at: '2026-11-30T14:00:00Z', reason: 'admitted within the team guarantee' },
+        {
+          state: 'queued' as const,
+          at: '2026-11-30T14:00:00Z',
+          reason: 'admitted within the team guarantee'
+        },
         { state: 'running' as const, at: '2026-11-30T14:01:00Z', reason: null }
       ]
     };
