@@ -8,11 +8,12 @@ cookie-authenticated POST must carry the ``_xsrf`` token, which JupyterLab's
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
@@ -70,11 +71,30 @@ class SessionHandler(APIHandler):
         self.finish(json.dumps(info))
 
 
+#: What the panel says when the hub has no gpulab API.
+NO_GPULAB = "This hub does not run gpulab; the GPU panel has nothing to show."
+
+
+def gpulab_answered(body: bytes) -> bool:
+    """Did a gpulab handler write this 404, rather than the hub's catch-all?
+
+    gpulab's 404s always say what was not found ("no such user", "job 7 not
+    found"); JupyterHub's ``API404`` for a route it does not have says only
+    "Not Found", and a hub behind another proxy may answer HTML.
+    """
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    message = data.get("message") if isinstance(data, dict) else None
+    return isinstance(message, str) and message.strip().lower() not in ("", "not found")
+
+
 class HubProxyHandler(APIHandler):
     """``/gpulab/api/hub/<path>`` -> the hub's ``/hub/api/gpulab/<path>``, as this server's owner.
 
     The hub decides what the request may do: the server token only carries
-    ``custom:gpulab:jobs!user`` (see ``hub_config/scopes.py``), so asking for
+    ``custom:gpulab:jobs!user`` (see ``hub_config/config/scopes.py``), so asking for
     another user's data is refused there, with the hub's own message.
     """
 
@@ -86,16 +106,20 @@ class HubProxyHandler(APIHandler):
     def hub_token(self) -> str:
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
-    def _error(self, status: int, message: str) -> None:
+    def _error(self, status: int, message: str, absent: str | None = None) -> None:
+        body: dict[str, Any] = {"status": status, "message": message}
+        if absent:
+            body["absent"] = absent
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status, "message": message}))
+        self.finish(json.dumps(body))
 
     async def _forward(self, method: str, path: str) -> None:
         if not _SAFE_PATH.match(path) or ".." in path:
             return self._error(400, f"not a gpulab API path: {path!r}")
         if not self.hub_api_url or not self.hub_token:
-            return self._error(503, "this server does not run under JupyterHub (no JUPYTERHUB_API_URL/TOKEN)")
+            return self._error(503, "this server does not run under JupyterHub (no JUPYTERHUB_API_URL/TOKEN)",
+                               absent="no-hub")
         body = None
         if method == "POST":
             body = self.request.body or b""
@@ -120,6 +144,8 @@ class HubProxyHandler(APIHandler):
             self.log.warning("gpulab: hub not reachable at %s: %s", self.hub_api_url, response.error)
             return self._error(502, f"the hub is not reachable: {response.error}")
         self.log.debug("gpulab: %s %s -> %s", method, path, response.code)
+        if response.code == 404 and not gpulab_answered(response.body or b""):
+            return self._error(404, NO_GPULAB, absent="no-gpulab")
         self.set_status(response.code)
         self.set_header("Content-Type", response.headers.get("Content-Type", "application/json"))
         self.finish(response.body or b"")
@@ -137,9 +163,83 @@ class HubProxyHandler(APIHandler):
         await self._forward("DELETE", path)
 
 
+class StopHandler(APIHandler):
+    """``/gpulab/api/stop``: "Stop server and release GPU".
+
+    ``POST`` (an empty JSON object) asks the hub to stop this very server --
+    ``DELETE /hub/api/users/<user>/server`` or ``.../servers/<name>``, with
+    the server's own token, which carries ``delete:servers!server`` -- and the
+    spawner then frees the GPU share. The answer (202) goes out *before* the
+    request to the hub, because the hub's stop ends this process. ``GET``
+    returns the last request's state: ``requested``, or ``failed`` with the
+    hub's reason when the hub refused.
+    """
+
+    STATE_KEY = "gpulab_stop_state"
+
+    @property
+    def state(self) -> dict[str, Any] | None:
+        return self.settings.get(self.STATE_KEY)
+
+    def _answer(self, status: int, body: Any) -> Any:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        return self.finish(json.dumps(body))
+
+    @web.authenticated
+    async def get(self) -> None:
+        await self._answer(200, self.state)
+
+    @web.authenticated
+    async def post(self) -> None:
+        body = self.request.body or b""
+        if len(body) > 1024:
+            return await self._answer(413, {"status": 413, "message": "the stop request takes no body"})
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            data = None
+        if data != {}:
+            return await self._answer(400, {"status": 400, "message": "the stop request's body must be {} (it takes no options)"})
+        api_url = os.environ.get("JUPYTERHUB_API_URL", "")
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        user = os.environ.get("JUPYTERHUB_USER", "")
+        if not (api_url and token and user):
+            return await self._answer(503, {"status": 503, "absent": "no-hub",
+                                            "message": "this server does not run under JupyterHub: nothing to stop"})
+        name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        path = f"users/{quote(user, safe='')}/" + (f"servers/{quote(name, safe='')}" if name else "server")
+        state = {"state": "requested", "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                 "message": "The hub is stopping this server; its GPU is released as soon as it has stopped."}
+        self.settings[self.STATE_KEY] = state
+        self.log.info("gpulab: %s asked to stop this server (%s) and release its GPU", user, path)
+        # Answer first: the hub's stop ends this process, and with it any request still open.
+        await self._answer(202, state)
+        request = HTTPRequest(url_path_join(api_url, path), method="DELETE", request_timeout=60,
+                              headers={"Authorization": f"token {token}"})
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except (OSError, HTTPClientError) as e:
+            response = None
+            reason = f"the hub is not reachable: {e}"
+        else:
+            reason = response.body.decode(errors="replace") if response.body else ""
+        if response is not None and response.code in (202, 204):
+            return
+        status = response.code if response is not None else 502
+        try:
+            reason = json.loads(reason).get("message") or reason
+        except (ValueError, AttributeError):
+            pass
+        self.log.warning("gpulab: the hub did not stop this server: %s %s", status, reason)
+        self.settings[self.STATE_KEY] = {**state, "state": "failed", "status": status,
+                                         "message": f"The hub did not stop this server: {reason or status}"}
+
+
 def setup_handlers(web_app: Any, log: Any = None) -> None:
     base = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [
         (url_path_join(base, "gpulab/api/session"), SessionHandler),
+        (url_path_join(base, "gpulab/api/stop"), StopHandler),
         (url_path_join(base, "gpulab/api/hub/(.*)"), HubProxyHandler),
     ])

@@ -15,10 +15,10 @@ import json
 import os
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from tests.conftest import CHROMIUM
+from tests.e2e_lab_helpers import write_notebook
 from tests.hub_harness import REPO, RunningHub
 
 pytestmark = pytest.mark.integration
@@ -35,20 +35,6 @@ teams:
   - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1,
      allowed_profiles: [h100-quarter, h100-half, h100-1]}
 """
-
-
-def write_notebook(path: Path) -> None:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('who = "world"\nrepeat = 1\npause = 0')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# Greeting\nA tiny notebook to run as a GPU job."),
-        params,
-        nbformat.v4.new_code_cell('import time\ntime.sleep(pause)\nmessage = " ".join([f"hello {who}!"] * repeat)\nprint(message)'),
-    ]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(path))
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +88,7 @@ def run_scenario(hub: RunningHub, page) -> None:
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
     page.click('.jp-SideBar [data-id="gpulab-panel"]')
     panel = page.locator("#gpulab-panel")
-    panel.locator(".gpulab-profile", has_text="h100-quarter").wait_for()
+    panel.locator(".gpulab-profile", has_text="0.25 × H100").wait_for()
     panel.locator(".gpulab-share", has_text="0.25 × H100-80GB").wait_for()
     panel.locator(".gpulab-quota-bar").wait_for()
     quota = panel.locator(".gpulab-quota-bar").get_attribute("aria-label")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from tornado.httpclient import HTTPClientError
@@ -92,6 +93,27 @@ def test_proxy_outside_jupyterhub_says_so(ext_fetch, gpu_env):
         ext_fetch("gpulab", "api", "hub", "me")
     assert e.value.code == 503
     assert "does not run under JupyterHub" in _json(e.value.response)["message"]
+    assert _json(e.value.response)["absent"] == "no-hub"  # the panel explains itself
+
+
+@pytest.mark.parametrize("body, status", [
+    ('{"now": true}', 400), ("[]", 400), ("null", 400), ("stop", 400), ('{"a": ' * 40, 400), ("x" * 2000, 413),
+])
+def test_stop_refuses_bad_bodies_and_records_nothing(ext_fetch, gpu_env, monkeypatch, body, status):
+    monkeypatch.setenv("JUPYTERHUB_API_URL", f"http://127.0.0.1:{free_port()}/hub/api")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "x")
+    with pytest.raises(HTTPClientError) as e:
+        ext_fetch("gpulab", "api", "stop", method="POST", body=body)
+    assert e.value.code == status
+    assert _json(e.value.response)["message"]
+    assert _json(ext_fetch("gpulab", "api", "stop")) is None  # no stop was asked
+
+
+def test_stop_outside_jupyterhub_says_so(ext_fetch, gpu_env):
+    with pytest.raises(HTTPClientError) as e:
+        ext_fetch("gpulab", "api", "stop", method="POST", body="{}")
+    assert e.value.code == 503 and _json(e.value.response)["absent"] == "no-hub"
+    assert _json(ext_fetch("gpulab", "api", "stop")) is None
 
 
 @pytest.mark.parametrize("path", ["hub/me%20x", "hub/..", "hub/", "hub/jobs/1/../../../users"])
@@ -159,3 +181,34 @@ def test_proxy_refuses_an_oversized_body(ext_fetch, hub_env):
     with pytest.raises(HTTPClientError) as e:
         ext_fetch("gpulab", "api", "hub", "jobs", method="POST", body="x" * (256 * 1024 + 1))
     assert e.value.code == 413
+
+
+@pytest.mark.integration
+def test_a_route_the_hub_lacks_reads_as_no_gpulab_but_gpulabs_own_404_passes(ext_fetch, hub_env):
+    # The hub's catch-all API 404 ("Not Found"): what a hub without gpulab answers for every path.
+    with pytest.raises(HTTPClientError) as e:
+        ext_fetch("gpulab", "api", "hub", "no-such-route")
+    assert e.value.code == 404
+    body = _json(e.value.response)
+    assert body["absent"] == "no-gpulab"
+    assert body["message"] == "This hub does not run gpulab; the GPU panel has nothing to show."
+    # A 404 of gpulab's own (a job that does not exist) is passed through as such.
+    with pytest.raises(HTTPClientError) as e:
+        ext_fetch("gpulab", "api", "hub", "jobs", "999999")
+    assert e.value.code == 404
+    assert "absent" not in _json(e.value.response) and "999999" in _json(e.value.response)["message"]
+
+
+@pytest.mark.integration
+def test_stop_answers_first_then_records_the_hubs_refusal(ext_fetch, hub_env):
+    # This token lacks delete:servers (a real server token carries delete:servers!server):
+    # the answer is "requested", and the hub's 403 is then recorded for the panel.
+    r = ext_fetch("gpulab", "api", "stop", method="POST", body="{}")
+    assert r.code == 202 and _json(r)["state"] == "requested"
+    deadline = time.monotonic() + 10
+    state = _json(ext_fetch("gpulab", "api", "stop"))
+    while state["state"] == "requested" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = _json(ext_fetch("gpulab", "api", "stop"))
+    assert state["state"] == "failed" and state["status"] == 403, state
+    assert state["message"].startswith("The hub did not stop this server:") and "delete:servers" in state["message"]

@@ -10,9 +10,11 @@ from typing import Any
 
 from tornado import web
 
-from spawner.ledger import TeamUsage
+from spawner.idle import idle_timeout_for
+from spawner.jobspec import JOB_CLASSES
+from spawner.ledger import Ledger, TeamUsage
 from spawner.model import Team
-from spawner.policy import choices_for_user, device_capacity, team_summary
+from spawner.policy import Capacity, ProfileChoice, choices_for_user, device_capacity, team_summary
 
 from hub_config.config.scopes import ADMIN, JOBS
 from hub_config.api.base import GPULabAPIHandler
@@ -29,6 +31,23 @@ def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:
         "in_quota_milli": usage.in_quota_milli,
         "over_quota_milli": usage.over_quota_milli,
     }
+
+
+def job_class_offers(ledger: Ledger, choice: ProfileChoice, user: str,
+                     capacity: Capacity | None) -> dict[str, dict[str, Any]]:
+    """Would a job of each class be admitted with this profile now, and why not.
+
+    A job's class, not the profile's priority class, decides whether it may
+    burst above the team guarantee (``batch`` may, ``training`` never), so the
+    job dialog reads these instead of the profile's own availability.
+    """
+    milli = choice.effective_milli or choice.profile.gpu_milli
+    out = {}
+    for name, priority in JOB_CLASSES.items():
+        d = ledger.admit(choice.team.name, user, milli, may_burst=priority.may_burst)
+        reason = d.reason or (capacity.reason if capacity is not None and not capacity.ok else "")
+        out[name] = {"available": d.allowed and not reason, "over_quota": d.over_quota, "reason": reason}
+    return out
 
 
 def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
@@ -49,6 +68,8 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
             "profiles": [],
         }
     for c in choices:
+        timeout, source = idle_timeout_for(c.profile, c.team, 0)
+        cap = capacity(c.profile) if capacity is not None and c.profile.is_gpu else None
         teams[c.team.name]["profiles"].append({
             "slug": c.profile.slug,
             "display_name": c.profile.display_name,
@@ -61,6 +82,9 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
             "over_quota": c.over_quota,
             "capacity": c.capacity_summary,
             "images": [{"slug": i.slug, "display_name": i.display_name} for i in c.profile.images],
+            # None: neither the profile nor the team sets one; the culler's default applies.
+            "idle_timeout_seconds": None if source == "default" else timeout,
+            "job_classes": job_class_offers(runtime.ledger, c, user_name, cap),
         })
     holdings = [
         {"key": w.key, "team": w.team, "profile": w.profile, "gpu_milli": w.milli, "kind": w.kind,

@@ -24,8 +24,10 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
 USER_SCOPES = ["self", f"{JOBS}!user"]
 
 #: Scopes the single-user server's token carries so the lab extension can
-#: forward requests to the hub on the user's behalf, and nothing more.
-SERVER_TOKEN_SCOPES = ["access:servers!server", "users:activity!user", f"{JOBS}!user"]
+#: forward requests to the hub on the user's behalf, and nothing more:
+#: ``delete:servers!server`` lets the server stop itself ("Stop server and
+#: release GPU" in the sidebar), not any other server.
+SERVER_TOKEN_SCOPES = ["access:servers!server", "delete:servers!server", "users:activity!user", f"{JOBS}!user"]
 
 
 def roles(admin_users: list[str] | None = None) -> list[dict]:

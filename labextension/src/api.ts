@@ -1,12 +1,5 @@
 import { requestAPI } from './handler';
-import {
-  IIdleState,
-  IJob,
-  IJobRequest,
-  ILogChunk,
-  IMe,
-  ISession
-} from './types';
+import { IIdleState, IJob, IJobRequest, ILogChunk, IMe, ISession, IStopState } from './types';
 
 /** Typed calls of the server extension and of the hub API behind it. */
 export const api = {
@@ -25,8 +18,7 @@ export const api = {
     const data = await requestAPI<IJob[] | { jobs: IJob[] }>('hub/jobs');
     return Array.isArray(data) ? data : data.jobs;
   },
-  job: (id: string | number) =>
-    requestAPI<IJob>(`hub/jobs/${encodeURIComponent(String(id))}`),
+  job: (id: string | number) => requestAPI<IJob>(`hub/jobs/${encodeURIComponent(String(id))}`),
   submit: (request: IJobRequest) =>
     requestAPI<IJob>('hub/jobs', {
       method: 'POST',
@@ -43,11 +35,11 @@ export const api = {
       body: '{}'
     }),
   logs: (id: string | number, offset: number) =>
-    requestAPI<ILogChunk>(
-      `hub/jobs/${encodeURIComponent(String(id))}/logs?offset=${offset}`
-    ),
+    requestAPI<ILogChunk>(`hub/jobs/${encodeURIComponent(String(id))}/logs?offset=${offset}`),
+  /** Ask the hub to stop this server (and so release its GPU); answered before the server goes. */
+  stopServer: () => requestAPI<IStopState>('stop', { method: 'POST', body: '{}' }),
+  /** The last stop request of this server, or null. */
+  stopState: () => requestAPI<IStopState | null>('stop'),
   output: (id: string | number) =>
-    requestAPI<Record<string, unknown>>(
-      `hub/jobs/${encodeURIComponent(String(id))}/output`
-    )
+    requestAPI<Record<string, unknown>>(`hub/jobs/${encodeURIComponent(String(id))}/output`)
 };

@@ -1,44 +1,17 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-/**
- * An error answered by the gpulab API (or the hub behind it), carrying the
- * API's own message so the UI can show it as such.
- */
-export class GPULabAPIError extends Error {
-  constructor(
-    readonly status: number,
-    message: string
-  ) {
-    super(message);
-    this.name = 'GPULabAPIError';
-  }
-}
+import { absenceOf, errorMessage, GPULabAPIError } from './errors';
 
-/** The message of a JSON error body `{"status", "message"}`, or a fallback. */
-export function errorMessage(status: number, body: string): string {
-  try {
-    const data = JSON.parse(body);
-    if (data && typeof data.message === 'string' && data.message) {
-      return data.message;
-    }
-  } catch {
-    // not JSON: fall through
-  }
-  const text = body.trim();
-  return text && text.length < 300 && !text.startsWith('<')
-    ? text
-    : `request failed with HTTP ${status}`;
-}
+export { errorMessage, GPULabAPIError } from './errors';
 
 /**
  * Call the gpulab server extension: `endPoint` is relative to
- * `<base>/gpulab/api/` (e.g. `session`, `hub/jobs`).
+ * `<base>/gpulab/api/` (e.g. `session`, `hub/jobs`). Errors are
+ * {@link GPULabAPIError}s with the API's own message, or JupyterLab's
+ * `NetworkError` when the server did not answer at all.
  */
-export async function requestAPI<T>(
-  endPoint = '',
-  init: RequestInit = {}
-): Promise<T> {
+export async function requestAPI<T>(endPoint = '', init: RequestInit = {}): Promise<T> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, 'gpulab', 'api', endPoint);
   let response: Response;
@@ -49,10 +22,7 @@ export async function requestAPI<T>(
   }
   const body = await response.text();
   if (!response.ok) {
-    throw new GPULabAPIError(
-      response.status,
-      errorMessage(response.status, body)
-    );
+    throw new GPULabAPIError(response.status, errorMessage(response.status, body), absenceOf(body));
   }
   return (body ? JSON.parse(body) : null) as T;
 }

@@ -16,12 +16,21 @@ export interface IReclaimInfo {
 
 /** A wait in whole minutes, rounded up ("less than a minute" below one). */
 export function minutesLeft(seconds: number): string {
-  return seconds <= 0 ? 'now' : seconds < 60 ? 'less than a minute' : `${Math.ceil(seconds / 60)} min`;
+  return seconds <= 0
+    ? 'now'
+    : seconds < 60
+      ? 'less than a minute'
+      : `${Math.ceil(seconds / 60)} min`;
 }
 
 /** Hours and minutes of `ms` on the user's clock (or in `timeZone`). */
 export function clockTime(ms: number, timeZone?: string): string {
-  return new Date(ms).toLocaleTimeString('en-GB', { hour: '2-digit', minute: '2-digit', hour12: false, timeZone });
+  return new Date(ms).toLocaleTimeString('en-GB', {
+    hour: '2-digit',
+    minute: '2-digit',
+    hour12: false,
+    timeZone
+  });
 }
 
 function evidenceNumber(evidence: Record<string, unknown>, key: string): number | null {
@@ -117,6 +126,7 @@ export function reclaimFromWarning(idle: IIdleState | null, lostAt: number): IRe
 
 /** "Your GPU was reclaimed at HH:MM after N minutes at 0 % — start again." */
 export function reclaimedMessage(info: IReclaimInfo, timeZone?: string): string {
-  const after = info.idleMinutes === null ? '' : ` after ${info.idleMinutes} minutes at ${info.peakPercent} %`;
+  const after =
+    info.idleMinutes === null ? '' : ` after ${info.idleMinutes} minutes at ${info.peakPercent} %`;
   return `Your GPU was reclaimed at ${clockTime(info.at, timeZone)}${after} — start again when you need it.`;
 }

@@ -1,9 +1,13 @@
 /**
  * gpulab for JupyterLab. One plugin per feature:
  *
- * - `gpulab-labextension:sidebar`: the left "GPU" panel (session, quota,
- *   idle warning, jobs) and the job log / output commands;
- * - `gpulab-labextension:run-as-job`: the "Run as GPU job" command and dialog;
+ * - `gpulab-labextension:status`: the one status model all views share
+ *   ({@link IGpuStatus}: one Lumino poll for session, quota, idle state, jobs);
+ * - `gpulab-labextension:sidebar`: the left "GPU" panel (session, idle policy,
+ *   "Stop server and release GPU", quota, idle warning, jobs) and the job
+ *   log / output commands;
+ * - `gpulab-labextension:run-as-job`: the "Run as GPU job" command and dialog
+ *   (it remembers the last team and profile in the browser's local storage);
  * - `gpulab-labextension:launcher`: a Launcher card in a "GPU" category;
  * - `gpulab-labextension:notebook-toolbar`: a notebook toolbar button;
  * - `gpulab-labextension:filebrowser`: the file browser context menu on .ipynb;
@@ -18,12 +22,15 @@ import { ILauncher } from '@jupyterlab/launcher';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 
 import { api } from './api';
-import { initialForm, runJobDialog } from './dialog';
+import { initialForm, rememberJobChoice, rememberedJobChoice, runJobDialog } from './dialog';
 import { gpuIcon } from './icons';
 import idlePlugins from './idle';
 import { notebookParameters } from './logic';
 import { JobLogWidget } from './logs';
+import { GpuStatusModel } from './model';
 import { GPUPanel } from './panel';
+import { announceStopped } from './stopped';
+import { IGpuStatus } from './tokens';
 import { IJob } from './types';
 
 namespace CommandIDs {
@@ -58,12 +65,23 @@ async function openOutput(app: JupyterFrontEnd, job: IJob): Promise<void> {
   await app.commands.execute('docmanager:open', { path });
 }
 
+const status: JupyterFrontEndPlugin<GpuStatusModel> = {
+  id: 'gpulab-labextension:status',
+  description:
+    'The GPU status model every gpulab view subscribes to (one poll, standby when hidden, back-off on errors).',
+  autoStart: true,
+  provides: IGpuStatus,
+  activate: () => new GpuStatusModel({ client: api })
+};
+
 const sidebar: JupyterFrontEndPlugin<void> = {
   id: 'gpulab-labextension:sidebar',
-  description: 'The GPU sidebar: session GPU, team quota, idle warning and jobs.',
+  description:
+    'The GPU sidebar: session GPU, idle policy, stop button, team quota, idle warning and jobs.',
   autoStart: true,
-  activate: (app: JupyterFrontEnd) => {
-    const panel = new GPUPanel({
+  requires: [IGpuStatus],
+  activate: (app: JupyterFrontEnd, model: GpuStatusModel) => {
+    const panel = new GPUPanel(model, {
       runAsJob: () => void app.commands.execute(CommandIDs.runAsJob, {}),
       openLogs: (job: IJob) => {
         const content = new JobLogWidget(job);
@@ -77,13 +95,18 @@ const sidebar: JupyterFrontEndPlugin<void> = {
       openOutput: (job: IJob) => openOutput(app, job)
     });
     app.shell.add(panel, 'left', { rank: 650 });
+    model.stopChanged.connect((_, stop) => {
+      if (stop?.state === 'stopping') {
+        void announceStopped(model);
+      }
+    });
     app.commands.addCommand(CommandIDs.openPanel, {
       label: 'Show the GPU panel',
       execute: () => app.shell.activateById(panel.id)
     });
     app.commands.addCommand(CommandIDs.refreshJobs, {
       label: 'Refresh GPU jobs',
-      execute: () => panel.refresh()
+      execute: () => model.refresh()
     });
   }
 };
@@ -133,8 +156,12 @@ const runAsJob: JupyterFrontEndPlugin<void> = {
             // unreadable notebook: the form still opens and the API will say what is wrong
           }
         }
-        const job = await runJobDialog(me, initialForm(me, path, parameters, session?.team));
+        const job = await runJobDialog(
+          me,
+          initialForm(me, path, parameters, session, rememberedJobChoice(me.user))
+        );
         if (job) {
+          rememberJobChoice(me.user, { team: job.team, profile: job.profile });
           if (app.commands.hasCommand(CommandIDs.refreshJobs)) {
             await app.commands.execute(CommandIDs.refreshJobs);
             await app.commands.execute(CommandIDs.openPanel);
@@ -152,7 +179,12 @@ const launcher: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   requires: [ILauncher],
   activate: (app: JupyterFrontEnd, launcher: ILauncher) => {
-    launcher.add({ command: CommandIDs.runAsJob, category: 'GPU', rank: 0, args: { isLauncher: true } });
+    launcher.add({
+      command: CommandIDs.runAsJob,
+      category: 'GPU',
+      rank: 0,
+      args: { isLauncher: true }
+    });
   }
 };
 
@@ -168,7 +200,8 @@ const notebookToolbar: JupyterFrontEndPlugin<void> = {
           label: 'GPU job',
           tooltip: 'Run this notebook as a GPU job',
           className: 'gpulab-toolbar-button',
-          onClick: () => void app.commands.execute(CommandIDs.runAsJob, { path: panel.context.path })
+          onClick: () =>
+            void app.commands.execute(CommandIDs.runAsJob, { path: panel.context.path })
         });
         panel.toolbar.insertItem(10, 'gpulab-run-as-job', button);
         return button;
@@ -201,4 +234,12 @@ const fileBrowserMenu: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [sidebar, runAsJob, launcher, notebookToolbar, fileBrowserMenu, ...idlePlugins];
+export default [
+  status,
+  sidebar,
+  runAsJob,
+  launcher,
+  notebookToolbar,
+  fileBrowserMenu,
+  ...idlePlugins
+];

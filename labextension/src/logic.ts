@@ -94,7 +94,12 @@ export function keepAliveState(idle: IIdleState): { enabled: boolean; label: str
 }
 
 /** SVG path of a sparkline of percentages (0..100) in a `width` × `height` box. */
-export function sparklinePath(values: number[], width: number, height: number, slots: number): string {
+export function sparklinePath(
+  values: number[],
+  width: number,
+  height: number,
+  slots: number
+): string {
   if (values.length === 0) {
     return '';
   }
@@ -233,7 +238,7 @@ export function notebookParameters(cells: ICellLike[]): Record<string, unknown> 
   for (const cell of cells) {
     const tags = cell.metadata?.tags ?? [];
     if (cell.cell_type === 'code' && Array.isArray(tags) && tags.includes('parameters')) {
-      const src = Array.isArray(cell.source) ? cell.source.join('') : cell.source ?? '';
+      const src = Array.isArray(cell.source) ? cell.source.join('') : (cell.source ?? '');
       return parseParametersSource(src);
     }
   }

@@ -1,5 +1,6 @@
 /** A main-area log viewer for one job that tails the log while the job runs. */
 import { ReactWidget } from '@jupyterlab/ui-components';
+import { Poll } from '@lumino/polling';
 import React, { useEffect, useRef, useState } from 'react';
 
 import { api } from './api';
@@ -11,33 +12,31 @@ function LogView({ job }: { job: IJob }): JSX.Element {
   const [error, setError] = useState<string | null>(null);
   const pre = useRef<HTMLPreElement>(null);
   useEffect(() => {
+    // Tail with a Lumino Poll: stands by while the tab is hidden, backs off while the hub fails.
     let offset = 0;
-    let stopped = false;
-    let timer: number | undefined;
-    const tick = async () => {
-      try {
-        const chunk = await api.logs(job.id, offset);
-        offset = chunk.offset;
-        if (chunk.text) {
-          setText(t => t + chunk.text);
+    const poll = new Poll({
+      factory: async () => {
+        try {
+          const chunk = await api.logs(job.id, offset);
+          offset = chunk.offset;
+          if (chunk.text) {
+            setText(t => t + chunk.text);
+          }
+          setError(null);
+          if (chunk.complete) {
+            setComplete(true);
+            poll.dispose();
+          }
+        } catch (e) {
+          setError(e instanceof Error ? e.message : String(e));
+          throw e;
         }
-        setError(null);
-        if (chunk.complete) {
-          setComplete(true);
-          return;
-        }
-      } catch (e) {
-        setError(e instanceof Error ? e.message : String(e));
-      }
-      if (!stopped) {
-        timer = window.setTimeout(tick, 2000);
-      }
-    };
-    void tick();
-    return () => {
-      stopped = true;
-      window.clearTimeout(timer);
-    };
+      },
+      frequency: { interval: 2000, backoff: true, max: 60 * 1000 },
+      name: `gpulab:log-${String(job.id)}`,
+      standby: 'when-hidden'
+    });
+    return () => poll.dispose();
   }, [job.id]);
   useEffect(() => {
     const el = pre.current;
@@ -51,7 +50,12 @@ function LogView({ job }: { job: IJob }): JSX.Element {
         Job {String(job.id)} ({job.notebook}): {complete ? 'log complete' : 'tailing…'}
         {error && <span className="gpulab-error"> {error}</span>}
       </div>
-      <pre ref={pre} className="gpulab-logs-text" tabIndex={0} aria-label={`Log of job ${String(job.id)}`}>
+      <pre
+        ref={pre}
+        className="gpulab-logs-text"
+        tabIndex={0}
+        aria-label={`Log of job ${String(job.id)}`}
+      >
         {text}
       </pre>
     </div>

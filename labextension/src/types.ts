@@ -13,8 +13,7 @@ export interface IDeviceSample {
 }
 
 export type Utilisation =
-  | { available: true; at: number; devices: IDeviceSample[] }
-  | { available: false; reason: string };
+  { available: true; at: number; devices: IDeviceSample[] } | { available: false; reason: string };
 
 export interface ISession {
   user: string;
@@ -46,6 +45,16 @@ export interface IProfileChoice {
   reason: string;
   over_quota: boolean;
   capacity: string;
+  /** The GPU idle culler's timeout for this profile (profile or team setting); null: the culler's default. */
+  idle_timeout_seconds?: number | null;
+  /** Would a job of each class be admitted with this profile now (a training job never bursts). */
+  job_classes?: Record<JobClass, IJobOffer>;
+}
+
+export interface IJobOffer {
+  available: boolean;
+  over_quota: boolean;
+  reason: string;
 }
 
 export interface ITeamView {
@@ -106,13 +115,7 @@ export interface IIdleState {
 }
 
 export type JobState =
-  | 'queued'
-  | 'running'
-  | 'preempted'
-  | 'succeeded'
-  | 'failed'
-  | 'cancelled'
-  | 'timed-out';
+  'queued' | 'running' | 'preempted' | 'succeeded' | 'failed' | 'cancelled' | 'timed-out';
 
 export type JobClass = 'batch' | 'training';
 
@@ -153,4 +156,16 @@ export interface ILogChunk {
   text: string;
   offset: number;
   complete: boolean;
+}
+
+/** The server extension's record of "Stop server and release GPU" (`/gpulab/api/stop`). */
+export interface IStopState {
+  /**
+   * `requested`: sent to the hub; `failed`: the hub refused; `stopping` (seen
+   * by the lab only): the server no longer answers, the hub is stopping it.
+   */
+  state: 'requested' | 'failed' | 'stopping';
+  at: string;
+  message: string;
+  status?: number;
 }

@@ -1,11 +1,22 @@
 import { describe, expect, it } from 'vitest';
 
-import { clockTime, minutesLeft, evidencePeak, idleNotice, idleStatusText, reclaimedMessage, reclaimFromWarning } from '../src/idleLogic';
+import {
+  clockTime,
+  minutesLeft,
+  evidencePeak,
+  idleNotice,
+  idleStatusText,
+  reclaimedMessage,
+  reclaimFromWarning
+} from '../src/idleLogic';
 import { IIdleState } from '../src/types';
 
 const T0 = Date.parse('2026-11-30T14:00:00Z');
 
-function state(overrides: Partial<NonNullable<IIdleState['warning']>> | null, keptUntil: string | null = null): IIdleState {
+function state(
+  overrides: Partial<NonNullable<IIdleState['warning']>> | null,
+  keptUntil: string | null = null
+): IIdleState {
   return {
     user: 'alice',
     server: '',
@@ -17,7 +28,10 @@ function state(overrides: Partial<NonNullable<IIdleState['warning']>> | null, ke
             warned_at: '2026-11-30T14:00:00Z',
             reclaim_at: '2026-11-30T14:15:00Z',
             reason: 'every sample of 1 GPU(s) at or below 1% for 60m',
-            evidence: { idle_timeout_seconds: 3600, devices: { 'node/gpu0': [{ max: 0 }, { max: 0.5 }] } },
+            evidence: {
+              idle_timeout_seconds: 3600,
+              devices: { 'node/gpu0': [{ max: 0 }, { max: 0.5 }] }
+            },
             ...overrides
           },
     keepalive: { used: 0, max: 2, extends_seconds: 3600, until: keptUntil }
@@ -51,7 +65,9 @@ describe('idle notice', () => {
   });
 
   it('puts the reclaim time and what is left in the status bar', () => {
-    expect(idleStatusText(state({}), T0 + 60 * 1000, 'UTC')).toBe('GPU idle: reclaimed at 14:15 (in 14 min)');
+    expect(idleStatusText(state({}), T0 + 60 * 1000, 'UTC')).toBe(
+      'GPU idle: reclaimed at 14:15 (in 14 min)'
+    );
   });
 });
 
@@ -68,23 +84,35 @@ describe('reclaim explained', () => {
 
   it('is not the culler before the grace ended, while on hold, or while kept', () => {
     expect(reclaimFromWarning(state({}), Date.parse('2026-11-30T14:10:00Z'))).toBeNull();
-    expect(reclaimFromWarning(state({ held: true }), Date.parse('2026-11-30T15:00:00Z'))).toBeNull();
-    expect(reclaimFromWarning(state({}, '2026-11-30T16:00:00Z'), Date.parse('2026-11-30T14:20:00Z'))).toBeNull();
+    expect(
+      reclaimFromWarning(state({ held: true }), Date.parse('2026-11-30T15:00:00Z'))
+    ).toBeNull();
+    expect(
+      reclaimFromWarning(state({}, '2026-11-30T16:00:00Z'), Date.parse('2026-11-30T14:20:00Z'))
+    ).toBeNull();
     expect(reclaimFromWarning(state(null), Date.parse('2026-11-30T15:00:00Z'))).toBeNull();
   });
 
   it('leaves the minutes out when the evidence has no timeout', () => {
     const info = reclaimFromWarning(state({ evidence: {} }), Date.parse('2026-11-30T14:20:00Z'));
     expect(info?.idleMinutes).toBeNull();
-    expect(reclaimedMessage(info!, 'UTC')).toBe('Your GPU was reclaimed at 14:20 — start again when you need it.');
+    expect(reclaimedMessage(info!, 'UTC')).toBe(
+      'Your GPU was reclaimed at 14:20 — start again when you need it.'
+    );
   });
 });
 
 describe('helpers', () => {
   it('formats a 24 h clock and finds the evidence peak', () => {
     expect(clockTime(Date.parse('2026-11-30T09:05:00Z'), 'UTC')).toBe('09:05');
-    expect(evidencePeak({ devices: { a: [{ max: 0.2 }], b: [{ max: 0.7 }, { nope: 1 }] } })).toBe(0.7);
+    expect(evidencePeak({ devices: { a: [{ max: 0.2 }], b: [{ max: 0.7 }, { nope: 1 }] } })).toBe(
+      0.7
+    );
     expect(evidencePeak({})).toBe(0);
-    expect([minutesLeft(0), minutesLeft(30), minutesLeft(61)]).toEqual(['now', 'less than a minute', '2 min']);
+    expect([minutesLeft(0), minutesLeft(30), minutesLeft(61)]).toEqual([
+      'now',
+      'less than a minute',
+      '2 min'
+    ]);
   });
 });

@@ -85,9 +85,13 @@ describe('quotaSegments', () => {
   });
 
   it('never goes negative or above 100 and survives a zero burst limit', () => {
-    const s = quotaSegments(team({ burst_milli: 1000, in_quota_milli: 1000, over_quota_milli: 500 }));
+    const s = quotaSegments(
+      team({ burst_milli: 1000, in_quota_milli: 1000, over_quota_milli: 500 })
+    );
     expect(s.free).toBe(0);
-    const z = quotaSegments(team({ burst_milli: 0, guarantee_milli: 0, in_quota_milli: 0, over_quota_milli: 0 }));
+    const z = quotaSegments(
+      team({ burst_milli: 0, guarantee_milli: 0, in_quota_milli: 0, over_quota_milli: 0 })
+    );
     expect([z.inQuota, z.burst, z.free, z.guaranteeAt]).toEqual([0, 0, 0, 0]);
   });
 });
@@ -110,7 +114,9 @@ describe('durations and countdowns', () => {
   it('measures a running job to now and a finished one to its end', () => {
     const now = Date.parse('2026-01-01T10:01:30Z');
     expect(jobDuration(job(), now)).toBe(60);
-    expect(jobDuration(job({ finished_at: '2026-01-01T10:00:40Z', state: 'succeeded' }), now)).toBe(10);
+    expect(jobDuration(job({ finished_at: '2026-01-01T10:00:40Z', state: 'succeeded' }), now)).toBe(
+      10
+    );
     expect(jobDuration(job({ started_at: null, state: 'queued' }), now)).toBeNull();
   });
 });
@@ -133,7 +139,10 @@ describe('keepAliveState', () => {
     keepalive: { used, max, extends_seconds: 3600, until: null }
   });
   it('honours the policy maximum', () => {
-    expect(keepAliveState(idle(0, 2))).toEqual({ enabled: true, label: 'Keep my GPU for 1 h 00 min more (0 of 2 used)' });
+    expect(keepAliveState(idle(0, 2))).toEqual({
+      enabled: true,
+      label: 'Keep my GPU for 1 h 00 min more (0 of 2 used)'
+    });
     expect(keepAliveState(idle(2, 2)).enabled).toBe(false);
     expect(keepAliveState(idle(2, 2)).label).toContain('limit reached');
   });
@@ -173,14 +182,23 @@ describe('parameters cell', () => {
       'flag == True',
       'layers = [64, 64]'
     ].join('\n');
-    expect(parseParametersSource(src)).toEqual({ epochs: 3, name: 'run # 1', lr: 0.01, layers: [64, 64] });
+    expect(parseParametersSource(src)).toEqual({
+      epochs: 3,
+      name: 'run # 1',
+      lr: 0.01,
+      layers: [64, 64]
+    });
   });
 
   it('uses the first code cell tagged "parameters", as papermill does', () => {
     const cells = [
       { cell_type: 'markdown', metadata: { tags: ['parameters'] }, source: 'x = 1' },
       { cell_type: 'code', metadata: {}, source: 'y = 2' },
-      { cell_type: 'code', metadata: { tags: ['parameters'] }, source: ['greeting = "hi"\n', 'n = 4\n'] },
+      {
+        cell_type: 'code',
+        metadata: { tags: ['parameters'] },
+        source: ['greeting = "hi"\n', 'n = 4\n']
+      },
       { cell_type: 'code', metadata: { tags: ['parameters'] }, source: 'z = 3' }
     ];
     expect(notebookParameters(cells)).toEqual({ greeting: 'hi', n: 4 });
@@ -219,7 +237,12 @@ describe('buildJobRequest', () => {
 
   it('refuses bad input with every reason', () => {
     const r = buildJobRequest(
-      form({ notebook: 'x.py', profile: '', timeLimitMinutes: '0', parameters: [{ name: '1bad', value: '1' }] })
+      form({
+        notebook: 'x.py',
+        profile: '',
+        timeLimitMinutes: '0',
+        parameters: [{ name: '1bad', value: '1' }]
+      })
     );
     expect(r.request).toBeNull();
     expect(r.errors).toHaveLength(4);
@@ -235,7 +258,9 @@ describe('buildJobRequest', () => {
 
 describe('errorMessage', () => {
   it('shows the API message, never an HTML page', () => {
-    expect(errorMessage(403, '{"status": 403, "message": "team vision holds 1 of 1"}')).toBe('team vision holds 1 of 1');
+    expect(errorMessage(403, '{"status": 403, "message": "team vision holds 1 of 1"}')).toBe(
+      'team vision holds 1 of 1'
+    );
     expect(errorMessage(502, '<html>Bad gateway</html>')).toBe('request failed with HTTP 502');
     expect(errorMessage(500, 'plain failure')).toBe('plain failure');
   });

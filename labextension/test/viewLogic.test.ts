@@ -1,0 +1,120 @@
+import { describe, expect, it } from 'vitest';
+
+import { IMe, IProfileChoice, ITeamView } from '../src/types';
+import {
+  defaultProfile,
+  formatTimeout,
+  idlePolicyText,
+  jobHistory,
+  offerLabel,
+  sessionProfile,
+  shortTime
+} from '../src/viewLogic';
+import { job, SESSION } from './fakeClient';
+
+function profile(slug: string, milli: number, extra: Partial<IProfileChoice> = {}): IProfileChoice {
+  return {
+    slug,
+    display_name: slug,
+    description: '',
+    gpu_milli: milli,
+    gpu_model: 'H100-80GB',
+    priority_class: 'gpulab-development',
+    available: true,
+    reason: '',
+    over_quota: false,
+    capacity: '',
+    ...extra
+  };
+}
+
+const burstOnly = profile('h100-1', 1000, {
+  over_quota: true,
+  job_classes: {
+    batch: { available: true, over_quota: true, reason: '' },
+    training: {
+      available: false,
+      over_quota: false,
+      reason:
+        'team vision holds 0.25 of its 0.5 GPU guarantee; this work is never admitted over quota and needs 1'
+    }
+  }
+});
+
+const team: ITeamView = {
+  name: 'vision',
+  display_name: 'Vision',
+  guarantee_milli: 500,
+  burst_milli: 2000,
+  per_user_cap_milli: null,
+  held_milli: 250,
+  in_quota_milli: 250,
+  over_quota_milli: 0,
+  free_milli: 1750,
+  user_held_milli: 250,
+  summary: '',
+  profiles: [
+    profile('cpu', 0),
+    burstOnly,
+    profile('h100-half', 500, { display_name: '0.5 × H100', idle_timeout_seconds: 1800 })
+  ]
+};
+
+describe('the session and its idle policy', () => {
+  it('names the session profile as the catalog does', () => {
+    const me: IMe = { user: 'alice', teams: [team], holdings: [] };
+    expect(sessionProfile(me, SESSION)?.display_name).toBe('0.5 × H100');
+    expect(sessionProfile(me, { ...SESSION, profile: 'gone' })).toBeUndefined();
+  });
+  it('says the timeout and what happens after it', () => {
+    expect(formatTimeout(1800)).toBe('30 min');
+    expect(formatTimeout(5400)).toBe('1 h 30 min');
+    expect(idlePolicyText(team.profiles[2], 3600)).toBe(
+      'If the GPU stays idle for 30 min, you get a warning; unless you use it or press “Keep my GPU” (1 h 00 min more), ' +
+        'the server is then stopped and the GPU released.'
+    );
+    expect(idlePolicyText(team.profiles[0], null)).toContain("the culler's default timeout");
+  });
+});
+
+describe('the job dialog', () => {
+  it('offers a training job no burst', () => {
+    expect(offerLabel(burstOnly, 'batch')).toBe(
+      'h100-1 (1 GPU) — available above the guarantee (preemptible)'
+    );
+    expect(offerLabel(burstOnly, 'training')).toMatch(
+      /^h100-1 \(1 GPU\) — not now: team vision holds/
+    );
+  });
+  it('starts from the last used profile, then the session profile, never "CPU only"', () => {
+    expect(defaultProfile(team, 'batch', 'h100-1', 'h100-half')).toBe('h100-1');
+    expect(defaultProfile(team, 'batch', 'retired', 'h100-half')).toBe('h100-half');
+    expect(defaultProfile(team, 'batch', null, null)).toBe('h100-1');
+    expect(defaultProfile(team, 'training', null, null)).toBe('h100-half'); // the first a training job may use
+    expect(defaultProfile(undefined, 'batch', null, null)).toBe('');
+  });
+});
+
+describe('the jobs list', () => {
+  it('shows times of today without the date, and the state history', () => {
+    const now = Date.parse('2026-11-30T15:00:00Z');
+    expect(shortTime('2026-11-30T14:05:09Z', now, 'UTC')).toBe('14:05');
+    expect(shortTime('2026-11-29T14:05:09Z', now, 'UTC')).toBe('29 Nov 14:05');
+    expect(shortTime(null, now, 'UTC')).toBe('–');
+    const j = {
+      ...job(7, 'running'),
+      history: [
+        {
+          state: 'queued' as const,
+          at: '2026-11-30T14:00:00Z',
+          reason: 'admitted within the team guarantee'
+        },
+        { state: 'running' as const, at: '2026-11-30T14:01:00Z', reason: null }
+      ]
+    };
+    expect(jobHistory(j, now, 'UTC')).toEqual([
+      { state: 'queued', at: '14:00', reason: 'admitted within the team guarantee' },
+      { state: 'running', at: '14:01', reason: '' }
+    ]);
+  });
+});
