@@ -46,6 +46,14 @@ def configure_gpulab(c, *, admin_users: list[str] | None = None) -> None:
         else:
             existing.append(role)
     c.JupyterHub.load_roles = existing
+    # The hub home's "Start again" and GPUs per server; an admin in no team lands on the admin page.
+    from .home import default_url, make_home_view
+
+    template_vars = dict(c.JupyterHub.get("template_vars", {}))
+    template_vars.setdefault("gpulab_home", make_home_view(c))
+    c.JupyterHub.template_vars = template_vars
+    if "default_url" not in c.JupyterHub:
+        c.JupyterHub.default_url = default_url
     paths = list(c.JupyterHub.get("template_paths", []))
     if TEMPLATES not in paths:
         paths.insert(0, TEMPLATES)

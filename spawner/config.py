@@ -69,6 +69,14 @@ class GPULab(Configurable):
         declared `inventory`, labelled as declared on the spawn page. `nvml`:
         refuse to start without a driver. `declared`: always the declared inventory.""",
     )
+    admin_contact = Unicode(
+        "",
+        config=True,
+        help="""Whom users should ask for a bigger quota or a team, shown on the
+        spawn page beside an unavailable profile and in refusals, e.g.
+        `"the platform team (#gpu-help on Slack)"` or `"gpu-admins@example.org"`.
+        Empty: the page says "an admin".""",
+    )
     runtime_hooks = List(
         Unicode(),
         config=True,
@@ -119,6 +127,8 @@ class GPULabRuntime:
         self.gpu_inventory_source = gpu_inventory_source
         #: Where the packer's devices actually came from: ``nvml`` or ``declared``.
         self.inventory_source = "declared"
+        #: ``c.GPULab.admin_contact``: whom users ask for quota ("" = "an admin").
+        self.admin_contact = ""
         self._listeners: list = []
 
     def set_catalog(self, catalog: Catalog) -> None:
@@ -154,6 +164,7 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
                 settings = GPULab()
             runtime = GPULabRuntime(settings.load_catalog(),
                                     gpu_inventory_source=settings.gpu_inventory_source)
+            runtime.admin_contact = settings.admin_contact
             for hook in settings.runtime_hooks:
                 import_item(hook)(runtime, settings)
             _runtime = runtime
