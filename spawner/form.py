@@ -143,12 +143,7 @@ def _profile_html(c: ProfileChoice, choices: list[ProfileChoice], checked: bool,
         details.append("above the team guarantee: will run preemptible")
     if details:
         out.append(f'<span class="gpulab-detail">{escape(" · ".join(details))}</span>')
-    limits = []
-    idle = idle_policy_text(p, c.team, culler_on)
-    if idle:
-        limits.append(idle)
-    if p.is_gpu and c.team.per_user_cap_milli is not None:
-        limits.append(f"per-user cap in team {c.team.name}: {format_gpus(c.team.per_user_cap_milli)} GPUs")
+    limits = limit_notes(c, culler_on)
     if limits:
         out.append(f'<span class="gpulab-detail gpulab-limits">{escape(" · ".join(limits))}</span>')
     if not c.available:
@@ -162,6 +157,17 @@ def _profile_html(c: ProfileChoice, choices: list[ProfileChoice], checked: bool,
         out.append("</select></span>")
     out.append("</label>")
     return out
+
+
+def limit_notes(c: ProfileChoice, culler_on: bool | None) -> list[str]:
+    """The profile's idle timeout and the team's per-user cap, as the spawn forms show them."""
+    notes = []
+    idle = idle_policy_text(c.profile, c.team, culler_on)
+    if idle:
+        notes.append(idle)
+    if c.profile.is_gpu and c.team.per_user_cap_milli is not None:
+        notes.append(f"per-user cap in team {c.team.name}: {format_gpus(c.team.per_user_cap_milli)} GPUs")
+    return notes
 
 
 def refusal_sentence(what: str, reason: str, advice: str = "") -> str:
