@@ -231,8 +231,7 @@ def gpu_model_choices(runtime, spawner_class) -> list[dict[str, str]]:
     detected = {d.model for d in packer.devices.values() if d.source == "nvml"} if packer is not None else set()
     out = []
     for model in sorted(hub_known_gpu_models(runtime, spawner_class)):
-        where = ("detected on this server" if model in detected else "declared inventory" if model in inventory
-                 else "known product")
+        where = "detected" if model in detected else "declared" if model in inventory else "known product"
         out.append({"model": model, "where": where})
     return out
 

@@ -203,7 +203,7 @@ def test_admin_chooses_gpu_model_and_a_typo_is_refused(hub, browser):
     page.locator("#gpulab-profile-editor summary").click()
     select = page.locator("#gpulab-gpu-model")
     options = select.locator("option").all_inner_texts()
-    assert options == ["any", "H100-80GB (declared inventory)"], options
+    assert options == ["any", "H100-80GB (declared)"], options
     form = page.locator("#gpulab-profile-form")
     form.locator("input[name=slug]").fill("h100-3q")
     form.locator("input[name=display_name]").fill("0.75 × H100")
