@@ -42,7 +42,7 @@ c.GPULab.admin_contact = "{CONTACT}"
 c.GPULabUsage.currency = "EUR"
 c.GPULabUsage.time_zone = "Europe/Berlin"
 # Servers take a few seconds to start, as on a loaded machine: the progress page stays up to be read.
-c.Spawner.cmd = ["/bin/sh", "-c", 'sleep 4; exec "$0" "$@"'] + list(c.Spawner.cmd)
+c.Spawner.cmd = ["/bin/sh", "-c", 'sleep 6; exec "$0" "$@"'] + list(c.Spawner.cmd)
 """
 
 
