@@ -15,7 +15,7 @@ import yaml
 from spawner.catalog import Catalog, CatalogError, catalog_from_dict, catalog_from_yaml, gpu_model_issues
 from spawner.kube_conventions import prepuller_extra_images
 from spawner.nvml import detect_gpus
-from spawner.sharing import DEFAULT_GPU_PRODUCTS
+from spawner.sharing import known_gpu_models as sharing_known_models
 from spawner.units import format_gpus
 
 CONFIG = Path(__file__).with_name("jupyterhub_config.py")
@@ -79,15 +79,9 @@ def prepuller_values(path: str) -> int:
 
 
 def known_gpu_models(catalog: Catalog, kubernetes: bool) -> set[str]:
-    """GPU models profiles may name: this server's, or those the cluster's backends can select."""
-    if kubernetes:
-        known = set(DEFAULT_GPU_PRODUCTS)
-        for options in catalog.sharing.values():
-            if isinstance(options, Mapping):
-                known.update(str(m) for m in (options.get("node_selector") or {}))
-        return known
-    detected = detect_gpus() or []
-    return {d.model for d in detected} | {s.model for s in catalog.inventory}
+    """GPU models profiles may name: this server's (NVML asked here), or those the cluster's backends can select."""
+    detected = [] if kubernetes else [d.model for d in detect_gpus() or []]
+    return sharing_known_models(catalog, kubernetes, detected)
 
 
 def up(args: argparse.Namespace, extra: list[str]) -> int:

@@ -562,14 +562,19 @@ def gpu_model_issues(text: str, known_models: Iterable[str]) -> list[ConfigIssue
         model = p.get("gpu_model") if isinstance(p, Mapping) else None
         if isinstance(model, str) and model not in known:
             path: Path = ("profiles", i, "gpu_model")
-            hint = _closest(model, set(known))
-            out.append(ConfigIssue(path, f"GPU model {model!r} is not known here"
-                                   + (f" (did you mean '{hint}'?)" if hint else "")
-                                   + "; known: " + (", ".join(known) or "none"), lines.get(path)))
+            out.append(ConfigIssue(path, unknown_gpu_model(model, known), lines.get(path)))
     return out
+
+
+def unknown_gpu_model(model: str, known_models: Iterable[str]) -> str:
+    """"GPU model 'H100-80G' is not known here (did you mean 'H100-80GB'?); known: ..."."""
+    known = sorted(set(known_models))
+    hint = _closest(model, set(known))
+    return (f"GPU model {model!r} is not known here" + (f" (did you mean '{hint}'?)" if hint else "")
+            + "; known: " + (", ".join(known) or "none"))
 
 
 __all__ = [
     "SHARING_BACKENDS", "SLUG_RE", "Catalog", "CatalogError", "ConfigIssue", "DeviceSpec",
-    "catalog_from_dict", "catalog_from_yaml", "gpu_model_issues",
+    "catalog_from_dict", "catalog_from_yaml", "gpu_model_issues", "unknown_gpu_model",
 ]

@@ -70,6 +70,14 @@ class GPULab(Configurable):
         declared `inventory`, labelled as declared on the spawn page. `nvml`:
         refuse to start without a driver. `declared`: always the declared inventory.""",
     )
+    admin_contact = Unicode(
+        "",
+        config=True,
+        help="""Whom users should ask for a bigger quota or a team, shown on the
+        spawn page beside an unavailable profile and in refusals, e.g.
+        `"the platform team (#gpu-help on Slack)"` or `"gpu-admins@example.org"`.
+        Empty: the page says "an admin".""",
+    )
     runtime_hooks = List(
         Unicode(),
         config=True,
@@ -111,6 +119,14 @@ def _no_reclaim_notice(spawner: Any) -> str:
     return ""
 
 
+def _no_last_choice(user: str) -> dict[str, str] | None:
+    return None
+
+
+def _forget_choice(user: str, team: str, profile: str, image: str) -> None:
+    return None
+
+
 class GPULabRuntime:
     """Process-wide state: the current catalog, the ledger and (single server) the packer."""
 
@@ -134,6 +150,16 @@ class GPULabRuntime:
         #: idle culler reclaimed its GPU ('' otherwise). The hub installs the reader of the
         #: culler's records; the spawners only call it, so they import nothing from the hub.
         self.reclaim_notice: Callable[[Any], str] = _no_reclaim_notice
+        #: ``c.GPULab.admin_contact``: whom users ask for quota ("" = "an admin").
+        self.admin_contact = ""
+        #: Whether the hub runs the GPU idle culler (``c.GPULabIdle.culler_running``), set by the
+        #: hub's runtime hook; ``None``: unknown (the spawn page then says nothing about it).
+        self.culler_running: bool | None = None
+        #: ``last_choice(user) -> {"team", "profile", "image"} | None``: what the user last
+        #: started, and ``remember_choice(user, team, profile, image)``; the hub installs
+        #: readers and writers of gpulab's database.
+        self.last_choice: Callable[[str], dict[str, str] | None] = _no_last_choice
+        self.remember_choice: Callable[[str, str, str, str], None] = _forget_choice
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap in an edited catalog; takes effect for the next spawn or job."""
@@ -163,6 +189,7 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
                 settings = GPULab()
             runtime = GPULabRuntime(settings.load_catalog(),
                                     gpu_inventory_source=settings.gpu_inventory_source)
+            runtime.admin_contact = settings.admin_contact
             for hook in settings.runtime_hooks:
                 import_item(hook)(runtime, settings)
             _runtime = runtime

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from html import escape
 
-from .policy import PolicyError, ProfileChoice
+from .idle import idle_policy_text
+from .policy import PolicyError, ProfileChoice, what_to_do
 from .units import format_gpus
 
 FORM_CSS = """
@@ -24,6 +25,14 @@ FORM_CSS = """
 .gpulab-detail { color: #555; display: block; margin-left: 1.8em; font-size: .9em; }
 .gpulab-inventory { color: #555; margin-bottom: 1em; }
 .gpulab-inventory.gpulab-declared { color: #8a6d3b; }
+.gpulab-todo { display: block; margin-left: 1.8em; font-size: .9em; }
+.gpulab-profile.gpulab-kept { border-color: #a94442; border-width: 2px; }
+.gpulab-start-again { margin: 0 0 1.2em 0; }
+[data-bs-theme=dark] .gpulab-profile { border-color: #495057; }
+[data-bs-theme=dark] .gpulab-profile.gpulab-unavailable { background: #2b3035; }
+[data-bs-theme=dark] .gpulab-detail, [data-bs-theme=dark] .gpulab-inventory,
+[data-bs-theme=dark] .gpulab-team .gpulab-headroom { color: #adb5bd; }
+[data-bs-theme=dark] .gpulab-reason { color: #ea868f; }
 </style>
 """
 
@@ -37,11 +46,41 @@ def notice_html(notice: str) -> str:
     return f'<p class="gpulab-reclaimed" id="gpulab-reclaimed" role="status">{escape(notice)}</p>'
 
 
+def start_again_label(choice: ProfileChoice) -> str:
+    """"Start again with 0.5 × H100 (team vision)"."""
+    return f"Start again with {choice.profile.display_name} (team {choice.team.name})"
+
+
+def find_choice(choices: Iterable[ProfileChoice], value: str) -> ProfileChoice | None:
+    """The choice whose form value (``team:profile``) is ``value``."""
+    return next((c for c in choices if choice_value(c) == value), None)
+
+
+def _no_team_html(admin_page_url: str) -> str:
+    if admin_page_url:
+        return ('<p class="gpulab-reason" id="gpulab-no-team">You are not a member of any GPU team, so there is '
+                f'nothing to start yet. As an admin, add yourself to a team on the <a href="{escape(admin_page_url)}">'
+                'GPU admin page</a> (a team\'s <em>Users</em> field).</p>')
+    return ('<p class="gpulab-reason" id="gpulab-no-team">You are not a member of any GPU team. '
+            'Ask an admin to add you.</p>')
+
+
 def render_options_form(choices: Iterable[ProfileChoice], inventory_note: str = "",
-                        inventory_declared: bool = False, notice: str = "") -> str:
+                        inventory_declared: bool = False, notice: str = "", *,
+                        selected: str = "", refused: str = "", start_again_url: str = "",
+                        culler_on: bool | None = None,
+                        admin_contact: str = "", admin_page_url: str = "") -> str:
     """HTML for JupyterHub's spawn form: one radio per (team, profile).
 
     ``notice``: a sentence for the user first (why their last server ended).
+    ``refused``: the ``team:profile`` a refused spawn posted, kept checked
+    and marked even if now unavailable; else ``selected`` (the user's last
+    choice) when it fits now; else the first available. ``start_again_url``:
+    JupyterHub's spawn URL with ``selected`` in the query, shown as a
+    one-click button when that choice is available. ``culler_on``: whether the GPU idle
+    culler runs (idle timeouts are shown as not enforced when it does not).
+    ``admin_contact``: whom to ask for quota; ``admin_page_url``: set for
+    admins, linked when they are in no team.
     """
     choices = list(choices)
     parts = [FORM_CSS]
@@ -51,54 +90,90 @@ def render_options_form(choices: Iterable[ProfileChoice], inventory_note: str = 
         cls = "gpulab-inventory gpulab-declared" if inventory_declared else "gpulab-inventory"
         parts.append(f'<p class="{cls}" id="gpulab-inventory">{escape(inventory_note)}</p>')
     if not choices:
-        parts.append('<p class="gpulab-reason">You are not a member of any GPU team. Ask an admin to add you.</p>')
+        parts.append(_no_team_html(admin_page_url))
         return "\n".join(parts)
-    first_available = next((c for c in choices if c.available), None)
+    kept = find_choice(choices, refused) if refused else None
+    last = find_choice(choices, selected) if selected else None
+    if last is not None and not last.available:
+        last = None
+    checked_choice = kept or last or next((c for c in choices if c.available), None)
+    if last is not None and start_again_url and kept is None:
+        parts.append(f'<p class="gpulab-start-again"><a class="btn btn-primary" id="gpulab-start-again" '
+                     f'href="{escape(start_again_url)}">{escape(start_again_label(last))}</a></p>')
     by_team: dict[str, list[ProfileChoice]] = {}
     for c in choices:
         by_team.setdefault(c.team.name, []).append(c)
     for team_name, team_choices in by_team.items():
         team = team_choices[0].team
         parts.append(f'<fieldset class="gpulab-team" data-team="{escape(team_name)}">')
+        cap = ""
+        if team.per_user_cap_milli is not None:
+            cap = (f"; at most {format_gpus(team.per_user_cap_milli)} GPUs per user, "
+                   f"you hold {format_gpus(team_choices[0].user_held_milli)}")
         parts.append(
             f'<h3>Team {escape(team.label)} <span class="gpulab-headroom">'
             f'{escape(team_choices[0].team_summary)} '
-            f'(guaranteed {format_gpus(team.guarantee_milli)})</span></h3>'
+            f'(guaranteed {format_gpus(team.guarantee_milli)}{escape(cap)})</span></h3>'
         )
         for c in team_choices:
-            p = c.profile
-            value = choice_value(c)
-            rid = "gpulab-" + value.replace(":", "--")
-            checked = " checked" if c is first_available else ""
-            disabled = "" if c.available else " disabled"
-            cls = "gpulab-profile" + ("" if c.available else " gpulab-unavailable")
-            parts.append(f'<label class="{cls}" for="{escape(rid)}">')
-            parts.append(
-                f'<input type="radio" name="choice" id="{escape(rid)}" value="{escape(value)}"{checked}{disabled}>'
-                f'<strong>{escape(p.display_name)}</strong>'
-            )
-            details = []
-            if p.description:
-                details.append(p.description)
-            if c.effective_milli is not None:
-                details.append(f"allocated as {format_gpus(c.effective_milli)} GPU")
-            if c.capacity_summary:
-                details.append(c.capacity_summary)
-            if c.available and c.over_quota:
-                details.append("above the team guarantee: will run preemptible")
-            if details:
-                parts.append(f'<span class="gpulab-detail">{escape(" · ".join(details))}</span>')
-            if not c.available:
-                parts.append(f'<span class="gpulab-reason">Unavailable: {escape(c.reason)}</span>')
-            if len(p.images) > 1:
-                parts.append(f'<span class="gpulab-detail">Image: <select name="image-{escape(value)}"'
-                             f' aria-label="Image for {escape(p.display_name)}">')
-                for img in p.images:
-                    parts.append(f'<option value="{escape(img.slug)}">{escape(img.display_name)}</option>')
-                parts.append("</select></span>")
-            parts.append("</label>")
+            parts.extend(_profile_html(c, choices, c is checked_choice, kept is c and not c.available,
+                                       culler_on, admin_contact))
         parts.append("</fieldset>")
     return "\n".join(parts)
+
+
+def _profile_html(c: ProfileChoice, choices: list[ProfileChoice], checked: bool, refused: bool,
+                  culler_on: bool | None, admin_contact: str) -> list[str]:
+    p = c.profile
+    value = choice_value(c)
+    rid = "gpulab-" + value.replace(":", "--")
+    cls = "gpulab-profile" + ("" if c.available else " gpulab-unavailable") + (" gpulab-kept" if refused else "")
+    out = [f'<label class="{cls}" for="{escape(rid)}" data-choice="{escape(value)}">',
+           f'<input type="radio" name="choice" id="{escape(rid)}" value="{escape(value)}"'
+           f'{" checked" if checked else ""}{"" if c.available else " disabled"}>'
+           f'<strong>{escape(p.display_name)}</strong>']
+    details = []
+    if p.description:
+        details.append(p.description)
+    if c.effective_milli is not None:
+        details.append(f"allocated as {format_gpus(c.effective_milli)} GPU")
+    if c.capacity_summary:
+        details.append(c.capacity_summary)
+    if c.available and c.over_quota:
+        details.append("above the team guarantee: will run preemptible")
+    if details:
+        out.append(f'<span class="gpulab-detail">{escape(" · ".join(details))}</span>')
+    limits = limit_notes(c, culler_on)
+    if limits:
+        out.append(f'<span class="gpulab-detail gpulab-limits">{escape(" · ".join(limits))}</span>')
+    if not c.available:
+        out.append(f'<span class="gpulab-reason">Unavailable: {escape(c.reason)}</span>')
+        out.append(f'<span class="gpulab-todo">{escape(what_to_do(c, choices, admin_contact))}</span>')
+    if len(p.images) > 1:
+        out.append(f'<span class="gpulab-detail">Image: <select name="image-{escape(value)}"'
+                   f' aria-label="Image for {escape(p.display_name)}">')
+        for img in p.images:
+            out.append(f'<option value="{escape(img.slug)}">{escape(img.display_name)}</option>')
+        out.append("</select></span>")
+    out.append("</label>")
+    return out
+
+
+def limit_notes(c: ProfileChoice, culler_on: bool | None) -> list[str]:
+    """The profile's idle timeout and the team's per-user cap, as the spawn forms show them."""
+    notes = []
+    idle = idle_policy_text(c.profile, c.team, culler_on)
+    if idle:
+        notes.append(idle)
+    if c.profile.is_gpu and c.team.per_user_cap_milli is not None:
+        notes.append(f"per-user cap in team {c.team.name}: {format_gpus(c.team.per_user_cap_milli)} GPUs")
+    return notes
+
+
+def refusal_sentence(what: str, reason: str, advice: str = "") -> str:
+    """A refused spawn as the spawn page says it: "0.5 × H100 was not started: <reason>. <advice>"."""
+    reason = reason.rstrip(". ")
+    return f"{what} was not started: {reason}." + (f" {advice}" if advice else "")
 
 
 def options_from_formdata(formdata: dict[str, list[str]]) -> dict[str, str]:

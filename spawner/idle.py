@@ -30,6 +30,7 @@ from enum import Enum
 from typing import Any
 
 from .model import Profile, Team
+from .units import format_duration
 
 #: Verdict statuses. Only ``IDLE`` allows a warning or a reclaim.
 IDLE = "idle"
@@ -237,6 +238,27 @@ def idle_timeout_for(profile: Profile | None, team: Team | None, default_seconds
     if from_profile is not None and from_team is not None:
         return from_team if from_team[0] < from_profile[0] else from_profile
     return from_profile or from_team or (default_seconds, "default")
+
+
+def idle_policy_text(profile: Profile, team: Team | None, culler_on: bool | None) -> str:
+    """What the spawn page says about a profile's GPU idle timeout.
+
+    ``culler_on``: whether this hub runs the GPU idle culler (``None``:
+    unknown, e.g. it runs outside the hub). A timeout that nothing enforces
+    is named as such, never promised.
+    """
+    if not profile.is_gpu:
+        return ""
+    p = profile.idle_timeout_seconds
+    t = team.idle_timeout_seconds if team is not None else None
+    if p is None and t is None:
+        text = "GPU idle timeout: the culler's default"
+    else:
+        seconds, _ = idle_timeout_for(profile, team, 0)
+        text = f"GPU freed after {format_duration(seconds)} idle"
+    if culler_on is False:
+        text += " (not enforced: the GPU idle culler is off on this hub)"
+    return text
 
 
 # -- warn -> grace -> reclaim ---------------------------------------------

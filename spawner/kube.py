@@ -36,7 +36,7 @@ from traitlets import List, Unicode, default
 from . import labels as gl
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
-from .form import choice_value, notice_html
+from .form import choice_value, limit_notes, notice_html
 from .kube_conventions import (
     expand_user_template,
     privileged_containers,
@@ -45,7 +45,8 @@ from .kube_conventions import (
 )
 from .ledger import Workload
 from .local import workload_key
-from .policy import Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request
+from .policy import (Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request,
+                     what_to_do)
 from .priority import effective_priority_class
 from .scheduling import explain_unschedulable
 from .sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
@@ -293,12 +294,14 @@ class GPUKubeSpawner(KubeSpawner):
                 notes.append(c.capacity_summary)
             if c.available and c.over_quota:
                 notes.append("starts above the team guarantee, so it is preemptible")
+            notes.extend(limit_notes(c, None))  # the culler runs beside the hub: its state is not known here
             entry: dict[str, Any] = {
                 "slug": choice_value(c),  # "team:profile", as on the single-server form
                 "display_name": p.display_name + (f" — team {c.team.label}" if several_teams else ""),
                 "description": p.description,
                 "gpulab": {
                     "available": c.available, "reason": c.reason, "notes": notes,
+                    "todo": "" if c.available else what_to_do(c, choices, self.runtime.admin_contact),
                     "gpus": size if p.is_gpu else "", "rounded": c.effective_milli is not None,
                     "selected": c.available and chosen[1] == p.slug and chosen[0] in (None, c.team.name),
                 },

@@ -34,11 +34,13 @@ from traitlets.config import LoggingConfigurable
 from .accounts import Account, AccountError, UserAccounts
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
-from .form import options_from_formdata, render_options_form
+from .form import find_choice, options_from_formdata, refusal_sentence, render_options_form
 from .ledger import Workload
 from .nvml import detect_gpus
 from .packer import DevicePacker, Placement, devices_from_inventory
-from .policy import Capacity, PolicyError, SpawnRequest, choices_for_user, device_capacity, resolve_request
+from .policy import (Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, device_capacity,
+                     resolve_request, what_to_do)
+from .progress import setup_messages
 from .units import format_gpus
 
 
@@ -71,6 +73,20 @@ def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
             ", ".join(sorted({d.model for d in devices})) or "none",
         )
         return runtime.packer
+
+
+#: The choice a refused spawn posted, per user: JupyterHub renders the form again
+#: (from the user's default spawner) right after the refusal, and it stays selected.
+_kept_choices: dict[str, str] = {}
+
+
+class SpawnRefused(web.HTTPError):
+    """A refused spawn whose message JupyterHub's spawn page shows as is (a sentence,
+    not "HTTP 403: Forbidden (...)")."""
+
+    def __init__(self, status: int, sentence: str):
+        super().__init__(status, sentence)
+        self.jupyterhub_message = sentence
 
 
 #: Spawner traits a profile sets (same names on ``Profile``).
@@ -149,20 +165,64 @@ class GPULocalMixin(LoggingConfigurable):
         note, declared = self.inventory_note()
         # Showing the form starts nothing: the record JupyterHub made to show it goes again.
         self._forget_unstarted_record()
-        return render_options_form(choices, note, declared, self.reclaim_notice())
+        refused = _kept_choices.pop(self.user.name, "")
+        selected = self._last_choice_value()
+        admin = bool(getattr(self.user, "admin", False))
+        return render_options_form(
+            choices, note, declared, self.reclaim_notice(), selected=selected, refused=refused,
+            start_again_url=self.start_again_url(selected) if selected else "",
+            culler_on=self._culler_on(), admin_contact=runtime.admin_contact,
+            admin_page_url=f"{self.hub.base_url}gpulab/admin" if admin and not choices else "",
+        )
+
+    def _last_choice_value(self) -> str:
+        """``team:profile`` this user last started ('' if none, or unreadable: the form renders anyway)."""
+        try:
+            last = self.gpulab.last_choice(self.user.name)
+        except Exception as e:
+            self.log.warning("gpulab: cannot read the last choice of %s: %s", self.user.name, e)
+            return ""
+        return f"{last['team']}:{last['profile']}" if last else ""
+
+    def start_again_url(self, value: str) -> str:
+        """JupyterHub's spawn URL for this server with ``team:profile`` in the query (one click)."""
+        from urllib.parse import quote
+
+        path = f"{self.hub.base_url}spawn/{quote(self.user.name, safe='')}"
+        if self.name:
+            path += "/" + quote(self.name, safe="")
+        return f"{path}?opt-choice={quote(value, safe='')}"
+
+    def _culler_on(self) -> bool | None:
+        return self.gpulab.culler_running
 
     def reclaim_notice(self) -> str:
         """"Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
         return get_runtime(parent=self).reclaim_notice(self)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
+        posted = formdata.get("choice") or []
         try:
             options = options_from_formdata(formdata)
             self._resolve(options, check_now=True)
         except PolicyError as e:
             self._forget_unstarted_record()
-            raise web.HTTPError(e.status, str(e)) from None
+            if len(posted) == 1 and isinstance(posted[0], str) and len(posted[0]) <= 256:
+                _kept_choices[self.user.name] = posted[0]
+            raise SpawnRefused(e.status, self.refusal_text(posted[0] if len(posted) == 1 else "", str(e))) from None
         return options
+
+    def refusal_text(self, value: str, reason: str) -> str:
+        """The sentence the spawn page shows for a refused choice, with what to do about it."""
+        runtime = self.gpulab
+        choices = choices_for_user(runtime.catalog, runtime.ledger, self.user.name, self._groups(), self._capacity)
+        choice: ProfileChoice | None = find_choice(choices, value) if isinstance(value, str) else None
+        if choice is None:
+            return refusal_sentence("Your server", reason)
+        if choice.available:  # refused for a reason the live view does not show (e.g. image): no advice
+            return refusal_sentence(choice.profile.display_name, reason)
+        return refusal_sentence(choice.profile.display_name, reason,
+                                what_to_do(choice, choices, runtime.admin_contact))
 
     # -- named-server records -----------------------------------------------
 
@@ -230,7 +290,7 @@ class GPULocalMixin(LoggingConfigurable):
         if not decision.allowed:
             self.log.warning("gpulab: refused %s: %s", key, decision.reason)
             self._refused()
-            raise web.HTTPError(403, decision.reason)
+            raise SpawnRefused(403, refusal_sentence(profile.display_name, decision.reason))
         placement: Placement | None = None
         if request.milli:
             with runtime.lock:
@@ -240,7 +300,8 @@ class GPULocalMixin(LoggingConfigurable):
             if placement is None:
                 runtime.ledger.release(key)
                 self._refused()
-                raise web.HTTPError(409, self._capacity(profile).reason or "no free GPU fits this profile")
+                raise SpawnRefused(409, refusal_sentence(
+                    profile.display_name, self._capacity(profile).reason or "no free GPU fits this profile"))
         # JupyterHub passes these to the server as MEM_LIMIT, CPU_LIMIT, ... (what
         # jupyter-resource-usage shows); a local process is not confined by them.
         # Start from the configured values, so a previous spawn's profile never leaks.
@@ -269,7 +330,42 @@ class GPULocalMixin(LoggingConfigurable):
             raise
         runtime.ledger.confirm(key)
         self._fresh_record = False
+        self._remember_choice(request)
         return result
+
+    def _remember_choice(self, request: SpawnRequest) -> None:
+        """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
+        try:
+            self.gpulab.remember_choice(self.user.name, request.team.name, request.profile.slug,
+                                        request.image.slug if request.image else "")
+        except Exception as e:
+            self.log.warning("gpulab: cannot record the last choice of %s: %s", self.user.name, e)
+
+    async def progress(self):
+        """What is being set up, in words: quota decision, devices, the account it runs as.
+
+        JupyterHub's spawn-pending page shows these while the server starts;
+        they come from what :meth:`start` decided, never from the form.
+        """
+        for _ in range(100):  # the page may connect before start() has placed the request
+            if self._gpulab_state or self.pending != "spawn":
+                break
+            await asyncio.sleep(0.05)
+        state = self._gpulab_state
+        runtime = self.gpulab
+        team = runtime.catalog.team(state["team"]) if state else None
+        profile = runtime.catalog.profile(state["profile"]) if state else None
+        if state is None or team is None or profile is None:
+            yield {"progress": 10, "message": "Starting your server"}
+            return
+        messages = setup_messages(profile, team, int(state["milli"]), bool(state["over_quota"]),
+                                  state.get("shares") or [], runtime.packer.devices, self.runs_as_words())
+        for i, message in enumerate(messages):
+            yield {"progress": 20 + 60 * i // len(messages), "message": message}
+
+    def runs_as_words(self) -> str:
+        """"as the hub's own account" / "as system account jupyter-alice" (progress page)."""
+        return "as the hub's own account"
 
     def _refused(self) -> None:
         self._refused_start = True
@@ -383,6 +479,9 @@ class GPULocalSpawner(GPULocalMixin, LocalProcessSpawner):
 
     def runs_as_root(self) -> bool:
         return self.account.uid == 0
+
+    def runs_as_words(self) -> str:
+        return f"as system account {self.account.name}"
 
     def make_preexec_fn(self, name):
         return set_user_setuid(self.account.name)

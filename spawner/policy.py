@@ -59,6 +59,11 @@ class ProfileChoice:
     over_quota: bool = False
     #: GPU size actually allocated (after a sharing backend rounds up).
     effective_milli: int | None = None
+    #: What blocks it when unavailable: ``"quota"`` (the team's or the user's
+    #: limits) or ``"capacity"`` (no free device fits); ``""`` when available.
+    blocked_by: str = ""
+    #: GPUs the user already holds in this team (for the per-user cap).
+    user_held_milli: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,18 +108,55 @@ def choices_for_user(
     out: list[ProfileChoice] = []
     for team in catalog.teams_for(user, groups):
         summary = team_summary(ledger, team)
+        held = ledger.user_held(team.name, user)
         for profile in catalog.profiles_for(team):
             milli = effective_milli(profile) if effective_milli else profile.gpu_milli
             decision = ledger.admit(team.name, user, milli, may_burst=profile.priority_class.may_burst)
             cap = capacity(profile) if capacity and profile.is_gpu else Capacity(True)
             reason = decision.reason or (cap.reason if not cap.ok else "")
+            blocked_by = "quota" if not decision.allowed else ("capacity" if not cap.ok else "")
             out.append(ProfileChoice(
                 team=team, profile=profile, available=decision.allowed and cap.ok, reason=reason,
                 team_summary=summary, capacity_summary=cap.summary,
                 over_quota=decision.over_quota,
                 effective_milli=milli if milli != profile.gpu_milli else None,
+                blocked_by=blocked_by, user_held_milli=held,
             ))
     return out
+
+
+def smaller_fit(choice: ProfileChoice, choices: Iterable[ProfileChoice]) -> ProfileChoice | None:
+    """The largest available GPU profile of the same team (and model) smaller than ``choice``'s."""
+    model = choice.profile.gpu_model
+    fits = [c for c in choices
+            if c.available and c.team.name == choice.team.name and 0 < c.profile.gpu_milli < choice.profile.gpu_milli
+            and (model is None or c.profile.gpu_model in (None, model))]
+    return max(fits, key=lambda c: c.profile.gpu_milli, default=None)
+
+
+def what_to_do(choice: ProfileChoice, choices: Iterable[ProfileChoice], admin_contact: str = "") -> str:
+    """What a user can do about an unavailable profile, as one sentence.
+
+    A smaller profile of the same team that fits now, when this one will fit
+    (quota frees when a teammate stops a server; capacity when a GPU frees),
+    and whom to ask for more (``c.GPULab.admin_contact``, else "an admin").
+    """
+    steps = []
+    smaller = smaller_fit(choice, choices)
+    if smaller is not None:
+        steps.append(f"start {smaller.profile.display_name}, which fits now")
+    team = choice.team
+    if choice.blocked_by == "capacity":
+        steps.append("try again when a GPU on this server frees up")
+    elif "one user may hold" in choice.reason:
+        steps.append("stop one of your servers in team " + team.name)
+    else:
+        steps.append(f"try again when quota frees (when someone in team {team.name} stops a server)")
+    who = admin_contact.strip() or "an admin"
+    limit = "this server's GPUs" if choice.blocked_by == "capacity" else f"team {team.name}'s quota"
+    steps.append(f"ask {who} about {limit}")
+    text = ", ".join(steps[:-1]) + (", or " if len(steps) > 2 else " or ") + steps[-1]
+    return text[0].upper() + text[1:] + "."
 
 
 def _option(options: Mapping[str, Any], key: str) -> str | None:

@@ -31,7 +31,7 @@ backend: sharing only concerns fractions. Pure code: no I/O, no Kubernetes clien
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -68,6 +68,23 @@ DEFAULT_MIG_PROFILES: dict[str, tuple[str, ...]] = {
     "H100-80GB": ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
     "H200-141GB": ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
 }
+
+def known_gpu_models(catalog: Any, kubernetes: bool, detected: Iterable[str] = ()) -> set[str]:
+    """GPU models a profile may name.
+
+    On Kubernetes: the models whose nodes the sharing backends can select
+    (:data:`DEFAULT_GPU_PRODUCTS` and every ``node_selector`` configured).
+    On a single server: the GPUs it has -- ``detected`` (NVML) and the
+    declared ``inventory``. ``gpulab check-config`` and the admin API ask here.
+    """
+    if kubernetes:
+        known = set(DEFAULT_GPU_PRODUCTS)
+        for options in catalog.sharing.values():
+            if isinstance(options, Mapping):
+                known.update(str(m) for m in (options.get("node_selector") or {}))
+        return known
+    return set(detected) | {s.model for s in catalog.inventory}
+
 
 _MIG_NAME = re.compile(r"^([1-9])g\.([1-9][0-9]{0,3})gb$")
 _RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -520,7 +537,7 @@ def validate_sharing_config(config: Any) -> None:
 
 
 __all__ = [
-    "BACKEND_OPTIONS", "DEFAULT_GPU_PRODUCTS", "DEFAULT_MIG_PROFILES", "GPU_PRODUCT_LABEL", "GPU_TAINT_KEY",
+    "BACKEND_OPTIONS", "DEFAULT_GPU_PRODUCTS", "known_gpu_models", "DEFAULT_MIG_PROFILES", "GPU_PRODUCT_LABEL", "GPU_TAINT_KEY",
     "MAPPERS", "gpu_tolerations",
     "MigSlice", "PodGPUSpec", "SharingError", "backend_for", "effective_milli", "mig_table",
     "pick_mig_slice", "pod_gpu_spec", "sharing_config_issues", "timeslice_effective_milli",

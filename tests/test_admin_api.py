@@ -334,7 +334,9 @@ def test_usage_gpu_hours_cost_reclaims_csv(hub):
     assert vision["in_quota_gpu_hours"] == vision["gpu_hours"] and vision["burst_gpu_hours"] == 0
     assert vision["cost"] == pytest.approx(vision["gpu_hours"] * 2.5, rel=1e-3, abs=1e-4)
     assert [u["user"] for u in vision["users"]] == ["alice"]
-    assert report["bucket_seconds"] == 3600 and len(report["buckets"]) == 24
+    # Clock-hour buckets: the hour the period starts in, up to the one it ends in.
+    assert report["bucket_seconds"] == 3600 and len(report["buckets"]) in (24, 25)
+    assert all(b[14:19] == "00:00" for b in report["buckets"]) and report["time_zone"] == "UTC"
     assert sum(vision["series"]) == pytest.approx(vision["gpu_hours"], rel=1e-3, abs=1e-6)
     now = {t["team"]: t for t in report["now"]}
     assert now["vision"]["held_milli"] == 500 and now["vision"]["users"][0]["user"] == "alice"

@@ -148,6 +148,14 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
     for value in (1e308, 10**18 - 1, -1, True, "2.5"):
         out.append((f"prices: {str(value)[:12]}", "PUT", "/gpulab/prices",
                     {**admin, "data": json.dumps({"prices": {"H100-80GB": value}})}))
+    # GPU models: only those this server has (a typo, a known product it lacks, wrong types, oversized).
+    for value in ("H100-80G", "A100-80GB", 5, ["H100-80GB"], "x" * 5000, {"model": "H100-80GB"}):
+        out.append((f"profiles create: gpu_model={str(value)[:12]!r}", "POST", "/gpulab/profiles",
+                    {**admin, "data": json.dumps({**profile, "gpu_model": value}), "expect": "gpu_model"}))
+        out.append((f"profile patch: gpu_model={str(value)[:12]!r}", "PATCH", "/gpulab/profiles/h100-half",
+                    {**admin, "data": json.dumps({"gpu_model": value}), "expect": "gpu_model"}))
+    out.append(("profile patch as alice: gpu_model", "PATCH", "/gpulab/profiles/h100-half",
+                {**as_alice, "data": json.dumps({"gpu_model": "H100-80GB"})}))
     # JSON is typed: no one-item-list unwrapping, no strings for numbers, no numbers for strings.
     for field, value in [("profile", ["cpu"]), ("team", ["vision"]), ("profile", 1), ("team", {"a": 1}),
                          ("notebook", ["exp/calc.ipynb"]), ("job_class", ["batch"]), ("name", 5),
@@ -205,6 +213,16 @@ SPAWN_FORMS = [
 ]
 
 
+#: One-click spawn URLs (``/hub/spawn/alice/NAME?opt-choice=...``) someone edited or forged.
+SPAWN_QUERIES = [
+    {"opt-choice": "nlp:cpu"}, {"opt-choice": "vision:nope"}, {"opt-choice": "vision:h100-2"},
+    {"opt-choice": "x" * 5000}, {"opt-choice": "vision:cpu\x00"}, {"opt-choice": ["vision:cpu", "vision:h100-half"]},
+    {"opt-choice": "vision:cpu", "opt-gpu_milli": "8000"}, {"opt-choice": "vision:cpu", "opt-profile": "h100-2"},
+    {"opt-choice": ""},
+    {"opt-choice": "vision:h100-half", "opt-image-vision:h100-half": "evil:latest"},
+]
+
+
 def test_tamper_corpus_refused_without_5xx_or_state_change(hub, alice):
     before = snapshot(hub)
     statuses: Counter[int] = Counter()
@@ -236,6 +254,13 @@ def test_tamper_corpus_refused_without_5xx_or_state_change(hub, alice):
         accepted += r.status_code < 400
         if not 400 <= r.status_code < 500:
             wrong.append(f"spawn form {form!r:.80}: {r.status_code}")
+    for i, query in enumerate(SPAWN_QUERIES):
+        r = session.get(f"{hub.url}/hub/spawn/alice/query{i}", params=query, timeout=30, allow_redirects=False)
+        requests_sent += 1
+        statuses[r.status_code] += 1
+        accepted += r.status_code < 400
+        if not 400 <= r.status_code < 500:
+            wrong.append(f"spawn query {query!r:.80}: {r.status_code}")
     after = snapshot(hub)
     print(f"\ntamper corpus: {requests_sent} requests; statuses {dict(sorted(statuses.items()))}; "
           f"5xx: {sum(n for s, n in statuses.items() if s >= 500)}; accepted wrongly: {accepted}; "

@@ -256,3 +256,26 @@ def test_spawn_path_smoke(tmp_path, kube_testbed):
     assert doc["kubernetes"] == kube_testbed.versions["kubernetes"]
     assert set(doc["ratios"]) >= {"wall_time", "requests_per_spawn", "extra_requests_per_spawn"}
     assert "GPUKubeSpawner / KubeSpawner" in stdout
+
+
+# -- login to JupyterLab --------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_login_to_lab_smoke(tmp_path):
+    """Both hubs, one run each in Chromium: the structure, never the timing."""
+    proc = subprocess.run([sys.executable, str(BENCH / "login_to_lab.py"), "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "login_to_lab.json").read_text())
+    assert doc["benchmark"] == "login_to_lab" and doc["smoke"] is True
+    for kind in ("gpulab", "vanilla"):
+        runs = doc["runs"][kind]
+        assert len(runs) == 1 and 0 < runs[0]["lab_url_s"] <= runs[0]["total_s"] == doc["median_s"][kind]
+        assert doc["profile"][kind]["server_start_s"], kind  # "took N seconds to start" was logged
+    # gpulab's returning user went through the spawn page's one-click "Start again".
+    assert 0 < doc["runs"]["gpulab"][0]["spawn_page_s"] < doc["runs"]["gpulab"][0]["lab_url_s"]
+    assert "GET /hub/spawn 200" in doc["profile"]["gpulab"]["requests_ms_median"]
+    assert "GET /hub/spawn/USER 302" in doc["profile"]["gpulab"]["requests_ms_median"]
+    assert doc["ratio_gpulab_over_vanilla"] > 0
+    assert "ratio gpulab / vanilla" in proc.stdout

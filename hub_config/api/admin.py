@@ -25,9 +25,10 @@ from typing import Any
 
 from tornado import web
 
-from spawner.catalog import Catalog, CatalogError, catalog_from_dict
+from spawner.catalog import Catalog, CatalogError, catalog_from_dict, unknown_gpu_model
 from spawner.catalog_write import catalog_to_dict, profile_to_dict, team_to_dict
 from spawner.model import is_slug
+from spawner.sharing import known_gpu_models
 from spawner.units import UnitError, format_gpus, parse_duration
 
 from hub_config.domain.catalog_store import CatalogStore, StaleCatalogError
@@ -119,8 +120,35 @@ def profile_view(catalog: Catalog, slug: str) -> dict[str, Any]:
     return d
 
 
+def hub_known_gpu_models(runtime, spawner_class: Any) -> set[str]:
+    """GPU models this hub's profiles may name: the single server's devices (NVML or
+    declared), or on Kubernetes the products the sharing backends can select."""
+    from spawner.local import GPULocalMixin, ensure_packer
+
+    single_server = isinstance(spawner_class, type) and issubclass(spawner_class, GPULocalMixin)
+    if not single_server:
+        return known_gpu_models(runtime.catalog, kubernetes=True)
+    packer = ensure_packer(runtime)
+    return known_gpu_models(runtime.catalog, kubernetes=False, detected=[d.model for d in packer.devices.values()])
+
+
 class AdminAPIHandler(GPULabAPIHandler):
     """Admin-only; owns the edit-validate-store-apply cycle."""
+
+    def known_gpu_models(self) -> set[str]:
+        return hub_known_gpu_models(self.gpulab, self.settings.get("spawner_class"))
+
+    def check_gpu_model(self, body: dict[str, Any], current: str | None = None) -> None:
+        """Refuse a profile's ``gpu_model`` this hub cannot offer (a typo like ``H100-80G``)
+        with the known ones; an unchanged model (even an unknown one from the config file) passes."""
+        model = body.get("gpu_model")
+        if model is None or model == "" or model == current:
+            return
+        if not isinstance(model, str):
+            raise web.HTTPError(400, f"gpu_model must be a string, not {type(model).__name__}")
+        known = self.known_gpu_models()
+        if model not in known:
+            raise web.HTTPError(400, "gpu_model: " + unknown_gpu_model(model[:64], known))
 
     def check_admin(self) -> None:
         self.require_scope(ADMIN)
@@ -291,6 +319,7 @@ class ProfilesHandler(AdminAPIHandler):
             raise web.HTTPError(400, "a new profile needs a 'slug'")
         if self.gpulab.catalog.profile(slug) is not None:
             raise web.HTTPError(409, f"profile {slug!r} already exists")
+        self.check_gpu_model(body)
 
         def mutate(_current, data):
             data["profiles"].append(body)
@@ -330,10 +359,11 @@ class ProfileHandler(_ProfileBase):
     async def patch(self, slug: str) -> None:
         self.check_admin()
         body = self.body()
-        self._profile(slug)
+        profile = self._profile(slug)
         if body.get("slug", slug) != slug:
             raise web.HTTPError(400, "a profile's slug cannot change (running sessions refer to it); "
                                 "create a new profile and retire this one")
+        self.check_gpu_model(body, current=profile.gpu_model)
         self._update(slug, body, "profile.update")
 
 

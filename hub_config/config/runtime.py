@@ -9,12 +9,14 @@ declared on :class:`spawner.config.GPULabRuntime`.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from spawner.config import GPULab, GPULabRuntime
 
 from hub_config.domain.catalog_store import CatalogStore, GPULabCatalogStore, load_at_start
-from hub_config.domain.idle_records import reclaim_notice_for
+from hub_config.domain.idle_records import GPULabIdle, reclaim_notice_for
+from hub_config.domain.last_choice import last_choice, remember_choice
 from hub_config.domain.usage_records import attach as attach_usage
 from hub_config.storage.db import session_factory
 
@@ -23,7 +25,8 @@ HOOK = "hub_config.config.runtime.attach_runtime"
 
 
 def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
-    """``c.GPULab.runtime_hooks`` entry: stored catalog, usage history, reclaim notices."""
+    """``c.GPULab.runtime_hooks`` entry: stored catalog, usage history, the culler's notices
+    and state, and each user's last started choice."""
     config: Any = settings.config
     sessions = session_factory(config)
     store = CatalogStore(sessions, GPULabCatalogStore(config=config))
@@ -33,3 +36,6 @@ def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     runtime.catalog_store = store
     runtime.usage = attach_usage(runtime, sessions, config)
     runtime.reclaim_notice = reclaim_notice_for
+    runtime.culler_running = GPULabIdle(config=config).culler_running
+    runtime.last_choice = partial(last_choice, sessions)
+    runtime.remember_choice = partial(remember_choice, sessions)

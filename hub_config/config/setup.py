@@ -19,6 +19,7 @@ from hub_config.domain import metrics
 from hub_config.jobs.service import start_with_hub
 from hub_config.pages import TEMPLATES
 from hub_config.pages import admin as admin_page
+from hub_config.pages.home import default_url, make_home_view
 
 
 def gpulab_handlers() -> list[tuple[str, type]]:
@@ -58,6 +59,12 @@ def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:
         else:
             existing.append(role)
     c.JupyterHub.load_roles = existing
+    # The hub home's "Start again" and GPUs per server; an admin in no team lands on the admin page.
+    template_vars = dict(c.JupyterHub.get("template_vars", {}))
+    template_vars.setdefault("gpulab_home", make_home_view(c))
+    c.JupyterHub.template_vars = template_vars
+    if "default_url" not in c.JupyterHub:
+        c.JupyterHub.default_url = default_url
     paths = list(c.JupyterHub.get("template_paths", []))
     if TEMPLATES not in paths:
         paths.insert(0, TEMPLATES)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from bisect import bisect_right
+from datetime import datetime, timedelta, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -137,6 +139,41 @@ def _reclaim_totals(figures: list[tuple[float, float]], unknown: bool) -> dict[s
             "gpu_hours_freed": round(sum(f for _, f in figures), 6)}
 
 
+def bucket_edges(start: datetime, end: datetime, bucket: timedelta, zone: str = "UTC") -> list[datetime]:
+    """Bucket boundaries (naive UTC) covering ``[start, end)``: calendar days from local
+    midnight when ``bucket`` is a day or more, else clock hours, in the IANA ``zone``.
+
+    The first bucket starts at or before ``start`` (the day or hour it falls in); the
+    last ends at or after ``end``. Days across a daylight-saving change have 23 or 25 hours.
+    """
+    tz = ZoneInfo(zone)
+    local = start.replace(tzinfo=timezone.utc).astimezone(tz)
+    edges = []
+    if bucket >= timedelta(days=1):
+        day = local.date()
+        while True:
+            edge = datetime(day.year, day.month, day.day, tzinfo=tz).astimezone(timezone.utc).replace(tzinfo=None)
+            edges.append(edge)
+            if edge >= end:
+                break
+            day += timedelta(days=1)
+    else:
+        edge = local.replace(minute=0, second=0, microsecond=0).astimezone(timezone.utc).replace(tzinfo=None)
+        while True:
+            edges.append(edge)
+            if edge >= end:
+                break
+            edge += bucket
+    if len(edges) == 1:
+        edges.append(edges[0] + bucket)
+    return edges
+
+
+def local_iso(dt: datetime, zone: str) -> str:
+    """A naive UTC time as ISO 8601 in ``zone``, with its offset ("2026-11-30T00:00:00+01:00")."""
+    return dt.replace(tzinfo=timezone.utc).astimezone(ZoneInfo(zone)).isoformat(timespec="seconds")
+
+
 def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsage, start: datetime,
                   end: datetime, bucket: timedelta = timedelta(days=1), *, others: bool = True) -> dict[str, Any]:
     """GPU-hours, cost, reclaims, jobs and utilisation per team and user over ``[start, end)``.
@@ -148,7 +185,9 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
     teams: dict[str, Totals] = defaultdict(Totals)
     users: dict[tuple[str, str], Totals] = defaultdict(Totals)
     series: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    n_buckets = max(1, int(((end - start) + bucket - timedelta(microseconds=1)) / bucket))
+    zone = settings.time_zone or "UTC"
+    edges = bucket_edges(start, end, bucket, zone)
+    n_buckets = len(edges) - 1
     with sessions() as s:
         rows = s.scalars(select(UsageInterval).where(
             UsageInterval.started_at < end,
@@ -164,13 +203,14 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
         cost = hours * price_for(catalog, r.gpu_model)
         teams[r.team].add(hours, r.over_quota, cost, r.gpu_model)
         users[(r.team, r.user)].add(hours, r.over_quota, cost, r.gpu_model)
-        # Split into buckets for the chart.
+        # Split into the chart's calendar buckets.
         t = lo
-        while t < hi:
-            i = int((t - start) / bucket)
-            b_end = min(hi, start + (i + 1) * bucket)
+        i = bisect_right(edges, t) - 1
+        while t < hi and i < n_buckets:
+            b_end = min(hi, edges[i + 1])
             series[r.team][i] += (b_end - t).total_seconds() / 3600 * r.gpu_milli / 1000
             t = b_end
+            i += 1
     for smp in samples:
         for tot in (teams[smp.team], users[(smp.team, smp.user)]):
             tot.util_sum += smp.util_pct
@@ -202,7 +242,9 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
         out_teams.append(d)
     return {
         "start": iso(start), "end": iso(end), "bucket_seconds": int(bucket.total_seconds()),
-        "buckets": [iso(start + i * bucket) for i in range(n_buckets)],
+        "time_zone": zone,
+        "buckets": [local_iso(e, zone) for e in edges[:-1]],
+        "currency": settings.currency,
         "teams": out_teams,
         "total": {
             "gpu_hours": round(sum(t.gpu_hours for t in teams.values()), 6),

@@ -16,11 +16,14 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import Boolean, DateTime, Float, Index, Integer, String, select, text, update
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float as TFloat
+from traitlets import TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from spawner.config import GPULabRuntime
@@ -40,6 +43,30 @@ class GPULabUsage(Configurable):
         help="""Seconds between reconciles: usage intervals left open for workloads the
         ledger no longer holds are closed, and (with NVML) GPU utilisation is sampled.""",
     )
+    currency = Unicode(
+        "",
+        config=True,
+        help="""Currency of the prices per GPU-hour and of every cost shown (admin page,
+        usage API and CSV), e.g. `"EUR"` or `"USD"`. Empty: costs are plain numbers in
+        whatever unit the prices were given.""",
+    )
+    time_zone = Unicode(
+        "UTC",
+        config=True,
+        help="""IANA time zone (e.g. `"Europe/Berlin"`) of the usage charts' buckets: a day
+        bucket is a calendar day from local midnight to midnight (23 or 25 hours across a
+        daylight-saving change), an hour bucket a clock hour. Also the zone the bucket labels are in.""",
+    )
+
+    @validate("time_zone")
+    def _valid_zone(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise TraitError(f"c.GPULabUsage.time_zone: unknown time zone {value!r}; "
+                             "use an IANA name such as 'UTC' or 'Europe/Berlin'") from None
+        return value
 
 
 class UsageInterval(Base):

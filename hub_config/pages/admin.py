@@ -20,11 +20,12 @@ from spawner.config import get_runtime
 from spawner.priority import BY_SHORT_NAME
 from spawner.units import format_gpus
 
-from hub_config.api.admin import bucket_for, parse_period, profile_view, team_view
+from hub_config.api.admin import bucket_for, hub_known_gpu_models, parse_period, profile_view, team_view
 from hub_config.pages import whatif as whatif_page
 from hub_config.config.scopes import ADMIN
 from hub_config.domain.idle_records import idle_admin_view
 from hub_config.domain.usage import current_report, period_report
+from hub_config.domain.usage_records import GPULabUsage
 
 PERIODS = [("24h", "24 hours"), ("7d", "7 days"), ("30d", "30 days"), ("90d", "90 days")]
 #: Colour per team in charts (Okabe-Ito, colour-blind safe; minus the two quota colours).
@@ -69,7 +70,7 @@ def held_bar_svg(team: dict[str, Any], width: int = 360) -> str:
         f'<rect x="1" y="1" width="{width - 2}" height="{h}" fill="none" stroke="#adb5bd"/>'
         f'<rect x="1" y="1" width="{inq * scale:.1f}" height="{h}" fill="{IN_QUOTA}"/>'
         f'<rect x="{1 + inq * scale:.1f}" y="1" width="{over * scale:.1f}" height="{h}" fill="{OVER_QUOTA}"/>'
-        f'<line x1="{1 + g:.1f}" x2="{1 + g:.1f}" y1="0" y2="{h + 2}" stroke="#212529" stroke-width="2"/>'
+        f'<line x1="{1 + g:.1f}" x2="{1 + g:.1f}" y1="0" y2="{h + 2}" stroke="currentColor" stroke-width="2"/>'
         f'<text x="1" y="{h + 13}" font-size="10">guarantee {format_gpus(team["guarantee_milli"])} (|) · '
         f'burst {format_gpus(team["burst_milli"])} · held {format_gpus(team["held_milli"])}</text></svg>'
     )
@@ -86,7 +87,8 @@ def history_svg(report: dict[str, Any], width: int = 760, height: int = 220) -> 
     bar_w = plot_w / max(n, 1)
     hourly = report["bucket_seconds"] < 86400
     parts = [f'<svg fill="currentColor" class="gpulab-history" width="{width}" height="{height}" role="img" '
-             f'aria-label="GPU-hours per {"hour" if hourly else "day"}, by team">']
+             f'aria-label="GPU-hours per {"hour" if hourly else "calendar day"} ({escape(report.get("time_zone", "UTC"))}), '
+             'by team">']
     for frac in (0, 0.5, 1):
         y = 10 + plot_h * (1 - frac)
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#dee2e6"/>'
@@ -120,9 +122,10 @@ def history_svg(report: dict[str, Any], width: int = 760, height: int = 220) -> 
     return "".join(parts)
 
 
-def money(x: float) -> str:
-    """Cents, or four decimals for the small sums of a short period."""
-    return f"{x:.2f}" if x >= 1 or x == 0 else f"{x:.4f}"
+def money(x: float, currency: str = "") -> str:
+    """Cents, or four decimals for the small sums of a short period; with the currency when configured."""
+    amount = f"{x:.2f}" if x >= 1 or x == 0 else f"{x:.4f}"
+    return f"{amount} {currency}" if currency else amount
 
 
 def cost_svg(report: dict[str, Any], width: int = 360) -> str:
@@ -136,7 +139,8 @@ def cost_svg(report: dict[str, Any], width: int = 360) -> str:
         w = (width - 170) * t["cost"] / top
         parts.append(f'<text x="0" y="{y + 14}" font-size="12">{escape(t["team"])}</text>'
                      f'<rect x="90" y="{y + 2}" width="{w:.1f}" height="16" fill="{PALETTE[i % len(PALETTE)]}"/>'
-                     f'<text x="{94 + w:.1f}" y="{y + 14}" font-size="12">{money(t["cost"])}</text>')
+                     f'<text x="{94 + w:.1f}" y="{y + 14}" font-size="12">'
+                     f'{escape(money(t["cost"], report.get("currency", "")))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -184,6 +188,9 @@ class GPULabAdminPageHandler(BaseHandler):
         for entry in audit:
             entry["changes"] = describe_change(entry)
         teams = [team_view(runtime, n) for n in runtime.catalog.teams]
+        user = self.current_user
+        in_a_team = bool(runtime.catalog.teams_for(user.name, [g.name for g in getattr(user, "groups", [])]))
+        settings = recorder.settings if recorder is not None else GPULabUsage(config=self.settings.get("config"))
         now_by_team = {t["team"]: t for t in now}
         for t in teams:
             t["held_svg"] = held_bar_svg(now_by_team[t["name"]])
@@ -203,7 +210,12 @@ class GPULabAdminPageHandler(BaseHandler):
             read_only=bool(store is not None and store.read_only),
             store_attached=store is not None,
             format_gpus=format_gpus,
-            money=money,
+            money=lambda x: money(x, settings.currency),
+            currency=settings.currency,
+            time_zone=settings.time_zone,
+            gpu_models=gpu_model_choices(runtime, self.settings.get("spawner_class")),
+            admin_in_no_team=not in_a_team,
+            admin_name=user.name,
             hours=hours,
             period_label=dict(PERIODS)[period],
             idle=idle_admin_view(self.settings.get("config")),
@@ -212,4 +224,16 @@ class GPULabAdminPageHandler(BaseHandler):
 
 
 handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers]
+
+
+def gpu_model_choices(runtime, spawner_class) -> list[dict[str, str]]:
+    """The profile editor's GPU model choices: this hub's known models, labelled by where they come from."""
+    inventory = {s.model for s in runtime.catalog.inventory}
+    packer = runtime.packer
+    detected = {d.model for d in packer.devices.values() if d.source == "nvml"} if packer is not None else set()
+    out = []
+    for model in sorted(hub_known_gpu_models(runtime, spawner_class)):
+        where = "detected" if model in detected else "declared" if model in inventory else "known product"
+        out.append({"model": model, "where": where})
+    return out
 
