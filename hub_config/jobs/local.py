@@ -205,7 +205,8 @@ class LocalJobBackend:
     def _finish_from_status(self, rec: JobRecord, gone_reason: str) -> None:
         path = self.status_path(rec, rec.attempts)
         try:
-            status = json.loads(self.service.read_home_file(rec.user, path))
+            # Through sudo the file is in the owner's home: read as the owner; else it is the hub's own.
+            status = json.loads(self.service.read_home_file(rec.user, path) if self.sudo else path.read_bytes())
         except (OSError, ValueError, jobspec.JobSpecError):  # missing, or empty: the runner never finished
             status = None
         if not isinstance(status, dict):
