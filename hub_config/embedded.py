@@ -192,10 +192,11 @@ def configure_embedded(c) -> None:
         if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
             prepare_dir(home_root, 0o711)
         reach = {"the Python interpreter": sys.executable, "the single-user server": singleuser,
-                 "gpulab's code": REPO_ROOT, "the users' homes": home_root,
-                 "the job status folder": data_dir / "jobs"}
-        if mode == SUDO:
+                 "gpulab's code": REPO_ROOT, "the users' homes": home_root}
+        if mode == SUDO:  # a job's exit status is then a file in its owner's home
             reach["the mediator"] = accounts.mediator
+        else:
+            reach["the job status folder"] = data_dir / "jobs"
         check_reachable(reach)
         print(f"gpulab: isolation mode: {mode} ({why}): {ISOLATED[mode]}; each runs as system account "
               f"{c.UserAccounts.prefix}<name> (created on first spawn, home in {home_root}); "

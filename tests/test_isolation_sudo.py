@@ -302,3 +302,15 @@ def test_stopping_a_server_and_cancelling_a_job_end_their_processes(hub, world, 
     hub.wait_server("alice", ready=False, timeout=60)
     assert not process_alive(pid), "alice's server survived its stop"
     assert hub.api("GET", "/users/alice").json()["servers"] == {}
+
+
+def test_a_restarted_hub_polls_and_stops_the_server_it_left_running(hub, world, bed):  # noqa: F811
+    bob = lookup(bed.prefix + "bob")
+    pid = server_pid(hub, "bob")
+    hub.restart()
+    assert process_alive(pid, bob.uid), "bob's server did not outlive the hub"
+    server = hub.wait_server("bob")  # polled from /proc by the new hub, still counted
+    assert server["state"]["pid"] == pid
+    assert hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
+    hub.wait_server("bob", ready=False, timeout=60)
+    assert not process_alive(pid), "bob's server survived its stop after the restart"
