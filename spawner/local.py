@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, set_user_setuid
@@ -397,6 +398,9 @@ class AccountProcessSpawner(LocalProcessSpawner):
             self.port = random_port()
         env, args = self.get_env(), self.get_args()
         launcher = self.accounts.launcher
+        if self.cmd and Path(self.cmd[0]).name != "jupyterhub-singleuser":
+            self.log.warning("gpulab: c.Spawner.cmd %s is not used through sudo: %s starts the "
+                             "jupyterhub-singleuser of its own virtualenv", self.cmd[0], launcher.mediator)
         self.log.info("gpulab: spawning jupyterhub-singleuser %s as %s through %s", " ".join(args),
                       self._account.name, launcher.mediator)
         try:

@@ -42,7 +42,6 @@ pytestmark = [
                                                       "(CI runs as root)"),
 ]
 
-REPO = Path(__file__).resolve().parent.parent
 DROPIN_DIR = Path("/etc/sudoers.d")
 DROPIN_PREFIX = "gpulab-test-sudo-"
 MEDIATOR = str(VENV_BIN / "gpulab-launch")
@@ -192,6 +191,13 @@ def test_the_hub_runs_as_its_account_in_sudo_mode(hub, hub_account):
     assert 'id="gpulab-isolation" data-mode="sudo"' in page and 'id="gpulab-not-isolated"' not in page
     state = hub.state_dir
     assert state.stat().st_uid == hub_account.uid and state.stat().st_mode & 0o777 == 0o700
+    out = as_hub(hub_account, [str(VENV_BIN / "gpulab"), "check-isolation"])
+    assert out.returncode == 0 and out.stdout.startswith("isolation mode: sudo"), out.stdout + out.stderr
+    # A hub told to need sudo refuses to start when the rule does not name its mediator.
+    out = as_hub(hub_account, [str(VENV_BIN / "python"), "-c", "from hub_config.embedded import "
+                               "choose_isolation; choose_isolation('sudo', '/opt/elsewhere/gpulab-launch', 'sudo')"])
+    assert out.returncode != 0 and "GPULAB_ISOLATION=sudo but the hub is not root and sudo -n -l does not " \
+        "list /opt/elsewhere/gpulab-launch" in out.stderr, out.stderr
 
 
 def test_servers_and_jobs_run_as_accounts_the_hub_created_through_sudo(hub, world, bed):  # noqa: F811
@@ -302,6 +308,24 @@ def test_stopping_a_server_and_cancelling_a_job_end_their_processes(hub, world, 
     hub.wait_server("alice", ready=False, timeout=60)
     assert not process_alive(pid), "alice's server survived its stop"
     assert hub.api("GET", "/users/alice").json()["servers"] == {}
+
+
+def test_alice_logs_in_and_spawns_from_the_form(hub, world, bed):  # noqa: F811
+    """The browser's way: the login form, the spawn form, the server reached through the proxy."""
+    alice = lookup(bed.prefix + "alice")
+    session = hub.login("alice")
+    assert 'value="vision:cpu"' in hub.spawn_page(session).text
+    r = hub.post_spawn(session, "alice", {"choice": "vision:cpu"})
+    assert r.status_code in (302, 303), r.text[-2000:]
+    hub.wait_server("alice")
+    pid = server_pid(hub, "alice")
+    assert uids_of(pid) == [alice.uid] * 4
+    r = requests.get(f"{hub.url}/user/alice/api/status", timeout=30,
+                     headers={"Authorization": f"token {world['tokens']['alice']}"})
+    assert r.status_code == 200 and "started" in r.json(), r.text[:500]
+    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    hub.wait_server("alice", ready=False, timeout=60)
+    assert not process_alive(pid)
 
 
 def test_a_restarted_hub_polls_and_stops_the_server_it_left_running(hub, world, bed):  # noqa: F811

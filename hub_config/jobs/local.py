@@ -37,10 +37,10 @@ from typing import Any
 
 from spawner import jobspec
 from spawner.accounts import Account, AccountError, demote_kwargs, lookup
-from spawner.sudo import SudoError
 from spawner.env import gpu_env
 from spawner.local import ensure_packer
 from spawner.packer import FULL
+from spawner.sudo import SudoError, process_alive
 
 from .models import JobRecord, utcnow
 from .service import log
@@ -49,18 +49,8 @@ RUNNER_MODULE = "hub_config.jobs.runner"
 
 
 def _alive(pid: int) -> bool:
-    """Is ``pid`` a live (non-zombie) process?"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    """Is ``pid`` a live (non-zombie) process? (Runners outlive the hub: not always our children.)"""
+    return process_alive(pid)
 
 
 def _cmdline(pid: int) -> list[str]:
