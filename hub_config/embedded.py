@@ -22,9 +22,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from spawner.accounts import UserAccounts, unreachable_by_others
-from spawner.sudo import NONE, ROOT, SUDO, isolation_mode
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
+from spawner.sudo import NONE, ROOT, SUDO, isolation_mode
 
 from .idle_service import configure_idle_culler
 from .setup import configure_gpulab

@@ -95,8 +95,8 @@ class SudoLauncher:
         if not isinstance(reply, dict):
             err = (proc.stderr or b"").decode(errors="replace").strip()[:500]
             raise SudoError(f"sudo -n -u {account} {self.mediator} exited with {proc.returncode}"
-                            f"{': ' + err if err else ''} (is the sudoers rule installed? "
-                            "docs/single-server.md#the-sudoers-rule)")
+                            f"{': ' + err if err else ''} (is the sudoers rule installed, naming this path, and is "
+                            f"{account} in its group? docs/single-server.md#the-sudoers-rule)")
         if not reply.get("ok"):
             raise SudoError(f"{self.mediator} as {account} refused {request.get('action')}: "
                             f"{reply.get('error')}")

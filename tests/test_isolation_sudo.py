@@ -99,19 +99,23 @@ def remove_bed(bed: SudoBed) -> None:
 
 
 def remove_leftovers() -> None:
-    """Beds of runs that were killed: their hub account runs nothing any more."""
+    """Beds of runs that were killed: the pytest process that made them is gone (its hub may live on)."""
     for dropin in DROPIN_DIR.glob(DROPIN_PREFIX + "*"):
         bed = SudoBed(dropin.name[len(DROPIN_PREFIX):])
-        hub = lookup(bed.hub_user)
-        if hub is None or not any(e.name.isdigit() and _owner(e) == hub.uid for e in Path("/proc").iterdir()):
+        try:
+            maker = (bed.workdir / "made-by").read_text()
+        except OSError:
+            maker = ""
+        if maker != process_identity(int(maker.split()[0]) if maker else -1):
             remove_bed(bed)
 
 
-def _owner(entry: Path) -> int | None:
+def process_identity(pid: int) -> str:
+    """``"<pid> <start time>"``: a pid never names two processes (``""`` when there is none)."""
     try:
-        return entry.stat().st_uid
-    except OSError:
-        return None
+        return f"{pid} {Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return ""
 
 
 def as_hub(bed_hub: Account, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
@@ -129,6 +133,7 @@ def bed():
     b = SudoBed(secrets.token_hex(3))
     try:
         b.workdir.mkdir(mode=0o755)
+        (b.workdir / "made-by").write_text(process_identity(os.getpid()))
         subprocess.run(["groupadd", b.group], check=True, capture_output=True)
         yield b
     finally:
