@@ -85,3 +85,24 @@ def test_a_root_hub_runs_in_root_mode_and_refuses_a_required_sudo_mode():
         choose_isolation("none", "/nonexistent/gpulab-launch", "sudo")
     out = subprocess.run([str(VENV_BIN / "gpulab"), "check-isolation"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("isolation mode: root")
+
+
+@pytest.mark.parametrize("request_, action", [
+    ({"pid": True, "signal": 15}, mediator.send_signal), ({"pid": 1, "signal": 15}, mediator.send_signal),
+    ({"pid": "12", "signal": 15}, mediator.send_signal), ({"pid": 4242, "signal": 19}, mediator.send_signal),
+    ({"offset": -1, "path": "/x"}, mediator.read), ({"limit": 1.5, "path": "/x"}, mediator.read),
+    ({"args": "--debug"}, mediator.start_server), ({"args": ["a\0b"]}, mediator.start_server),
+    ({"input": "relative.ipynb", "output": "/o", "cwd": "/", "status": "/s", "log": "/l", "attempt": 1},
+     mediator.start_job),
+])
+def test_the_mediator_refuses_malformed_requests(request_, action):
+    with pytest.raises(mediator.Refused):
+        action(request_)
+
+
+def test_the_mediator_reads_only_inside_the_home():
+    assert mediator.read({"path": "relative/file"})["state"] == "outside"
+    assert mediator.read({"path": "/etc/hostname"})["state"] == "outside"
+    with pytest.raises(mediator.Refused, match="not inside the home"):
+        mediator.inside_home("/etc/passwd")
+    assert mediator.inside_home(mediator.me().pw_dir) == Path(os.path.realpath(mediator.me().pw_dir))
