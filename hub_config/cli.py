@@ -1,5 +1,6 @@
-"""The ``gpulab`` command: ``gpulab up``, ``gpulab check-config FILE`` and
-``gpulab prepuller-values FILE`` (z2jh values that pre-pull the catalog's images)."""
+"""The ``gpulab`` command: ``gpulab up``, ``gpulab check-config FILE``,
+``gpulab prepuller-values FILE`` (z2jh values that pre-pull the catalog's images),
+``gpulab sudoers`` (the drop-in a non-root hub needs) and ``gpulab check-isolation``."""
 
 from __future__ import annotations
 
@@ -84,6 +85,35 @@ def known_gpu_models(catalog: Catalog, kubernetes: bool) -> set[str]:
     return sharing_known_models(catalog, kubernetes, detected)
 
 
+def sudoers(args: argparse.Namespace) -> int:
+    """Print the sudoers drop-in for a hub running as ``--hub-user`` (see docs/single-server.md)."""
+    from spawner.sudo import sudoers_rule
+
+    try:
+        print(sudoers_rule(args.hub_user, args.mediator, group=args.group, prefix=args.prefix,
+                           home_root=args.home_root, shell=args.shell, create_accounts=not args.no_create),
+              end="")
+    except ValueError as e:
+        print(f"gpulab sudoers: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def check_isolation() -> int:
+    """Say which mode a hub started by this account would run in: root, sudo or not isolated."""
+    from spawner.accounts import UserAccounts
+    from spawner.sudo import NONE, isolation_mode
+
+    accounts = UserAccounts()
+    mode, why = isolation_mode(accounts.mediator, accounts.sudo)
+    print(f"isolation mode: {mode} ({why})")
+    if mode == NONE:
+        print("users would NOT be isolated: run the hub as root, or install the drop-in from "
+              "`gpulab sudoers` (docs/single-server.md#the-sudoers-rule)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def up(args: argparse.Namespace, extra: list[str]) -> int:
     """Start the embedded hub (exec jupyterhub with gpulab's config)."""
     env = os.environ
@@ -97,6 +127,12 @@ def up(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"gpulab: starting the embedded hub on {env['GPULAB_BIND']}", file=sys.stderr, flush=True)
     os.execv(cmd[0], cmd)
     return 0  # not reached
+
+
+def _current_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +150,25 @@ def main(argv: list[str] | None = None) -> int:
     p_pull = sub.add_parser("prepuller-values",
                             help="print z2jh prePuller.extraImages for a catalog's images")
     p_pull.add_argument("file", help="a catalog YAML, or the gpulab chart's values file")
+    p_sudo = sub.add_parser("sudoers", help="print the sudoers drop-in a non-root hub needs to isolate users")
+    p_sudo.add_argument("--hub-user", default=_current_user(), help="the account the hub runs as")
+    p_sudo.add_argument("--group", default="jupyterhub-users",
+                        help="the group of the users' accounts (GPULAB_ACCOUNT_GROUP)")
+    p_sudo.add_argument("--mediator", default=str(Path(sys.executable).with_name("gpulab-launch")),
+                        help="path of gpulab-launch (default: next to this interpreter)")
+    p_sudo.add_argument("--prefix", default=os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-"),
+                        help="account name prefix (GPULAB_ACCOUNT_PREFIX)")
+    p_sudo.add_argument("--home-root", default=os.environ.get("GPULAB_HOME_ROOT", "/home"),
+                        help="where created accounts get their homes (GPULAB_HOME_ROOT)")
+    p_sudo.add_argument("--shell", default="/bin/bash", help="login shell of created accounts")
+    p_sudo.add_argument("--no-create", action="store_true",
+                        help="no useradd rule: the admin creates the accounts ahead")
+    sub.add_parser("check-isolation", help="say whether a hub run by this account isolates users (root/sudo)")
     args, extra = parser.parse_known_args(argv)
+    if args.command in ("sudoers", "check-isolation"):
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return sudoers(args) if args.command == "sudoers" else check_isolation()
     if args.command in ("check-config", "prepuller-values"):
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("spawner", "hub_config", "idle_culler", "labextension")
 #: Modules of spawner/ that adapt the core to a framework or the machine; the rest is core.
-ADAPTERS = frozenset({"spawner.local", "spawner.kube", "spawner.kube_conventions", "spawner.nvml",
+ADAPTERS = frozenset({"spawner.local", "spawner.kube", "spawner.kube_conventions", "spawner.nvml", "spawner.accounts",
+                      "spawner.sudo", "spawner.mediator",
                       "spawner.config", "spawner"})
 FRAMEWORKS = ("tornado", "kubernetes", "kubernetes_asyncio", "jupyterhub", "kubespawner")
 

@@ -7,8 +7,11 @@ Her servers and notebook jobs run under that uid and gid (see
 modes for homes and job outputs, uid checks for ``/proc/<pid>/environ`` and for
 signals.
 
-Switching users needs root. A hub that is not root cannot isolate users and
-says so (:func:`can_switch_users`); see docs/single-server.md.
+Switching users needs root, or a sudoers rule: a root hub switches itself
+(:func:`demote_kwargs`); a hub that is not root runs the mediator
+``gpulab-launch`` as the account through ``sudo -n`` (:mod:`spawner.sudo`,
+``c.UserAccounts.switch``). A hub that can do neither cannot isolate users and
+says so; see docs/single-server.md.
 
 Plain Python (``pwd``, ``grp``, ``subprocess``): no tornado, no JupyterHub.
 """
@@ -22,18 +25,23 @@ import os
 import pwd
 import re
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from traitlets import Bool, Unicode
+from traitlets import Bool, Enum, Unicode, default
 from traitlets.config import Configurable
+
+from .sudo import SudoError, SudoLauncher, useradd_argv
 
 log = logging.getLogger("gpulab.accounts")
 
 #: One account creation at a time in this process: concurrent ``useradd`` runs for
 #: one name were seen to each "succeed" with a different uid, the last one winning.
 _create_lock = threading.Lock()
+#: Accounts whose home the mediator has checked in this process (sudo mode).
+_prepared: set[str] = set()
 
 #: Longest account name ``useradd`` accepts on Linux.
 MAX_ACCOUNT_LEN = 32
@@ -108,18 +116,78 @@ class UserAccounts(Configurable):
         help="Extra group every created account joins (created if missing); empty: none.",
     )
 
+    switch = Enum(
+        ["auto", "root", "sudo"],
+        "auto",
+        config=True,
+        help="""How the hub starts, signals and reads as the users' accounts.
+        `root`: the hub is root and switches user itself in the child before `exec`.
+        `sudo`: the hub is not root and runs the mediator (`mediator`) as the account
+        with `sudo -n -u <account>` (a sudoers drop-in: `gpulab sudoers`).
+        `auto`: `root` when the hub runs as root, else `sudo`.""",
+    )
+    mediator = Unicode(
+        config=True,
+        help="""The program a non-root hub runs as the accounts through sudo
+        (`gpulab-launch` next to this Python interpreter). The sudoers rule must name
+        exactly this path; it and the virtualenv it lives in must not be writable by
+        the hub's account.""",
+    )
+    sudo = Unicode("sudo", config=True, help="The sudo program (a name on PATH or an absolute path).")
+
+    @default("mediator")
+    def _default_mediator(self) -> str:
+        return str(Path(sys.executable).with_name("gpulab-launch"))
+
+    def uses_sudo(self) -> bool:
+        """Does this hub act as the accounts through sudo (rather than as root)?"""
+        return self.switch == "sudo" or (self.switch == "auto" and not can_switch_users())
+
+    @property
+    def launcher(self) -> SudoLauncher:
+        return SudoLauncher(self.mediator, self.sudo)
+
     def name_for(self, username: str) -> str:
         return account_name(self.prefix, username)
 
     def account_for(self, username: str) -> Account:
         """The user's account; created when missing and :attr:`create` is on."""
         name = self.name_for(username)
+        if self.uses_sudo():
+            return self._sudo_account(name, username)
         if self.create:
             return ensure_account(name, self.home_root, shell=self.shell, group=self.group)
         account = lookup(name)
         if account is None:
             raise AccountError(f"system account {name} for hub user {username} does not exist "
                                "(c.UserAccounts.create is off): create it first")
+        return account
+
+    def _sudo_account(self, name: str, username: str) -> Account:
+        """The account, created with the drop-in's one ``useradd`` line; its home made 0700 by itself."""
+        try:
+            return self._sudo_account_unchecked(name, username)
+        except SudoError as e:
+            raise AccountError(str(e)) from None
+
+    def _sudo_account_unchecked(self, name: str, username: str) -> Account:
+        with _create_lock:
+            account = lookup(name)
+            if account is None:
+                if not self.create:
+                    raise AccountError(f"system account {name} for hub user {username} does not exist "
+                                       "(c.UserAccounts.create is off): create it first")
+                if not self.group:
+                    raise AccountError("c.UserAccounts.group must name the group of the sudoers rule "
+                                       "(e.g. jupyterhub-users) for a hub that is not root")
+                self.launcher.create_account(name, self.home_root, self.shell, self.group)
+                log.info("gpulab: created system account %s through sudo", name)
+                account = lookup(name)
+                if account is None:
+                    raise AccountError(f"useradd reported success but account {name} does not exist")
+        if name not in _prepared:
+            self.launcher.prepare_home(name)
+            _prepared.add(name)
         return account
 
     def home_of(self, username: str) -> Path:
@@ -182,14 +250,10 @@ def ensure_account(name: str, home_root: str | Path, *, shell: str = "/bin/bash"
 def _create_account(name: str, home_root: str | Path, shell: str, group: str) -> Account:
     if not can_switch_users():
         raise AccountError(f"cannot create account {name}: the hub is not root")
-    home = Path(home_root) / name
-    cmd = ["useradd", "--create-home", "--home-dir", str(home), "--shell", shell,
-           "--user-group", "--comment", "gpulab user"]
     if group:
         _ensure_group(group)
-        cmd += ["--groups", group]
-    _run(cmd + [name], f"create account {name}")
-    log.info("gpulab: created system account %s (home %s)", name, home)
+    _run(useradd_argv(name, home_root, shell, group), f"create account {name}")
+    log.info("gpulab: created system account %s (home %s)", name, Path(home_root) / name)
     account = lookup(name)
     if account is None:
         raise AccountError(f"useradd reported success but account {name} does not exist")

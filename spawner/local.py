@@ -1,10 +1,10 @@
 """The single-server spawners: JupyterHub's local process spawners + the GPU core.
 
 ``GPULocalSpawner`` (entry point ``gpu-local``, the embedded default when the
-hub runs as root) runs each server as the user's own system account
-(``jupyter-<name>``, created on first spawn, home 0700: see
+hub runs as root or has the sudoers rule) runs each server as the user's own
+system account (``jupyter-<name>``, created on first spawn, home 0700: see
 :mod:`spawner.accounts`), like ``LocalProcessSpawner`` with The Littlest
-JupyterHub's account creation. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``)
+JupyterHub's account creation, or like sudospawner for a hub that is not root. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``)
 runs every server as the hub's own account with a home per user, like
 ``SimpleLocalProcessSpawner``: users are not isolated from each other, so the
 embedded hub uses it only when it cannot switch users, and says so. Both:
@@ -24,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, set_user_setuid
+from jupyterhub.utils import random_port
 from tornado import web
 from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
 from .accounts import Account, AccountError, UserAccounts
+from .sudo import SudoError, process_alive
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import find_choice, options_from_formdata, refusal_sentence, render_options_form
@@ -449,11 +452,14 @@ class GPULocalMixin(LoggingConfigurable):
         super().clear_state()
 
 
-class GPULocalSpawner(GPULocalMixin, LocalProcessSpawner):
-    """Local processes as each user's own system account, with GPU profiles.
+class AccountProcessSpawner(LocalProcessSpawner):
+    """``LocalProcessSpawner`` for ``c.UserAccounts``: each server runs as its user's account.
 
-    The account comes from ``c.UserAccounts`` (prefix, home root, creation);
-    the hub must be root to create accounts and switch to them.
+    A root hub switches user itself in the child before ``exec`` (JupyterHub's
+    own user switching). A hub that is not root starts, signals and stops the
+    server through the mediator over ``sudo -n`` (:mod:`spawner.sudo`), and
+    polls it from ``/proc``; ``c.Spawner.cmd`` is then the mediator's own
+    ``jupyterhub-singleuser``, as with sudospawner.
     """
 
     _account: Account | None = None
@@ -469,16 +475,60 @@ class GPULocalSpawner(GPULocalMixin, LocalProcessSpawner):
             self._account = self.accounts.account_for(self.user.name)
         return self._account
 
+    @property
+    def _sudo(self) -> bool:
+        return self.accounts.uses_sudo()
+
     async def start(self):
         try:
             self._account = await asyncio.to_thread(self.accounts.account_for, self.user.name)
         except AccountError as e:
             self.log.error("gpulab: %s", e)
             raise web.HTTPError(500, f"cannot prepare the system account of {self.user.name}: {e}") from None
-        return await super().start()
+        if not self._sudo:
+            return await super().start()
+        if self.port == 0:
+            self.port = random_port()
+        env, args = self.get_env(), self.get_args()
+        launcher = self.accounts.launcher
+        if self.cmd and Path(self.cmd[0]).name != "jupyterhub-singleuser":
+            self.log.warning("gpulab: c.Spawner.cmd %s is not used through sudo: %s starts the "
+                             "jupyterhub-singleuser of its own virtualenv", self.cmd[0], launcher.mediator)
+        self.log.info("gpulab: spawning jupyterhub-singleuser %s as %s through %s", " ".join(args),
+                      self._account.name, launcher.mediator)
+        try:
+            self.pid = await asyncio.to_thread(launcher.start_server, self._account.name, args, env)
+        except SudoError as e:
+            self.log.error("gpulab: %s", e)
+            raise web.HTTPError(500, f"cannot start the server of {self.user.name}: {e}") from None
+        self.proc = None
+        return (self.ip or "127.0.0.1", self.port)
 
-    def runs_as_root(self) -> bool:
-        return self.account.uid == 0
+    def _alive(self) -> bool:
+        try:
+            uid = self.account.uid
+        except AccountError:
+            return False
+        return process_alive(self.pid, uid)
+
+    async def poll(self):
+        if not self._sudo:
+            return await super().poll()
+        if self.pid and self._alive():
+            return None
+        self.clear_state()
+        return 0
+
+    async def _signal(self, sig):
+        if not self._sudo:
+            return await super()._signal(sig)
+        if sig == 0 or not self._alive():
+            return self._alive()
+        try:
+            return await asyncio.to_thread(self.accounts.launcher.signal, self.account.name, self.pid, sig)
+        except SudoError as e:
+            self.log.error("gpulab: cannot signal the server of %s: %s", self.user.name, e)
+            return self._alive()
 
     def runs_as_words(self) -> str:
         return f"as system account {self.account.name}"
@@ -492,6 +542,17 @@ class GPULocalSpawner(GPULocalMixin, LocalProcessSpawner):
         env["HOME"] = str(account.home)
         env["SHELL"] = account.shell
         return env
+
+
+class GPULocalSpawner(GPULocalMixin, AccountProcessSpawner):
+    """Local processes as each user's own system account, with GPU profiles.
+
+    The account comes from ``c.UserAccounts`` (prefix, home root, creation,
+    and how the hub switches to it: as root, or through sudo).
+    """
+
+    def runs_as_root(self) -> bool:
+        return self.account.uid == 0
 
 
 class GPUSimpleLocalSpawner(GPULocalMixin, SimpleLocalProcessSpawner):

@@ -8,6 +8,8 @@ Run as root (as CI does), the hub gives every user a real system account:
 the harness picks an account prefix of its own per hub (``gt<hex>-``), so
 parallel runs never share accounts, keeps the data folder where those
 accounts can reach it, and removes its accounts in :meth:`RunningHub.close`.
+With ``run_as`` the hub itself runs as that (non-root) account, which then
+owns the data folder; it isolates users through sudo when a drop-in allows it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class RunningHub:
     """One hub process; ``start()``, ``stop()``, ``restart()``; HTTP helpers."""
 
     def __init__(self, workdir: Path, catalog_yaml: str | None = None, extra_config: str = "",
-                 env: dict[str, str] | None = None, admin_scopes: list[str] | None = None):
+                 env: dict[str, str] | None = None, admin_scopes: list[str] | None = None,
+                 run_as: Any = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -61,6 +64,8 @@ class RunningHub:
         self.log_path = self.workdir / "hub.log"
         self.proc: subprocess.Popen | None = None
         self.env = dict(env or {})
+        #: The (non-root) account the hub process runs as; ``None``: this process's.
+        self.run_as = run_as
         #: Real system accounts: their own prefix, a data folder they can reach (the
         #: workdir is in pytest's 0700 temporary folder), linked as ``workdir/data``.
         self.isolated = can_switch_users()
@@ -69,6 +74,8 @@ class RunningHub:
         if self.isolated and not self.data_dir.exists():
             real = Path(tempfile.mkdtemp(prefix="gpulab-test-data-", dir="/tmp"))
             os.chmod(real, 0o711)
+            if run_as is not None:
+                os.chown(real, run_as.uid, run_as.gid)
             self.data_dir.symlink_to(real)
         self.env.setdefault("GPULAB_ACCOUNT_PREFIX", self.account_prefix)
         if self.isolated:  # even when a fixture fails before its teardown could run
@@ -104,9 +111,13 @@ class RunningHub:
         })
         env.update(self.env)
         log = open(self.log_path, "ab")
+        switch: dict[str, Any] = {}
+        if self.run_as is not None:
+            env.update({"HOME": str(self.run_as.home), "USER": self.run_as.name, "LOGNAME": self.run_as.name})
+            switch = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": []}
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_path)],
-            cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **switch,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

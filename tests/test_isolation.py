@@ -171,6 +171,11 @@ def test_job_outputs_and_logs_belong_to_their_owner(hub, world):
 
 def test_alice_terminal_cannot_reach_bob_or_the_hub(hub, world, tmp_path):
     """A process with alice's terminal's credentials: her uid, gid and groups, no capabilities."""
+    probe_as_alice(hub, world)
+
+
+def probe_as_alice(hub: RunningHub, world: dict) -> None:
+    """Run the probe in a process with alice's account's credentials; every attack must be refused."""
     alice = hub.account("alice")
     spec = hub.home("alice") / "targets.json"
     spec.write_text(json.dumps(targets(hub, world)))
@@ -189,6 +194,11 @@ def test_alice_terminal_cannot_reach_bob_or_the_hub(hub, world, tmp_path):
 
 def test_alice_job_cannot_reach_bob_or_the_hub(hub, world):
     """The same probe as a cell of alice's notebook job (papermill as her account)."""
+    probe_from_alice_job(hub, world)
+
+
+def probe_from_alice_job(hub: RunningHub, world: dict) -> dict:
+    """Run the probe as a cell of alice's notebook job; every attack must be refused. The job."""
     alice = hub.account("alice")
     home = hub.home("alice")
     spec = home / "attack" / "targets.json"
@@ -210,6 +220,7 @@ def test_alice_job_cannot_reach_bob_or_the_hub(hub, world):
     check(result, alice.uid)
     assert (home / done["output_path"]).stat().st_uid == alice.uid
     assert not (hub.home("bob") / ".probe-from-attacker").exists()
+    return done
 
 
 def test_probe_finds_what_its_credentials_allow(hub, world):

@@ -3,7 +3,7 @@
 The culler service (a separate process, scope ``custom:gpulab:culler``)
 records warnings and reclaims here; the user's lab session reads its warning
 and presses "keep my GPU" here; admins read the audit log. Records live in
-gpulab's own database (:mod:`hub_config.db`), so a culler or hub restart
+gpulab's own database (:mod:`hub_config.storage.db`), so a culler or hub restart
 never resets a grace period.
 
 - ``GET  /hub/api/gpulab/idle?user=U&server=S``          the user, an admin or the culler

@@ -9,6 +9,7 @@ docs/jobs-openapi.yaml.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -137,7 +138,8 @@ class JobLogsHandler(JobsBase):
         rec = self.load(job_id)
         offset = self.int_argument("offset", 0)
         try:
-            data, new_offset = self.jobs.read_log(rec, offset, LOG_CHUNK)
+            # A thread: through sudo, each read is a short process of the owner's.
+            data, new_offset = await asyncio.to_thread(self.jobs.read_log, rec, offset, LOG_CHUNK)
         except JobSpecError as e:
             raise web.HTTPError(e.status, str(e)) from None
         # Complete when the job is final and there is nothing more to read.
@@ -150,7 +152,7 @@ class JobOutputHandler(JobsBase):
     async def get(self, job_id: str) -> None:
         rec = self.load(job_id)
         try:
-            data = self.jobs.read_output(rec)
+            data = await asyncio.to_thread(self.jobs.read_output, rec)
         except JobSpecError as e:
             raise web.HTTPError(e.status, str(e)) from None
         if data is None:

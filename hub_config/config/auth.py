@@ -2,7 +2,7 @@
 
 Deliberately loud about what it is: the login page says which users exist and
 what the password is, and the hub refuses to start with it on anything but a
-loopback address (see :func:`hub_config.embedded.check_bind_safe`).
+loopback address (see :func:`hub_config.config.embedded.check_bind_safe`).
 """
 
 from __future__ import annotations

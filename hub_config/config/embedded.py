@@ -1,11 +1,13 @@
 """The embedded single-server hub: one GPU box (or a laptop), no Kubernetes.
 
-Users are isolated by the operating system: when the hub runs as root, every
-hub user's servers and notebook jobs run as that user's own system account
-(``<prefix><name>``, created on first spawn, home 0700), and the hub's state
-(databases, cookie secret, pid files) sits in a 0700 folder of its own. A hub
-that cannot switch users runs everything as its own account, says so at start
-and on the login page, and listens on loopback only. See docs/single-server.md.
+Users are isolated by the operating system: every hub user's servers and
+notebook jobs run as that user's own system account (``<prefix><name>``,
+created on first spawn, home 0700), and the hub's state (databases, cookie
+secret, pid files) sits in a 0700 folder of its own. The hub switches to the
+accounts itself when it is root, or through sudo and the mediator
+``gpulab-launch`` when a sudoers rule allows it (:mod:`spawner.sudo`). A hub
+that can do neither runs everything as its own account, says so at start and
+on the login page, and listens on loopback only. See docs/single-server.md.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from spawner.accounts import can_switch_users, unreachable_by_others
+from spawner.accounts import UserAccounts, unreachable_by_others
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
+from spawner.sudo import NONE, ROOT, SUDO, isolation_mode
 
 from hub_config.config.idle_service import configure_idle_culler
 from hub_config.config.setup import configure_gpulab
@@ -59,9 +62,27 @@ def check_bind_safe(bind_url: str, demo_auth: bool) -> None:
         )
 
 
-NOT_ISOLATED = ("users are NOT isolated from each other: the hub is not root, so every server and job "
-                "runs as the hub's own account and can read every other user's files and the hub's secrets. "
-                "Run the hub as root to give each user a system account (docs/single-server.md).")
+NOT_ISOLATED = ("users are NOT isolated from each other: the hub is not root and has no sudo rule for "
+                "gpulab-launch, so every server and job runs as the hub's own account and can read every other "
+                "user's files and the hub's secrets. Run the hub as root, or install the sudoers rule "
+                "(`gpulab sudoers`), to give each user a system account (docs/single-server.md).")
+#: What the log and the login page say about each mode.
+ISOLATED = {
+    ROOT: "users are isolated: the hub is root and runs each user's servers and jobs as the user's own account",
+    SUDO: "users are isolated: the hub is not root; it runs each user's servers and jobs as the user's own "
+          "account through sudo and gpulab-launch",
+}
+
+
+def choose_isolation(wanted: str, mediator: str, sudo: str) -> tuple[str, str]:
+    """The mode this hub runs in (``GPULAB_ISOLATION``: auto, root or sudo) and why."""
+    mode, why = isolation_mode(mediator, sudo)
+    if wanted not in ("auto", ROOT, SUDO):
+        raise SystemExit(f"gpulab: GPULAB_ISOLATION={wanted!r}: use auto, root or sudo")
+    if wanted != "auto" and mode != wanted:
+        raise SystemExit(f"gpulab: refusing to start: GPULAB_ISOLATION={wanted} but {why} "
+                         "(docs/single-server.md#the-sudoers-rule)")
+    return mode, why
 
 
 def check_isolation_bind(bind_url: str, isolated: bool) -> None:
@@ -132,7 +153,9 @@ def configure_embedded(c) -> None:
     catalog_file = os.environ.get("GPULAB_CATALOG", DEMO_CATALOG)
     demo_auth = os.environ.get("GPULAB_DEMO_AUTH", "1") not in ("0", "false", "no")
     admins = [a for a in os.environ.get("GPULAB_ADMIN_USERS", "admin").split(",") if a]
-    isolated = can_switch_users()
+    accounts = UserAccounts(config=c)
+    mode, why = choose_isolation(os.environ.get("GPULAB_ISOLATION", "auto"), accounts.mediator, accounts.sudo)
+    isolated = mode != NONE
     check_bind_safe(bind_url, demo_auth)
     check_isolation_bind(bind_url, isolated)
 
@@ -162,19 +185,27 @@ def configure_embedded(c) -> None:
     if isolated:
         c.JupyterHub.spawner_class = "gpu-local"
         c.UserAccounts.enabled = True
+        c.UserAccounts.switch = mode
         c.UserAccounts.home_root = str(home_root)
         c.UserAccounts.prefix = os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-")
+        if mode == SUDO:  # the group the sudoers rule lets the hub act as
+            c.UserAccounts.group = os.environ.get("GPULAB_ACCOUNT_GROUP", "jupyterhub-users")
         if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
             prepare_dir(home_root, 0o711)
-        check_reachable({"the Python interpreter": sys.executable, "the single-user server": singleuser,
-                         "gpulab's code": REPO_ROOT, "the users' homes": home_root,
-                         "the job status folder": data_dir / "jobs"})
-        print(f"gpulab: users are isolated: each runs as system account {c.UserAccounts.prefix}<name> "
-              f"(created on first spawn, home in {home_root}); hub state in {state_dir} (0700)",
-              file=sys.stderr, flush=True)
+        reach = {"the Python interpreter": sys.executable, "the single-user server": singleuser,
+                 "gpulab's code": REPO_ROOT, "the users' homes": home_root}
+        if mode == SUDO:  # a job's exit status is then a file in its owner's home
+            reach["the mediator"] = accounts.mediator
+        else:
+            reach["the job status folder"] = data_dir / "jobs"
+        check_reachable(reach)
+        print(f"gpulab: isolation mode: {mode} ({why}): {ISOLATED[mode]}; each runs as system account "
+              f"{c.UserAccounts.prefix}<name> (created on first spawn, home in {home_root}); "
+              f"hub state in {state_dir} (0700)", file=sys.stderr, flush=True)
     else:
         c.JupyterHub.spawner_class = "gpu-simple-local"
         c.SimpleLocalProcessSpawner.home_dir_template = str(home_root / "{username}")
+        print(f"gpulab: isolation mode: {NONE} ({why})", file=sys.stderr, flush=True)
         print(f"gpulab: WARNING: {NOT_ISOLATED}", file=sys.stderr, flush=True)
         logging.getLogger("JupyterHub").warning("gpulab: %s", NOT_ISOLATED)
     c.Spawner.default_url = "/lab"
@@ -197,6 +228,8 @@ def configure_embedded(c) -> None:
         gpus = ", ".join(f"{s.count} × {s.model}" for s in catalog.inventory) or "none declared"
         c.JupyterHub.template_vars = {
             "gpulab_not_isolated": None if isolated else NOT_ISOLATED,
+            "gpulab_isolation": ISOLATED.get(mode),
+            "gpulab_isolation_mode": mode,
             "gpulab_demo": {
                 "users": members,
                 "admins": admins,
@@ -205,6 +238,7 @@ def configure_embedded(c) -> None:
             }
         }
     else:
-        c.JupyterHub.template_vars = {"gpulab_not_isolated": None if isolated else NOT_ISOLATED}
+        c.JupyterHub.template_vars = {"gpulab_not_isolated": None if isolated else NOT_ISOLATED,
+                                      "gpulab_isolation": ISOLATED.get(mode), "gpulab_isolation_mode": mode}
     configure_gpulab(c, admin_users=admins)
     configure_idle_culler(c)  # the NVML culler when a driver is present; the admin page says why not

@@ -26,7 +26,11 @@ from pathlib import Path
 
 
 def write_status(path: str, status: dict) -> None:
-    """Fill the status file the hub made for this attempt (never follows a symlink)."""
+    """Fill the status file the hub made for this attempt (never follows a symlink).
+
+    Through sudo the file is this account's own, in its home: made here, folder included.
+    """
+    Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(status))

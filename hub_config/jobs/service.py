@@ -29,7 +29,8 @@ from traitlets import Bool, Float, Int, List, Type, Unicode, default
 from traitlets.config import Configurable
 
 from spawner import jobspec
-from spawner.accounts import UserAccounts
+from spawner.accounts import UserAccounts, lookup
+from spawner.sudo import SudoError
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
 from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
@@ -168,6 +169,8 @@ class JobService:
         #: Jobs run as their owner's system account, like the owner's servers.
         self.owner_accounts = self.accounts.enabled or spawner_class in (
             "gpu-local", "spawner.local.GPULocalSpawner")
+        #: The hub is not root: what is in a home is read as its owner, through the mediator.
+        self.reads_as_owner = self.owner_accounts and self.accounts.uses_sudo()
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.backend = self._make_backend()
@@ -247,7 +250,14 @@ class JobService:
     # -- files in the user's home -----------------------------------------------
 
     def safe_path(self, user: str, path: Path, create_parent: bool = False) -> Path:
-        """``path`` inside ``user``'s home, refusing symlinks that lead out of it."""
+        """``path`` inside ``user``'s home, refusing symlinks that lead out of it.
+
+        A hub that reads as the owner (sudo) cannot look inside the home; the
+        mediator applies the same rule to every read, and what the runner
+        writes, it writes as the owner.
+        """
+        if self.reads_as_owner:
+            return path
         home = self.home_dir(user).resolve()
         if create_parent:
             parent = path.parent
@@ -265,15 +275,33 @@ class JobService:
             raise JobSpecError("the hub does not mount the users' homes (c.GPULabJobs.home_dir_template); "
                                "open the log and output notebook from your server", 409)
 
+    def read_home_file(self, user: str, path: Path, offset: int = 0, limit: int | None = None) -> bytes:
+        """Bytes of a file in ``user``'s home: as the hub (root), or as the owner through the mediator.
+
+        Raises ``FileNotFoundError`` when there is no such file, :class:`JobSpecError`
+        when it leads out of the home or cannot be read.
+        """
+        if not self.reads_as_owner:
+            self.safe_path(user, path)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read() if limit is None else f.read(limit)
+        name = self.accounts.name_for(user)
+        try:
+            found = self.accounts.launcher.read(name, path, offset, 64 << 20 if limit is None else limit)
+        except SudoError as e:
+            raise JobSpecError(f"cannot read {path.name} as {name}: {e}", 502) from None
+        if found.state == "absent":
+            raise FileNotFoundError(str(path))
+        if found.state != "ok":
+            raise JobSpecError(f"{path.name}: {found.state} (read as {name}); refusing to read it", 403)
+        return found.data
+
     def read_log(self, rec: JobRecord, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to ``limit`` bytes of the job's log from ``offset``, and the next offset."""
         self._need_homes()
-        path = self.home_dir(rec.user) / rec.log_path
         try:
-            self.safe_path(rec.user, path)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(limit)
+            data = self.read_home_file(rec.user, self.home_dir(rec.user) / rec.log_path, offset, limit)
         except FileNotFoundError:
             return b"", offset
         return data, offset + len(data)
@@ -281,10 +309,8 @@ class JobService:
     def read_output(self, rec: JobRecord) -> bytes | None:
         """The executed notebook's bytes; ``None`` while there is none."""
         self._need_homes()
-        path = self.home_dir(rec.user) / rec.output_path
         try:
-            self.safe_path(rec.user, path)
-            return path.read_bytes()
+            return self.read_home_file(rec.user, self.home_dir(rec.user) / rec.output_path)
         except FileNotFoundError:
             return None
 
@@ -322,6 +348,8 @@ class JobService:
         home = self.home_dir(user)
         if not self.backend.sees_homes:
             return home / notebook
+        if self.reads_as_owner:
+            return self._check_notebook_as_owner(user, home / notebook, notebook)
         try:
             real_home = home.resolve(strict=True)
         except OSError:
@@ -332,6 +360,20 @@ class JobService:
         if not real.is_file():
             raise JobSpecError(f"notebook {notebook!r} does not exist in your home directory", 404)
         return real
+
+    def _check_notebook_as_owner(self, user: str, path: Path, notebook: str) -> Path:
+        name = self.accounts.name_for(user)
+        if lookup(name) is None:
+            raise JobSpecError("your home directory does not exist yet: start a server once", 404)
+        try:
+            found = self.accounts.launcher.read(name, path, 0, 0)
+        except SudoError as e:
+            raise JobSpecError(f"cannot check the notebook as {name}: {e}", 502) from None
+        if found.state == "outside":
+            raise JobSpecError("notebook path leaves your home directory (through a symlink)", 403)
+        if found.state != "ok":
+            raise JobSpecError(f"notebook {notebook!r} does not exist in your home directory", 404)
+        return Path(found.real)
 
     def submit(self, user: str, groups: Iterable[str], body: dict[str, Any],
                rerun_of: int | None = None) -> tuple[JobRecord, bool]:

@@ -14,6 +14,10 @@
   output folder and the log in the owner's home, so everything there is the
   owner's and the hub never writes into a home as root. Its exit-status file is
   created by the hub, owned by the owner, in a folder others cannot list.
+  A hub that is not root does all of this through the mediator over sudo
+  (:mod:`spawner.sudo`): the runner starts as the owner, signals go through
+  the mediator, and the exit-status file lives in the owner's home
+  (``~/.gpulab/jobs/``), where the hub reads it, like the log, as the owner.
 - Hub restarts: runners live in their own session and outlive the hub; on start
   a ``running`` job whose runner still lives is re-adopted (devices and quota),
   one whose runner is gone is finished from its exit-status file, or marked
@@ -32,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from spawner import jobspec
-from spawner.accounts import Account, AccountError, demote_kwargs
+from spawner.accounts import Account, AccountError, demote_kwargs, lookup
 from spawner.env import gpu_env
 from spawner.local import ensure_packer
 from spawner.packer import FULL
+from spawner.sudo import SudoError, process_alive
 
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, utcnow
@@ -45,18 +50,8 @@ RUNNER_MODULE = "hub_config.jobs.runner"
 
 
 def _alive(pid: int) -> bool:
-    """Is ``pid`` a live (non-zombie) process?"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    """Is ``pid`` a live (non-zombie) process? (Runners outlive the hub: not always our children.)"""
+    return process_alive(pid)
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -83,6 +78,8 @@ class LocalJobBackend(JobBackend):
         self.stopping: dict[int, tuple[float, str | None]] = {}
         #: victim job id -> the training job it was preempted for.
         self.preempting: dict[int, int] = {}
+        #: The hub is not root: it acts as the owners through the mediator over sudo.
+        self.sudo = service.owner_accounts and service.accounts.uses_sudo()
         self.state_dir = Path(self.settings.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if service.owner_accounts:  # runners (other accounts) reach their own file; nobody lists
@@ -123,8 +120,12 @@ class LocalJobBackend(JobBackend):
             self.service.transition(rec.id, jobspec.CANCELLED, reason)
             self._release_devices(rec.id)
 
-    def status_path(self, job_id: int, attempt: int) -> Path:
-        return self.state_dir / f"job-{job_id}-attempt-{attempt}.json"
+    def status_path(self, rec: JobRecord, attempt: int) -> Path:
+        """Where the runner of ``rec``'s attempt writes its exit status."""
+        name = f"job-{rec.id}-attempt-{attempt}.json"
+        if self.sudo:  # the owner's file, in the owner's home: the hub reads it through the mediator
+            return self.service.home_dir(rec.user) / ".gpulab" / "jobs" / name
+        return self.state_dir / name
 
     # -- restart ------------------------------------------------------------------
 
@@ -147,7 +148,7 @@ class LocalJobBackend(JobBackend):
                 continue
             key = jobspec.workload_key(rec.id)
             cmd = _cmdline(rec.pid) if rec.pid else []
-            status = str(self.status_path(rec.id, rec.attempts))
+            status = str(self.status_path(rec, rec.attempts))
             if rec.pid and _alive(rec.pid) and RUNNER_MODULE in cmd and status in cmd:
                 try:
                     with self.runtime.lock:
@@ -175,7 +176,7 @@ class LocalJobBackend(JobBackend):
             if not done:
                 deadline, _ = self.stopping.get(job_id, (None, None))
                 if deadline is not None and time.monotonic() > deadline:
-                    self._signal(pid, signal.SIGKILL)
+                    self._signal(job_id, pid, signal.SIGKILL)
                 continue
             self.pids.pop(job_id, None)
             self.procs.pop(job_id, None)
@@ -191,10 +192,11 @@ class LocalJobBackend(JobBackend):
                 self._finish_from_status(rec, gone_reason="the runner exited without an exit status")
 
     def _finish_from_status(self, rec: JobRecord, gone_reason: str) -> None:
-        path = self.status_path(rec.id, rec.attempts)
+        path = self.status_path(rec, rec.attempts)
         try:
-            status = json.loads(path.read_text())
-        except (OSError, ValueError):  # missing, or empty: the runner never finished
+            # Through sudo the file is in the owner's home: read as the owner; else it is the hub's own.
+            status = json.loads(self.service.read_home_file(rec.user, path) if self.sudo else path.read_bytes())
+        except (OSError, ValueError, jobspec.JobSpecError):  # missing, or empty: the runner never finished
             status = None
         if not isinstance(status, dict):
             status = None
@@ -292,9 +294,10 @@ class LocalJobBackend(JobBackend):
             self.service.transition(rec.id, jobspec.FAILED, str(e))
             return
         attempt = rec.attempts + 1
-        status = self.status_path(rec.id, attempt)
+        status = self.status_path(rec, attempt)
         try:
-            self._create_status_file(status, account)
+            if not self.sudo:  # through sudo, the mediator clears it and the runner creates it
+                self._create_status_file(status, account)
         except OSError as e:
             self._release_devices(rec.id)
             self.service.transition(rec.id, jobspec.FAILED, f"cannot create the job's status file: {e}")
@@ -312,24 +315,29 @@ class LocalJobBackend(JobBackend):
         })
         if account is not None:
             env.update({"USER": account.name, "LOGNAME": account.name, "SHELL": account.shell})
-        cmd = [sys.executable, "-m", RUNNER_MODULE, "--input", str(source), "--output", str(output),
-               "--cwd", str(source.parent), "--status", str(status), "--log", str(log_file),
-               "--attempt", str(attempt)]
+        files = {"input": str(source), "output": str(output), "cwd": str(source.parent),
+                 "status": str(status), "log": str(log_file)}
         try:
-            proc = subprocess.Popen(cmd, cwd=str(source.parent), env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                    start_new_session=True,  # own group: SIGTERM reaches the kernel too
-                                    **(demote_kwargs(account) if account is not None else {}))
-        except (OSError, subprocess.SubprocessError) as e:
+            if self.sudo and account is not None:  # the mediator starts it in a session of its own
+                pid = self.service.accounts.launcher.start_job(account.name, env, attempt=attempt, **files)
+            else:
+                cmd = [sys.executable, "-m", RUNNER_MODULE, *(a for k, v in files.items() for a in (f"--{k}", v)),
+                       "--attempt", str(attempt)]
+                proc = subprocess.Popen(cmd, cwd=str(source.parent), env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                        start_new_session=True,  # own group: SIGTERM reaches the kernel too
+                                        **(demote_kwargs(account) if account is not None else {}))
+                self.procs[rec.id] = proc
+                pid = proc.pid
+        except (OSError, subprocess.SubprocessError, SudoError) as e:
             self._release_devices(rec.id)
             self.service.transition(rec.id, jobspec.FAILED, f"cannot start papermill: {e}")
             return
-        self.procs[rec.id] = proc
-        self.pids[rec.id] = proc.pid
+        self.pids[rec.id] = pid
         self.service.transition(rec.id, jobspec.RUNNING,
                                 f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
-                                pid=proc.pid, shares_json=json.dumps(shares), attempts=attempt)
-        log.info("gpulab jobs: started job %d (%s) pid %d as %s, %s", rec.id, key, proc.pid,
+                                pid=pid, shares_json=json.dumps(shares), attempts=attempt)
+        log.info("gpulab jobs: started job %d (%s) pid %d as %s, %s", rec.id, key, pid,
                  account.name if account is not None else "the hub's account", env.get("CUDA_VISIBLE_DEVICES"))
 
     @staticmethod
@@ -343,7 +351,19 @@ class LocalJobBackend(JobBackend):
         finally:
             os.close(fd)
 
-    def _signal(self, pid: int, sig: int) -> None:
+    def _signal(self, job_id: int, pid: int, sig: int) -> None:
+        """``sig`` to the runner's process group (papermill's kernel is in it)."""
+        if self.sudo:
+            rec = self.service.get(job_id)
+            account = lookup(self.service.accounts.name_for(rec.user)) if rec is not None else None
+            if account is None:
+                log.error("gpulab jobs: cannot signal job %d: its owner's account is gone", job_id)
+                return
+            try:
+                self.service.accounts.launcher.signal(account.name, pid, sig, group=True)
+            except SudoError as e:
+                log.error("gpulab jobs: cannot signal job %d: %s", job_id, e)
+            return
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -357,7 +377,7 @@ class LocalJobBackend(JobBackend):
                 self.service.transition(job_id, then, "requeued after preemption")
             return
         self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, then)
-        self._signal(pid, signal.SIGTERM)
+        self._signal(job_id, pid, signal.SIGTERM)
 
     def _release_devices(self, job_id: int) -> None:
         with self.runtime.lock:

@@ -1,0 +1,345 @@
+"""A hub that is not root isolates users through sudo and ``gpulab-launch``.
+
+Real everything: a non-root hub account, a group, the sudoers drop-in that
+``gpulab sudoers`` prints (checked by ``visudo``) in /etc/sudoers.d, the
+embedded hub running as that account, accounts it creates through the
+drop-in's one ``useradd`` line, servers and notebook jobs the mediator starts
+as those accounts. The attacker's probe of ``test_isolation`` runs again (from
+a process with alice's credentials and from her job), and the hub's own
+account is shown to get nothing from sudo but the mediator as the users.
+
+Everything this file creates carries its tag (``gthub<hex>``, ``gtsu<hex>-*``,
+``/etc/sudoers.d/gpulab-test-sudo-<hex>``) and is removed at the end, even
+on failure; leftovers of a killed run are removed at the start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from spawner.accounts import Account, can_switch_users, delete_account, ensure_account, lookup
+from spawner.sudo import process_alive, useradd_argv
+from tests.hub_harness import VENV_BIN, RunningHub, process_env
+from tests.jobs_fixtures import kill_job_runners, submit, wait_state, write_notebook
+from tests.test_isolation import CATALOG, probe_as_alice, probe_from_alice_job, server_pid
+from tests.test_isolation import world  # noqa: F401 -- the same users, servers and job, on this hub
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not can_switch_users(), reason="making accounts and a sudoers drop-in needs root "
+                                                      "(CI runs as root)"),
+]
+
+DROPIN_DIR = Path("/etc/sudoers.d")
+DROPIN_PREFIX = "gpulab-test-sudo-"
+MEDIATOR = str(VENV_BIN / "gpulab-launch")
+
+
+@dataclass
+class SudoBed:
+    """The names one run of this file uses, all derived from its tag."""
+
+    tag: str
+
+    @property
+    def hub_user(self) -> str:
+        return f"gthub{self.tag}"
+
+    @property
+    def prefix(self) -> str:
+        return f"gtsu{self.tag}-"
+
+    @property
+    def group(self) -> str:
+        return f"gtsu{self.tag}-users"
+
+    @property
+    def dropin(self) -> Path:
+        return DROPIN_DIR / f"{DROPIN_PREFIX}{self.tag}"
+
+    @property
+    def workdir(self) -> Path:
+        return Path("/tmp") / f"gpulab-sudo-{self.tag}"
+
+
+def kill_uids(uids: set[int]) -> None:
+    for _ in range(3):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid in uids:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                except (OSError, ProcessLookupError):
+                    pass
+        time.sleep(0.2)
+
+
+def remove_bed(bed: SudoBed) -> None:
+    """Remove the drop-in first (nothing may use it any more), then processes, accounts, group, files."""
+    bed.dropin.unlink(missing_ok=True)
+    names = [line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines()
+             if line.startswith((bed.prefix, bed.hub_user + ":"))]
+    kill_uids({a.uid for a in map(lookup, names) if a is not None})
+    for name in names:
+        delete_account(name)
+    subprocess.run(["groupdel", bed.group], capture_output=True)
+    shutil.rmtree(bed.workdir, ignore_errors=True)
+
+
+def remove_leftovers() -> None:
+    """Beds of runs that were killed: the pytest process that made them is gone (its hub may live on)."""
+    for dropin in DROPIN_DIR.glob(DROPIN_PREFIX + "*"):
+        bed = SudoBed(dropin.name[len(DROPIN_PREFIX):])
+        try:
+            maker = (bed.workdir / "made-by").read_text()
+        except OSError:
+            maker = ""
+        if maker != process_identity(int(maker.split()[0]) if maker else -1):
+            remove_bed(bed)
+
+
+def process_identity(pid: int) -> str:
+    """``"<pid> <start time>"``: a pid never names two processes (``""`` when there is none)."""
+    try:
+        return f"{pid} {Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return ""
+
+
+def as_hub(bed_hub: Account, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
+    """Run ``argv`` with exactly the hub account's credentials (no groups of root's, no capabilities)."""
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, cwd="/",
+                          user=bed_hub.uid, group=bed_hub.gid, extra_groups=[], start_new_session=True,
+                          env={"PATH": os.environ["PATH"], "HOME": str(bed_hub.home), "USER": bed_hub.name})
+
+
+@pytest.fixture(scope="module")
+def bed():
+    remove_leftovers()
+    if shutil.which("sudo") is None or shutil.which("visudo") is None:
+        pytest.fail("sudo is not installed: run scripts/bootstrap.sh --test (it installs Debian's sudo)")
+    b = SudoBed(secrets.token_hex(3))
+    try:
+        b.workdir.mkdir(mode=0o755)
+        (b.workdir / "made-by").write_text(process_identity(os.getpid()))
+        subprocess.run(["groupadd", b.group], check=True, capture_output=True)
+        yield b
+    finally:
+        remove_bed(b)
+
+
+@pytest.fixture(scope="module")
+def hub_account(bed: SudoBed) -> Account:
+    return ensure_account(bed.hub_user, bed.workdir)
+
+
+@pytest.fixture(scope="module")
+def hub(bed: SudoBed, hub_account: Account):
+    run = bed.workdir / "run"
+    h = RunningHub(run, CATALOG, extra_config="c.GPULabJobs.poll_interval = 0.3\n",
+                   env={"GPULAB_ACCOUNT_PREFIX": bed.prefix, "GPULAB_ACCOUNT_GROUP": bed.group,
+                        "GPULAB_ISOLATION": "sudo"},
+                   run_as=hub_account)
+    h.account_prefix = bed.prefix
+    for path in (run, *run.iterdir()):
+        if not path.is_symlink():
+            os.chown(path, hub_account.uid, hub_account.gid)
+    rule = subprocess.run(
+        [str(VENV_BIN / "gpulab"), "sudoers", "--hub-user", bed.hub_user, "--group", bed.group,
+         "--mediator", MEDIATOR, "--prefix", bed.prefix, "--home-root", str(h.data_dir.resolve() / "homes")],
+        capture_output=True, text=True, check=True).stdout
+    staged = bed.workdir / "gpulab.sudoers"
+    staged.write_text(rule)
+    checked = subprocess.run(["visudo", "-cf", str(staged)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    shutil.copyfile(staged, bed.dropin)
+    os.chmod(bed.dropin, 0o440)
+    try:
+        h.start()
+        yield h
+    finally:
+        h.stop()
+        kill_job_runners(h)
+        h.close()
+
+
+def uids_of(pid: int) -> list[int]:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("Uid:"))
+    return [int(v) for v in line.split()[1:]]
+
+
+def job_pid(hub: RunningHub, job_id: int) -> int:
+    db = sqlite3.connect(hub.state_dir / "gpulab.sqlite")
+    try:
+        return db.execute("select pid from gpulab_jobs where id = ?", (job_id,)).fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_the_hub_runs_as_its_account_in_sudo_mode(hub, hub_account):
+    assert uids_of(hub.proc.pid) == [hub_account.uid] * 4 and hub_account.uid != 0
+    log = hub.log_path.read_text()
+    assert "isolation mode: sudo (sudo -n -l allows " + MEDIATOR in log
+    page = requests.get(hub.url + "/hub/login", timeout=10).text
+    assert 'id="gpulab-isolation" data-mode="sudo"' in page and 'id="gpulab-not-isolated"' not in page
+    state = hub.state_dir
+    assert state.stat().st_uid == hub_account.uid and state.stat().st_mode & 0o777 == 0o700
+    out = as_hub(hub_account, [str(VENV_BIN / "gpulab"), "check-isolation"])
+    assert out.returncode == 0 and out.stdout.startswith("isolation mode: sudo"), out.stdout + out.stderr
+    # A hub told to need sudo refuses to start when the rule does not name its mediator.
+    out = as_hub(hub_account, [str(VENV_BIN / "python"), "-c", "from hub_config.config.embedded import "
+                               "choose_isolation; choose_isolation('sudo', '/opt/elsewhere/gpulab-launch', 'sudo')"])
+    assert out.returncode != 0 and "GPULAB_ISOLATION=sudo but the hub is not root and sudo -n -l does not " \
+        "list /opt/elsewhere/gpulab-launch" in out.stderr, out.stderr
+
+
+def test_servers_and_jobs_run_as_accounts_the_hub_created_through_sudo(hub, world, bed):  # noqa: F811
+    for user in ("alice", "bob"):
+        account = lookup(bed.prefix + user)
+        assert account is not None, f"the hub did not create {bed.prefix}{user}"
+        assert bed.group in {_group_name(g) for g in account.groups}
+        assert (account.home.stat().st_uid, account.home.stat().st_mode & 0o777) == (account.uid, 0o700)
+        pid = server_pid(hub, user)
+        assert uids_of(pid) == [account.uid] * 4
+        env = process_env(pid)
+        assert env["HOME"] == str(account.home) and env["USER"] == account.name
+        assert "LD_PRELOAD" not in env and "CONFIGPROXY_AUTH_TOKEN" not in env
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert env["JUPYTERHUB_API_TOKEN"].encode() not in cmdline
+    bob = lookup(bed.prefix + "bob")
+    job = world["bob_job"]
+    for rel in (job["output_path"], job["log_path"], f".gpulab/jobs/job-{job['id']}-attempt-1.json"):
+        st = (bob.home / rel).stat()
+        assert (st.st_uid, st.st_gid) == (bob.uid, bob.gid), rel
+    assert "result 42" in (bob.home / job["log_path"]).read_text()
+    # The hub serves the log it cannot read itself: the mediator reads it as bob.
+    r = hub.api("GET", f"/gpulab/jobs/{job['id']}/logs", token=world["tokens"]["bob"])
+    assert r.status_code == 200 and "result 42" in r.json()["text"], r.text
+    r = hub.api("GET", f"/gpulab/jobs/{job['id']}/output", token=world["tokens"]["bob"])
+    assert r.status_code == 200 and r.json()["cells"], r.text
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    return grp.getgrgid(gid).gr_name
+
+
+def test_alice_cannot_reach_bob_or_the_hub(hub, world):  # noqa: F811
+    probe_as_alice(hub, world)
+    done = probe_from_alice_job(hub, world)
+    alice = hub.account("alice")
+    assert uids_of(hub.proc.pid)[0] != alice.uid and done["state"] == "succeeded"
+
+
+def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed, hub_account):  # noqa: F811
+    alice, bob = lookup(bed.prefix + "alice"), lookup(bed.prefix + "bob")
+    refused = {
+        "a shell as alice": ["sudo", "-n", "-u", alice.name, "/bin/sh", "-c", "id"],
+        "python as alice": ["sudo", "-n", "-u", alice.name, str(VENV_BIN / "python"), "-c", "1"],
+        "the mediator with arguments": ["sudo", "-n", "-u", alice.name, MEDIATOR, "--help"],
+        "the mediator as root": ["sudo", "-n", "-u", "root", MEDIATOR],
+        "the mediator as the hub's own account": ["sudo", "-n", "-u", bed.hub_user, MEDIATOR],
+        "a shell as root": ["sudo", "-n", "/bin/sh", "-c", "id"],
+        "useradd with uid 0": ["sudo", "-n", *useradd_argv(bed.prefix + "evil", hub.data_dir.resolve() / "homes",
+                                                           "/bin/bash", bed.group)[:-1],
+                               "--non-unique", "--uid", "0", bed.prefix + "evil"],
+        "useradd into another group": ["sudo", "-n", *useradd_argv(bed.prefix + "evil",
+                                                                   hub.data_dir.resolve() / "homes",
+                                                                   "/bin/bash", "sudo")],
+        "useradd of an unprefixed name": ["sudo", "-n", *useradd_argv("gtsuevil", hub.data_dir.resolve() / "homes",
+                                                                      "/bin/bash", bed.group)],
+    }
+    for what, argv in refused.items():
+        out = as_hub(hub_account, argv, stdin="{}")
+        # sudo's two refusals: no rule matches at all / a rule exists but not for this target.
+        said_no = "a password is required" in out.stderr or "is not allowed to execute" in out.stderr
+        assert out.returncode == 1 and not out.stdout and said_no, (what, out.stdout, out.stderr)
+    assert lookup(bed.prefix + "evil") is None and lookup("gtsuevil") is None
+    # Control: the mediator itself is allowed; as alice it reads her files, never bob's.
+    def mediate(account: Account, request: dict) -> dict:
+        out = as_hub(hub_account, ["sudo", "-n", "-u", account.name, "--", MEDIATOR], json.dumps(request))
+        assert out.stdout, out.stderr
+        return json.loads(out.stdout)
+
+    assert mediate(alice, {"action": "prepare-home"})["uid"] == alice.uid
+    assert mediate(alice, {"action": "read", "path": str(alice.home / "secret.txt")})["state"] == "ok"
+    assert mediate(alice, {"action": "read", "path": str(bob.home / "secret.txt")})["state"] == "outside"
+    link = alice.home / "bobs-secret"
+    link.symlink_to(bob.home / "secret.txt")
+    os.lchown(link, alice.uid, alice.gid)
+    assert mediate(alice, {"action": "read", "path": str(link)})["state"] == "outside"
+    # Signals go only to the account's own processes: bob's server survives alice's mediator.
+    bob_server = server_pid(hub, "bob")
+    reply = mediate(alice, {"action": "signal", "pid": bob_server, "signal": int(signal.SIGKILL)})
+    assert reply == {"ok": True, "alive": False} and process_alive(bob_server, bob.uid)
+    assert mediate(alice, {"action": "exec", "argv": ["/bin/sh"]})["ok"] is False
+
+
+def test_stopping_a_server_and_cancelling_a_job_end_their_processes(hub, world, bed):  # noqa: F811
+    alice = lookup(bed.prefix + "alice")
+    home = alice.home
+    write_notebook(home / "exp" / "slow.ipynb")
+    hub.give("alice", home / "exp" / "slow.ipynb")
+    job = submit(hub, world["tokens"]["alice"], notebook="exp/slow.ipynb", job_class="batch", profile="cpu",
+                 parameters={"sleep_seconds": 120})
+    wait_state(hub, job["id"], "running", token=world["tokens"]["alice"])
+    runner = job_pid(hub, job["id"])
+    assert uids_of(runner) == [alice.uid] * 4 and process_alive(runner)
+    r = hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=world["tokens"]["alice"])
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 30
+    while process_alive(runner) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not process_alive(runner), "the job's runner survived its cancellation"
+    assert wait_state(hub, job["id"], "cancelled")["state"] == "cancelled"
+
+    pid = server_pid(hub, "alice")
+    assert process_alive(pid, alice.uid)
+    r = hub.api("DELETE", "/users/alice/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_server("alice", ready=False, timeout=60)
+    assert not process_alive(pid), "alice's server survived its stop"
+    assert hub.api("GET", "/users/alice").json()["servers"] == {}
+
+
+def test_alice_logs_in_and_spawns_from_the_form(hub, world, bed):  # noqa: F811
+    """The browser's way: the login form, the spawn form, the server reached through the proxy."""
+    alice = lookup(bed.prefix + "alice")
+    session = hub.login("alice")
+    assert 'value="vision:cpu"' in hub.spawn_page(session).text
+    r = hub.post_spawn(session, "alice", {"choice": "vision:cpu"})
+    assert r.status_code in (302, 303), r.text[-2000:]
+    hub.wait_server("alice")
+    pid = server_pid(hub, "alice")
+    assert uids_of(pid) == [alice.uid] * 4
+    r = requests.get(f"{hub.url}/user/alice/api/status", timeout=30,
+                     headers={"Authorization": f"token {world['tokens']['alice']}"})
+    assert r.status_code == 200 and "started" in r.json(), r.text[:500]
+    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    hub.wait_server("alice", ready=False, timeout=60)
+    assert not process_alive(pid)
+
+
+def test_a_restarted_hub_polls_and_stops_the_server_it_left_running(hub, world, bed):  # noqa: F811
+    bob = lookup(bed.prefix + "bob")
+    pid = server_pid(hub, "bob")
+    hub.restart()
+    assert process_alive(pid, bob.uid), "bob's server did not outlive the hub"
+    server = hub.wait_server("bob")  # polled from /proc by the new hub, still counted
+    assert server["state"]["pid"] == pid
+    assert hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
+    hub.wait_server("bob", ready=False, timeout=60)
+    assert not process_alive(pid), "bob's server survived its stop after the restart"
