@@ -67,8 +67,9 @@ def machine() -> dict[str, Any]:
 
 def git_revision() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -81,10 +82,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = ""
     lines = []
     if title:
         lines += [f"### {title}", ""]
-    lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells:
-        lines.append("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
+        lines.append("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |")
     return "\n".join(lines)
 
 

@@ -48,9 +48,17 @@ PAGE_TEAMS = 3
 PAGE_PROFILES = 20
 #: Result fields that are timings (best over repeats); the rest are counts.
 TIMED_KEYS = (
-    "reserve_release_per_s", "admit_per_s", "reserve_release_p50_us", "reserve_release_p99_us",
-    "admit_p50_us", "admit_p99_us", "admit_refused_p50_us", "admit_refused_p99_us",
-    "page_choices_p50_ms", "page_render_p50_ms", "page_render_p99_ms",
+    "reserve_release_per_s",
+    "admit_per_s",
+    "reserve_release_p50_us",
+    "reserve_release_p99_us",
+    "admit_p50_us",
+    "admit_p99_us",
+    "admit_refused_p50_us",
+    "admit_refused_p99_us",
+    "page_choices_p50_ms",
+    "page_render_p50_ms",
+    "page_render_p99_ms",
 )
 
 
@@ -73,20 +81,34 @@ def build_world(n_workloads: int, n_teams: int, seed: int) -> tuple[Catalog, Led
     for t in range(n_teams):
         burst = held[t] + 64_000
         members = frozenset({PAGE_USER}) if t < PAGE_TEAMS else frozenset()
-        teams.append(Team(name=f"team-{t:04d}", users=members, guarantee_milli=burst // 2,
-                          burst_milli=burst, per_user_cap_milli=burst))
+        teams.append(
+            Team(
+                name=f"team-{t:04d}",
+                users=members,
+                guarantee_milli=burst // 2,
+                burst_milli=burst,
+                per_user_cap_milli=burst,
+            )
+        )
     profiles = {}
     for p in range(PAGE_PROFILES):
         milli = SIZES_MILLI[p % len(SIZES_MILLI)]
         slug = f"gpu-{p:02d}"
-        profiles[slug] = Profile(slug=slug, display_name=f"Profile {p} ({milli / 1000:g} GPU)",
-                                 description="benchmark profile", gpu_milli=milli,
-                                 gpu_model=f"model-{p % 4}")
+        profiles[slug] = Profile(
+            slug=slug,
+            display_name=f"Profile {p} ({milli / 1000:g} GPU)",
+            description="benchmark profile",
+            gpu_milli=milli,
+            gpu_model=f"model-{p % 4}",
+        )
     catalog = Catalog(teams={t.name: t for t in teams}, profiles=profiles)
     ledger = Ledger(catalog.teams)
     for t, user, milli, i in workloads:
-        ledger.adopt(Workload(key=f"notebook:{user}/{i}", team=teams[t].name, user=user,
-                              milli=milli, profile="gpu-00", state=RUNNING))
+        ledger.adopt(
+            Workload(
+                key=f"notebook:{user}/{i}", team=teams[t].name, user=user, milli=milli, profile="gpu-00", state=RUNNING
+            )
+        )
     assert len(ledger.workloads()) == n_workloads
     return catalog, ledger, teams
 
@@ -213,16 +235,18 @@ def ratios(rows: list[dict[str, Any]], small: int, large: int) -> list[dict[str,
         lo, hi = by.get((small, teams)), by.get((large, teams))
         if not lo or not hi:
             continue
-        out.append({
-            "teams": teams,
-            "small": small,
-            "large": large,
-            "reserve_release_p50": hi["reserve_release_p50_us"] / lo["reserve_release_p50_us"],
-            "reserve_release_p99": hi["reserve_release_p99_us"] / lo["reserve_release_p99_us"],
-            "reserve_release_throughput": hi["reserve_release_per_s"] / lo["reserve_release_per_s"],
-            "admit_p50": hi["admit_p50_us"] / lo["admit_p50_us"],
-            "page_render_p50": hi["page_render_p50_ms"] / lo["page_render_p50_ms"],
-        })
+        out.append(
+            {
+                "teams": teams,
+                "small": small,
+                "large": large,
+                "reserve_release_p50": hi["reserve_release_p50_us"] / lo["reserve_release_p50_us"],
+                "reserve_release_p99": hi["reserve_release_p99_us"] / lo["reserve_release_p99_us"],
+                "reserve_release_throughput": hi["reserve_release_per_s"] / lo["reserve_release_per_s"],
+                "admit_p50": hi["admit_p50_us"] / lo["admit_p50_us"],
+                "page_render_p50": hi["page_render_p50_ms"] / lo["page_render_p50_ms"],
+            }
+        )
     return out
 
 
@@ -237,9 +261,15 @@ def page_growth_with_teams(rows: list[dict[str, Any]], small: int, large: int) -
     for n in sorted({r["workloads"] for r in rows}):
         a, b = by.get((n, small)), by.get((n, large))
         if a and b and small != large:
-            out.append({"workloads": n, "small": small, "large": large,
-                        "page_choices_p50": b["page_choices_p50_ms"] / a["page_choices_p50_ms"],
-                        "page_render_p50": b["page_render_p50_ms"] / a["page_render_p50_ms"]})
+            out.append(
+                {
+                    "workloads": n,
+                    "small": small,
+                    "large": large,
+                    "page_choices_p50": b["page_choices_p50_ms"] / a["page_choices_p50_ms"],
+                    "page_render_p50": b["page_render_p50_ms"] / a["page_render_p50_ms"],
+                }
+            )
     return out
 
 
@@ -250,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--teams", type=int, nargs="+", help="team counts (default 10 100 1000 10000)")
     ap.add_argument("--ops", type=int, help="admissions timed per combination (default 50000)")
     ap.add_argument("--renders", type=int, help="spawn pages rendered per combination (default 300)")
-    ap.add_argument("--repeat", type=int, help="measurements per combination; the best is reported, all are kept (default 5)")
+    ap.add_argument(
+        "--repeat", type=int, help="measurements per combination; the best is reported, all are kept (default 5)"
+    )
     ap.add_argument("--seed", type=int, default=20231)
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
@@ -277,9 +309,12 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             r = measure(n, teams, ops, renders, args.seed)
             runs[(n, teams)].append(r)
-            print(f"  [{rep + 1}/{repeat}] {n:>6} workloads / {teams:>5} teams: "
-                  f"{r['reserve_release_per_s']:,.0f} reserve+release/s, "
-                  f"p50 {r['reserve_release_p50_us']:.2f} µs", file=sys.stderr)
+            print(
+                f"  [{rep + 1}/{repeat}] {n:>6} workloads / {teams:>5} teams: "
+                f"{r['reserve_release_per_s']:,.0f} reserve+release/s, "
+                f"p50 {r['reserve_release_p50_us']:.2f} µs",
+                file=sys.stderr,
+            )
     rows = []
     for cell in cells:
         # Counts are identical across repeats. Timings: the best repeat (least
@@ -297,47 +332,110 @@ def main(argv: list[str] | None = None) -> int:
     team_growth = page_growth_with_teams(rows, min(team_counts), max(team_counts))
     elapsed = time.perf_counter() - started
 
-    print(table(
-        ["workloads", "teams", "reserve+release/s", "p50 µs", "p99 µs", "p50 median / worst run", "admit/s",
-         "admit p50 µs", "admit p99 µs", "refused p50 µs"],
-        [[r["workloads"], r["teams"], r["reserve_release_per_s"], r["reserve_release_p50_us"],
-          r["reserve_release_p99_us"],
-          f"{r['reserve_release_p50_us_median']:.2f} / {r['reserve_release_p50_us_max']:.2f}",
-          r["admit_per_s"], r["admit_p50_us"], r["admit_p99_us"], r["admit_refused_p50_us"]] for r in rows],
-        title=f"Ledger admission ({ops:,} timed operations per row; best of {repeat} runs)",
-    ))
+    print(
+        table(
+            [
+                "workloads",
+                "teams",
+                "reserve+release/s",
+                "p50 µs",
+                "p99 µs",
+                "p50 median / worst run",
+                "admit/s",
+                "admit p50 µs",
+                "admit p99 µs",
+                "refused p50 µs",
+            ],
+            [
+                [
+                    r["workloads"],
+                    r["teams"],
+                    r["reserve_release_per_s"],
+                    r["reserve_release_p50_us"],
+                    r["reserve_release_p99_us"],
+                    f"{r['reserve_release_p50_us_median']:.2f} / {r['reserve_release_p50_us_max']:.2f}",
+                    r["admit_per_s"],
+                    r["admit_p50_us"],
+                    r["admit_p99_us"],
+                    r["admit_refused_p50_us"],
+                ]
+                for r in rows
+            ],
+            title=f"Ledger admission ({ops:,} timed operations per row; best of {repeat} runs)",
+        )
+    )
     print()
-    print(table(
-        ["workloads", "teams", "choices", "choices_for_user p50 ms", "page p50 ms", "page p99 ms", "HTML bytes"],
-        [[r["workloads"], r["teams"], r["page_choices"], r["page_choices_p50_ms"], r["page_render_p50_ms"],
-          r["page_render_p99_ms"], r["page_html_bytes"]] for r in rows],
-        title=f"Spawn page: user in {PAGE_TEAMS} teams x {PAGE_PROFILES} profiles "
-              f"(choices_for_user + render_options_form, {renders} renders per row)",
-    ))
+    print(
+        table(
+            ["workloads", "teams", "choices", "choices_for_user p50 ms", "page p50 ms", "page p99 ms", "HTML bytes"],
+            [
+                [
+                    r["workloads"],
+                    r["teams"],
+                    r["page_choices"],
+                    r["page_choices_p50_ms"],
+                    r["page_render_p50_ms"],
+                    r["page_render_p99_ms"],
+                    r["page_html_bytes"],
+                ]
+                for r in rows
+            ],
+            title=f"Spawn page: user in {PAGE_TEAMS} teams x {PAGE_PROFILES} profiles "
+            f"(choices_for_user + render_options_form, {renders} renders per row)",
+        )
+    )
     print()
-    print(table(
-        ["teams", "workloads", "reserve+release p50", "p99", "throughput", "admit p50", "page p50"],
-        [[r["teams"], f"{r['large']:,} vs {r['small']:,}", r["reserve_release_p50"], r["reserve_release_p99"],
-          r["reserve_release_throughput"], r["admit_p50"], r["page_render_p50"]] for r in ratio_rows],
-        title="Growth with live workloads (ratio large / small; 1.0 = flat)",
-    ))
+    print(
+        table(
+            ["teams", "workloads", "reserve+release p50", "p99", "throughput", "admit p50", "page p50"],
+            [
+                [
+                    r["teams"],
+                    f"{r['large']:,} vs {r['small']:,}",
+                    r["reserve_release_p50"],
+                    r["reserve_release_p99"],
+                    r["reserve_release_throughput"],
+                    r["admit_p50"],
+                    r["page_render_p50"],
+                ]
+                for r in ratio_rows
+            ],
+            title="Growth with live workloads (ratio large / small; 1.0 = flat)",
+        )
+    )
     print()
-    print(table(
-        ["workloads", "teams", "choices_for_user p50", "page p50"],
-        [[r["workloads"], f"{r['large']:,} vs {r['small']:,}", r["page_choices_p50"], r["page_render_p50"]]
-         for r in team_growth],
-        title="Spawn page growth with the number of teams in the catalog (ratio large / small; 1.0 = flat)",
-    ))
-    path = write_result("admission", {
-        "smoke": args.smoke,
-        "parameters": {"workloads": workloads, "teams": team_counts, "ops": ops, "renders": renders,
-                       "repeat": repeat, "aggregate": "best of repeats: min latency, max throughput",
-                       "page_teams": PAGE_TEAMS, "page_profiles": PAGE_PROFILES, "seed": args.seed},
-        "rows": rows,
-        "ratios": ratio_rows,
-        "page_growth_with_teams": team_growth,
-        "elapsed_s": elapsed,
-    }, args.out)
+    print(
+        table(
+            ["workloads", "teams", "choices_for_user p50", "page p50"],
+            [
+                [r["workloads"], f"{r['large']:,} vs {r['small']:,}", r["page_choices_p50"], r["page_render_p50"]]
+                for r in team_growth
+            ],
+            title="Spawn page growth with the number of teams in the catalog (ratio large / small; 1.0 = flat)",
+        )
+    )
+    path = write_result(
+        "admission",
+        {
+            "smoke": args.smoke,
+            "parameters": {
+                "workloads": workloads,
+                "teams": team_counts,
+                "ops": ops,
+                "renders": renders,
+                "repeat": repeat,
+                "aggregate": "best of repeats: min latency, max throughput",
+                "page_teams": PAGE_TEAMS,
+                "page_profiles": PAGE_PROFILES,
+                "seed": args.seed,
+            },
+            "rows": rows,
+            "ratios": ratio_rows,
+            "page_growth_with_teams": team_growth,
+            "elapsed_s": elapsed,
+        },
+        args.out,
+    )
     print(f"\nwrote {path} in {elapsed:.1f} s")
     return 0
 

@@ -19,7 +19,6 @@ from typing import Any
 from _common import percentile
 from trace_loader import TraceTask
 
-
 from spawner.catalog import catalog_from_yaml
 from spawner.fragmentation import TaskClass
 from spawner.ledger import Ledger
@@ -54,8 +53,11 @@ def whole_policy() -> Policy:
 
 
 def exact_policy() -> Policy:
-    return Policy("exact", lambda milli: milli, "exact fractions: every request gets exactly what it asked for "
-                  "(the upper bound; e.g. KAI's gpu-fraction)")
+    return Policy(
+        "exact",
+        lambda milli: milli,
+        "exact fractions: every request gets exactly what it asked for (the upper bound; e.g. KAI's gpu-fraction)",
+    )
 
 
 def fractional_policy(sizes: Sequence[int], name: str = "fractional") -> Policy:
@@ -80,9 +82,12 @@ def timeslice_policy(replicas: int) -> Policy:
             return round_to_whole(milli)
         return timeslice_effective_milli(milli, replicas)[1]
 
-    return Policy(f"timeslice-{replicas}", allocate,
-                  f"time-slicing, {replicas} replicas per GPU: shares rounded up to k/{replicas} GPU "
-                  f"(spawner.sharing.timeslice_effective_milli)")
+    return Policy(
+        f"timeslice-{replicas}",
+        allocate,
+        f"time-slicing, {replicas} replicas per GPU: shares rounded up to k/{replicas} GPU "
+        f"(spawner.sharing.timeslice_effective_milli)",
+    )
 
 
 def mig_policy(model: str = MIG_MODEL) -> Policy:
@@ -96,10 +101,13 @@ def mig_policy(model: str = MIG_MODEL) -> Policy:
         return pick_mig_slice(table, milli)[1]
 
     names = ", ".join(s.name for s in table)
-    return Policy(f"mig-{model.lower()}", allocate,
-                  f"HYPOTHETICAL: no GPU of the trace supports MIG; every GPU is treated as an {model} "
-                  f"with the MIG slices of spawner.sharing ({names}), each counted as the larger of its "
-                  f"compute and memory share (spawner.sharing.pick_mig_slice)")
+    return Policy(
+        f"mig-{model.lower()}",
+        allocate,
+        f"HYPOTHETICAL: no GPU of the trace supports MIG; every GPU is treated as an {model} "
+        f"with the MIG slices of spawner.sharing ({names}), each counted as the larger of its "
+        f"compute and memory share (spawner.sharing.pick_mig_slice)",
+    )
 
 
 def mig_capable(models: Iterable[str]) -> list[str]:
@@ -116,8 +124,13 @@ def sizes_from_catalog(path: str) -> list[int]:
 class ClusterSim:
     """One team's ledger plus the device packer, admitting trace tasks."""
 
-    def __init__(self, devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
-                 workload: dict[TaskClass, float] | None = None):
+    def __init__(
+        self,
+        devices: list[GPUDevice],
+        policy: Policy,
+        scoring: str = "bestfit",
+        workload: dict[TaskClass, float] | None = None,
+    ):
         self.policy = policy
         self.packer = DevicePacker(devices, scoring=scoring, workload=workload)
         #: Time spent in the packer's place() and how many calls.
@@ -200,8 +213,9 @@ def policy_workload(tasks: list[TraceTask], policy: Policy) -> dict[TaskClass, f
     return out
 
 
-def fill(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
-         max_failures: int = 200) -> dict[str, Any]:
+def fill(
+    tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit", max_failures: int = 200
+) -> dict[str, Any]:
     """The paper's measure: file order, no departures, until ``max_failures`` placements in a row fail.
 
     Tasks are submitted in the order of the file (cycling through it again
@@ -226,8 +240,9 @@ def fill(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scori
     }
 
 
-def fill_sim(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit",
-             max_failures: int = 200) -> ClusterSim:
+def fill_sim(
+    tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, scoring: str = "bestfit", max_failures: int = 200
+) -> ClusterSim:
     """The cluster as :func:`fill` leaves it."""
     workload = policy_workload(tasks, policy) if scoring == "fgd" else None
     sim = ClusterSim(devices, policy, scoring, workload)
@@ -255,8 +270,14 @@ def find_cost(sim: ClusterSim, sizes: Sequence[int], repeat: int = 2000) -> dict
     return out
 
 
-def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, load: float,
-            checkpoints: Sequence[float], scoring: str = "bestfit") -> dict[str, Any]:
+def inflate(
+    tasks: list[TraceTask],
+    devices: list[GPUDevice],
+    policy: Policy,
+    load: float,
+    checkpoints: Sequence[float],
+    scoring: str = "bestfit",
+) -> dict[str, Any]:
     """Submit tasks in trace order, no departures, until ``load`` x cluster GPUs were offered."""
     sim = ClusterSim(devices, policy, scoring, policy_workload(tasks, policy) if scoring == "fgd" else None)
     order = trace_order(tasks)
@@ -272,12 +293,21 @@ def inflate(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy, lo
         offered += task.request_milli
         i += 1
         if outcome != "placed" and first_refusal is None:
-            first_refusal = {"offered_load": offered / sim.total_milli, "served_workloads": sim.running,
-                             "requested_share": sim.requested / sim.total_milli, "reason": outcome}
+            first_refusal = {
+                "offered_load": offered / sim.total_milli,
+                "served_workloads": sim.running,
+                "requested_share": sim.requested / sim.total_milli,
+                "reason": outcome,
+            }
         while marks and offered >= marks[0] * sim.total_milli:
-            snapshots.append({"offered_load": marks.pop(0), "served_workloads": sim.running,
-                              "requested_share": sim.requested / sim.total_milli,
-                              "allocated_share": sim.allocated / sim.total_milli})
+            snapshots.append(
+                {
+                    "offered_load": marks.pop(0),
+                    "served_workloads": sim.running,
+                    "requested_share": sim.requested / sim.total_milli,
+                    "allocated_share": sim.allocated / sim.total_milli,
+                }
+            )
     return {
         "policy": policy.name,
         "scoring": scoring,
@@ -328,13 +358,23 @@ def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> 
     whose guarantee and burst are the cluster's GPUs.
     """
     intervals, zero_length = task_intervals(tasks)
-    sessions = [RecordedSession(key=f"{tasks[n].name}@{n}", team=TEAM, user=tasks[n].name,
-                                gpu_milli=tasks[n].request_milli, start=start, end=stop, models=tasks[n].models)
-                for n, start, stop in intervals]
+    sessions = [
+        RecordedSession(
+            key=f"{tasks[n].name}@{n}",
+            team=TEAM,
+            user=tasks[n].name,
+            gpu_milli=tasks[n].request_milli,
+            start=start,
+            end=stop,
+            models=tasks[n].models,
+        )
+        for n, start, stop in intervals
+    ]
     total = len(devices) * FULL
     largest = max((t.request_milli for t in tasks), default=FULL)
-    proposal = Proposal(sizes=policy_sizes(policy, largest),
-                        teams={TEAM: Team(name=TEAM, guarantee_milli=total, burst_milli=total)})
+    proposal = Proposal(
+        sizes=policy_sizes(policy, largest), teams={TEAM: Team(name=TEAM, guarantee_milli=total, burst_milli=total)}
+    )
     r = replay_sessions(sessions, proposal, devices)
     first = min((s.start for s in sessions), default=0)
     last = max((s.end for s in sessions), default=0)

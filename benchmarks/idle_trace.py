@@ -39,10 +39,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from itertools import pairwise
+
 from _common import table, write_result  # noqa: E402
 
 from spawner.idle import (  # noqa: E402
-    DeviceSummary, IdleWarning, Step, judge_gpu_idle, max_gap_for, next_step,
+    DeviceSummary,
+    IdleWarning,
+    Step,
+    judge_gpu_idle,
+    max_gap_for,
+    next_step,
 )
 
 INTERVAL = 30.0
@@ -76,14 +83,14 @@ def synth_trace(seed: int, hours: float, *, long_holes: int = 1) -> list[tuple[f
         if r < 0.005:
             values[i] = None
         elif r < 0.007:
-            values[i:i + 2] = [None] * len(values[i:i + 2])
+            values[i : i + 2] = [None] * len(values[i : i + 2])
             i += 1
         i += 1
     for _ in range(long_holes):
         if rng.random() < 0.25:
             start = rng.randrange(n)
             length = int(rng.uniform(1, 4) * 3600 / INTERVAL)
-            values[start:start + length] = [None] * len(values[start:start + length])
+            values[start : start + length] = [None] * len(values[start : start + length])
     return [(k * INTERVAL, v) for k, v in enumerate(values)]
 
 
@@ -120,7 +127,7 @@ class ObservedGPU:
         obs = [(t, v) for t, v in trace if v is not None]
         times = [t for t, _ in obs]
         values = [v for _, v in obs]
-        gaps = [0.0] + [b - a for a, b in zip(times, times[1:])]
+        gaps = [0.0] + [b - a for a, b in pairwise(times)]
         return cls(times, values, SparseMax(values), SparseMax(gaps))
 
     def summary(self, start: float, now: float) -> DeviceSummary:
@@ -128,18 +135,18 @@ class ObservedGPU:
         if hi <= lo:
             return DeviceSummary("gpu", 0, 0.0, 0.0, math.inf, math.inf, math.inf)
         gap = self.gaps.max(lo + 1, hi) if hi - lo > 1 else 0.0
-        return DeviceSummary("gpu", hi - lo, self.peaks.max(lo, hi), math.nan, self.times[lo] - start,
-                             now - self.times[hi - 1], gap)
+        return DeviceSummary(
+            "gpu", hi - lo, self.peaks.max(lo, hi), math.nan, self.times[lo] - start, now - self.times[hi - 1], gap
+        )
 
 
 # -- replay ------------------------------------------------------------------------
 
 
-def replay(trace: list[tuple[float, float | None]], timeout: float, grace: float,
-           max_gap: float) -> dict[str, Any]:
+def replay(trace: list[tuple[float, float | None]], timeout: float, grace: float, max_gap: float) -> dict[str, Any]:
     gpu = ObservedGPU.of(trace)
     end = trace[-1][0]
-    busy_times = [t for t, v in zip(gpu.times, gpu.values) if v > THRESHOLD]
+    busy_times = [t for t, v in zip(gpu.times, gpu.values, strict=True) if v > THRESHOLD]
     session_start = -timeout  # the first server started before the trace
     warning: IdleWarning | None = None
     reclaims: list[tuple[float, float]] = []  # (evidence start, reclaim time)
@@ -155,9 +162,15 @@ def replay(trace: list[tuple[float, float | None]], timeout: float, grace: float
             session_start = back
             c = math.ceil(session_start / CYCLE) * CYCLE
             continue
-        verdict = judge_gpu_idle([gpu.summary(c - timeout, c)], now=c, window_seconds=timeout,
-                                 threshold_percent=THRESHOLD, max_gap_seconds=max_gap, expected_devices=1,
-                                 started_at=session_start)
+        verdict = judge_gpu_idle(
+            [gpu.summary(c - timeout, c)],
+            now=c,
+            window_seconds=timeout,
+            threshold_percent=THRESHOLD,
+            max_gap_seconds=max_gap,
+            expected_devices=1,
+            started_at=session_start,
+        )
         session = str(session_start)
         step = next_step(verdict, warning, None, c, session)
         if step in (Step.WARN, Step.REWARN):
@@ -193,8 +206,13 @@ def idle_runs(trace: list[tuple[float, float | None]], max_gap: float) -> list[t
     return runs
 
 
-def evaluate(traces: list[list[tuple[float, float | None]]], timeout_min: int, grace: float,
-             missed: int, truth_missed: int | None = None) -> dict[str, Any]:
+def evaluate(
+    traces: list[list[tuple[float, float | None]]],
+    timeout_min: int,
+    grace: float,
+    missed: int,
+    truth_missed: int | None = None,
+) -> dict[str, Any]:
     """Replay every trace; idle runs are cut at holes wider than ``truth_missed`` scrapes
     (default: ``missed``), the culler tolerates ``missed``."""
     timeout = timeout_min * 60.0
@@ -215,9 +233,14 @@ def evaluate(traces: list[list[tuple[float, float | None]]], timeout_min: int, g
             busy = result["busy_times"]
             if bisect_right(busy, at) > bisect_left(busy, evidence_start):
                 busy_reclaims += 1
-    return {"timeout_min": timeout_min, "reclaimable_gpu_hours": reclaimable / 3600,
-            "reclaimed_gpu_hours": reclaimed / 3600, "share": reclaimed / reclaimable if reclaimable else 1.0,
-            "reclaims": n_reclaims, "busy_reclaims": busy_reclaims}
+    return {
+        "timeout_min": timeout_min,
+        "reclaimable_gpu_hours": reclaimable / 3600,
+        "reclaimed_gpu_hours": reclaimed / 3600,
+        "share": reclaimed / reclaimable if reclaimable else 1.0,
+        "reclaims": n_reclaims,
+        "busy_reclaims": busy_reclaims,
+    }
 
 
 def trace_stats(traces: list[list[tuple[float, float | None]]]) -> dict[str, float]:
@@ -234,8 +257,12 @@ def trace_stats(traces: list[list[tuple[float, float | None]]]) -> dict[str, flo
                 key = "1" if run == 1 else "2" if run == 2 else ">=1h" if run * INTERVAL >= 3600 else "3-10"
                 holes[key] = holes.get(key, 0) + 1
             run = 0
-    return {"samples": len(values), "zero_share": sum(1 for v in seen if v == 0) / len(seen),
-            "missing_share": 1 - len(seen) / len(values), "holes": holes}
+    return {
+        "samples": len(values),
+        "zero_share": sum(1 for v in seen if v == 0) / len(seen),
+        "missing_share": 1 - len(seen) / len(values),
+        "holes": holes,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,18 +284,54 @@ def main(argv: list[str] | None = None) -> int:
     strict = {m: evaluate(traces, m, args.grace, 0, truth_missed=args.missed) for m in TIMEOUTS_MIN}
     for r in rows:
         r["share_if_every_missed_scrape_restarts_the_clock"] = strict[r["timeout_min"]]["share"]
-    print(table(["timeout (min)", "reclaimable idle GPU-h", "reclaimed GPU-h", "share", "reclaims",
-                 "reclaims with a busy sample", "share, 0 missed tolerated"],
-                [[r["timeout_min"], r["reclaimable_gpu_hours"], r["reclaimed_gpu_hours"], r["share"], r["reclaims"],
-                  r["busy_reclaims"], r["share_if_every_missed_scrape_restarts_the_clock"]] for r in rows],
-                title=f"Synthetic duty-cycle trace: {gpus} GPUs x {hours:g} h, 30 s scrapes, cycle 60 s, "
-                      f"grace {args.grace:g} s, {args.missed} missed scrapes tolerated"))
-    print(f"trace: {stats['zero_share']:.1%} of seen samples at zero, {stats['missing_share']:.2%} missing; "
-          f"holes {stats['holes']}")
-    path = write_result("idle_trace", {"smoke": args.smoke, "synthetic": True,
-                                       "parameters": {"gpus": gpus, "hours": hours, "grace_s": args.grace,
-                                                      "missed_scrapes": args.missed, "seed": args.seed},
-                                       "trace": stats, "rows": rows}, args.out)
+    print(
+        table(
+            [
+                "timeout (min)",
+                "reclaimable idle GPU-h",
+                "reclaimed GPU-h",
+                "share",
+                "reclaims",
+                "reclaims with a busy sample",
+                "share, 0 missed tolerated",
+            ],
+            [
+                [
+                    r["timeout_min"],
+                    r["reclaimable_gpu_hours"],
+                    r["reclaimed_gpu_hours"],
+                    r["share"],
+                    r["reclaims"],
+                    r["busy_reclaims"],
+                    r["share_if_every_missed_scrape_restarts_the_clock"],
+                ]
+                for r in rows
+            ],
+            title=f"Synthetic duty-cycle trace: {gpus} GPUs x {hours:g} h, 30 s scrapes, cycle 60 s, "
+            f"grace {args.grace:g} s, {args.missed} missed scrapes tolerated",
+        )
+    )
+    print(
+        f"trace: {stats['zero_share']:.1%} of seen samples at zero, {stats['missing_share']:.2%} missing; "
+        f"holes {stats['holes']}"
+    )
+    path = write_result(
+        "idle_trace",
+        {
+            "smoke": args.smoke,
+            "synthetic": True,
+            "parameters": {
+                "gpus": gpus,
+                "hours": hours,
+                "grace_s": args.grace,
+                "missed_scrapes": args.missed,
+                "seed": args.seed,
+            },
+            "trace": stats,
+            "rows": rows,
+        },
+        args.out,
+    )
     print(json.dumps({"result": str(path), "shares": {r["timeout_min"]: round(r["share"], 4) for r in rows}}))
     return 0
 

@@ -80,22 +80,23 @@ class VanillaHub:
         self.log_path = workdir / "hub.log"
         singleuser = VENV_BIN / "jupyterhub-singleuser"
         root = hasattr(os, "geteuid") and os.geteuid() == 0
-        (workdir / "jupyterhub_config.py").write_text(textwrap.dedent(f"""
+        (workdir / "jupyterhub_config.py").write_text(
+            textwrap.dedent(f"""
             c = get_config()
             c.JupyterHub.bind_url = "{self.url}"
             c.JupyterHub.hub_ip = "127.0.0.1"
             c.JupyterHub.hub_port = {hub_port}
             c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
-            c.ConfigurableHTTPProxy.command = ["{ROOT / 'node_modules' / '.bin' / 'configurable-http-proxy'}"]
-            c.ConfigurableHTTPProxy.pid_file = "{workdir / 'proxy.pid'}"
-            c.JupyterHub.pid_file = "{workdir / 'hub.pid'}"
-            c.JupyterHub.db_url = "sqlite:///{workdir / 'jupyterhub.sqlite'}"
-            c.JupyterHub.cookie_secret_file = "{workdir / 'cookie_secret'}"
+            c.ConfigurableHTTPProxy.command = ["{ROOT / "node_modules" / ".bin" / "configurable-http-proxy"}"]
+            c.ConfigurableHTTPProxy.pid_file = "{workdir / "proxy.pid"}"
+            c.JupyterHub.pid_file = "{workdir / "hub.pid"}"
+            c.JupyterHub.db_url = "sqlite:///{workdir / "jupyterhub.sqlite"}"
+            c.JupyterHub.cookie_secret_file = "{workdir / "cookie_secret"}"
             c.JupyterHub.authenticator_class = "dummy"
             c.DummyAuthenticator.password = "{PASSWORD}"
             c.Authenticator.allow_all = True
             c.JupyterHub.spawner_class = "simple"
-            c.SimpleLocalProcessSpawner.home_dir_template = "{workdir / 'homes'}/{{username}}"
+            c.SimpleLocalProcessSpawner.home_dir_template = "{workdir / "homes"}/{{username}}"
             c.Spawner.cmd = ["{singleuser}"]
             c.Spawner.args = {["--allow-root"] if root else []!r}
             c.Spawner.default_url = "/lab"
@@ -104,7 +105,9 @@ class VanillaHub:
             c.JupyterHub.services = [{{"name": "bench", "api_token": "{self.token}"}}]
             c.JupyterHub.load_roles = [{{"name": "bench", "scopes": ["admin:servers", "read:users"],
                                         "services": ["bench"]}}]
-        """) + LOG_LEVEL)
+        """)
+            + LOG_LEVEL
+        )
         self.proc = None
 
     def start(self) -> VanillaHub:
@@ -113,9 +116,14 @@ class VanillaHub:
         import requests
 
         env = dict(os.environ, PATH=f"{VENV_BIN}:{ROOT / 'node_modules' / '.bin'}:{os.environ.get('PATH', '')}")
-        self.proc = subprocess.Popen([str(VENV_BIN / "jupyterhub"), "-f", str(self.workdir / "jupyterhub_config.py")],
-                                     cwd=self.workdir, env=env, stdout=open(self.log_path, "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "jupyterhub"), "-f", str(self.workdir / "jupyterhub_config.py")],
+            cwd=self.workdir,
+            env=env,
+            stdout=open(self.log_path, "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -131,8 +139,9 @@ class VanillaHub:
     def api(self, method: str, path: str):
         import requests
 
-        return requests.request(method, self.url + "/hub/api" + path, timeout=30,
-                                headers={"Authorization": f"token {self.token}"})
+        return requests.request(
+            method, self.url + "/hub/api" + path, timeout=30, headers={"Authorization": f"token {self.token}"}
+        )
 
     def close(self) -> None:
         import signal
@@ -163,8 +172,11 @@ def wait_stopped(hub: Any, timeout: float = 60) -> None:
 
 def lab_ready(page) -> None:
     """JupyterLab's shell is attached and its splash screen is gone (the workspace is restored)."""
-    page.wait_for_function("() => document.querySelector('.jp-LabShell') !== null"
-                           " && document.getElementById('jupyterlab-splash') === null", timeout=120_000)
+    page.wait_for_function(
+        "() => document.querySelector('.jp-LabShell') !== null"
+        " && document.getElementById('jupyterlab-splash') === null",
+        timeout=120_000,
+    )
 
 
 def one_run(browser, hub: Any, kind: str, first: bool = False) -> dict[str, float]:
@@ -213,8 +225,11 @@ def log_profile(log_path: Path, since: int) -> dict[str, Any]:
         routes.setdefault(f"{method} {route} {status}", []).append(float(ms))
     starts = [float(s) for _, s in _STARTED.findall(text)]
     return {
-        "requests_ms_median": {k: round(statistics.median(v), 1) for k, v in sorted(routes.items())
-                               if "/static/" not in k and "/api/" not in k},
+        "requests_ms_median": {
+            k: round(statistics.median(v), 1)
+            for k, v in sorted(routes.items())
+            if "/static/" not in k and "/api/" not in k
+        },
         "server_start_s": starts,
         "server_start_s_median": round(statistics.median(starts), 3) if starts else None,
     }
@@ -263,30 +278,57 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     med = {k: statistics.median(m["total_s"] for m in v) for k, v in results.items()}
     ratio = med["gpulab"] / med["vanilla"]
-    rows = [[k, len(v), med[k], min(m["total_s"] for m in v), max(m["total_s"] for m in v),
-             statistics.median(m["lab_url_s"] for m in v), profile[k]["server_start_s_median"] or float("nan")]
-            for k, v in results.items()]
-    print(table(["hub", "runs", "median s", "min s", "max s", "to /user/… URL s", "server start s (hub log)"],
-                rows, title="Login → JupyterLab ready, returning user (median of runs, alternating)"))
+    rows = [
+        [
+            k,
+            len(v),
+            med[k],
+            min(m["total_s"] for m in v),
+            max(m["total_s"] for m in v),
+            statistics.median(m["lab_url_s"] for m in v),
+            profile[k]["server_start_s_median"] or float("nan"),
+        ]
+        for k, v in results.items()
+    ]
+    print(
+        table(
+            ["hub", "runs", "median s", "min s", "max s", "to /user/… URL s", "server start s (hub log)"],
+            rows,
+            title="Login → JupyterLab ready, returning user (median of runs, alternating)",
+        )
+    )
     print(f"\nratio gpulab / vanilla (medians): {ratio:.3f}")
     spawn_page = [m["spawn_page_s"] for m in results["gpulab"] if "spawn_page_s" in m]
     if spawn_page:
-        print(f"gpulab: login submitted → spawn page with 'Start again' shown: median {statistics.median(spawn_page):.2f} s")
+        print(
+            f"gpulab: login submitted → spawn page with 'Start again' shown: median {statistics.median(spawn_page):.2f} s"
+        )
     for kind in ("gpulab", "vanilla"):
-        print(f"\n{kind} hub, median request times (ms): "
-              + ", ".join(f"{k}: {v}" for k, v in profile[kind]["requests_ms_median"].items()))
-    path = write_result("login_to_lab", {
-        "smoke": args.smoke,
-        "parameters": {"runs": runs, "user": USER, "choice": "vision:h100-half",
-                       "order": "alternating; gpulab first on even rounds", "browser": CHROMIUM,
-                       "ready": ".jp-LabShell attached and #jupyterlab-splash gone"},
-        "median_s": med,
-        "ratio_gpulab_over_vanilla": ratio,
-        "runs": results,
-        "profile": profile,
-        "load_avg_at_run_start": load_start,
-        "elapsed_s": time.perf_counter() - started,
-    }, args.out)
+        print(
+            f"\n{kind} hub, median request times (ms): "
+            + ", ".join(f"{k}: {v}" for k, v in profile[kind]["requests_ms_median"].items())
+        )
+    path = write_result(
+        "login_to_lab",
+        {
+            "smoke": args.smoke,
+            "parameters": {
+                "runs": runs,
+                "user": USER,
+                "choice": "vision:h100-half",
+                "order": "alternating; gpulab first on even rounds",
+                "browser": CHROMIUM,
+                "ready": ".jp-LabShell attached and #jupyterlab-splash gone",
+            },
+            "median_s": med,
+            "ratio_gpulab_over_vanilla": ratio,
+            "runs": results,
+            "profile": profile,
+            "load_avg_at_run_start": load_start,
+            "elapsed_s": time.perf_counter() - started,
+        },
+        args.out,
+    )
     print(f"\nwrote {path}")
     return 0
 

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import percentile, table, write_result  # noqa: E402
-
 import yaml  # noqa: E402
+from _common import percentile, table, write_result  # noqa: E402
 from kubernetes_asyncio.config import kube_config  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
 from traitlets.config import Config  # noqa: E402
@@ -65,8 +64,14 @@ CATALOG: dict[str, Any] = {
     "profiles": [
         {"slug": "cpu", "display_name": "CPU only", "gpus": 0},
         {"slug": "h100-quarter", "display_name": "0.25 x H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
-        {"slug": "h100-half", "display_name": "0.5 x H100", "gpus": 0.5, "gpu_model": "H100-80GB",
-         "cpu": {"guarantee": 1, "limit": 4}, "memory": {"guarantee": "8G", "limit": "16G"}},
+        {
+            "slug": "h100-half",
+            "display_name": "0.5 x H100",
+            "gpus": 0.5,
+            "gpu_model": "H100-80GB",
+            "cpu": {"guarantee": 1, "limit": 4},
+            "memory": {"guarantee": "8G", "limit": "16G"},
+        },
         {"slug": "h100-1", "display_name": "1 x H100", "gpus": 1, "gpu_model": "H100-80GB"},
         {"slug": "h100-2", "display_name": "2 x H100", "gpus": 2, "gpu_model": "H100-80GB"},
     ],
@@ -118,12 +123,22 @@ def static_profile_list() -> list[dict[str, Any]]:
             override["extra_resource_guarantees"] = dict(spec.requests)
         if spec.node_selector:
             override["node_selector"] = dict(spec.node_selector)
-        for trait, value in (("cpu_guarantee", p.cpu_guarantee), ("cpu_limit", p.cpu_limit),
-                             ("mem_guarantee", p.mem_guarantee), ("mem_limit", p.mem_limit)):
+        for trait, value in (
+            ("cpu_guarantee", p.cpu_guarantee),
+            ("cpu_limit", p.cpu_limit),
+            ("mem_guarantee", p.mem_guarantee),
+            ("mem_limit", p.mem_limit),
+        ):
             if value is not None:
                 override[trait] = value
-        out.append({"slug": p.slug, "display_name": p.display_name, "description": p.description,
-                    "kubespawner_override": override})
+        out.append(
+            {
+                "slug": p.slug,
+                "display_name": p.display_name,
+                "description": p.description,
+                "kubespawner_override": override,
+            }
+        )
     return out
 
 
@@ -167,9 +182,17 @@ class Bench:
         self.config = make_config(namespace)
         self.static_profiles = static_profiles
         self.results: dict[str, dict[str, Any]] = {
-            name: {"spawns": 0, "start_s": [], "stop_s": [], "requests": collections.Counter(),
-                   "pods_created": 0, "gpu_labelled_pods": 0, "reflector_requests": 0, "block_s": 0.0,
-                   "reflectors": []}
+            name: {
+                "spawns": 0,
+                "start_s": [],
+                "stop_s": [],
+                "requests": collections.Counter(),
+                "pods_created": 0,
+                "gpu_labelled_pods": 0,
+                "reflector_requests": 0,
+                "block_s": 0.0,
+                "reflectors": [],
+            }
             for name in ("KubeSpawner", "GPUKubeSpawner")
         }
 
@@ -228,22 +251,40 @@ async def run(spawns: int, blocks: int, warmup: int) -> dict[str, Any]:
         except Exception:
             await asyncio.sleep(0.1)
     tb.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "hub"}})
-    tb.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-               {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES})
-    tb.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
-        "metadata": {"name": "hub"}, "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": namespace}],
-        "roleRef": {"kind": "Role", "name": "hub", "apiGroup": "rbac.authorization.k8s.io"}})
-    token = tb.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/hub/token",
-                       {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                        "spec": {"expirationSeconds": 7200}})["status"]["token"]
+    tb.request(
+        "POST",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+        {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES},
+    )
+    tb.request(
+        "POST",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        {
+            "metadata": {"name": "hub"},
+            "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": namespace}],
+            "roleRef": {"kind": "Role", "name": "hub", "apiGroup": "rbac.authorization.k8s.io"},
+        },
+    )
+    token = tb.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/hub/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
+    )["status"]["token"]
     # The pods name gpulab's PriorityClasses (the chart makes them; without the
     # chart, the benchmark does, and removes them again).
     created_classes = []
     for pc in ALL_PRIORITY_CLASSES:
         try:
-            tb.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", {
-                "metadata": {"name": pc.name}, "value": pc.value, "preemptionPolicy": pc.preemption_policy,
-                "description": pc.description})
+            tb.request(
+                "POST",
+                "/apis/scheduling.k8s.io/v1/priorityclasses",
+                {
+                    "metadata": {"name": pc.name},
+                    "value": pc.value,
+                    "preemptionPolicy": pc.preemption_policy,
+                    "description": pc.description,
+                },
+            )
             created_classes.append(pc.name)
         except Exception as e:
             if "409" not in str(e):
@@ -296,8 +337,10 @@ async def run(spawns: int, blocks: int, warmup: int) -> dict[str, Any]:
         rows[name] = {
             "spawns": r["spawns"],
             "wall_s": sum(start_s) + sum(stop_s),
-            "start_p50_s": percentile(start_s, 50), "start_p99_s": percentile(start_s, 99),
-            "stop_p50_s": percentile(stop_s, 50), "stop_p99_s": percentile(stop_s, 99),
+            "start_p50_s": percentile(start_s, 50),
+            "start_p99_s": percentile(start_s, 99),
+            "stop_p50_s": percentile(stop_s, 50),
+            "stop_p99_s": percentile(stop_s, 99),
             "requests_total": total,
             "requests_per_spawn": total / r["spawns"] if r["spawns"] else float("nan"),
             "requests_by_verb_per_spawn": {v: c / r["spawns"] for v, c in sorted(r["requests"].items())},
@@ -318,7 +361,8 @@ async def run(spawns: int, blocks: int, warmup: int) -> dict[str, Any]:
             "requests_per_spawn": g["requests_per_spawn"] / k["requests_per_spawn"],
             "extra_requests_per_spawn": g["requests_per_spawn"] - k["requests_per_spawn"],
             "reflector_requests_per_min": g["reflector_requests_per_min"] / k["reflector_requests_per_min"]
-            if k["reflector_requests_per_min"] else float("nan"),
+            if k["reflector_requests_per_min"]
+            else float("nan"),
         },
         "leftover_pods": leftover,
         "kubernetes": tb.versions.get("kubernetes", ""),
@@ -341,30 +385,73 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(spawns, blocks, warmup))
     rows = result["rows"]
     verbs = sorted({v for r in rows.values() for v in r["requests_by_verb_per_spawn"]})
-    print(table(
-        ["spawner", "spawns", "wall s", "start p50 s", "start p99 s", "stop p50 s", "stop p99 s",
-         "API requests / spawn+stop", *[f"{v} / spawn" for v in verbs], "reflectors", "reflector list+watch / min"],
-        [[name, r["spawns"], r["wall_s"], r["start_p50_s"], r["start_p99_s"], r["stop_p50_s"], r["stop_p99_s"],
-          r["requests_per_spawn"], *[r["requests_by_verb_per_spawn"].get(v, 0.0) for v in verbs],
-          ", ".join(r["reflectors"]), r["reflector_requests_per_min"]]
-         for name, r in rows.items()],
-        title=f"Spawn path: {spawns} spawn+stop cycles each on the real test bed "
-              f"(Kubernetes {result['kubernetes']}; requests counted by the API server's audit log)",
-    ))
+    print(
+        table(
+            [
+                "spawner",
+                "spawns",
+                "wall s",
+                "start p50 s",
+                "start p99 s",
+                "stop p50 s",
+                "stop p99 s",
+                "API requests / spawn+stop",
+                *[f"{v} / spawn" for v in verbs],
+                "reflectors",
+                "reflector list+watch / min",
+            ],
+            [
+                [
+                    name,
+                    r["spawns"],
+                    r["wall_s"],
+                    r["start_p50_s"],
+                    r["start_p99_s"],
+                    r["stop_p50_s"],
+                    r["stop_p99_s"],
+                    r["requests_per_spawn"],
+                    *[r["requests_by_verb_per_spawn"].get(v, 0.0) for v in verbs],
+                    ", ".join(r["reflectors"]),
+                    r["reflector_requests_per_min"],
+                ]
+                for name, r in rows.items()
+            ],
+            title=f"Spawn path: {spawns} spawn+stop cycles each on the real test bed "
+            f"(Kubernetes {result['kubernetes']}; requests counted by the API server's audit log)",
+        )
+    )
     q = result["ratios"]
     print()
-    print(table(["measure", "GPUKubeSpawner / KubeSpawner"],
-                [["wall time", q["wall_time"]], ["start p50", q["start_p50"]], ["stop p50", q["stop_p50"]],
-                 ["API requests per spawn+stop", q["requests_per_spawn"]],
-                 ["extra API requests per spawn+stop", f"{q['extra_requests_per_spawn']:+.2f}"],
-                 ["reflector list+watch per minute (per process, not per spawn)", q["reflector_requests_per_min"]]],
-                title="Ratios"))
-    path = write_result("spawn_path", {
-        "smoke": args.smoke,
-        "parameters": {"spawns": spawns, "blocks": blocks, "warmup": warmup,
-                       "profile": PROFILE, "catalog": CATALOG, "static_profile_list": static_profile_list()},
-        **result,
-    }, args.out)
+    print(
+        table(
+            ["measure", "GPUKubeSpawner / KubeSpawner"],
+            [
+                ["wall time", q["wall_time"]],
+                ["start p50", q["start_p50"]],
+                ["stop p50", q["stop_p50"]],
+                ["API requests per spawn+stop", q["requests_per_spawn"]],
+                ["extra API requests per spawn+stop", f"{q['extra_requests_per_spawn']:+.2f}"],
+                ["reflector list+watch per minute (per process, not per spawn)", q["reflector_requests_per_min"]],
+            ],
+            title="Ratios",
+        )
+    )
+    path = write_result(
+        "spawn_path",
+        {
+            "smoke": args.smoke,
+            "parameters": {
+                "spawns": spawns,
+                "blocks": blocks,
+                "warmup": warmup,
+                "profile": PROFILE,
+                "catalog": CATALOG,
+                "static_profile_list": static_profile_list(),
+            },
+            **result,
+        },
+        args.out,
+    )
     print(f"\nwrote {path} in {result['elapsed_s']:.1f} s")
     return 0
 

@@ -119,18 +119,28 @@ def load_pods(path: str | os.PathLike, limit: int | None = None) -> PodTrace:
                 trace.skipped["no GPU (num_gpu = 0)"] = trace.skipped.get("no GPU (num_gpu = 0)", 0) + 1
                 continue
             if num_gpu == 1 and not 0 < gpu_milli <= 1000:
-                raise TraceError(f"{path}:{line}: column 'gpu_milli': a one-GPU task must ask for "
-                                 f"1..1000 milli-GPUs, got {gpu_milli}")
+                raise TraceError(
+                    f"{path}:{line}: column 'gpu_milli': a one-GPU task must ask for "
+                    f"1..1000 milli-GPUs, got {gpu_milli}"
+                )
             spec = (row.get("gpu_spec") or "").strip()
             models = frozenset(m.strip() for m in spec.split("|") if m.strip())
             creation = deletion = None
             if has_times:
                 creation = _int(row["creation_time"], path, line, "creation_time")
                 deletion = _int(row["deletion_time"], path, line, "deletion_time", optional=True)
-            trace.tasks.append(TraceTask(
-                name=row["name"], num_gpu=num_gpu, gpu_milli=gpu_milli, models=models,
-                qos=(row.get("qos") or "").strip(), creation=creation, deletion=deletion, row=row_no,
-            ))
+            trace.tasks.append(
+                TraceTask(
+                    name=row["name"],
+                    num_gpu=num_gpu,
+                    gpu_milli=gpu_milli,
+                    models=models,
+                    qos=(row.get("qos") or "").strip(),
+                    creation=creation,
+                    deletion=deletion,
+                    row=row_no,
+                )
+            )
     finally:
         f.close()
     return trace
@@ -202,7 +212,7 @@ def default_trace_dir() -> Path:
     if git.is_file():
         text = git.read_text(errors="replace").strip()
         if text.startswith("gitdir:"):
-            gitdir = Path(text[len("gitdir:"):].strip())  # <main>/.git/worktrees/<name>
+            gitdir = Path(text[len("gitdir:") :].strip())  # <main>/.git/worktrees/<name>
             if not gitdir.is_absolute():
                 gitdir = (repo / gitdir).resolve()
             candidates.append(gitdir.parent.parent.parent.parent / tail)

@@ -9,8 +9,6 @@ import os
 import sys
 from pathlib import Path
 
-from collections.abc import Mapping
-
 import yaml
 
 from spawner.catalog import Catalog, CatalogError, catalog_from_dict, catalog_from_yaml, gpu_model_issues
@@ -47,16 +45,20 @@ def check_config(path: str, kubernetes: bool = False) -> int:
     if model_issues and not kubernetes:
         for issue in model_issues:
             print(issue.format(path))
-        print(f"{path}: {len(model_issues)} problem(s) found (a single server offers only the GPUs it has)",
-              file=sys.stderr)
+        print(
+            f"{path}: {len(model_issues)} problem(s) found (a single server offers only the GPUs it has)",
+            file=sys.stderr,
+        )
         return 1
     for issue in model_issues:
         print("warning: " + issue.format(path))
     print(f"{path}: OK: {len(catalog.teams)} team(s), {len(catalog.profiles)} profile(s)")
     for team in catalog.teams.values():
         profiles = ", ".join(p.slug for p in catalog.profiles_for(team)) or "none"
-        print(f"  team {team.name}: guarantee {format_gpus(team.guarantee_milli)} GPU, "
-              f"burst {format_gpus(team.burst_milli)} GPU; profiles: {profiles}")
+        print(
+            f"  team {team.name}: guarantee {format_gpus(team.guarantee_milli)} GPU, "
+            f"burst {format_gpus(team.burst_milli)} GPU; profiles: {profiles}"
+        )
     return 0
 
 
@@ -90,9 +92,18 @@ def sudoers(args: argparse.Namespace) -> int:
     from spawner.sudo import sudoers_rule
 
     try:
-        print(sudoers_rule(args.hub_user, args.mediator, group=args.group, prefix=args.prefix,
-                           home_root=args.home_root, shell=args.shell, create_accounts=not args.no_create),
-              end="")
+        print(
+            sudoers_rule(
+                args.hub_user,
+                args.mediator,
+                group=args.group,
+                prefix=args.prefix,
+                home_root=args.home_root,
+                shell=args.shell,
+                create_accounts=not args.no_create,
+            ),
+            end="",
+        )
     except ValueError as e:
         print(f"gpulab sudoers: {e}", file=sys.stderr)
         return 2
@@ -108,8 +119,11 @@ def check_isolation() -> int:
     mode, why = isolation_mode(accounts.mediator, accounts.sudo)
     print(f"isolation mode: {mode} ({why})")
     if mode == NONE:
-        print("users would NOT be isolated: run the hub as root, or install the drop-in from "
-              "`gpulab sudoers` (docs/single-server.md#the-sudoers-rule)", file=sys.stderr)
+        print(
+            "users would NOT be isolated: run the hub as root, or install the drop-in from "
+            "`gpulab sudoers` (docs/single-server.md#the-sudoers-rule)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -145,24 +159,37 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--data-dir", help="where the hub keeps its state (default ./.gpulab)")
     p_check = sub.add_parser("check-config", help="validate a teams/profiles YAML file")
     p_check.add_argument("file")
-    p_check.add_argument("--kubernetes", action="store_true",
-                         help="check for a Kubernetes cluster (unknown GPU models warn) instead of this server")
-    p_pull = sub.add_parser("prepuller-values",
-                            help="print z2jh prePuller.extraImages for a catalog's images")
+    p_check.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="check for a Kubernetes cluster (unknown GPU models warn) instead of this server",
+    )
+    p_pull = sub.add_parser("prepuller-values", help="print z2jh prePuller.extraImages for a catalog's images")
     p_pull.add_argument("file", help="a catalog YAML, or the gpulab chart's values file")
     p_sudo = sub.add_parser("sudoers", help="print the sudoers drop-in a non-root hub needs to isolate users")
     p_sudo.add_argument("--hub-user", default=_current_user(), help="the account the hub runs as")
-    p_sudo.add_argument("--group", default="jupyterhub-users",
-                        help="the group of the users' accounts (GPULAB_ACCOUNT_GROUP)")
-    p_sudo.add_argument("--mediator", default=str(Path(sys.executable).with_name("gpulab-launch")),
-                        help="path of gpulab-launch (default: next to this interpreter)")
-    p_sudo.add_argument("--prefix", default=os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-"),
-                        help="account name prefix (GPULAB_ACCOUNT_PREFIX)")
-    p_sudo.add_argument("--home-root", default=os.environ.get("GPULAB_HOME_ROOT", "/home"),
-                        help="where created accounts get their homes (GPULAB_HOME_ROOT)")
+    p_sudo.add_argument(
+        "--group", default="jupyterhub-users", help="the group of the users' accounts (GPULAB_ACCOUNT_GROUP)"
+    )
+    p_sudo.add_argument(
+        "--mediator",
+        default=str(Path(sys.executable).with_name("gpulab-launch")),
+        help="path of gpulab-launch (default: next to this interpreter)",
+    )
+    p_sudo.add_argument(
+        "--prefix",
+        default=os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-"),
+        help="account name prefix (GPULAB_ACCOUNT_PREFIX)",
+    )
+    p_sudo.add_argument(
+        "--home-root",
+        default=os.environ.get("GPULAB_HOME_ROOT", "/home"),
+        help="where created accounts get their homes (GPULAB_HOME_ROOT)",
+    )
     p_sudo.add_argument("--shell", default="/bin/bash", help="login shell of created accounts")
-    p_sudo.add_argument("--no-create", action="store_true",
-                        help="no useradd rule: the admin creates the accounts ahead")
+    p_sudo.add_argument(
+        "--no-create", action="store_true", help="no useradd rule: the admin creates the accounts ahead"
+    )
     sub.add_parser("check-isolation", help="say whether a hub run by this account isolates users (root/sudo)")
     args, extra = parser.parse_known_args(argv)
     if args.command in ("sudoers", "check-isolation"):

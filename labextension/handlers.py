@@ -65,8 +65,11 @@ class SessionHandler(APIHandler):
     @web.authenticated
     async def get(self) -> None:
         info = session_info()
-        info["utilisation"] = utilisation.sample(info["devices"]) if info["gpu"] else {
-            "available": False, "reason": "this server has no GPU assigned"}
+        info["utilisation"] = (
+            utilisation.sample(info["devices"])
+            if info["gpu"]
+            else {"available": False, "reason": "this server has no GPU assigned"}
+        )
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(info))
 
@@ -118,8 +121,9 @@ class HubProxyHandler(APIHandler):
         if not _SAFE_PATH.match(path) or ".." in path:
             return self._error(400, f"not a gpulab API path: {path!r}")
         if not self.hub_api_url or not self.hub_token:
-            return self._error(503, "this server does not run under JupyterHub (no JUPYTERHUB_API_URL/TOKEN)",
-                               absent="no-hub")
+            return self._error(
+                503, "this server does not run under JupyterHub (no JUPYTERHUB_API_URL/TOKEN)", absent="no-hub"
+            )
         body = None
         if method == "POST":
             body = self.request.body or b""
@@ -130,9 +134,16 @@ class HubProxyHandler(APIHandler):
         if query:
             url += "?" + urlencode(query)
         request = HTTPRequest(
-            url, method=method, body=body, request_timeout=30, follow_redirects=False,
-            headers={"Authorization": f"token {self.hub_token}", "Content-Type": "application/json",
-                     "Accept": "application/json"},
+            url,
+            method=method,
+            body=body,
+            request_timeout=30,
+            follow_redirects=False,
+            headers={
+                "Authorization": f"token {self.hub_token}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
             allow_nonstandard_methods=True,
         )
         try:
@@ -200,23 +211,38 @@ class StopHandler(APIHandler):
         except ValueError:
             data = None
         if data != {}:
-            return await self._answer(400, {"status": 400, "message": "the stop request's body must be {} (it takes no options)"})
+            return await self._answer(
+                400, {"status": 400, "message": "the stop request's body must be {} (it takes no options)"}
+            )
         api_url = os.environ.get("JUPYTERHUB_API_URL", "")
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         user = os.environ.get("JUPYTERHUB_USER", "")
         if not (api_url and token and user):
-            return await self._answer(503, {"status": 503, "absent": "no-hub",
-                                            "message": "this server does not run under JupyterHub: nothing to stop"})
+            return await self._answer(
+                503,
+                {
+                    "status": 503,
+                    "absent": "no-hub",
+                    "message": "this server does not run under JupyterHub: nothing to stop",
+                },
+            )
         name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
         path = f"users/{quote(user, safe='')}/" + (f"servers/{quote(name, safe='')}" if name else "server")
-        state = {"state": "requested", "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                 "message": "The hub is stopping this server; its GPU is released as soon as it has stopped."}
+        state = {
+            "state": "requested",
+            "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "message": "The hub is stopping this server; its GPU is released as soon as it has stopped.",
+        }
         self.settings[self.STATE_KEY] = state
         self.log.info("gpulab: %s asked to stop this server (%s) and release its GPU", user, path)
         # Answer first: the hub's stop ends this process, and with it any request still open.
         await self._answer(202, state)
-        request = HTTPRequest(url_path_join(api_url, path), method="DELETE", request_timeout=60,
-                              headers={"Authorization": f"token {token}"})
+        request = HTTPRequest(
+            url_path_join(api_url, path),
+            method="DELETE",
+            request_timeout=60,
+            headers={"Authorization": f"token {token}"},
+        )
         try:
             response = await AsyncHTTPClient().fetch(request, raise_error=False)
         except (OSError, HTTPClientError) as e:
@@ -232,14 +258,21 @@ class StopHandler(APIHandler):
         except (ValueError, AttributeError):
             pass
         self.log.warning("gpulab: the hub did not stop this server: %s %s", status, reason)
-        self.settings[self.STATE_KEY] = {**state, "state": "failed", "status": status,
-                                         "message": f"The hub did not stop this server: {reason or status}"}
+        self.settings[self.STATE_KEY] = {
+            **state,
+            "state": "failed",
+            "status": status,
+            "message": f"The hub did not stop this server: {reason or status}",
+        }
 
 
 def setup_handlers(web_app: Any, log: Any = None) -> None:
     base = web_app.settings["base_url"]
-    web_app.add_handlers(".*$", [
-        (url_path_join(base, "gpulab/api/session"), SessionHandler),
-        (url_path_join(base, "gpulab/api/stop"), StopHandler),
-        (url_path_join(base, "gpulab/api/hub/(.*)"), HubProxyHandler),
-    ])
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "gpulab/api/session"), SessionHandler),
+            (url_path_join(base, "gpulab/api/stop"), StopHandler),
+            (url_path_join(base, "gpulab/api/hub/(.*)"), HubProxyHandler),
+        ],
+    )

@@ -67,14 +67,16 @@ def sample(visible_devices: list[str]) -> dict[str, Any]:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(dev)
             rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            out.append({
-                "id": dev,
-                "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
-                "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                "gpu_percent": int(rates.gpu),
-                "memory_used_mib": int(mem.used // (1024 * 1024)),
-                "memory_total_mib": int(mem.total // (1024 * 1024)),
-            })
+            out.append(
+                {
+                    "id": dev,
+                    "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
+                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                    "gpu_percent": int(rates.gpu),
+                    "memory_used_mib": int(mem.used // (1024 * 1024)),
+                    "memory_total_mib": int(mem.total // (1024 * 1024)),
+                }
+            )
     except Exception as e:  # a device NVML does not know (declared inventory on a GPU box)
         return {"available": False, "reason": f"NVML could not read device {dev!r}: {e}"}
     return {"available": True, "at": time.time(), "devices": out}

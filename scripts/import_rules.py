@@ -22,9 +22,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("spawner", "hub_config", "idle_culler", "labextension")
 #: Modules of spawner/ that adapt the core to a framework or the machine; the rest is core.
-ADAPTERS = frozenset({"spawner.local", "spawner.kube", "spawner.kube_conventions", "spawner.nvml", "spawner.accounts",
-                      "spawner.sudo", "spawner.mediator",
-                      "spawner.config", "spawner"})
+ADAPTERS = frozenset(
+    {
+        "spawner.local",
+        "spawner.kube",
+        "spawner.kube_conventions",
+        "spawner.nvml",
+        "spawner.accounts",
+        "spawner.sudo",
+        "spawner.mediator",
+        "spawner.config",
+        "spawner",
+    }
+)
 FRAMEWORKS = ("tornado", "kubernetes", "kubernetes_asyncio", "jupyterhub", "kubespawner")
 
 
@@ -48,7 +58,8 @@ def _type_checking_block(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -164,8 +175,11 @@ def violations(root: Path = REPO) -> list[str]:
         if mod.startswith("idle_culler") and "hub_config" in top:
             out.append(f"{mod}: idle_culler imports hub_config; the culler reaches the hub only over its HTTP API")
     for comp in cycles(graph):
-        out.append("import cycle between " + ", ".join(comp)
-                   + " (imports inside functions count); move the shared part to a module both can import")
+        out.append(
+            "import cycle between "
+            + ", ".join(comp)
+            + " (imports inside functions count); move the shared part to a module both can import"
+        )
     return out
 
 

@@ -159,8 +159,10 @@ class UserAccounts(Configurable):
             return ensure_account(name, self.home_root, shell=self.shell, group=self.group)
         account = lookup(name)
         if account is None:
-            raise AccountError(f"system account {name} for hub user {username} does not exist "
-                               "(c.UserAccounts.create is off): create it first")
+            raise AccountError(
+                f"system account {name} for hub user {username} does not exist "
+                "(c.UserAccounts.create is off): create it first"
+            )
         return account
 
     def _sudo_account(self, name: str, username: str) -> Account:
@@ -175,11 +177,15 @@ class UserAccounts(Configurable):
             account = lookup(name)
             if account is None:
                 if not self.create:
-                    raise AccountError(f"system account {name} for hub user {username} does not exist "
-                                       "(c.UserAccounts.create is off): create it first")
+                    raise AccountError(
+                        f"system account {name} for hub user {username} does not exist "
+                        "(c.UserAccounts.create is off): create it first"
+                    )
                 if not self.group:
-                    raise AccountError("c.UserAccounts.group must name the group of the sudoers rule "
-                                       "(e.g. jupyterhub-users) for a hub that is not root")
+                    raise AccountError(
+                        "c.UserAccounts.group must name the group of the sudoers rule "
+                        "(e.g. jupyterhub-users) for a hub that is not root"
+                    )
                 self.launcher.create_account(name, self.home_root, self.shell, self.group)
                 log.info("gpulab: created system account %s through sudo", name)
                 account = lookup(name)
@@ -227,8 +233,7 @@ def lookup(name: str) -> Account | None:
     return Account(name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir), pw.pw_shell or "/bin/sh", groups)
 
 
-def ensure_account(name: str, home_root: str | Path, *, shell: str = "/bin/bash",
-                   group: str = "") -> Account:
+def ensure_account(name: str, home_root: str | Path, *, shell: str = "/bin/bash", group: str = "") -> Account:
     """The account ``name``, created if missing; its home exists, is its own and ``0700``.
 
     ``home_root``: the folder holding the homes (``/home`` for real users).
@@ -264,8 +269,9 @@ def delete_account(name: str, remove_home: bool = True) -> None:
     """Remove the account (and its home); kills nothing: stop its processes first."""
     if lookup(name) is None:
         return
-    _run(["userdel", *(["--remove"] if remove_home else []), name], f"delete account {name}",
-         ok_codes=(0, 12))  # 12: home could not be removed (already gone)
+    _run(
+        ["userdel", *(["--remove"] if remove_home else []), name], f"delete account {name}", ok_codes=(0, 12)
+    )  # 12: home could not be removed (already gone)
     try:
         grp.getgrnam(name)
     except KeyError:
@@ -295,5 +301,7 @@ def _run(cmd: list[str], what: str, ok_codes: tuple[int, ...] = (0,)) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise AccountError(f"cannot {what}: {e}") from None
     if proc.returncode not in ok_codes:
-        raise AccountError(f"cannot {what}: {' '.join(cmd)} exited with {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout).strip()[:300]}")
+        raise AccountError(
+            f"cannot {what}: {' '.join(cmd)} exited with {proc.returncode}: "
+            f"{(proc.stderr or proc.stdout).strip()[:300]}"
+        )

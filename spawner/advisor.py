@@ -26,8 +26,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .sharing import mig_table, pick_mig_slice, timeslice_effective_milli
 from .packer import DevicePacker
+from .sharing import mig_table, pick_mig_slice, timeslice_effective_milli
 from .units import MILLI_PER_GPU
 
 FULL = MILLI_PER_GPU
@@ -41,8 +41,9 @@ class AdvisorError(ValueError):
     """The request cannot be answered (the message says what to change)."""
 
 
-def givable_sizes(backend: str, options: Mapping[str, Any] | None = None, model: str | None = None,
-                  max_gpus: int = 8) -> list[int]:
+def givable_sizes(
+    backend: str, options: Mapping[str, Any] | None = None, model: str | None = None, max_gpus: int = 8
+) -> list[int]:
     """Every size (milli-GPUs) ``backend`` can give, shares first, then 1..``max_gpus`` whole GPUs.
 
     ``whole``: whole GPUs only; ``timeslice``: ``k/R`` of a GPU for the
@@ -56,15 +57,16 @@ def givable_sizes(backend: str, options: Mapping[str, Any] | None = None, model:
         shares: list[int] = []
     elif backend == "timeslice":
         replicas = int(opts.get("replicas", 4))
-        shares = sorted({timeslice_effective_milli(k * FULL // replicas or 1, replicas)[1]
-                         for k in range(1, replicas)})
+        shares = sorted({timeslice_effective_milli(k * FULL // replicas or 1, replicas)[1] for k in range(1, replicas)})
         if opts.get("fail_requests_greater_than_one"):
             shares = shares[:1]
     elif backend == "mig":
         table = mig_table(model or "", opts)
         if not table:
-            raise AdvisorError(f"no MIG profiles are known for GPU model {model!r}: give the model of the "
-                               f"MIG GPUs, or add its profiles under sharing.mig.profiles")
+            raise AdvisorError(
+                f"no MIG profiles are known for GPU model {model!r}: give the model of the "
+                f"MIG GPUs, or add its profiles under sharing.mig.profiles"
+            )
         # What the slice choice can answer, over every share a request may ask for.
         shares = sorted({pick_mig_slice(table, m)[1] for m in range(1, FULL)})
     elif backend == "hami":
@@ -121,12 +123,17 @@ class Advice:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sizes_milli": list(self.sizes), "requested_milli": self.requested_milli,
-            "allocated_milli": self.allocated_milli, "efficiency": self.efficiency,
+            "sizes_milli": list(self.sizes),
+            "requested_milli": self.requested_milli,
+            "allocated_milli": self.allocated_milli,
+            "efficiency": self.efficiency,
             "current_sizes_milli": list(self.current_sizes) if self.current_sizes is not None else None,
-            "current_efficiency": self.current_efficiency, "current_not_offered": self.current_not_offered,
-            "predicted_gain": self.predicted_gain, "options_tried": self.options_tried,
-            "measured": self.measured, "current_measured": self.current_measured,
+            "current_efficiency": self.current_efficiency,
+            "current_not_offered": self.current_not_offered,
+            "predicted_gain": self.predicted_gain,
+            "options_tried": self.options_tried,
+            "measured": self.measured,
+            "current_measured": self.current_measured,
             "chosen_by": "least rounding waste" if self.measured is None else "most work placed in a fill simulation",
         }
 
@@ -157,10 +164,16 @@ def efficiency_of(demand: Mapping[int, float], sizes: Sequence[int]) -> tuple[fl
     return req, alloc, lost
 
 
-def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEFAULT_MAX_SIZES,
-              options: Mapping[str, Any] | None = None, model: str | None = None,
-              current: Sequence[int] | None = None,
-              evaluate: Callable[[list[int]], float] | None = None) -> Advice:
+def recommend(
+    demand: Mapping[int, float],
+    backend: str,
+    *,
+    max_sizes: int = DEFAULT_MAX_SIZES,
+    options: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    current: Sequence[int] | None = None,
+    evaluate: Callable[[list[int]], float] | None = None,
+) -> Advice:
     """A catalog of at most ``max_sizes`` givable sizes: least rounding waste, or most work measured.
 
     ``demand`` maps request sizes (milli-GPUs) to weights. Raises
@@ -189,8 +202,9 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
     candidates = sorted({s for s in (round_up(m, givable) for m in demand) if s is not None})
     largest_size = round_up(largest, givable)
     if largest_size is None:
-        raise AdvisorError(f"a recorded request of {largest} milli-GPUs is larger than anything backend "
-                           f"{backend!r} gives")
+        raise AdvisorError(
+            f"a recorded request of {largest} milli-GPUs is larger than anything backend {backend!r} gives"
+        )
     pools = [candidates]
     for k in GRID_STEPS:
         grid = sorted({s for s in (round_up(-(-FULL * j // k), givable) for j in range(1, k)) if s and s < FULL})
@@ -207,20 +221,34 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
         pool = sorted({c for p in pools for c in p} | set(candidates))
         # Several starts, as single swaps stop at local optima: the least-waste catalog, and
         # shares added one by one from the recorded sizes alone and from every candidate.
-        starts = [(sizes, measured), _forward(sizes, candidates, max_sizes, evaluate),
-                  _forward(sizes, pool, max_sizes, evaluate)]
-        sizes, measured = max((_improve(s, m, pool, largest=largest_size, evaluate=evaluate) for s, m in starts),
-                              key=lambda found: found[1])
+        starts = [
+            (sizes, measured),
+            _forward(sizes, candidates, max_sizes, evaluate),
+            _forward(sizes, pool, max_sizes, evaluate),
+        ]
+        sizes, measured = max(
+            (_improve(s, m, pool, largest=largest_size, evaluate=evaluate) for s, m in starts),
+            key=lambda found: found[1],
+        )
     else:
         sizes = options_tried[0]
     req, alloc, _ = efficiency_of(demand, sizes)
-    advice: dict[str, Any] = dict(sizes=tuple(sizes), requested_milli=req, allocated_milli=alloc,
-                                  efficiency=req / alloc, options_tried=len(options_tried), measured=measured)
+    advice: dict[str, Any] = dict(
+        sizes=tuple(sizes),
+        requested_milli=req,
+        allocated_milli=alloc,
+        efficiency=req / alloc,
+        options_tried=len(options_tried),
+        measured=measured,
+    )
     if current is not None:
         creq, calloc, lost = efficiency_of(demand, current)
-        advice.update(current_sizes=tuple(sorted(current)), current_not_offered=lost,
-                      current_efficiency=creq / calloc if calloc else 0.0,
-                      current_measured=evaluate(sorted(current)) if evaluate is not None else None)
+        advice.update(
+            current_sizes=tuple(sorted(current)),
+            current_not_offered=lost,
+            current_efficiency=creq / calloc if calloc else 0.0,
+            current_measured=evaluate(sorted(current)) if evaluate is not None else None,
+        )
     return Advice(**advice)
 
 
@@ -228,8 +256,9 @@ def recommend(demand: Mapping[int, float], backend: str, *, max_sizes: int = DEF
 MAX_SEARCH_EVALUATIONS = 600
 
 
-def _forward(start: list[int], pool: Sequence[int], max_sizes: int,
-             evaluate: Callable[[list[int]], float]) -> tuple[list[int], float]:
+def _forward(
+    start: list[int], pool: Sequence[int], max_sizes: int, evaluate: Callable[[list[int]], float]
+) -> tuple[list[int], float]:
     """Keep ``start``'s whole-GPU sizes and add shares one at a time, each the one measured best."""
     sizes = [s for s in start if s >= FULL]
     score = evaluate(sizes)
@@ -244,8 +273,9 @@ def _forward(start: list[int], pool: Sequence[int], max_sizes: int,
     return sizes, score
 
 
-def _improve(sizes: list[int], score: float, pool: Sequence[int], *, largest: int | None,
-             evaluate: Callable[[list[int]], float]) -> tuple[list[int], float]:
+def _improve(
+    sizes: list[int], score: float, pool: Sequence[int], *, largest: int | None, evaluate: Callable[[list[int]], float]
+) -> tuple[list[int], float]:
     """Local search on the measured work: swap one size for another candidate while that helps.
 
     The largest size stays (it covers the largest request), so every catalog
@@ -262,7 +292,7 @@ def _improve(sizes: list[int], score: float, pool: Sequence[int], *, largest: in
             for new in pool:
                 if new in best or (largest is not None and new > largest):
                     continue
-                trial = sorted(best[:i] + [new] + best[i + 1:])
+                trial = sorted(best[:i] + [new] + best[i + 1 :])
                 evaluations += 1
                 value = evaluate(trial)
                 if value > best_score:
@@ -300,8 +330,9 @@ def _catalog_options(demand: Mapping[int, float], pools: list[list[int]], max_si
     return out
 
 
-def _best_sizes(demand: Mapping[int, float], candidates: list[int], max_sizes: int,
-                forced: Collection[int] = frozenset()) -> list[int] | None:
+def _best_sizes(
+    demand: Mapping[int, float], candidates: list[int], max_sizes: int, forced: Collection[int] = frozenset()
+) -> list[int] | None:
     """Exact least allocation: DP over "the largest size chosen so far is candidate j".
 
     ``cost[k][j]``: least allocation of the demand up to candidate ``j`` with
@@ -349,8 +380,13 @@ def _best_sizes(demand: Mapping[int, float], candidates: list[int], max_sizes: i
     return sorted(sizes)
 
 
-def fill_work(requests: Sequence[tuple[int, frozenset[str]]], devices: Sequence[Any], sizes: Sequence[int],
-              max_failures: int = 200, scoring: str = "bestfit") -> int:
+def fill_work(
+    requests: Sequence[tuple[int, frozenset[str]]],
+    devices: Sequence[Any],
+    sizes: Sequence[int],
+    max_failures: int = 200,
+    scoring: str = "bestfit",
+) -> int:
     """Work placed (requested milli-GPUs) when ``requests`` are rounded up to ``sizes`` and packed.
 
     The measure of the paper that published the Alibaba trace: requests in

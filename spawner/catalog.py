@@ -128,11 +128,7 @@ class Catalog:
 
     def profiles_for(self, team: Team, *, include_retired: bool = False) -> list[Profile]:
         """Profiles ``team`` may start, in catalog order."""
-        return [
-            p
-            for p in self.profiles.values()
-            if (include_retired or not p.retired) and self.team_may_use(team, p)
-        ]
+        return [p for p in self.profiles.values() if (include_retired or not p.retired) and self.team_may_use(team, p)]
 
     def with_team(self, team: Team) -> Catalog:
         return replace(self, teams={**self.teams, team.name: team})
@@ -164,8 +160,13 @@ class _Reader:
         for key in value:
             if not isinstance(key, str) or key not in allowed:
                 hint = _closest(key, allowed)
-                self.error(path + (key,), "unknown key" + (f" (did you mean '{hint}'?)" if hint else "")
-                           + "; allowed: " + ", ".join(sorted(allowed)))
+                self.error(
+                    path + (key,),
+                    "unknown key"
+                    + (f" (did you mean '{hint}'?)" if hint else "")
+                    + "; allowed: "
+                    + ", ".join(sorted(allowed)),
+                )
         for key in required:
             if key not in value:
                 self.error(path, f"missing required key '{key}'")
@@ -189,8 +190,11 @@ class _Reader:
 
     def slug(self, value: Any, path: Path, what: str) -> str | None:
         if not is_slug(value):
-            self.error(path, f"{what} {value!r} must be lowercase letters, digits and '-', "
-                             "1-63 characters, starting and ending with a letter or digit")
+            self.error(
+                path,
+                f"{what} {value!r} must be lowercase letters, digits and '-', "
+                "1-63 characters, starting and ending with a letter or digit",
+            )
             return None
         return value
 
@@ -211,8 +215,14 @@ class _Reader:
 def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 def _closest(key: Any, allowed: set[str]) -> str | None:
@@ -225,14 +235,37 @@ def _closest(key: Any, allowed: set[str]) -> str | None:
 
 
 _PROFILE_KEYS = {
-    "slug", "display_name", "description", "gpus", "gpu_milli", "gpu_model", "cpu",
-    "memory", "images", "priority_class", "teams", "sharing", "idle_timeout", "retired",
-    "tolerations", "node_affinity_required", "node_affinity_preferred", "start_timeout",
+    "slug",
+    "display_name",
+    "description",
+    "gpus",
+    "gpu_milli",
+    "gpu_model",
+    "cpu",
+    "memory",
+    "images",
+    "priority_class",
+    "teams",
+    "sharing",
+    "idle_timeout",
+    "retired",
+    "tolerations",
+    "node_affinity_required",
+    "node_affinity_preferred",
+    "start_timeout",
 }
 
 _TEAM_KEYS = {
-    "name", "display_name", "users", "groups", "guarantee", "burst", "per_user_cap",
-    "allowed_profiles", "namespace", "idle_timeout",
+    "name",
+    "display_name",
+    "users",
+    "groups",
+    "guarantee",
+    "burst",
+    "per_user_cap",
+    "allowed_profiles",
+    "namespace",
+    "idle_timeout",
 }
 #: Highest price per GPU-hour: costs of a year of a whole cluster stay finite numbers.
 MAX_PRICE = 1_000_000
@@ -310,37 +343,57 @@ def _read_profile(r: _Reader, spec: Any, path: Path) -> Profile | None:
     teams = r.string_list(d.get("teams"), path + ("teams",))
     sharing = d.get("sharing")
     if sharing is not None and sharing not in SHARING_BACKENDS:
-        r.error(path + ("sharing",), f"unknown sharing backend {sharing!r}; expected one of "
-                + ", ".join(SHARING_BACKENDS))
+        r.error(
+            path + ("sharing",), f"unknown sharing backend {sharing!r}; expected one of " + ", ".join(SHARING_BACKENDS)
+        )
     idle = None
     if d.get("idle_timeout") is not None:
         idle = r.convert(parse_duration, d["idle_timeout"], path + ("idle_timeout",))
     retired = d.get("retired", False)
     if not isinstance(retired, bool):
         r.error(path + ("retired",), f"expected true or false, got {_kind(retired)}")
-    tolerations = _read_objects(r, d.get("tolerations"), path + ("tolerations",), TOLERATION_KEYS,
-                                check_toleration)
-    required = _read_objects(r, d.get("node_affinity_required"), path + ("node_affinity_required",),
-                             NODE_TERM_KEYS, check_node_term)
-    preferred = _read_objects(r, d.get("node_affinity_preferred"), path + ("node_affinity_preferred",),
-                              PREFERRED_TERM_KEYS, check_preferred_term)
+    tolerations = _read_objects(r, d.get("tolerations"), path + ("tolerations",), TOLERATION_KEYS, check_toleration)
+    required = _read_objects(
+        r, d.get("node_affinity_required"), path + ("node_affinity_required",), NODE_TERM_KEYS, check_node_term
+    )
+    preferred = _read_objects(
+        r,
+        d.get("node_affinity_preferred"),
+        path + ("node_affinity_preferred",),
+        PREFERRED_TERM_KEYS,
+        check_preferred_term,
+    )
     start_timeout = None
     if d.get("start_timeout") is not None:
         start_timeout = r.convert(parse_duration, d["start_timeout"], path + ("start_timeout",))
     if len(r.issues) > n_before or slug is None:
         return None
     return Profile(
-        slug=slug, display_name=display or slug, description=description or "",
-        gpu_milli=milli or 0, gpu_model=gpu_model, cpu_guarantee=cpu_g, cpu_limit=cpu_l,
-        mem_guarantee=mem_g, mem_limit=mem_l, images=tuple(images), priority_class=pc,
-        teams=tuple(teams), sharing=sharing, idle_timeout_seconds=idle, retired=bool(retired),
-        tolerations=tolerations, node_affinity_required=required, node_affinity_preferred=preferred,
+        slug=slug,
+        display_name=display or slug,
+        description=description or "",
+        gpu_milli=milli or 0,
+        gpu_model=gpu_model,
+        cpu_guarantee=cpu_g,
+        cpu_limit=cpu_l,
+        mem_guarantee=mem_g,
+        mem_limit=mem_l,
+        images=tuple(images),
+        priority_class=pc,
+        teams=tuple(teams),
+        sharing=sharing,
+        idle_timeout_seconds=idle,
+        retired=bool(retired),
+        tolerations=tolerations,
+        node_affinity_required=required,
+        node_affinity_preferred=preferred,
         start_timeout_seconds=start_timeout,
     )
 
 
-def _read_objects(r: _Reader, value: Any, path: Path, allowed: set[str],
-                  check: Callable[[dict[str, Any]], str | None]) -> tuple[dict[str, Any], ...]:
+def _read_objects(
+    r: _Reader, value: Any, path: Path, allowed: set[str], check: Callable[[dict[str, Any]], str | None]
+) -> tuple[dict[str, Any], ...]:
     """A list of Kubernetes objects (tolerations, affinity terms): known fields, checked shapes."""
     if value is None:
         return ()
@@ -377,8 +430,10 @@ def _read_team(r: _Reader, spec: Any, path: Path, name: str | None = None) -> Te
     if burst is None:
         burst = guarantee
     if burst < guarantee:
-        r.error(path + ("burst",), f"burst limit ({format_gpus(burst)} GPUs) is below the "
-                f"guarantee ({format_gpus(guarantee)} GPUs)")
+        r.error(
+            path + ("burst",),
+            f"burst limit ({format_gpus(burst)} GPUs) is below the guarantee ({format_gpus(guarantee)} GPUs)",
+        )
     cap = _read_gpu_amount(r, d, "per_user_cap", path)
     allowed = None
     if "allowed_profiles" in d and d["allowed_profiles"] is not None:
@@ -392,9 +447,16 @@ def _read_team(r: _Reader, spec: Any, path: Path, name: str | None = None) -> Te
     if len(r.issues) > n_before or name is None:
         return None
     return Team(
-        name=name, display_name=display or "", users=frozenset(users), groups=frozenset(groups),
-        guarantee_milli=guarantee, burst_milli=burst, per_user_cap_milli=cap,
-        allowed_profiles=allowed, namespace=namespace, idle_timeout_seconds=idle,
+        name=name,
+        display_name=display or "",
+        users=frozenset(users),
+        groups=frozenset(groups),
+        guarantee_milli=guarantee,
+        burst_milli=burst,
+        per_user_cap_milli=cap,
+        allowed_profiles=allowed,
+        namespace=namespace,
+        idle_timeout_seconds=idle,
     )
 
 
@@ -454,8 +516,10 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
             for j, slug in enumerate(spec["allowed_profiles"]):
                 if isinstance(slug, str) and slug not in written_slugs:
                     hint = _closest(slug, {x for x in written_slugs if isinstance(x, str)})
-                    r.error(path + ("allowed_profiles", j), f"unknown profile {slug!r}"
-                            + (f" (did you mean '{hint}'?)" if hint else ""))
+                    r.error(
+                        path + ("allowed_profiles", j),
+                        f"unknown profile {slug!r}" + (f" (did you mean '{hint}'?)" if hint else ""),
+                    )
     for i, p in enumerate(raw_profiles):
         if isinstance(p, Mapping) and isinstance(p.get("teams"), list):
             for j, tname in enumerate(p["teams"]):
@@ -468,8 +532,10 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
         if s is not None:
             backend = s.get("backend", "whole")
             if backend not in SHARING_BACKENDS:
-                r.error(("sharing", "backend"), f"unknown sharing backend {backend!r}; expected one of "
-                        + ", ".join(SHARING_BACKENDS))
+                r.error(
+                    ("sharing", "backend"),
+                    f"unknown sharing backend {backend!r}; expected one of " + ", ".join(SHARING_BACKENDS),
+                )
             for k in SHARING_BACKENDS:
                 if k in s and not isinstance(s[k], Mapping):
                     r.error(("sharing", k), f"expected a mapping, got {_kind(s[k])}")
@@ -506,10 +572,13 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
             r.error(("prices",), f"expected a mapping of GPU model to price per GPU-hour, got {_kind(pr)}")
         else:
             for model, price in pr.items():
-                if (isinstance(price, bool) or not isinstance(price, (int, float))
-                        or not 0 <= price <= MAX_PRICE):  # also NaN and infinity
-                    r.error(("prices", model), f"expected a non-negative price per GPU-hour of at most {MAX_PRICE:g}, "
-                            f"got {str(price)[:40]}")
+                if (
+                    isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price <= MAX_PRICE
+                ):  # also NaN and infinity
+                    r.error(
+                        ("prices", model),
+                        f"expected a non-negative price per GPU-hour of at most {MAX_PRICE:g}, got {str(price)[:40]}",
+                    )
                 else:
                     prices[str(model)] = float(price)
 
@@ -567,14 +636,26 @@ def gpu_model_issues(text: str, known_models: Iterable[str]) -> list[ConfigIssue
 
 
 def unknown_gpu_model(model: str, known_models: Iterable[str]) -> str:
-    """"GPU model 'H100-80G' is not known here (did you mean 'H100-80GB'?); known: ..."."""
+    """ "GPU model 'H100-80G' is not known here (did you mean 'H100-80GB'?); known: ..."."""
     known = sorted(set(known_models))
     hint = _closest(model, set(known))
-    return (f"GPU model {model!r} is not known here" + (f" (did you mean '{hint}'?)" if hint else "")
-            + "; known: " + (", ".join(known) or "none"))
+    return (
+        f"GPU model {model!r} is not known here"
+        + (f" (did you mean '{hint}'?)" if hint else "")
+        + "; known: "
+        + (", ".join(known) or "none")
+    )
 
 
 __all__ = [
-    "SHARING_BACKENDS", "SLUG_RE", "Catalog", "CatalogError", "ConfigIssue", "DeviceSpec",
-    "catalog_from_dict", "catalog_from_yaml", "gpu_model_issues", "unknown_gpu_model",
+    "SHARING_BACKENDS",
+    "SLUG_RE",
+    "Catalog",
+    "CatalogError",
+    "ConfigIssue",
+    "DeviceSpec",
+    "catalog_from_dict",
+    "catalog_from_yaml",
+    "gpu_model_issues",
+    "unknown_gpu_model",
 ]

@@ -38,13 +38,17 @@ def check_node_term(term: dict[str, Any]) -> str | None:
     for field_name in ("matchExpressions", "matchFields"):
         reqs = term.get(field_name, [])
         if not isinstance(reqs, list) or not all(
-            isinstance(q, dict) and set(q) <= REQUIREMENT_KEYS and isinstance(q.get("key"), str)
+            isinstance(q, dict)
+            and set(q) <= REQUIREMENT_KEYS
+            and isinstance(q.get("key"), str)
             and q.get("operator") in ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
             and all(isinstance(v, str) for v in q.get("values", []))
             for q in reqs
         ):
-            return (f"{field_name}: expected a list of {{key, operator (In, NotIn, Exists, DoesNotExist, "
-                    f"Gt, Lt), values: [strings]}}")
+            return (
+                f"{field_name}: expected a list of {{key, operator (In, NotIn, Exists, DoesNotExist, "
+                f"Gt, Lt), values: [strings]}}"
+            )
     return None
 
 

@@ -9,6 +9,7 @@ from .model import Profile, Team
 from .priority import short_name
 from .units import format_duration, format_gpus, format_memory
 
+
 def profile_to_dict(p: Profile) -> dict[str, Any]:
     d: dict[str, Any] = {"slug": p.slug, "display_name": p.display_name}
     if p.description:

@@ -10,8 +10,8 @@ against the same ledger.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from traitlets import CaselessStrEnum, Dict, List, Unicode, Union
@@ -130,8 +130,7 @@ def _forget_choice(user: str, team: str, profile: str, image: str) -> None:
 class GPULabRuntime:
     """Process-wide state: the current catalog, the ledger and (single server) the packer."""
 
-    def __init__(self, catalog: Catalog, packer: DevicePacker | None = None,
-                 gpu_inventory_source: str = "auto"):
+    def __init__(self, catalog: Catalog, packer: DevicePacker | None = None, gpu_inventory_source: str = "auto"):
         self.lock = threading.RLock()
         self.catalog = catalog
         self.ledger = Ledger(catalog.teams)
@@ -187,8 +186,7 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
                 settings = GPULab(config=config)
             else:
                 settings = GPULab()
-            runtime = GPULabRuntime(settings.load_catalog(),
-                                    gpu_inventory_source=settings.gpu_inventory_source)
+            runtime = GPULabRuntime(settings.load_catalog(), gpu_inventory_source=settings.gpu_inventory_source)
             runtime.admin_contact = settings.admin_contact
             for hook in settings.runtime_hooks:
                 import_item(hook)(runtime, settings)

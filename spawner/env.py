@@ -14,8 +14,14 @@ from .packer import GPUDevice
 from .units import milli_to_fraction_str
 
 
-def gpu_env(team: str, profile: str, milli: int, over_quota: bool,
-            shares: Sequence[Sequence[int]], devices: Mapping[int, GPUDevice]) -> dict[str, str]:
+def gpu_env(
+    team: str,
+    profile: str,
+    milli: int,
+    over_quota: bool,
+    shares: Sequence[Sequence[int]],
+    devices: Mapping[int, GPUDevice],
+) -> dict[str, str]:
     """Variables that tell the user's code which GPUs it has and its share.
 
     ``shares`` are ``(device index, milli)`` pairs from the packer's placement;

@@ -47,7 +47,7 @@ def notice_html(notice: str) -> str:
 
 
 def start_again_label(choice: ProfileChoice) -> str:
-    """"Start again with 0.5 × H100 (team vision)"."""
+    """ "Start again with 0.5 × H100 (team vision)"."""
     return f"Start again with {choice.profile.display_name} (team {choice.team.name})"
 
 
@@ -58,18 +58,30 @@ def find_choice(choices: Iterable[ProfileChoice], value: str) -> ProfileChoice |
 
 def _no_team_html(admin_page_url: str) -> str:
     if admin_page_url:
-        return ('<p class="gpulab-reason" id="gpulab-no-team">You are not a member of any GPU team, so there is '
-                f'nothing to start yet. As an admin, add yourself to a team on the <a href="{escape(admin_page_url)}">'
-                'GPU admin page</a> (a team\'s <em>Users</em> field).</p>')
-    return ('<p class="gpulab-reason" id="gpulab-no-team">You are not a member of any GPU team. '
-            'Ask an admin to add you.</p>')
+        return (
+            '<p class="gpulab-reason" id="gpulab-no-team">You are not a member of any GPU team, so there is '
+            f'nothing to start yet. As an admin, add yourself to a team on the <a href="{escape(admin_page_url)}">'
+            "GPU admin page</a> (a team's <em>Users</em> field).</p>"
+        )
+    return (
+        '<p class="gpulab-reason" id="gpulab-no-team">You are not a member of any GPU team. '
+        "Ask an admin to add you.</p>"
+    )
 
 
-def render_options_form(choices: Iterable[ProfileChoice], inventory_note: str = "",
-                        inventory_declared: bool = False, notice: str = "", *,
-                        selected: str = "", refused: str = "", start_again_url: str = "",
-                        culler_on: bool | None = None,
-                        admin_contact: str = "", admin_page_url: str = "") -> str:
+def render_options_form(
+    choices: Iterable[ProfileChoice],
+    inventory_note: str = "",
+    inventory_declared: bool = False,
+    notice: str = "",
+    *,
+    selected: str = "",
+    refused: str = "",
+    start_again_url: str = "",
+    culler_on: bool | None = None,
+    admin_contact: str = "",
+    admin_page_url: str = "",
+) -> str:
     """HTML for JupyterHub's spawn form: one radio per (team, profile).
 
     ``notice``: a sentence for the user first (why their last server ended).
@@ -98,8 +110,10 @@ def render_options_form(choices: Iterable[ProfileChoice], inventory_note: str = 
         last = None
     checked_choice = kept or last or next((c for c in choices if c.available), None)
     if last is not None and start_again_url and kept is None:
-        parts.append(f'<p class="gpulab-start-again"><a class="btn btn-primary" id="gpulab-start-again" '
-                     f'href="{escape(start_again_url)}">{escape(start_again_label(last))}</a></p>')
+        parts.append(
+            f'<p class="gpulab-start-again"><a class="btn btn-primary" id="gpulab-start-again" '
+            f'href="{escape(start_again_url)}">{escape(start_again_label(last))}</a></p>'
+        )
     by_team: dict[str, list[ProfileChoice]] = {}
     for c in choices:
         by_team.setdefault(c.team.name, []).append(c)
@@ -108,30 +122,41 @@ def render_options_form(choices: Iterable[ProfileChoice], inventory_note: str = 
         parts.append(f'<fieldset class="gpulab-team" data-team="{escape(team_name)}">')
         cap = ""
         if team.per_user_cap_milli is not None:
-            cap = (f"; at most {format_gpus(team.per_user_cap_milli)} GPUs per user, "
-                   f"you hold {format_gpus(team_choices[0].user_held_milli)}")
+            cap = (
+                f"; at most {format_gpus(team.per_user_cap_milli)} GPUs per user, "
+                f"you hold {format_gpus(team_choices[0].user_held_milli)}"
+            )
         parts.append(
             f'<h3>Team {escape(team.label)} <span class="gpulab-headroom">'
-            f'{escape(team_choices[0].team_summary)} '
-            f'(guaranteed {format_gpus(team.guarantee_milli)}{escape(cap)})</span></h3>'
+            f"{escape(team_choices[0].team_summary)} "
+            f"(guaranteed {format_gpus(team.guarantee_milli)}{escape(cap)})</span></h3>"
         )
         for c in team_choices:
-            parts.extend(_profile_html(c, choices, c is checked_choice, kept is c and not c.available,
-                                       culler_on, admin_contact))
+            parts.extend(
+                _profile_html(c, choices, c is checked_choice, kept is c and not c.available, culler_on, admin_contact)
+            )
         parts.append("</fieldset>")
     return "\n".join(parts)
 
 
-def _profile_html(c: ProfileChoice, choices: list[ProfileChoice], checked: bool, refused: bool,
-                  culler_on: bool | None, admin_contact: str) -> list[str]:
+def _profile_html(
+    c: ProfileChoice,
+    choices: list[ProfileChoice],
+    checked: bool,
+    refused: bool,
+    culler_on: bool | None,
+    admin_contact: str,
+) -> list[str]:
     p = c.profile
     value = choice_value(c)
     rid = "gpulab-" + value.replace(":", "--")
     cls = "gpulab-profile" + ("" if c.available else " gpulab-unavailable") + (" gpulab-kept" if refused else "")
-    out = [f'<label class="{cls}" for="{escape(rid)}" data-choice="{escape(value)}">',
-           f'<input type="radio" name="choice" id="{escape(rid)}" value="{escape(value)}"'
-           f'{" checked" if checked else ""}{"" if c.available else " disabled"}>'
-           f'<strong>{escape(p.display_name)}</strong>']
+    out = [
+        f'<label class="{cls}" for="{escape(rid)}" data-choice="{escape(value)}">',
+        f'<input type="radio" name="choice" id="{escape(rid)}" value="{escape(value)}"'
+        f"{' checked' if checked else ''}{'' if c.available else ' disabled'}>"
+        f"<strong>{escape(p.display_name)}</strong>",
+    ]
     details = []
     if p.description:
         details.append(p.description)
@@ -150,8 +175,10 @@ def _profile_html(c: ProfileChoice, choices: list[ProfileChoice], checked: bool,
         out.append(f'<span class="gpulab-reason">Unavailable: {escape(c.reason)}</span>')
         out.append(f'<span class="gpulab-todo">{escape(what_to_do(c, choices, admin_contact))}</span>')
     if len(p.images) > 1:
-        out.append(f'<span class="gpulab-detail">Image: <select name="image-{escape(value)}"'
-                   f' aria-label="Image for {escape(p.display_name)}">')
+        out.append(
+            f'<span class="gpulab-detail">Image: <select name="image-{escape(value)}"'
+            f' aria-label="Image for {escape(p.display_name)}">'
+        )
         for img in p.images:
             out.append(f'<option value="{escape(img.slug)}">{escape(img.display_name)}</option>')
         out.append("</select></span>")
@@ -181,7 +208,8 @@ def options_from_formdata(formdata: dict[str, list[str]]) -> dict[str, str]:
     unknown = sorted(k for k in formdata if k not in ("choice", "_xsrf") and not k.startswith("image-"))
     if unknown:
         raise PolicyError(
-            "unknown form field(s): " + ", ".join(repr(k[:40]) for k in unknown[:5])
+            "unknown form field(s): "
+            + ", ".join(repr(k[:40]) for k in unknown[:5])
             + "; GPU size, resources and priority come from the profile"
         )
     raw = formdata.get("choice") or []

@@ -84,8 +84,9 @@ class ModelWeights:
             self.whole_above[c] = above
             above += whole_by_n[c]
         # the part of share_delta on a completely free GPU that depends on the node's count c
-        self.fresh_cost = [0] + [FULL * ((c - 1) * self.whole_above[c - 1] - c * self.whole_above[c])
-                                 for c in range(1, max_gpus + 1)]
+        self.fresh_cost = [0] + [
+            FULL * ((c - 1) * self.whole_above[c - 1] - c * self.whole_above[c]) for c in range(1, max_gpus + 1)
+        ]
 
     def share_delta(self, free: int, milli: int, full_gpus: int) -> int:
         """Fragmentation change when ``milli <= 1000`` lands on a GPU with ``free`` left.
@@ -102,8 +103,9 @@ class ModelWeights:
     def whole_delta(self, gpus: int, full_gpus: int) -> int:
         """Fragmentation change when ``gpus`` completely free GPUs of a node are taken."""
         c = full_gpus
-        return FULL * ((c - gpus) * self.whole_above[c - gpus] - c * self.whole_above[c]) \
-            - self.not_allowed * gpus * FULL
+        return (
+            FULL * ((c - gpus) * self.whole_above[c - gpus] - c * self.whole_above[c]) - self.not_allowed * gpus * FULL
+        )
 
 
 #: Popularities are scaled to integers summing to about this, so that scores are exact

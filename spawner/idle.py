@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import pairwise
 from typing import Any
 
 from .model import Profile, Team
@@ -83,16 +84,27 @@ def summarize(series: DeviceSeries, *, start: float, now: float) -> DeviceSummar
     """Summarise raw samples over ``[start, now]`` (samples outside are ignored)."""
     in_window = sorted((t, v) for t, v in series.samples if start <= t <= now)
     if not in_window:
-        return DeviceSummary(series.device, 0, 0.0, 0.0, math.inf, math.inf, math.inf, True,
-                             series.metric, series.labels)
+        return DeviceSummary(
+            series.device, 0, 0.0, 0.0, math.inf, math.inf, math.inf, True, series.metric, series.labels
+        )
     values = [v for _, v in in_window]
     finite = all(math.isfinite(v) for v in values)
     stamps = [t for t, _ in in_window]
-    gap = max((b - a for a, b in zip(stamps, stamps[1:])), default=0.0)
+    gap = max((b - a for a, b in pairwise(stamps)), default=0.0)
     peak = max(values) if finite else math.nan
     mean = sum(values) / len(values) if finite else math.nan
-    return DeviceSummary(series.device, len(values), peak, mean, stamps[0] - start, now - stamps[-1], gap,
-                         finite, series.metric, series.labels)
+    return DeviceSummary(
+        series.device,
+        len(values),
+        peak,
+        mean,
+        stamps[0] - start,
+        now - stamps[-1],
+        gap,
+        finite,
+        series.metric,
+        series.labels,
+    )
 
 
 @dataclass(frozen=True)
@@ -138,8 +150,13 @@ def judge_gpu_idle(
     if started_at is not None:
         evidence["session_started_at"] = started_at
         if started_at > start:
-            return IdleVerdict(False, SHORT, f"server started {_secs(now - started_at)} ago; its idle timeout is "
-                                             f"{_secs(window_seconds)}, so only its own samples count", evidence)
+            return IdleVerdict(
+                False,
+                SHORT,
+                f"server started {_secs(now - started_at)} ago; its idle timeout is "
+                f"{_secs(window_seconds)}, so only its own samples count",
+                evidence,
+            )
     if not series:
         return IdleVerdict(False, MISSING, "no GPU utilisation samples for this server", evidence)
 
@@ -170,13 +187,22 @@ def judge_gpu_idle(
             problems.append((STALE, f"{s.device}: newest sample is {_secs(s.tail)} old"))
             continue
         if s.lead > max_gap_seconds:
-            problems.append((SHORT, f"{s.device}: samples start only {_secs(window_seconds - s.lead)} ago, "
-                                    f"window is {_secs(window_seconds)}"))
+            problems.append(
+                (
+                    SHORT,
+                    f"{s.device}: samples start only {_secs(window_seconds - s.lead)} ago, "
+                    f"window is {_secs(window_seconds)}",
+                )
+            )
             continue
         if s.max_gap > max_gap_seconds:
             wide = f"a {_secs(s.max_gap)}" if math.isfinite(s.max_gap) else "a long"
-            problems.append((PARTIAL, f"{s.device}: {wide} hole in the samples "
-                                      f"(at most {_secs(max_gap_seconds)} counts as unknown)"))
+            problems.append(
+                (
+                    PARTIAL,
+                    f"{s.device}: {wide} hole in the samples (at most {_secs(max_gap_seconds)} counts as unknown)",
+                )
+            )
             continue
 
     if busy:
@@ -193,7 +219,8 @@ def judge_gpu_idle(
         status = problems[0][0]
         return IdleVerdict(False, status, "not enough data: " + "; ".join(p for _, p in problems), evidence)
     return IdleVerdict(
-        True, IDLE,
+        True,
+        IDLE,
         f"every sample of {len(seen)} GPU(s) at or below {threshold_percent:g}% for {_secs(window_seconds)}",
         evidence,
     )
@@ -285,8 +312,9 @@ class IdleWarning:
     held: bool = False
 
 
-def next_step(verdict: IdleVerdict, warning: IdleWarning | None, keepalive_until: float | None,
-              now: float, session: str = "") -> Step:
+def next_step(
+    verdict: IdleVerdict, warning: IdleWarning | None, keepalive_until: float | None, now: float, session: str = ""
+) -> Step:
     """What to do with one server this cycle.
 
     ``session`` identifies the running server session (its start time); a

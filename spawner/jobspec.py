@@ -61,9 +61,7 @@ def priority_for(job_class: str) -> PriorityClass:
     try:
         return JOB_CLASSES[job_class]
     except (KeyError, TypeError):
-        raise JobSpecError(
-            f"job_class must be one of {', '.join(JOB_CLASSES)}, not {str(job_class)[:40]!r}"
-        ) from None
+        raise JobSpecError(f"job_class must be one of {', '.join(JOB_CLASSES)}, not {str(job_class)[:40]!r}") from None
 
 
 def may_transition(old: str, new: str) -> bool:
@@ -311,10 +309,12 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
     node_affinity: dict[str, Any] = {}
     if req.node_affinity_required:
         node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-            "nodeSelectorTerms": [dict(t) for t in req.node_affinity_required]}
+            "nodeSelectorTerms": [dict(t) for t in req.node_affinity_required]
+        }
     if req.node_affinity_preferred:
         node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
-            dict(t) for t in req.node_affinity_preferred]
+            dict(t) for t in req.node_affinity_preferred
+        ]
     if node_affinity:
         pod_spec["affinity"] = {"nodeAffinity": node_affinity}
     if req.image_pull_secrets:
@@ -340,11 +340,19 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         # backoffLimit times; preemption and node drains (DisruptionTarget)
         # are not the notebook's fault: the pod is retried without spending
         # backoffLimit, i.e. the job requeues. Rules apply in order.
-        "podFailurePolicy": {"rules": [
-            {"action": "FailJob", "onExitCodes": {"containerName": "papermill", "operator": "In",
-                                                  "values": list(NOTEBOOK_FAILED_EXIT_CODES)}},
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        ]},
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": "papermill",
+                        "operator": "In",
+                        "values": list(NOTEBOOK_FAILED_EXIT_CODES),
+                    },
+                },
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]
+        },
         "template": {
             "metadata": {"labels": pod_labels, "annotations": pod_annotations},
             "spec": pod_spec,

@@ -45,13 +45,11 @@ from .kube_conventions import (
 )
 from .ledger import Workload
 from .local import workload_key
-from .policy import (Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request,
-                     what_to_do)
+from .policy import Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request, what_to_do
 from .priority import effective_priority_class
 from .scheduling import explain_unschedulable
 from .sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
 from .units import format_gpus
-
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 _QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
@@ -59,10 +57,23 @@ _QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?),
 _LOADED_RUNTIMES: weakref.WeakSet = weakref.WeakSet()
 #: Traits this class sets per spawn; restored to the configured value before each spawn.
 _APPLIED_TRAITS = (
-    "namespace", "extra_labels", "extra_annotations", "extra_resource_limits",
-    "extra_resource_guarantees", "node_selector", "scheduler_name", "priority_class_name",
-    "cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit", "image", "environment",
-    "tolerations", "node_affinity_required", "node_affinity_preferred",
+    "namespace",
+    "extra_labels",
+    "extra_annotations",
+    "extra_resource_limits",
+    "extra_resource_guarantees",
+    "node_selector",
+    "scheduler_name",
+    "priority_class_name",
+    "cpu_guarantee",
+    "cpu_limit",
+    "mem_guarantee",
+    "mem_limit",
+    "image",
+    "environment",
+    "tolerations",
+    "node_affinity_required",
+    "node_affinity_preferred",
 )
 #: Seconds a namespace whose pods could not be listed is left alone before the next try.
 _RETRY_FAILED_NAMESPACE_SECONDS = 10.0
@@ -86,9 +97,11 @@ def quota_refusal_message(namespace: str, api_message: str) -> str:
     if not m:
         return f"The cluster refused to create the server in namespace {namespace}: {api_message}"
     name, requested, used, limited = (s.strip() for s in m.groups())
-    return (f"The cluster refused the server: namespace {namespace} is at its ResourceQuota "
-            f"'{name}' (in use: {used}; limit: {limited}; this server asks for {requested}). "
-            f"Stop another server in your team or ask an admin to raise the quota.")
+    return (
+        f"The cluster refused the server: namespace {namespace} is at its ResourceQuota "
+        f"'{name}' (in use: {used}; limit: {limited}; this server asks for {requested}). "
+        f"Stop another server in your team or ask an admin to raise the quota."
+    )
 
 
 class GPUPodReflector(PodReflector):
@@ -105,8 +118,9 @@ def workload_from_pod(pod: dict) -> Workload | None:
     md = pod.get("metadata") or {}
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
-    return gl.workload_from_labels(md.get("labels") or {}, md.get("annotations") or {},
-                                   fallback_key=f"pod:{md.get('namespace')}/{md.get('name')}")
+    return gl.workload_from_labels(
+        md.get("labels") or {}, md.get("annotations") or {}, fallback_key=f"pod:{md.get('namespace')}/{md.get('name')}"
+    )
 
 
 class GPUKubeSpawner(KubeSpawner):
@@ -211,9 +225,12 @@ class GPUKubeSpawner(KubeSpawner):
                     self.__class__.reflectors.pop(key, None)
                     GPUKubeSpawner._failed_namespaces[ns] = now
                     failed.add(ns)
-                    self.log.warning("gpulab: cannot list GPU pods in %s (%s); its teams keep their last "
-                                     "known usage until it can be read", ns or "all namespaces",
-                                     _api_message(e) if isinstance(e, ApiException) else e)
+                    self.log.warning(
+                        "gpulab: cannot list GPU pods in %s (%s); its teams keep their last "
+                        "known usage until it can be read",
+                        ns or "all namespaces",
+                        _api_message(e) if isinstance(e, ApiException) else e,
+                    )
                     continue
             elif not reflector.first_load_future.done():
                 await reflector.first_load_future
@@ -270,7 +287,10 @@ class GPUKubeSpawner(KubeSpawner):
     def _choices(self) -> list[ProfileChoice]:
         runtime = self.runtime
         return choices_for_user(
-            runtime.catalog, runtime.ledger, self.user.name, self._user_groups(),
+            runtime.catalog,
+            runtime.ledger,
+            self.user.name,
+            self._user_groups(),
             capacity=self._capacity,
             effective_milli=lambda p: effective_milli(p, runtime.catalog.sharing),
         )
@@ -281,7 +301,7 @@ class GPUKubeSpawner(KubeSpawner):
             await self.refresh_ledger()
         except Exception:
             self.log.exception("gpulab: cannot read GPU usage from the cluster")
-            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503)
+            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503) from None
         choices = self._choices()
         several_teams = len({c.team.name for c in choices}) > 1
         chosen = (self.user_options or {}).get("team"), (self.user_options or {}).get("profile")
@@ -300,16 +320,24 @@ class GPUKubeSpawner(KubeSpawner):
                 "display_name": p.display_name + (f" — team {c.team.label}" if several_teams else ""),
                 "description": p.description,
                 "gpulab": {
-                    "available": c.available, "reason": c.reason, "notes": notes,
+                    "available": c.available,
+                    "reason": c.reason,
+                    "notes": notes,
                     "todo": "" if c.available else what_to_do(c, choices, self.runtime.admin_contact),
-                    "gpus": size if p.is_gpu else "", "rounded": c.effective_milli is not None,
+                    "gpus": size if p.is_gpu else "",
+                    "rounded": c.effective_milli is not None,
                     "selected": c.available and chosen[1] == p.slug and chosen[0] in (None, c.team.name),
                 },
             }
             if len(p.images) > 1:
-                entry["profile_options"] = {"image": {"display_name": "Image", "choices": {
-                    i.slug: {"display_name": i.display_name, "default": n == 0} for n, i in enumerate(p.images)
-                }}}
+                entry["profile_options"] = {
+                    "image": {
+                        "display_name": "Image",
+                        "choices": {
+                            i.slug: {"display_name": i.display_name, "default": n == 0} for n, i in enumerate(p.images)
+                        },
+                    }
+                }
             out.append(entry)
         if out and not any(e["gpulab"]["selected"] for e in out):
             first = next((e for e in out if e["gpulab"]["available"]), None)
@@ -343,7 +371,7 @@ class GPUKubeSpawner(KubeSpawner):
                 continue
             if key.startswith("profile-option-"):
                 if prefix and key.startswith(prefix):
-                    options[key[len(prefix):]] = value[0] if isinstance(value, list) and len(value) == 1 else value
+                    options[key[len(prefix) :]] = value[0] if isinstance(value, list) and len(value) == 1 else value
                 continue  # options of profiles not chosen
             options[key] = value
         self._resolve(options)  # refuse on the form page, before anything starts
@@ -373,29 +401,49 @@ class GPUKubeSpawner(KubeSpawner):
             failed = await self.refresh_ledger()
         except Exception:
             self.log.exception("gpulab: cannot read GPU usage from the cluster")
-            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503)
+            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503) from None
         team_ns = team.namespace or self._hub_namespace
         if None in failed or team_ns in failed:
-            raise refusal(f"The hub cannot read the GPU usage of team {team.name} (namespace {team_ns}) "
-                          f"right now; try again shortly, or ask an admin to check the hub's Role there.", 503)
+            raise refusal(
+                f"The hub cannot read the GPU usage of team {team.name} (namespace {team_ns}) "
+                f"right now; try again shortly, or ask an admin to check the hub's Role there.",
+                503,
+            )
         # No await between the rebuild and the reservation: concurrent spawns see each other.
         key = self.workload_key
         decision = self.runtime.ledger.reserve(
-            key, team.name, self.user.name, spec.effective_milli, profile=profile.slug,
-            kind="notebook", may_burst=profile.priority_class.may_burst,
+            key,
+            team.name,
+            self.user.name,
+            spec.effective_milli,
+            profile=profile.slug,
+            kind="notebook",
+            may_burst=profile.priority_class.may_burst,
         )
         if not decision.allowed:
-            self.log.info("gpulab: refused %s (%s, %s GPU): %s", key, profile.slug,
-                          format_gpus(spec.effective_milli), decision.reason)
+            self.log.info(
+                "gpulab: refused %s (%s, %s GPU): %s",
+                key,
+                profile.slug,
+                format_gpus(spec.effective_milli),
+                decision.reason,
+            )
             raise refusal(decision.reason, 403, "quota")
         self._reserved_key = key
         self._refused_early = False
         self.gpu_spec = spec
-        workload = Workload(key, team.name, self.user.name, spec.effective_milli, profile.slug,
-                            "notebook", decision.over_quota)
+        workload = Workload(
+            key, team.name, self.user.name, spec.effective_milli, profile.slug, "notebook", decision.over_quota
+        )
         self._apply(request, spec, workload)
-        self.log.info("gpulab: admitted %s in team %s: %s (%s), %s", key, team.name, profile.slug,
-                      spec.summary, decision.quota_label)
+        self.log.info(
+            "gpulab: admitted %s in team %s: %s (%s), %s",
+            key,
+            team.name,
+            profile.slug,
+            spec.summary,
+            decision.quota_label,
+        )
 
     def _check_hami_privileged(self, spec: PodGPUSpec) -> None:
         """HAMi's webhook denies any pod asking for its resources that has a privileged
@@ -412,7 +460,10 @@ class GPUKubeSpawner(KubeSpawner):
                 f"This cluster's HAMi GPU sharing refuses pods with a privileged container, and the hub "
                 f"adds one ({', '.join(names)}). An admin must turn it off: with Zero to JupyterHub, "
                 f"singleuser.cloudMetadata.blockWithIptables=false (the gpulab chart's NetworkPolicy "
-                f"blocks the cloud metadata server instead).", 500, "configuration")
+                f"blocks the cloud metadata server instead).",
+                500,
+                "configuration",
+            )
 
     def _apply(self, request: SpawnRequest, spec: PodGPUSpec, workload: Workload) -> None:
         team, profile = request.team, request.profile
@@ -434,15 +485,23 @@ class GPUKubeSpawner(KubeSpawner):
         self.node_affinity_required = [*self.node_affinity_required, *map(dict, profile.node_affinity_required)]
         self.node_affinity_preferred = [*self.node_affinity_preferred, *map(dict, profile.node_affinity_preferred)]
         self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
-        for trait, value in (("cpu_guarantee", profile.cpu_guarantee), ("cpu_limit", profile.cpu_limit),
-                             ("mem_guarantee", profile.mem_guarantee), ("mem_limit", profile.mem_limit)):
+        for trait, value in (
+            ("cpu_guarantee", profile.cpu_guarantee),
+            ("cpu_limit", profile.cpu_limit),
+            ("mem_guarantee", profile.mem_guarantee),
+            ("mem_limit", profile.mem_limit),
+        ):
             if value is not None:
                 setattr(self, trait, value)
         if request.image is not None:
             self.image = request.image.image
         # Saved in the hub's spawner state: services (the idle culler) read what was granted.
-        self._gpulab_state = {"team": team.name, "profile": profile.slug,
-                              "milli": spec.effective_milli, "over_quota": workload.over_quota}
+        self._gpulab_state = {
+            "team": team.name,
+            "profile": profile.slug,
+            "milli": spec.effective_milli,
+            "over_quota": workload.over_quota,
+        }
         env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota, (), {})
         env.pop("CUDA_VISIBLE_DEVICES")  # on Kubernetes the device plugin picks the devices
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
@@ -455,9 +514,13 @@ class GPUKubeSpawner(KubeSpawner):
         if not self.storage_pvc_ensure:
             return
         if self._pvc_exists and self._pvc_namespace and self._pvc_namespace != self.namespace:
-            self.log.info("gpulab: %s's home claim %s is in namespace %s; this server runs in %s and "
-                          "gets the home there", self.user.name, self.pvc_name, self._pvc_namespace,
-                          self.namespace)
+            self.log.info(
+                "gpulab: %s's home claim %s is in namespace %s; this server runs in %s and gets the home there",
+                self.user.name,
+                self.pvc_name,
+                self._pvc_namespace,
+                self.namespace,
+            )
             self._pvc_exists = False
             self.pvc_name = self._expand_user_properties(self.pvc_name_template)
         self._pvc_namespace = self.namespace
@@ -544,8 +607,7 @@ class GPUKubeSpawner(KubeSpawner):
             try:
                 await self.refresh_ledger()
             except Exception:
-                self.log.exception("gpulab: cannot read GPU usage from the cluster; polling %s anyway",
-                                   self._log_name)
+                self.log.exception("gpulab: cannot read GPU usage from the cluster; polling %s anyway", self._log_name)
         status = await super().poll()
         if status is None:
             w = self.runtime.ledger.get(self.workload_key)
@@ -598,5 +660,13 @@ def _api_message(e: ApiException) -> str:
         return e.reason or str(e)
 
 
-__all__ = ["GPUKubeSpawner", "GPUPodReflector", "expand_user_template", "privileged_containers",
-           "qualified_hub_connect_url", "quota_refusal_message", "user_template_fields", "workload_from_pod"]
+__all__ = [
+    "GPUKubeSpawner",
+    "GPUPodReflector",
+    "expand_user_template",
+    "privileged_containers",
+    "qualified_hub_connect_url",
+    "quota_refusal_message",
+    "user_template_fields",
+    "workload_from_pod",
+]

@@ -27,14 +27,21 @@ def user_template_fields(user_name: str, hub_namespace: str = "") -> dict[str, s
     safe = safe_slug(user_name, max_length=_SLUG_MAX_LENGTH)
     # KubeSpawner slugs user and server name together when the joined safe
     # slugs ("user--server") would pass the limit, even for an empty server name.
-    user_server = (multi_slug([user_name, ""], max_length=_SLUG_MAX_LENGTH)
-                   if len(safe) + 2 > _SLUG_MAX_LENGTH else safe)
+    user_server = multi_slug([user_name, ""], max_length=_SLUG_MAX_LENGTH) if len(safe) + 2 > _SLUG_MAX_LENGTH else safe
     escaped = escape_slug(user_name)
     return {
-        "username": safe, "safe_username": safe, "user_server": user_server, "safe_user_server": user_server,
-        "servername": "", "safe_servername": "", "unescaped_username": user_name,
-        "unescaped_servername": "", "escaped_username": escaped, "escaped_servername": "",
-        "escaped_user_server": f"{escaped}--", "hubnamespace": hub_namespace,
+        "username": safe,
+        "safe_username": safe,
+        "user_server": user_server,
+        "safe_user_server": user_server,
+        "servername": "",
+        "safe_servername": "",
+        "unescaped_username": user_name,
+        "unescaped_servername": "",
+        "escaped_username": escaped,
+        "escaped_servername": "",
+        "escaped_user_server": f"{escaped}--",
+        "hubnamespace": hub_namespace,
     }
 
 
@@ -43,8 +50,9 @@ def expand_user_template(template: str, user_name: str, hub_namespace: str = "")
     try:
         rendered = template.format(**user_template_fields(user_name, hub_namespace))
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"template {template!r} uses a field gpulab cannot fill for jobs ({e}); "
-                         f"use {{username}} or {{user_server}}") from None
+        raise ValueError(
+            f"template {template!r} uses a field gpulab cannot fill for jobs ({e}); use {{username}} or {{user_server}}"
+        ) from None
     # KubeSpawner strips the "-" an empty server name leaves at the end.
     return rendered if template.endswith("-") else rendered.rstrip("-")
 
@@ -90,15 +98,22 @@ def prepuller_extra_images(catalog: Any) -> dict[str, dict[str, str]]:
         for choice in profile.images:
             ref = choice.image
             if "@" in ref:
-                raise ValueError(f"profile {profile.slug}: image {ref!r} is pinned by digest; z2jh's "
-                                 f"prePuller.extraImages takes name and tag only")
+                raise ValueError(
+                    f"profile {profile.slug}: image {ref!r} is pinned by digest; z2jh's "
+                    f"prePuller.extraImages takes name and tag only"
+                )
             name, tag = ref, "latest"
             slash, colon = ref.rfind("/"), ref.rfind(":")
             if colon > slash:
-                name, tag = ref[:colon], ref[colon + 1:]
+                name, tag = ref[:colon], ref[colon + 1 :]
             out[f"{profile.slug}-{choice.slug}"] = {"name": name, "tag": tag}
     return out
 
 
-__all__ = ["expand_user_template", "prepuller_extra_images", "privileged_containers",
-           "qualified_hub_connect_url", "user_template_fields"]
+__all__ = [
+    "expand_user_template",
+    "prepuller_extra_images",
+    "privileged_containers",
+    "qualified_hub_connect_url",
+    "user_template_fields",
+]

@@ -38,12 +38,13 @@ def kueue_local_queue(team: str, template: str = KUEUE_LOCAL_QUEUE_TEMPLATE) -> 
     """The name of ``team``'s Kueue LocalQueue (in the team's namespace)."""
     return template.format(team=team)
 
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def label_value(value: str) -> str:
     """Escape ``value`` into a valid label value (stable, collision-resistant)."""
-    escaped = _SAFE.sub(lambda m: "-%02x" % ord(m.group(0)) if ord(m.group(0)) < 256 else "-", value)
+    escaped = _SAFE.sub(lambda m: f"-{ord(m.group(0)):02x}" if ord(m.group(0)) < 256 else "-", value)
     if len(escaped) > 63 or escaped != value:
         import hashlib
 
@@ -69,8 +70,9 @@ def workload_annotations(w: Workload) -> dict[str, str]:
     return {USER_ANNOTATION: w.user, WORKLOAD_ANNOTATION: w.key}
 
 
-def workload_from_labels(labels: Mapping[str, str], annotations: Mapping[str, str] | None = None,
-                         *, fallback_key: str = "") -> Workload | None:
+def workload_from_labels(
+    labels: Mapping[str, str], annotations: Mapping[str, str] | None = None, *, fallback_key: str = ""
+) -> Workload | None:
     """Rebuild a :class:`Workload` from a pod's metadata; ``None`` if not ours."""
     annotations = annotations or {}
     try:

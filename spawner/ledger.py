@@ -133,8 +133,9 @@ class Ledger:
                 try:
                     callback(event, w)
                 except Exception:  # an observer's failure never undoes an admission
-                    logging.getLogger("gpulab.ledger").exception("ledger observer %r failed on %s %s",
-                                                                 callback, event, w.key)
+                    logging.getLogger("gpulab.ledger").exception(
+                        "ledger observer %r failed on %s %s", callback, event, w.key
+                    )
 
     # -- configuration ----------------------------------------------------
 
@@ -203,8 +204,9 @@ class Ledger:
         with self._lock:
             if key in self._workloads:
                 held = self._workloads[key]
-                return Decision(False, f"{key} already holds {format_gpus(held.milli)} GPUs in team "
-                                f"{held.team}", team, user, milli)
+                return Decision(
+                    False, f"{key} already holds {format_gpus(held.milli)} GPUs in team {held.team}", team, user, milli
+                )
             decision = self._decide(team, user, milli, may_burst)
             if decision.allowed:
                 w = Workload(key, team, user, milli, profile, kind, decision.over_quota, RESERVED)

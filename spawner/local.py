@@ -34,16 +34,24 @@ from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
 from .accounts import Account, AccountError, UserAccounts
-from .sudo import SudoError, process_alive
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import find_choice, options_from_formdata, refusal_sentence, render_options_form
 from .ledger import Workload
 from .nvml import detect_gpus
 from .packer import DevicePacker, Placement, devices_from_inventory
-from .policy import (Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, device_capacity,
-                     resolve_request, what_to_do)
+from .policy import (
+    Capacity,
+    PolicyError,
+    ProfileChoice,
+    SpawnRequest,
+    choices_for_user,
+    device_capacity,
+    resolve_request,
+    what_to_do,
+)
 from .progress import setup_messages
+from .sudo import SudoError, process_alive
 from .units import format_gpus
 
 
@@ -72,7 +80,9 @@ def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
         runtime.packer = DevicePacker(devices)
         runtime.inventory_source = source
         (log or logging.getLogger("gpulab")).info(
-            "gpulab: %d GPU(s) from %s: %s", len(devices), source,
+            "gpulab: %d GPU(s) from %s: %s",
+            len(devices),
+            source,
             ", ".join(sorted({d.model for d in devices})) or "none",
         )
         return runtime.packer
@@ -111,8 +121,7 @@ class GPULocalMixin(LoggingConfigurable):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         orm = kwargs.get("orm_spawner")
-        self._fresh_record = bool(self.name) and orm is not None and orm.started is None \
-            and orm.last_activity is None
+        self._fresh_record = bool(self.name) and orm is not None and orm.started is None and orm.last_activity is None
 
     allow_root_when_root = Bool(
         True,
@@ -172,9 +181,15 @@ class GPULocalMixin(LoggingConfigurable):
         selected = self._last_choice_value()
         admin = bool(getattr(self.user, "admin", False))
         return render_options_form(
-            choices, note, declared, self.reclaim_notice(), selected=selected, refused=refused,
+            choices,
+            note,
+            declared,
+            self.reclaim_notice(),
+            selected=selected,
+            refused=refused,
             start_again_url=self.start_again_url(selected) if selected else "",
-            culler_on=self._culler_on(), admin_contact=runtime.admin_contact,
+            culler_on=self._culler_on(),
+            admin_contact=runtime.admin_contact,
             admin_page_url=f"{self.hub.base_url}gpulab/admin" if admin and not choices else "",
         )
 
@@ -200,7 +215,7 @@ class GPULocalMixin(LoggingConfigurable):
         return self.gpulab.culler_running
 
     def reclaim_notice(self) -> str:
-        """"Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
+        """ "Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
         return get_runtime(parent=self).reclaim_notice(self)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, str]:
@@ -224,8 +239,7 @@ class GPULocalMixin(LoggingConfigurable):
             return refusal_sentence("Your server", reason)
         if choice.available:  # refused for a reason the live view does not show (e.g. image): no advice
             return refusal_sentence(choice.profile.display_name, reason)
-        return refusal_sentence(choice.profile.display_name, reason,
-                                what_to_do(choice, choices, runtime.admin_contact))
+        return refusal_sentence(choice.profile.display_name, reason, what_to_do(choice, choices, runtime.admin_contact))
 
     # -- named-server records -----------------------------------------------
 
@@ -240,8 +254,14 @@ class GPULocalMixin(LoggingConfigurable):
         """
         user = getattr(self, "user", None)
         orm = getattr(self, "orm_spawner", None)
-        if (not self._fresh_record or self.active or orm is None or orm.server is not None
-                or user is None or user.spawners.get(self.name) is not self):
+        if (
+            not self._fresh_record
+            or self.active
+            or orm is None
+            or orm.server is not None
+            or user is None
+            or user.spawners.get(self.name) is not self
+        ):
             return
         user.spawners.pop(self.name, None)
         user.db.delete(orm)
@@ -265,8 +285,9 @@ class GPULocalMixin(LoggingConfigurable):
         request = resolve_request(runtime.catalog, self.user.name, self._groups(), options)
         if check_now:
             # Early feedback on the form; start() decides for real, atomically.
-            decision = runtime.ledger.admit(request.team.name, self.user.name, request.milli,
-                                            may_burst=request.profile.priority_class.may_burst)
+            decision = runtime.ledger.admit(
+                request.team.name, self.user.name, request.milli, may_burst=request.profile.priority_class.may_burst
+            )
             if not decision.allowed:
                 raise PolicyError(decision.reason, 403)
             if request.milli:
@@ -287,8 +308,13 @@ class GPULocalMixin(LoggingConfigurable):
         key = self._key
         profile = request.profile
         decision = runtime.ledger.reserve(
-            key, request.team.name, self.user.name, request.milli,
-            profile=profile.slug, kind="notebook", may_burst=profile.priority_class.may_burst,
+            key,
+            request.team.name,
+            self.user.name,
+            request.milli,
+            profile=profile.slug,
+            kind="notebook",
+            may_burst=profile.priority_class.may_burst,
         )
         if not decision.allowed:
             self.log.warning("gpulab: refused %s: %s", key, decision.reason)
@@ -297,14 +323,16 @@ class GPULocalMixin(LoggingConfigurable):
         placement: Placement | None = None
         if request.milli:
             with runtime.lock:
-                placement = runtime.packer.place(
-                    key, request.milli, {profile.gpu_model} if profile.gpu_model else None
-                )
+                placement = runtime.packer.place(key, request.milli, {profile.gpu_model} if profile.gpu_model else None)
             if placement is None:
                 runtime.ledger.release(key)
                 self._refused()
-                raise SpawnRefused(409, refusal_sentence(
-                    profile.display_name, self._capacity(profile).reason or "no free GPU fits this profile"))
+                raise SpawnRefused(
+                    409,
+                    refusal_sentence(
+                        profile.display_name, self._capacity(profile).reason or "no free GPU fits this profile"
+                    ),
+                )
         # JupyterHub passes these to the server as MEM_LIMIT, CPU_LIMIT, ... (what
         # jupyter-resource-usage shows); a local process is not confined by them.
         # Start from the configured values, so a previous spawn's profile never leaks.
@@ -323,7 +351,10 @@ class GPULocalMixin(LoggingConfigurable):
         }
         self.log.info(
             "gpulab: %s admitted in team %s: %s GPU (%s) on devices %s",
-            key, request.team.name, format_gpus(request.milli), decision.quota_label,
+            key,
+            request.team.name,
+            format_gpus(request.milli),
+            decision.quota_label,
             placement.device_indices if placement else "()",
         )
         try:
@@ -339,8 +370,9 @@ class GPULocalMixin(LoggingConfigurable):
     def _remember_choice(self, request: SpawnRequest) -> None:
         """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
         try:
-            self.gpulab.remember_choice(self.user.name, request.team.name, request.profile.slug,
-                                        request.image.slug if request.image else "")
+            self.gpulab.remember_choice(
+                self.user.name, request.team.name, request.profile.slug, request.image.slug if request.image else ""
+            )
         except Exception as e:
             self.log.warning("gpulab: cannot record the last choice of %s: %s", self.user.name, e)
 
@@ -361,13 +393,20 @@ class GPULocalMixin(LoggingConfigurable):
         if state is None or team is None or profile is None:
             yield {"progress": 10, "message": "Starting your server"}
             return
-        messages = setup_messages(profile, team, int(state["milli"]), bool(state["over_quota"]),
-                                  state.get("shares") or [], runtime.packer.devices, self.runs_as_words())
+        messages = setup_messages(
+            profile,
+            team,
+            int(state["milli"]),
+            bool(state["over_quota"]),
+            state.get("shares") or [],
+            runtime.packer.devices,
+            self.runs_as_words(),
+        )
         for i, message in enumerate(messages):
             yield {"progress": 20 + 60 * i // len(messages), "message": message}
 
     def runs_as_words(self) -> str:
-        """"as the hub's own account" / "as system account jupyter-alice" (progress page)."""
+        """ "as the hub's own account" / "as system account jupyter-alice" (progress page)."""
         return "as the hub's own account"
 
     def _refused(self) -> None:
@@ -406,8 +445,14 @@ class GPULocalMixin(LoggingConfigurable):
         state = getattr(self, "_gpulab_state", None)
         if not state:
             return {}
-        return gpu_env(state["team"], state["profile"], state["milli"], state["over_quota"],
-                       state.get("shares") or [], self.gpulab.packer.devices)
+        return gpu_env(
+            state["team"],
+            state["profile"],
+            state["milli"],
+            state["over_quota"],
+            state.get("shares") or [],
+            self.gpulab.packer.devices,
+        )
 
     def runs_as_root(self) -> bool:
         """Will the single-user server's process be root?"""
@@ -435,10 +480,17 @@ class GPULocalMixin(LoggingConfigurable):
         # A server that was running before the hub restarted: count it again.
         runtime = self.gpulab
         key = self._key
-        runtime.ledger.adopt(Workload(
-            key, saved["team"], self.user.name, int(saved["milli"]), saved["profile"],
-            "notebook", bool(saved["over_quota"]),
-        ))
+        runtime.ledger.adopt(
+            Workload(
+                key,
+                saved["team"],
+                self.user.name,
+                int(saved["milli"]),
+                saved["profile"],
+                "notebook",
+                bool(saved["over_quota"]),
+            )
+        )
         if saved.get("shares"):
             with runtime.lock:
                 try:
@@ -492,10 +544,18 @@ class AccountProcessSpawner(LocalProcessSpawner):
         env, args = self.get_env(), self.get_args()
         launcher = self.accounts.launcher
         if self.cmd and Path(self.cmd[0]).name != "jupyterhub-singleuser":
-            self.log.warning("gpulab: c.Spawner.cmd %s is not used through sudo: %s starts the "
-                             "jupyterhub-singleuser of its own virtualenv", self.cmd[0], launcher.mediator)
-        self.log.info("gpulab: spawning jupyterhub-singleuser %s as %s through %s", " ".join(args),
-                      self._account.name, launcher.mediator)
+            self.log.warning(
+                "gpulab: c.Spawner.cmd %s is not used through sudo: %s starts the "
+                "jupyterhub-singleuser of its own virtualenv",
+                self.cmd[0],
+                launcher.mediator,
+            )
+        self.log.info(
+            "gpulab: spawning jupyterhub-singleuser %s as %s through %s",
+            " ".join(args),
+            self._account.name,
+            launcher.mediator,
+        )
         try:
             self.pid = await asyncio.to_thread(launcher.start_server, self._account.name, args, env)
         except SudoError as e:

@@ -46,10 +46,22 @@ MAX_READ = 64 << 20
 #: The job runner module (run with ``-m`` by this program's interpreter).
 RUNNER_MODULE = "hub_config.jobs.runner"
 #: Variables that change what a fixed program loads or runs: never passed on.
-DROPPED_ENV = frozenset({
-    "LD_PRELOAD", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT",
-    "PYTHONUSERBASE", "PYTHONEXECUTABLE", "PYTHONBREAKPOINT", "BASH_ENV", "ENV", "IFS",
-})
+DROPPED_ENV = frozenset(
+    {
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONINSPECT",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONBREAKPOINT",
+        "BASH_ENV",
+        "ENV",
+        "IFS",
+    }
+)
 SIGNALS = {0, int(signals.SIGINT), int(signals.SIGTERM), int(signals.SIGKILL)}
 
 
@@ -67,15 +79,27 @@ def clean_env(requested: Any) -> dict[str, str]:
         raise Refused("env must be an object of strings")
     env: dict[str, str] = {}
     for key, value in requested.items():
-        if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key \
-                or "\0" in key or "\0" in value:
+        if (
+            not isinstance(key, str)
+            or not isinstance(value, str)
+            or not key
+            or "=" in key
+            or "\0" in key
+            or "\0" in value
+        ):
             raise Refused(f"invalid environment variable {str(key)[:40]!r}")
         if key in DROPPED_ENV or key.startswith("LD_") and key != "LD_LIBRARY_PATH":
             continue
         env[key] = value
     account = me()
-    env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
-                "SHELL": account.pw_shell or "/bin/sh"})
+    env.update(
+        {
+            "HOME": account.pw_dir,
+            "USER": account.pw_name,
+            "LOGNAME": account.pw_name,
+            "SHELL": account.pw_shell or "/bin/sh",
+        }
+    )
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     return env
 
@@ -102,8 +126,16 @@ def strings(value: Any, what: str) -> list[str]:
 def start(argv: list[str], env: dict[str, str], cwd: str, output: int) -> dict:
     """Start ``argv`` in a session of its own (its pid is its group), detached from us."""
     try:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output,
-                                stderr=output, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            close_fds=True,
+        )
     except OSError as e:
         raise Refused(f"cannot start {argv[0]}: {e}") from None
     return {"ok": True, "pid": proc.pid}
@@ -125,9 +157,23 @@ def start_job(req: dict) -> dict:
         raise Refused("attempt must be a positive integer")
     # A status file left by an earlier hub with the same job id must not be read as this run's.
     Path(fields["status"]).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", RUNNER_MODULE, "--input", fields["input"], "--output", fields["output"],
-            "--cwd", fields["cwd"], "--status", fields["status"], "--log", fields["log"],
-            "--attempt", str(attempt)]
+    argv = [
+        sys.executable,
+        "-m",
+        RUNNER_MODULE,
+        "--input",
+        fields["input"],
+        "--output",
+        fields["output"],
+        "--cwd",
+        fields["cwd"],
+        "--status",
+        fields["status"],
+        "--log",
+        fields["log"],
+        "--attempt",
+        str(attempt),
+    ]
     return start(argv, clean_env(req.get("env", {})), fields["cwd"], subprocess.DEVNULL)
 
 
@@ -177,8 +223,7 @@ def read(req: dict) -> dict:
             return {"ok": True, "state": "not-a-file"}
         f.seek(offset)
         data = f.read(min(limit, MAX_READ))
-    return {"ok": True, "state": "ok", "real": str(real), "size": st.st_size,
-            "data": base64.b64encode(data).decode()}
+    return {"ok": True, "state": "ok", "real": str(real), "size": st.st_size, "data": base64.b64encode(data).decode()}
 
 
 def prepare_home(req: dict) -> dict:
@@ -187,8 +232,10 @@ def prepare_home(req: dict) -> dict:
     try:
         st = home.lstat()
     except FileNotFoundError:
-        raise Refused(f"the home {home} of {account.pw_name} does not exist: create the account "
-                      "with its home (useradd --create-home)") from None
+        raise Refused(
+            f"the home {home} of {account.pw_name} does not exist: create the account "
+            "with its home (useradd --create-home)"
+        ) from None
     if st.st_uid != account.pw_uid:
         raise Refused(f"the home {home} is not owned by {account.pw_name}")
     if st.st_mode & 0o777 != 0o700:
@@ -196,8 +243,13 @@ def prepare_home(req: dict) -> dict:
     return {"ok": True, "name": account.pw_name, "uid": account.pw_uid, "home": str(home)}
 
 
-ACTIONS = {"start-server": start_server, "start-job": start_job, "signal": send_signal,
-           "read": read, "prepare-home": prepare_home}
+ACTIONS = {
+    "start-server": start_server,
+    "start-job": start_job,
+    "signal": send_signal,
+    "read": read,
+    "prepare-home": prepare_home,
+}
 
 
 def answer(request: Any) -> dict:

@@ -138,8 +138,13 @@ class DevicePacker:
     it is asked to place.
     """
 
-    def __init__(self, devices: Iterable[GPUDevice], *, scoring: str = "bestfit",
-                 workload: Mapping[TaskClass, float] | None = None):
+    def __init__(
+        self,
+        devices: Iterable[GPUDevice],
+        *,
+        scoring: str = "bestfit",
+        workload: Mapping[TaskClass, float] | None = None,
+    ):
         if scoring not in SCORINGS:
             raise PackingError(f"unknown scoring {scoring!r}; expected one of {', '.join(SCORINGS)}")
         self.scoring = scoring
@@ -239,8 +244,9 @@ class DevicePacker:
             return self._find_share(milli, self._models(models), weights)
         return self._find_whole(milli // FULL, self._models(models), weights)
 
-    def _find_share(self, milli: int, models: list[tuple[str, _ModelIndex]],
-                    weights: Mapping[str, ModelWeights] | None) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+    def _find_share(
+        self, milli: int, models: list[tuple[str, _ModelIndex]], weights: Mapping[str, ModelWeights] | None
+    ) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         # Candidates are scored by (fragmentation growth, free share left on the device,
         # free GPU left on the node); best fit uses the last two only.
         best: tuple[int, int, int] | None = None
@@ -266,8 +272,7 @@ class DevicePacker:
                 # the growth on a partly used device depends only on its free share;
                 # min() keeps the first (tightest) of equal scores
                 g = w.g
-                free = min(values[pos:], key=lambda f: g[f - milli] - g[f]) if len(values) - pos > 1 \
-                    else values[pos]
+                free = min(values[pos:], key=lambda f: g[f - milli] - g[f]) if len(values) - pos > 1 else values[pos]
                 key = (w.share_delta(free, milli, 0), free - milli, 0)
                 if best is None or key < best:
                     best, where, fresh = key, (mi, free), None
@@ -285,8 +290,9 @@ class DevicePacker:
             return None
         return (self.devices[idx].node, ((idx, milli),))
 
-    def _find_whole(self, need: int, models: list[tuple[str, _ModelIndex]],
-                    weights: Mapping[str, ModelWeights] | None) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+    def _find_whole(
+        self, need: int, models: list[tuple[str, _ModelIndex]], weights: Mapping[str, ModelWeights] | None
+    ) -> tuple[str, tuple[tuple[int, int], ...]] | None:
         best: tuple[int, int] | None = None
         choice: tuple[str, str] | None = None
         for model, mi in models:
@@ -365,10 +371,7 @@ class DevicePacker:
     def free_milli(self, models: Collection[str] | None = None) -> int:
         if not models:
             return FULL * len(self.devices) - self._used_total
-        return sum(
-            FULL - self._used[i] for i, d in self.devices.items() if not models or d.model in models
-        )
-
+        return sum(FULL - self._used[i] for i, d in self.devices.items() if not models or d.model in models)
 
 
 def devices_from_inventory(specs: Iterable[Any], node: str = "local") -> list[GPUDevice]:

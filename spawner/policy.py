@@ -87,8 +87,9 @@ def device_capacity(packer: DevicePacker, profile: Profile) -> Capacity:
         return Capacity(True, summary)
     if total == 0:
         return Capacity(False, summary, f"this server has no {model}")
-    return Capacity(False, summary,
-                    f"no free {model} on this server fits {format_gpus(profile.gpu_milli)} GPU ({summary})")
+    return Capacity(
+        False, summary, f"no free {model} on this server fits {format_gpus(profile.gpu_milli)} GPU ({summary})"
+    )
 
 
 def team_summary(ledger: Ledger, team: Team) -> str:
@@ -115,22 +116,34 @@ def choices_for_user(
             cap = capacity(profile) if capacity and profile.is_gpu else Capacity(True)
             reason = decision.reason or (cap.reason if not cap.ok else "")
             blocked_by = "quota" if not decision.allowed else ("capacity" if not cap.ok else "")
-            out.append(ProfileChoice(
-                team=team, profile=profile, available=decision.allowed and cap.ok, reason=reason,
-                team_summary=summary, capacity_summary=cap.summary,
-                over_quota=decision.over_quota,
-                effective_milli=milli if milli != profile.gpu_milli else None,
-                blocked_by=blocked_by, user_held_milli=held,
-            ))
+            out.append(
+                ProfileChoice(
+                    team=team,
+                    profile=profile,
+                    available=decision.allowed and cap.ok,
+                    reason=reason,
+                    team_summary=summary,
+                    capacity_summary=cap.summary,
+                    over_quota=decision.over_quota,
+                    effective_milli=milli if milli != profile.gpu_milli else None,
+                    blocked_by=blocked_by,
+                    user_held_milli=held,
+                )
+            )
     return out
 
 
 def smaller_fit(choice: ProfileChoice, choices: Iterable[ProfileChoice]) -> ProfileChoice | None:
     """The largest available GPU profile of the same team (and model) smaller than ``choice``'s."""
     model = choice.profile.gpu_model
-    fits = [c for c in choices
-            if c.available and c.team.name == choice.team.name and 0 < c.profile.gpu_milli < choice.profile.gpu_milli
-            and (model is None or c.profile.gpu_model in (None, model))]
+    fits = [
+        c
+        for c in choices
+        if c.available
+        and c.team.name == choice.team.name
+        and 0 < c.profile.gpu_milli < choice.profile.gpu_milli
+        and (model is None or c.profile.gpu_model in (None, model))
+    ]
     return max(fits, key=lambda c: c.profile.gpu_milli, default=None)
 
 
@@ -186,7 +199,8 @@ def resolve_request(
     unknown = sorted(str(k) for k in options if k not in USER_OPTION_KEYS)
     if unknown:
         raise PolicyError(
-            "unknown spawn option(s): " + ", ".join(repr(k[:40]) for k in unknown[:5])
+            "unknown spawn option(s): "
+            + ", ".join(repr(k[:40]) for k in unknown[:5])
             + "; GPU size, resources and priority come from the profile"
         )
     teams = catalog.teams_for(user, groups)

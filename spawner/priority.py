@@ -54,25 +54,44 @@ class PriorityClass:
 
 
 PRODUCTION = PriorityClass(
-    "gpulab-production", GUARANTEED_VALUE, "PreemptLowerPriority", False,
-    "Inference endpoints, in quota. Never preempted; never admitted over quota.", rank=4,
+    "gpulab-production",
+    GUARANTEED_VALUE,
+    "PreemptLowerPriority",
+    False,
+    "Inference endpoints, in quota. Never preempted; never admitted over quota.",
+    rank=4,
 )
 TRAINING = PriorityClass(
-    "gpulab-training", GUARANTEED_VALUE, "PreemptLowerPriority", False,
-    "Training jobs, in quota. Never preempted; never admitted over quota.", rank=3,
+    "gpulab-training",
+    GUARANTEED_VALUE,
+    "PreemptLowerPriority",
+    False,
+    "Training jobs, in quota. Never preempted; never admitted over quota.",
+    rank=3,
 )
 DEVELOPMENT = PriorityClass(
-    "gpulab-development", GUARANTEED_VALUE, "PreemptLowerPriority", True,
-    "Notebooks within the team guarantee. Never preempted; above it they run as over-quota.", rank=2,
+    "gpulab-development",
+    GUARANTEED_VALUE,
+    "PreemptLowerPriority",
+    True,
+    "Notebooks within the team guarantee. Never preempted; above it they run as over-quota.",
+    rank=2,
 )
 BATCH = PriorityClass(
-    "gpulab-batch", GUARANTEED_VALUE, "PreemptLowerPriority", True,
-    "Sweeps and background jobs within the team guarantee; above it they run as over-quota.", rank=1,
+    "gpulab-batch",
+    GUARANTEED_VALUE,
+    "PreemptLowerPriority",
+    True,
+    "Sweeps and background jobs within the team guarantee; above it they run as over-quota.",
+    rank=1,
 )
 #: Over-quota (burst) work of any burstable class runs in this class, so that
 #: in-quota work of every team can preempt it, and it preempts nobody.
 OVER_QUOTA = PriorityClass(
-    "gpulab-over-quota", OVER_QUOTA_VALUE, "Never", True,
+    "gpulab-over-quota",
+    OVER_QUOTA_VALUE,
+    "Never",
+    True,
     "Work running above its team's guarantee on borrowed capacity; preempted by any in-quota work.",
     rank=0,
 )
@@ -95,10 +114,7 @@ def get_priority_class(short_name: str) -> PriorityClass:
     try:
         return BY_SHORT_NAME[short_name]
     except KeyError:
-        raise KeyError(
-            f"unknown priority class {short_name!r}; expected one of "
-            + ", ".join(BY_SHORT_NAME)
-        ) from None
+        raise KeyError(f"unknown priority class {short_name!r}; expected one of " + ", ".join(BY_SHORT_NAME)) from None
 
 
 def short_name(pc: PriorityClass) -> str:

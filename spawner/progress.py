@@ -14,10 +14,12 @@ from .units import MILLI_PER_GPU, format_gpus
 
 
 def quota_words(team: Team, milli: int, over_quota: bool) -> str:
-    """"in quota" or "preemptible", with the team's guarantee."""
+    """ "in quota" or "preemptible", with the team's guarantee."""
     if over_quota:
-        return (f"above team {team.name}'s {format_gpus(team.guarantee_milli)}-GPU guarantee: preemptible "
-                "(it may be stopped when the team's guaranteed work needs the GPU)")
+        return (
+            f"above team {team.name}'s {format_gpus(team.guarantee_milli)}-GPU guarantee: preemptible "
+            "(it may be stopped when the team's guaranteed work needs the GPU)"
+        )
     return f"within team {team.name}'s {format_gpus(team.guarantee_milli)}-GPU guarantee: in quota, not preemptible"
 
 
@@ -26,7 +28,7 @@ def _gib(mib: int) -> str:
 
 
 def device_words(shares: Sequence[Sequence[int]], devices: Mapping[int, GPUDevice]) -> str:
-    """"GPU 0 (H100-80GB, declared): 0.5 of it, 40 GiB of 80 GiB" for each device share."""
+    """ "GPU 0 (H100-80GB, declared): 0.5 of it, 40 GiB of 80 GiB" for each device share."""
     out = []
     for index, milli in shares:
         d = devices.get(int(index))
@@ -38,14 +40,22 @@ def device_words(shares: Sequence[Sequence[int]], devices: Mapping[int, GPUDevic
             out.append(f"GPU {d.index} ({d.model}{source}): all of it")
         else:
             share = _gib(d.memory_mib * int(milli) // MILLI_PER_GPU)
-            out.append(f"GPU {d.index} ({d.model}{source}): {format_gpus(int(milli))} of it, "
-                       f"{share} of its {_gib(d.memory_mib)} memory")
+            out.append(
+                f"GPU {d.index} ({d.model}{source}): {format_gpus(int(milli))} of it, "
+                f"{share} of its {_gib(d.memory_mib)} memory"
+            )
     return "; ".join(out)
 
 
-def setup_messages(profile: Profile, team: Team, milli: int, over_quota: bool,
-                   shares: Sequence[Sequence[int]], devices: Mapping[int, GPUDevice],
-                   runs_as: str) -> list[str]:
+def setup_messages(
+    profile: Profile,
+    team: Team,
+    milli: int,
+    over_quota: bool,
+    shares: Sequence[Sequence[int]],
+    devices: Mapping[int, GPUDevice],
+    runs_as: str,
+) -> list[str]:
     """The progress page's lines, in the order the spawner did the work."""
     if milli <= 0:
         first = f"{profile.display_name} in team {team.name}: no GPU (CPU only)"

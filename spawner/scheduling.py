@@ -39,7 +39,7 @@ class Unschedulable:
         out: dict[str, int] = {}
         for n, text in self.reasons:
             if text.startswith("Insufficient "):
-                res = text[len("Insufficient "):].strip()
+                res = text[len("Insufficient ") :].strip()
                 out[res] = out.get(res, 0) + n
         return out
 
@@ -64,7 +64,7 @@ def _nodes(n: int) -> str:
 
 def _reason_words(n: int, text: str) -> str:
     if text.startswith("Insufficient "):
-        return f"{_nodes(n)} with all of {text[len('Insufficient '):]} in use"
+        return f"{_nodes(n)} with all of {text[len('Insufficient ') :]} in use"
     if "didn't match Pod's node affinity/selector" in text:
         return f"{_nodes(n)} with another GPU model or pool"
     t = _TAINT.search(text)
@@ -87,10 +87,14 @@ def explain_unschedulable(message: str, what: str) -> str | None:
         return None
     detail = "; ".join(_reason_words(n, text) for n, text in u.reasons) or "no reason given"
     if u.insufficient:
-        return (f"Waiting for a free {what}: every node that offers it is in use right now "
-                f"(of {_nodes(u.total)}: {detail}). The server starts as soon as one frees up.")
-    return (f"No node in this cluster offers {what} (of {_nodes(u.total)}: {detail}). The server waits "
-            f"in case a node is added; otherwise stop it and pick another profile, or ask an admin.")
+        return (
+            f"Waiting for a free {what}: every node that offers it is in use right now "
+            f"(of {_nodes(u.total)}: {detail}). The server starts as soon as one frees up."
+        )
+    return (
+        f"No node in this cluster offers {what} (of {_nodes(u.total)}: {detail}). The server waits "
+        f"in case a node is added; otherwise stop it and pick another profile, or ask an admin."
+    )
 
 
 __all__ = ["Unschedulable", "explain_unschedulable", "parse_unschedulable"]

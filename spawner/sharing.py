@@ -69,6 +69,7 @@ DEFAULT_MIG_PROFILES: dict[str, tuple[str, ...]] = {
     "H200-141GB": ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
 }
 
+
 def known_gpu_models(catalog: Any, kubernetes: bool, detected: Iterable[str] = ()) -> set[str]:
     """GPU models a profile may name.
 
@@ -87,8 +88,10 @@ def known_gpu_models(catalog: Any, kubernetes: bool, detected: Iterable[str] = (
 
 
 _MIG_NAME = re.compile(r"^([1-9])g\.([1-9][0-9]{0,3})gb$")
-_RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                            r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_RESOURCE_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 #: Options each backend accepts (every backend also takes ``node_selector``).
@@ -178,14 +181,23 @@ def _node_selector(profile: Profile, opts: Mapping[str, Any]) -> dict[str, str]:
     )
 
 
-def _whole(profile: Profile, milli: int, opts: Mapping[str, Any], backend: str,
-           resource_key: str = "whole_resource", **extra: Any) -> PodGPUSpec:
+def _whole(
+    profile: Profile,
+    milli: int,
+    opts: Mapping[str, Any],
+    backend: str,
+    resource_key: str = "whole_resource",
+    **extra: Any,
+) -> PodGPUSpec:
     gpus = milli // MILLI_PER_GPU
     resource = str(opts.get(resource_key) or "nvidia.com/gpu")
     model = profile.gpu_model or "GPU"
     return PodGPUSpec(
-        backend=backend, requested_milli=milli, effective_milli=milli,
-        requests={resource: str(gpus)}, limits={resource: str(gpus)},
+        backend=backend,
+        requested_milli=milli,
+        effective_milli=milli,
+        requests={resource: str(gpus)},
+        limits={resource: str(gpus)},
         node_selector=_node_selector(profile, opts),
         summary=f"{gpus} whole {model}{'s' if gpus != 1 else ''}",
         **extra,
@@ -247,8 +259,11 @@ def map_timeslice(profile: Profile, milli: int, team: Team | None, config: Mappi
         )
     model = profile.gpu_model or "GPU"
     return PodGPUSpec(
-        backend="timeslice", requested_milli=milli, effective_milli=effective,
-        requests={resource: str(k)}, limits={resource: str(k)},
+        backend="timeslice",
+        requested_milli=milli,
+        effective_milli=effective,
+        requests={resource: str(k)},
+        limits={resource: str(k)},
         node_selector=_node_selector(profile, opts),
         summary=f"{k} of {replicas} time-slices of one {model} ({format_gpus(effective)} GPU)",
     )
@@ -318,9 +333,7 @@ def map_mig(profile: Profile, milli: int, team: Team | None, config: Mapping[str
         return _whole(profile, milli, opts, "mig")
     model = profile.gpu_model
     if not model:
-        raise SharingError(
-            f"profile {profile.slug!r} needs a gpu_model for MIG: slice sizes differ per GPU model"
-        )
+        raise SharingError(f"profile {profile.slug!r} needs a gpu_model for MIG: slice sizes differ per GPU model")
     table = mig_table(model, opts)
     if not table:
         known = sorted({*DEFAULT_MIG_PROFILES, *(opts.get("profiles") or {})})
@@ -331,11 +344,16 @@ def map_mig(profile: Profile, milli: int, team: Team | None, config: Mapping[str
     chosen, effective = pick_mig_slice(table, milli)
     total_c = max(s.compute for s in table)
     return PodGPUSpec(
-        backend="mig", requested_milli=milli, effective_milli=effective,
-        requests={chosen.resource: "1"}, limits={chosen.resource: "1"},
+        backend="mig",
+        requested_milli=milli,
+        effective_milli=effective,
+        requests={chosen.resource: "1"},
+        limits={chosen.resource: "1"},
         node_selector=_node_selector(profile, opts),
-        summary=(f"MIG slice {chosen.name} of one {model} ({chosen.compute}/{total_c} compute, "
-                 f"{chosen.memory_gb} GB; counted as {format_gpus(effective)} GPU)"),
+        summary=(
+            f"MIG slice {chosen.name} of one {model} ({chosen.compute}/{total_c} compute, "
+            f"{chosen.memory_gb} GB; counted as {format_gpus(effective)} GPU)"
+        ),
     )
 
 
@@ -361,8 +379,12 @@ def map_hami(profile: Profile, milli: int, team: Team | None, config: Mapping[st
     res = {resource: "1", mem_res: str(pct), cores_res: str(pct)}
     model = profile.gpu_model or "GPU"
     return PodGPUSpec(
-        backend="hami", requested_milli=milli, effective_milli=pct * 10,
-        requests=dict(res), limits=dict(res), scheduler_name=scheduler,
+        backend="hami",
+        requested_milli=milli,
+        effective_milli=pct * 10,
+        requests=dict(res),
+        limits=dict(res),
+        scheduler_name=scheduler,
         node_selector=_node_selector(profile, opts),
         summary=f"HAMi vGPU: {pct}% of the memory and {pct}% of the cores of one {model}",
     )
@@ -385,11 +407,15 @@ def map_kai(profile: Profile, milli: int, team: Team | None, config: Mapping[str
     annotation = str(opts.get("fraction_annotation") or "gpu-fraction")
     model = profile.gpu_model or "GPU"
     return PodGPUSpec(
-        backend="kai", requested_milli=milli, effective_milli=milli,
-        annotations={annotation: format_gpus(milli)}, labels=labels, scheduler_name=scheduler,
+        backend="kai",
+        requested_milli=milli,
+        effective_milli=milli,
+        annotations={annotation: format_gpus(milli)},
+        labels=labels,
+        scheduler_name=scheduler,
         node_selector=_node_selector(profile, opts),
         summary=f"KAI GPU fraction {format_gpus(milli)} of one {model}"
-                + (f" in queue {labels[queue_label]}" if labels else ""),
+        + (f" in queue {labels[queue_label]}" if labels else ""),
     )
 
 
@@ -428,8 +454,9 @@ def backend_for(profile: Profile, config: Mapping[str, Any]) -> str:
     return profile.sharing or str(config.get("backend") or "whole")
 
 
-def pod_gpu_spec(profile: Profile, config: Mapping[str, Any], team: Team | None = None,
-                 milli: int | None = None) -> PodGPUSpec:
+def pod_gpu_spec(
+    profile: Profile, config: Mapping[str, Any], team: Team | None = None, milli: int | None = None
+) -> PodGPUSpec:
     """Map ``profile`` (``milli`` defaults to its size) with its backend.
 
     CPU-only profiles get an empty spec. Raises :class:`SharingError`.
@@ -471,8 +498,7 @@ def sharing_config_issues(config: Any) -> list[tuple[tuple[str, ...], str]]:
         allowed = {**BACKEND_OPTIONS[backend], **_COMMON_OPTIONS}
         for key in opts:
             if key not in allowed:
-                issues.append(((backend, str(key)), f"unknown option; {backend} accepts "
-                               + ", ".join(sorted(allowed))))
+                issues.append(((backend, str(key)), f"unknown option; {backend} accepts " + ", ".join(sorted(allowed))))
         issues.extend(((backend,) + p, m) for p, m in _option_issues(backend, opts))
     return issues
 
@@ -480,10 +506,10 @@ def sharing_config_issues(config: Any) -> list[tuple[tuple[str, ...], str]]:
 def _option_issues(backend: str, opts: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
     out: list[tuple[tuple[str, ...], str]] = []
     for key in ("resource", "whole_resource", "memory_percentage_resource", "cores_resource", "queue_label"):
-        if key in opts and (not isinstance(opts[key], str) or not _RESOURCE_NAME.match(opts[key])
-                            or len(opts[key]) > 253):
-            out.append(((key,), f"expected a Kubernetes resource or label name like nvidia.com/gpu, "
-                        f"got {opts[key]!r}"))
+        if key in opts and (
+            not isinstance(opts[key], str) or not _RESOURCE_NAME.match(opts[key]) or len(opts[key]) > 253
+        ):
+            out.append(((key,), f"expected a Kubernetes resource or label name like nvidia.com/gpu, got {opts[key]!r}"))
     for key in ("scheduler_name", "fraction_annotation"):
         if key in opts and not (isinstance(opts[key], str) and 0 < len(opts[key]) <= 253):
             out.append(((key,), f"expected a non-empty name, got {opts[key]!r}"))
@@ -512,8 +538,12 @@ def _option_issues(backend: str, opts: Mapping[str, Any]) -> list[tuple[tuple[st
                     continue
                 for i, name in enumerate(names):
                     if not isinstance(name, str) or not _MIG_NAME.match(name):
-                        out.append((("profiles", str(model), str(i)),
-                                    f"expected a MIG profile name like 3g.40gb, got {name!r}"))
+                        out.append(
+                            (
+                                ("profiles", str(model), str(i)),
+                                f"expected a MIG profile name like 3g.40gb, got {name!r}",
+                            )
+                        )
     if "node_selector" in opts:
         ns = opts["node_selector"]
         if not isinstance(ns, Mapping):
@@ -521,11 +551,19 @@ def _option_issues(backend: str, opts: Mapping[str, Any]) -> list[tuple[tuple[st
         else:
             for model, labels in ns.items():
                 if not isinstance(labels, Mapping) or not all(
-                    isinstance(k, str) and _RESOURCE_NAME.match(k) and isinstance(v, str)
-                    and _LABEL_VALUE.match(v) and len(v) <= 63 for k, v in labels.items()
+                    isinstance(k, str)
+                    and _RESOURCE_NAME.match(k)
+                    and isinstance(v, str)
+                    and _LABEL_VALUE.match(v)
+                    and len(v) <= 63
+                    for k, v in labels.items()
                 ):
-                    out.append((("node_selector", str(model)),
-                                "expected node labels like {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}"))
+                    out.append(
+                        (
+                            ("node_selector", str(model)),
+                            "expected node labels like {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
+                        )
+                    )
     return out
 
 
@@ -537,9 +575,23 @@ def validate_sharing_config(config: Any) -> None:
 
 
 __all__ = [
-    "BACKEND_OPTIONS", "DEFAULT_GPU_PRODUCTS", "known_gpu_models", "DEFAULT_MIG_PROFILES", "GPU_PRODUCT_LABEL", "GPU_TAINT_KEY",
-    "MAPPERS", "gpu_tolerations",
-    "MigSlice", "PodGPUSpec", "SharingError", "backend_for", "effective_milli", "mig_table",
-    "pick_mig_slice", "pod_gpu_spec", "sharing_config_issues", "timeslice_effective_milli",
+    "BACKEND_OPTIONS",
+    "DEFAULT_GPU_PRODUCTS",
+    "known_gpu_models",
+    "DEFAULT_MIG_PROFILES",
+    "GPU_PRODUCT_LABEL",
+    "GPU_TAINT_KEY",
+    "MAPPERS",
+    "gpu_tolerations",
+    "MigSlice",
+    "PodGPUSpec",
+    "SharingError",
+    "backend_for",
+    "effective_milli",
+    "mig_table",
+    "pick_mig_slice",
+    "pod_gpu_spec",
+    "sharing_config_issues",
+    "timeslice_effective_milli",
     "validate_sharing_config",
 ]

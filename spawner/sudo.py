@@ -59,8 +59,19 @@ class FileRead:
 def useradd_argv(name: str, home_root: str | Path, shell: str, group: str) -> list[str]:
     """The one ``useradd`` command line a non-root hub may run (as root, through sudo)."""
     groups = ["--groups", group] if group else []
-    return [USERADD, "--create-home", "--home-dir", f"{Path(home_root)}/{name}", "--shell", shell,
-            "--user-group", *groups, "--comment", ACCOUNT_COMMENT, name]
+    return [
+        USERADD,
+        "--create-home",
+        "--home-dir",
+        f"{Path(home_root)}/{name}",
+        "--shell",
+        shell,
+        "--user-group",
+        *groups,
+        "--comment",
+        ACCOUNT_COMMENT,
+        name,
+    ]
 
 
 class SudoLauncher:
@@ -82,10 +93,16 @@ class SudoLauncher:
         for the error message.
         """
         try:
-            proc = subprocess.run(self.argv(account), input=json.dumps(request).encode(),
-                                  stdout=subprocess.PIPE, stderr=None if hub_stderr else subprocess.PIPE,
-                                  timeout=self.timeout, cwd="/", close_fds=True,
-                                  start_new_session=True)  # no terminal: sudo never puts it in a pty
+            proc = subprocess.run(
+                self.argv(account),
+                input=json.dumps(request).encode(),
+                stdout=subprocess.PIPE,
+                stderr=None if hub_stderr else subprocess.PIPE,
+                timeout=self.timeout,
+                cwd="/",
+                close_fds=True,
+                start_new_session=True,
+            )  # no terminal: sudo never puts it in a pty
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SudoError(f"cannot run {self.mediator} as {account} through sudo: {e}") from None
         try:
@@ -94,12 +111,13 @@ class SudoLauncher:
             reply = None
         if not isinstance(reply, dict):
             err = (proc.stderr or b"").decode(errors="replace").strip()[:500]
-            raise SudoError(f"sudo -n -u {account} {self.mediator} exited with {proc.returncode}"
-                            f"{': ' + err if err else ''} (is the sudoers rule installed, naming this path, and is "
-                            f"{account} in its group? docs/single-server.md#the-sudoers-rule)")
+            raise SudoError(
+                f"sudo -n -u {account} {self.mediator} exited with {proc.returncode}"
+                f"{': ' + err if err else ''} (is the sudoers rule installed, naming this path, and is "
+                f"{account} in its group? docs/single-server.md#the-sudoers-rule)"
+            )
         if not reply.get("ok"):
-            raise SudoError(f"{self.mediator} as {account} refused {request.get('action')}: "
-                            f"{reply.get('error')}")
+            raise SudoError(f"{self.mediator} as {account} refused {request.get('action')}: {reply.get('error')}")
         return reply
 
     # -- the actions ----------------------------------------------------------
@@ -108,21 +126,45 @@ class SudoLauncher:
         reply = self.call(account, {"action": "start-server", "args": args, "env": env}, hub_stderr=True)
         return int(reply["pid"])
 
-    def start_job(self, account: str, env: dict[str, str], *, input: str, output: str, cwd: str,
-                  status: str, log: str, attempt: int) -> int:
-        reply = self.call(account, {"action": "start-job", "env": env, "input": input, "output": output,
-                                    "cwd": cwd, "status": status, "log": log, "attempt": attempt})
+    def start_job(
+        self,
+        account: str,
+        env: dict[str, str],
+        *,
+        input: str,
+        output: str,
+        cwd: str,
+        status: str,
+        log: str,
+        attempt: int,
+    ) -> int:
+        reply = self.call(
+            account,
+            {
+                "action": "start-job",
+                "env": env,
+                "input": input,
+                "output": output,
+                "cwd": cwd,
+                "status": status,
+                "log": log,
+                "attempt": attempt,
+            },
+        )
         return int(reply["pid"])
 
     def signal(self, account: str, pid: int, sig: int, group: bool = False) -> bool:
         """Send ``sig``; whether the process still existed."""
-        return bool(self.call(account, {"action": "signal", "pid": pid, "signal": int(sig),
-                                        "group": group})["alive"])
+        return bool(self.call(account, {"action": "signal", "pid": pid, "signal": int(sig), "group": group})["alive"])
 
     def read(self, account: str, path: str | Path, offset: int = 0, limit: int = 64 << 20) -> FileRead:
         reply = self.call(account, {"action": "read", "path": str(path), "offset": offset, "limit": limit})
-        return FileRead(reply["state"], base64.b64decode(reply.get("data") or ""), int(reply.get("size") or 0),
-                        reply.get("real") or "")
+        return FileRead(
+            reply["state"],
+            base64.b64decode(reply.get("data") or ""),
+            int(reply.get("size") or 0),
+            reply.get("real") or "",
+        )
 
     def prepare_home(self, account: str) -> dict[str, Any]:
         return self.call(account, {"action": "prepare-home"})
@@ -131,15 +173,18 @@ class SudoLauncher:
         """``useradd`` through sudo: the drop-in allows this one command line."""
         cmd = [self.sudo, "-n", "--", *useradd_argv(name, home_root, shell, group)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout, cwd="/",
-                                  start_new_session=True)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=self.timeout, cwd="/", start_new_session=True
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SudoError(f"cannot create account {name} through sudo: {e}") from None
         if proc.returncode != 0:
-            raise SudoError(f"cannot create account {name}: {' '.join(cmd)} exited with {proc.returncode}: "
-                            f"{(proc.stderr or proc.stdout).strip()[:300]}. Install the useradd rule of "
-                            "the sudoers drop-in (`gpulab sudoers`), or create the account ahead and set "
-                            "c.UserAccounts.create = False")
+            raise SudoError(
+                f"cannot create account {name}: {' '.join(cmd)} exited with {proc.returncode}: "
+                f"{(proc.stderr or proc.stdout).strip()[:300]}. Install the useradd rule of "
+                "the sudoers drop-in (`gpulab sudoers`), or create the account ahead and set "
+                "c.UserAccounts.create = False"
+            )
 
 
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./-]*$")
@@ -151,8 +196,15 @@ def _ere(text: str) -> str:
     return text.replace(".", "[.]")
 
 
-def sudoers_rule(hub_user: str, mediator: str, group: str = "jupyterhub-users", prefix: str = "jupyter-",
-                 home_root: str = "/home", shell: str = "/bin/bash", create_accounts: bool = True) -> str:
+def sudoers_rule(
+    hub_user: str,
+    mediator: str,
+    group: str = "jupyterhub-users",
+    prefix: str = "jupyter-",
+    home_root: str = "/home",
+    shell: str = "/bin/bash",
+    create_accounts: bool = True,
+) -> str:
     """The sudoers drop-in for a non-root hub (what ``gpulab sudoers`` prints).
 
     The hub's account may run the mediator, with no arguments, as members of
@@ -160,9 +212,13 @@ def sudoers_rule(hub_user: str, mediator: str, group: str = "jupyterhub-users", 
     :func:`useradd_argv` command line as root, with a prefixed name of
     ``[a-z0-9_-]`` (a sudoers regular expression, sudo >= 1.9.10).
     """
-    for what, value, pattern in (("hub user", hub_user, _SAFE_NAME), ("group", group, _SAFE_NAME),
-                                 ("mediator", mediator, _SAFE_PATH), ("home root", home_root, _SAFE_PATH),
-                                 ("shell", shell, _SAFE_PATH)):
+    for what, value, pattern in (
+        ("hub user", hub_user, _SAFE_NAME),
+        ("group", group, _SAFE_NAME),
+        ("mediator", mediator, _SAFE_PATH),
+        ("home root", home_root, _SAFE_PATH),
+        ("shell", shell, _SAFE_PATH),
+    ):
         if not pattern.match(value):
             raise ValueError(f"{what} {value!r} has characters a sudoers rule would need to escape")
     if prefix and not re.fullmatch(r"[a-z_][a-z0-9_-]*", prefix):

@@ -64,9 +64,7 @@ def parse_gpus(value: object) -> int:
     except DecimalException:  # malformed, or an exponent beyond what Decimal holds
         raise UnitError(f"expected a number of GPUs, got {str(value)[:40]!r}") from None
     if milli != milli.to_integral_value():
-        raise UnitError(
-            f"{value!r} GPUs is finer than 1/1000 of a GPU; use at most 3 decimals"
-        )
+        raise UnitError(f"{value!r} GPUs is finer than 1/1000 of a GPU; use at most 3 decimals")
     result = int(milli)
     if result > MAX_MILLI:
         raise UnitError(f"{value!r} GPUs is larger than any cluster")
@@ -103,8 +101,14 @@ def milli_to_fraction_str(milli: int) -> str:
 
 _MEM_SUFFIX = {
     "": 1,
-    "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
 }
 
 

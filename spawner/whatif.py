@@ -98,15 +98,22 @@ class ReplayResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sessions": self.sessions, "served": self.served, "refused": dict(self.refused),
-            "served_gpu_hours": self.served_gpu_hours, "refused_gpu_hours": dict(self.refused_gpu_hours),
+            "sessions": self.sessions,
+            "served": self.served,
+            "refused": dict(self.refused),
+            "served_gpu_hours": self.served_gpu_hours,
+            "refused_gpu_hours": dict(self.refused_gpu_hours),
             "refused_gpu_hours_total": sum(self.refused_gpu_hours.values()),
-            "reclaims": self.reclaims, "reclaimed_gpu_hours": self.reclaimed_gpu_hours,
-            "regret": self.regret, "regret_gpu_hours": self.regret_gpu_hours,
+            "reclaims": self.reclaims,
+            "reclaimed_gpu_hours": self.reclaimed_gpu_hours,
+            "regret": self.regret,
+            "regret_gpu_hours": self.regret_gpu_hours,
             "sessions_without_samples": self.sessions_without_samples,
             "served_requested_gpu_hours": self.served_requested_gpu_hours,
-            "peak_held_gpus": self.peak_held_milli / MILLI_PER_GPU, "peak_sessions": self.peak_sessions,
-            "by_team": self.by_team, "checks": dict(self.checks),
+            "peak_held_gpus": self.peak_held_milli / MILLI_PER_GPU,
+            "peak_sessions": self.peak_sessions,
+            "by_team": self.by_team,
+            "checks": dict(self.checks),
         }
 
 
@@ -149,9 +156,14 @@ def reclaim_time(session: RecordedSession, proposal: Proposal) -> float | None:
         if idle_since is None:
             idle_since = t
         if t - idle_since >= window:
-            verdict = judge_gpu_idle([series], now=t, window_seconds=window,
-                                     threshold_percent=proposal.threshold_percent,
-                                     max_gap_seconds=proposal.max_gap_seconds, expected_devices=1)
+            verdict = judge_gpu_idle(
+                [series],
+                now=t,
+                window_seconds=window,
+                threshold_percent=proposal.threshold_percent,
+                max_gap_seconds=proposal.max_gap_seconds,
+                expected_devices=1,
+            )
             if verdict.idle:
                 return t
     return None
@@ -165,9 +177,13 @@ def _came_back(session: RecordedSession, at: float, next_start: float | None, th
     return any(at < t <= limit and t <= session.end and v > threshold for t, v in session.samples)
 
 
-def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
-           devices: Sequence[GPUDevice] | None = None, scoring: str = "bestfit",
-           team: str | None = None) -> ReplayResult:
+def replay(
+    sessions: Iterable[RecordedSession],
+    proposal: Proposal,
+    devices: Sequence[GPUDevice] | None = None,
+    scoring: str = "bestfit",
+    team: str | None = None,
+) -> ReplayResult:
     """Replay ``sessions`` in start order under ``proposal``; see the module docstring.
 
     With ``team``, every session still runs (other teams' sessions hold
@@ -187,8 +203,10 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
     held_by_key: dict[str, int] = {}
 
     def team_row(team: str) -> dict[str, float]:
-        return out.by_team.setdefault(team, {"served_gpu_hours": 0.0, "refused_gpu_hours": 0.0,
-                                             "reclaimed_gpu_hours": 0.0, "regret": 0, "sessions": 0})
+        return out.by_team.setdefault(
+            team,
+            {"served_gpu_hours": 0.0, "refused_gpu_hours": 0.0, "reclaimed_gpu_hours": 0.0, "regret": 0, "sessions": 0},
+        )
 
     def release_until(t: float) -> None:
         nonlocal held
@@ -206,8 +224,13 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
         # the figures of sessions not counted go to a scratch result
         res = out if counted else ReplayResult()
         res.sessions += 1
-        row = team_row(s.team) if counted else dict.fromkeys(("served_gpu_hours", "refused_gpu_hours",
-                                                               "reclaimed_gpu_hours", "regret", "sessions"), 0.0)
+        row = (
+            team_row(s.team)
+            if counted
+            else dict.fromkeys(
+                ("served_gpu_hours", "refused_gpu_hours", "reclaimed_gpu_hours", "regret", "sessions"), 0.0
+            )
+        )
         row["sessions"] += 1
         if not s.samples:
             res.sessions_without_samples += 1
@@ -253,11 +276,13 @@ def replay(sessions: Iterable[RecordedSession], proposal: Proposal,
         heapq.heappush(ends, (end, key))
         if len(teams) == 1 and s.team in teams:  # one team holds everything: its ledger total is ours
             agree = ledger.usage(s.team).held_milli == held and (
-                packer is None or packer.total_milli() - packer.free_milli() == held)
+                packer is None or packer.total_milli() - packer.free_milli() == held
+            )
             out.checks["ledger_equals_held"] = out.checks.get("ledger_equals_held", True) and agree
     release_until(float("inf"))
     out.checks["all_released_at_end"] = not ledger.workloads() and (
-        packer is None or packer.free_milli() == packer.total_milli())
+        packer is None or packer.free_milli() == packer.total_milli()
+    )
     if packer is not None:
         out.checks["within_capacity"] = out.peak_held_milli <= packer.total_milli()
     return out

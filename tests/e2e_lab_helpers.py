@@ -22,7 +22,9 @@ def write_notebook(path: Path) -> None:
     nb.cells = [
         nbformat.v4.new_markdown_cell("# Greeting\nA tiny notebook to run as a GPU job."),
         params,
-        nbformat.v4.new_code_cell('import time\ntime.sleep(pause)\nmessage = " ".join([f"hello {who}!"] * repeat)\nprint(message)'),
+        nbformat.v4.new_code_cell(
+            'import time\ntime.sleep(pause)\nmessage = " ".join([f"hello {who}!"] * repeat)\nprint(message)'
+        ),
     ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,9 @@ import atexit
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,9 +46,15 @@ def free_port() -> int:
 class RunningHub:
     """One hub process; ``start()``, ``stop()``, ``restart()``; HTTP helpers."""
 
-    def __init__(self, workdir: Path, catalog_yaml: str | None = None, extra_config: str = "",
-                 env: dict[str, str] | None = None, admin_scopes: list[str] | None = None,
-                 run_as: Any = None):
+    def __init__(
+        self,
+        workdir: Path,
+        catalog_yaml: str | None = None,
+        extra_config: str = "",
+        env: dict[str, str] | None = None,
+        admin_scopes: list[str] | None = None,
+        run_as: Any = None,
+    ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -81,11 +87,20 @@ class RunningHub:
         if self.isolated:  # even when a fixture fails before its teardown could run
             atexit.register(self.remove_accounts)
         scopes = admin_scopes or [
-            "admin:users", "admin:servers", "admin:server_state", "list:users", "read:users",
-            "read:servers", "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs",
+            "admin:users",
+            "admin:servers",
+            "admin:server_state",
+            "list:users",
+            "read:users",
+            "read:servers",
+            "servers",
+            "tokens",
+            "custom:gpulab:admin",
+            "custom:gpulab:jobs",
         ]
         self.config_path = self.workdir / "jupyterhub_config.py"
-        self.config_path.write_text(textwrap.dedent(f"""
+        self.config_path.write_text(
+            textwrap.dedent(f"""
             from hub_config.config.embedded import configure_embedded
             c = get_config()
             configure_embedded(c)
@@ -96,19 +111,23 @@ class RunningHub:
             c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [
                 {{"name": "test-admin", "scopes": {scopes!r}, "services": ["test-admin"]}}]
             c.JupyterHub.log_level = "DEBUG"
-        """) + textwrap.dedent(extra_config))
+        """)
+            + textwrap.dedent(extra_config)
+        )
 
     # -- lifecycle ----------------------------------------------------------
 
     def start(self, timeout: float = 60) -> RunningHub:
         env = dict(os.environ)
-        env.update({
-            "GPULAB_BIND": self.url,
-            "GPULAB_DATA_DIR": str(self.data_dir.resolve()),
-            "GPULAB_CATALOG": str(self.catalog_path),
-            "PATH": f"{VENV_BIN}:{REPO / 'node_modules' / '.bin'}:{env.get('PATH', '')}",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "GPULAB_BIND": self.url,
+                "GPULAB_DATA_DIR": str(self.data_dir.resolve()),
+                "GPULAB_CATALOG": str(self.catalog_path),
+                "PATH": f"{VENV_BIN}:{REPO / 'node_modules' / '.bin'}:{env.get('PATH', '')}",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.update(self.env)
         log = open(self.log_path, "ab")
         switch: dict[str, Any] = {}
@@ -117,7 +136,12 @@ class RunningHub:
             switch = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": []}
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_path)],
-            cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **switch,
+            cwd=self.workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **switch,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -218,8 +242,11 @@ class RunningHub:
 
     def remove_accounts(self) -> None:
         """Kill every process of this hub's accounts, then delete the accounts and homes."""
-        names = [line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines()
-                 if line.startswith(self.account_prefix)]
+        names = [
+            line.split(":", 1)[0]
+            for line in Path("/etc/passwd").read_text().splitlines()
+            if line.startswith(self.account_prefix)
+        ]
         uids = {lookup(n).uid for n in names if lookup(n) is not None}
         for _ in range(3):
             for entry in Path("/proc").iterdir():
@@ -250,8 +277,12 @@ class RunningHub:
         s = requests.Session()
         r = s.get(self.url + "/hub/login", timeout=10)
         xsrf = _xsrf(r.text) or s.cookies.get("_xsrf")
-        r = s.post(self.url + "/hub/login", data={"username": username, "password": password, "_xsrf": xsrf},
-                   timeout=30, allow_redirects=True)
+        r = s.post(
+            self.url + "/hub/login",
+            data={"username": username, "password": password, "_xsrf": xsrf},
+            timeout=30,
+            allow_redirects=True,
+        )
         if "jupyterhub-session-id" not in s.cookies and "jupyterhub-hub-login" not in s.cookies:
             raise RuntimeError(f"login of {username} failed: {r.status_code}")
         return s
@@ -260,8 +291,9 @@ class RunningHub:
         path = f"/hub/spawn/{user}/{server_name}" if server_name else "/hub/spawn"
         return session.get(self.url + path, timeout=30)
 
-    def post_spawn(self, session: requests.Session, user: str, data: dict[str, Any],
-                   server_name: str = "") -> requests.Response:
+    def post_spawn(
+        self, session: requests.Session, user: str, data: dict[str, Any], server_name: str = ""
+    ) -> requests.Response:
         page = self.spawn_page(session, server_name, user)
         xsrf = _xsrf(page.text) or session.cookies.get("_xsrf", path="/hub/")
         body = dict(data)

@@ -55,8 +55,9 @@ def get_job(hub: RunningHub, job_id: int, token: str | None = None) -> dict:
     return r.json()
 
 
-def wait_state(hub: RunningHub, job_id: int, states: set[str] | str, timeout: float = 90,
-               token: str | None = None) -> dict:
+def wait_state(
+    hub: RunningHub, job_id: int, states: set[str] | str, timeout: float = 90, token: str | None = None
+) -> dict:
     want = {states} if isinstance(states, str) else set(states)
     deadline = time.monotonic() + timeout
     job: dict = {}
@@ -81,8 +82,9 @@ def kill_job_runners(hub: RunningHub) -> None:
         return
     db = sqlite3.connect(path)
     try:
-        rows = db.execute("select pid from gpulab_jobs where pid is not null and state in "
-                          "('running', 'preempted')").fetchall()
+        rows = db.execute(
+            "select pid from gpulab_jobs where pid is not null and state in ('running', 'preempted')"
+        ).fetchall()
     except sqlite3.Error:
         rows = []
     finally:

@@ -13,17 +13,27 @@ from pathlib import Path
 import pytest
 
 from spawner.accounts import (
-    MAX_ACCOUNT_LEN, AccountError, UserAccounts, account_name, can_switch_users, delete_account, ensure_account,
-    lookup, unreachable_by_others,
+    MAX_ACCOUNT_LEN,
+    AccountError,
+    UserAccounts,
+    account_name,
+    can_switch_users,
+    delete_account,
+    ensure_account,
+    lookup,
+    unreachable_by_others,
 )
 
 needs_root = pytest.mark.skipif(not can_switch_users(), reason="creating accounts needs root (CI runs as root)")
 
 
-@pytest.mark.parametrize("user, expected", [
-    ("alice", "jupyter-alice"),
-    ("bob_2", "jupyter-bob_2"),
-])
+@pytest.mark.parametrize(
+    "user, expected",
+    [
+        ("alice", "jupyter-alice"),
+        ("bob_2", "jupyter-bob_2"),
+    ],
+)
 def test_plain_names_are_prefixed(user, expected):
     assert account_name("jupyter-", user) == expected
 

@@ -36,15 +36,23 @@ c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [
     {{"name": "other-svc", "scopes": ["read:users", "list:users"], "services": ["other-svc"]}}]
 """
 ADMIN_SERVICE_SCOPES = [
-    "admin:users", "admin:servers", "admin:server_state", "list:users", "read:users", "read:servers",
-    "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs", "custom:gpulab:culler",
+    "admin:users",
+    "admin:servers",
+    "admin:server_state",
+    "list:users",
+    "read:users",
+    "read:servers",
+    "servers",
+    "tokens",
+    "custom:gpulab:admin",
+    "custom:gpulab:jobs",
+    "custom:gpulab:culler",
 ]
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("admin-api"), CATALOG, extra_config=EXTRA,
-                   admin_scopes=ADMIN_SERVICE_SCOPES)
+    h = RunningHub(tmp_path_factory.mktemp("admin-api"), CATALOG, extra_config=EXTRA, admin_scopes=ADMIN_SERVICE_SCOPES)
     h.start()
     yield h
     h.close()
@@ -125,8 +133,9 @@ def test_admins_may_call_every_endpoint(hub, tokens, caller):
     for method, path, body in ENDPOINTS:
         path = path.replace("matrix", f"matrix{suffix}")
         if body and isinstance(body.get("name") or body.get("slug"), str):
-            body = {k: (v.replace("matrix", f"matrix{suffix}") if k in ("name", "slug") else v)
-                    for k, v in body.items()}
+            body = {
+                k: (v.replace("matrix", f"matrix{suffix}") if k in ("name", "slug") else v) for k, v in body.items()
+            }
         r = hub.api(method, path, token=tokens[caller], json=body)
         expected = 200 if path.endswith(("/retire", "/restore")) else ADMIN_STATUS[method]
         assert r.status_code == expected, (caller, method, path, r.status_code, r.text)
@@ -141,8 +150,12 @@ def test_admin_page_needs_the_admin_scope(hub, tokens):
     # Pages take browser logins, not tokens (JupyterHub's rule for every page): any token gets
     # the login redirect, never the page.
     for caller, token in tokens.items():
-        r = requests.get(hub.url + "/hub/gpulab/admin", headers={"Authorization": f"token {token}"},
-                         timeout=30, allow_redirects=False)
+        r = requests.get(
+            hub.url + "/hub/gpulab/admin",
+            headers={"Authorization": f"token {token}"},
+            timeout=30,
+            allow_redirects=False,
+        )
         assert r.status_code == 302 and "/hub/login" in r.headers["Location"], caller
     alice = hub.login("alice")
     r = alice.get(hub.url + "/hub/gpulab/admin", timeout=30)
@@ -160,10 +173,21 @@ def test_admin_page_needs_the_admin_scope(hub, tokens):
 
 
 def test_team_lifecycle_is_applied_and_audited(hub):
-    r = hub.api("POST", "/gpulab/teams", json={
-        "name": "audio", "display_name": "Audio", "users": ["bob"], "groups": ["researchers"],
-        "guarantee": "0.25", "burst": 0.5, "per_user_cap": 0.5, "allowed_profiles": ["h100-quarter"],
-        "namespace": "team-audio"})
+    r = hub.api(
+        "POST",
+        "/gpulab/teams",
+        json={
+            "name": "audio",
+            "display_name": "Audio",
+            "users": ["bob"],
+            "groups": ["researchers"],
+            "guarantee": "0.25",
+            "burst": 0.5,
+            "per_user_cap": 0.5,
+            "allowed_profiles": ["h100-quarter"],
+            "namespace": "team-audio",
+        },
+    )
     assert r.status_code == 201, r.text
     team = r.json()
     assert (team["guarantee_milli"], team["burst_milli"], team["per_user_cap_milli"]) == (250, 500, 500)
@@ -223,8 +247,11 @@ BAD_EDITS = [
 ]
 
 
-@pytest.mark.parametrize("method, path, body, status, message", BAD_EDITS,
-                         ids=[f"{m} {p} {json.dumps(b)[:40]}" for m, p, b, _, _ in BAD_EDITS])
+@pytest.mark.parametrize(
+    "method, path, body, status, message",
+    BAD_EDITS,
+    ids=[f"{m} {p} {json.dumps(b)[:40]}" for m, p, b, _, _ in BAD_EDITS],
+)
 def test_bad_edits_get_a_clear_4xx_and_change_nothing(hub, method, path, body, status, message):
     before = snapshot(hub)
     r = hub.api(method, path, json=body)
@@ -233,12 +260,15 @@ def test_bad_edits_get_a_clear_4xx_and_change_nothing(hub, method, path, body, s
     assert snapshot(hub) == before
 
 
-@pytest.mark.parametrize("data, status, message", [
-    (b"x" * (65 * 1024), 413, "larger than"),
-    (b"{not json", 400, "not valid JSON"),
-    (b"[1, 2]", 400, "JSON object"),
-    (b"", 400, "JSON object"),
-])
+@pytest.mark.parametrize(
+    "data, status, message",
+    [
+        (b"x" * (65 * 1024), 413, "larger than"),
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b"", 400, "JSON object"),
+    ],
+)
 def test_malformed_bodies_are_refused(hub, data, status, message):
     before = snapshot(hub)
     r = hub.api("PATCH", "/gpulab/teams/vision", data=data, headers={"Content-Type": "application/json"})
@@ -258,8 +288,9 @@ def test_csrf_less_form_post_from_a_browser_session_is_refused(hub):
     assert snapshot(hub) == before
     # The page's way: the same session with the XSRF token in a header works.
     xsrf = admin.cookies.get("_xsrf", path="/hub/")
-    r = admin.patch(hub.url + "/hub/api/gpulab/teams/vision", json={"burst": "1"}, timeout=30,
-                    headers={"X-XSRFToken": xsrf})
+    r = admin.patch(
+        hub.url + "/hub/api/gpulab/teams/vision", json={"burst": "1"}, timeout=30, headers={"X-XSRFToken": xsrf}
+    )
     assert r.status_code == 200, r.text
 
 
@@ -307,13 +338,25 @@ def test_retired_profile_keeps_running_but_is_not_offered(hub):
 
 
 def test_profile_create_and_edit(hub):
-    r = hub.api("POST", "/gpulab/profiles", json={
-        "slug": "h100-3q", "display_name": "0.75 × H100", "gpus": "0.75", "gpu_model": "H100-80GB",
-        "priority_class": "batch", "idle_timeout": "20m"})
+    r = hub.api(
+        "POST",
+        "/gpulab/profiles",
+        json={
+            "slug": "h100-3q",
+            "display_name": "0.75 × H100",
+            "gpus": "0.75",
+            "gpu_model": "H100-80GB",
+            "priority_class": "batch",
+            "idle_timeout": "20m",
+        },
+    )
     assert r.status_code == 201, r.text
     assert r.json()["gpu_milli"] == 750 and r.json()["used_by_teams"] == ["nlp"]  # vision lists its profiles
-    r = hub.api("PATCH", "/gpulab/teams/vision", json={
-        "allowed_profiles": ["cpu", "h100-quarter", "h100-half", "h100-1", "h100-3q"]})
+    r = hub.api(
+        "PATCH",
+        "/gpulab/teams/vision",
+        json={"allowed_profiles": ["cpu", "h100-quarter", "h100-half", "h100-1", "h100-3q"]},
+    )
     assert r.status_code == 200
     r = hub.api("PATCH", "/gpulab/profiles/h100-3q", json={"gpus": "0.5", "description": "now half"})
     assert r.status_code == 200 and r.json()["gpu_milli"] == 500
@@ -348,12 +391,25 @@ def test_usage_gpu_hours_cost_reclaims_csv(hub):
     # The culler reports a reclaim through its own API (hub_config/api/idle.py), as it does in
     # production: a warning first (zero grace here), then the reclaim; the usage report reads
     # its records from gpulab's database.
-    r = hub.api("POST", "/gpulab/idle/warnings", json={
-        "user": "bob", "server": "gone", "grace_seconds": 0, "gpu_milli": 1000, "reason": "GPU idle for 1h"})
+    r = hub.api(
+        "POST",
+        "/gpulab/idle/warnings",
+        json={"user": "bob", "server": "gone", "grace_seconds": 0, "gpu_milli": 1000, "reason": "GPU idle for 1h"},
+    )
     assert r.status_code == 201, r.text
-    r = hub.api("POST", "/gpulab/idle/reclaims", json={
-        "user": "bob", "server": "gone", "team": "vision", "profile": "h100-1", "gpu_milli": 1000,
-        "idle_gpu_hours": 1.25, "reason": "GPU idle for 1h"})
+    r = hub.api(
+        "POST",
+        "/gpulab/idle/reclaims",
+        json={
+            "user": "bob",
+            "server": "gone",
+            "team": "vision",
+            "profile": "h100-1",
+            "gpu_milli": 1000,
+            "idle_gpu_hours": 1.25,
+            "reason": "GPU idle for 1h",
+        },
+    )
     assert r.status_code == 201, r.text
     report = hub.api("GET", "/gpulab/usage", params={"period": "24h"}).json()
     vision = next(t for t in report["teams"] if t["team"] == "vision")
@@ -372,18 +428,25 @@ def test_usage_gpu_hours_cost_reclaims_csv(hub):
     assert time.time() - held_since < 600
 
 
-@pytest.mark.parametrize("params", [
-    {"period": "-1h"}, {"period": "soon"}, {"period": "0s"}, {"period": "400d"},
-    {"start": "yesterday"}, {"start": "2026-01-02", "end": "2026-01-01"}, {"start": "2026-01-01", "period": "1d"},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"period": "-1h"},
+        {"period": "soon"},
+        {"period": "0s"},
+        {"period": "400d"},
+        {"start": "yesterday"},
+        {"start": "2026-01-02", "end": "2026-01-01"},
+        {"start": "2026-01-01", "period": "1d"},
+    ],
+)
 def test_bad_usage_periods_are_refused(hub, params):
     r = hub.api("GET", "/gpulab/usage", params=params)
     assert r.status_code == 400, r.text
 
 
 def test_prometheus_gauges_on_the_hub_metrics_endpoint(hub, tokens):
-    r = requests.get(hub.url + "/hub/metrics", headers={"Authorization": f"token {tokens['admin-user']}"},
-                     timeout=30)
+    r = requests.get(hub.url + "/hub/metrics", headers={"Authorization": f"token {tokens['admin-user']}"}, timeout=30)
     assert r.status_code == 200, r.text
     text = r.text
     assert 'gpulab_team_gpu_milli{state="in-quota",team="vision"} 500.0' in text

@@ -44,7 +44,6 @@ def hub(tmp_path_factory):
     h.close()
 
 
-
 def login(browser, hub: RunningHub, user: str):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()

@@ -32,8 +32,9 @@ def hub(tmp_path_factory):
 
 def intervals(hub: RunningHub, key: str) -> list[tuple]:
     with sqlite3.connect(hub.state_dir / "gpulab.sqlite") as conn:
-        return conn.execute("SELECT started_at, ended_at, gpu_milli FROM gpulab_usage WHERE key = ? ORDER BY id",
-                            (key,)).fetchall()
+        return conn.execute(
+            "SELECT started_at, ended_at, gpu_milli FROM gpulab_usage WHERE key = ? ORDER BY id", (key,)
+        ).fetchall()
 
 
 def vision(hub: RunningHub) -> dict:

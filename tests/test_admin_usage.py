@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from hub_config.domain.catalog_store import AuditEntry, CatalogStore, GPULabCatalogStore, StoredCatalog, load_at_start
-from hub_config.storage.db import session_factory, utcnow
 from hub_config.domain.usage import jobs_by_state, period_report
 from hub_config.domain.usage_records import GPULabUsage, UsageInterval, UsageRecorder
+from hub_config.storage.db import session_factory, utcnow
 from spawner.catalog import catalog_from_dict, catalog_from_yaml
 from spawner.config import GPULabRuntime
 from spawner.ledger import Ledger, Workload
@@ -46,8 +46,13 @@ def test_ledger_observers_see_every_change_once():
     ledger.release("a")
     ledger.release("a")  # idempotent: no event
     ledger.rebuild([Workload("c", "t", "u", 250), Workload("d", "t", "u", 250)])
-    assert events == [("add", "a", "reserved"), ("add", "a", "running"), ("add", "c", "running"),
-                      ("remove", "a", "running"), ("add", "d", "running")]
+    assert events == [
+        ("add", "a", "reserved"),
+        ("add", "a", "running"),
+        ("add", "c", "running"),
+        ("remove", "a", "running"),
+        ("add", "d", "running"),
+    ]
 
 
 def test_a_failing_observer_never_undoes_an_admission():
@@ -77,7 +82,8 @@ def test_recording_is_idempotent_by_key_across_restarts(sessions):
     with sessions() as s:
         rows = s.scalars(select(UsageInterval)).all()
     assert [(r.key, r.gpu_milli, r.gpu_model, r.ended_at) for r in rows] == [
-        ("notebook:alice/", 500, "H100-80GB", None)]
+        ("notebook:alice/", 500, "H100-80GB", None)
+    ]
 
     runtime2.ledger.release("notebook:alice/")
     runtime2.ledger.reserve("notebook:alice/", "vision", "alice", 1000, profile="any-one")
@@ -108,10 +114,12 @@ def test_no_utilisation_samples_without_nvml(sessions):
     from hub_config.domain.usage import UtilisationSample
     from spawner.packer import DevicePacker, devices_from_inventory
 
-    runtime = GPULabRuntime(catalog_from_yaml("""
+    runtime = GPULabRuntime(
+        catalog_from_yaml("""
 inventory: [{model: H100-80GB, count: 1, memory_mib: 81559}]
 teams: [{name: vision, users: [alice], guarantee: 1, burst: 1}]
-"""))
+""")
+    )
     runtime.packer = DevicePacker(devices_from_inventory(runtime.catalog.inventory))
     runtime.inventory_source = "declared"
     runtime.packer.place("notebook:alice/", 500)
@@ -123,18 +131,28 @@ teams: [{name: vision, users: [alice], guarantee: 1, burst: 1}]
 
 def add_interval(sessions, key, team, user, milli, start, end, model="H100-80GB", over=False):
     with sessions.begin() as s:
-        s.add(UsageInterval(key=key, team=team, user=user, profile="half", kind="notebook", gpu_milli=milli,
-                            gpu_model=model, over_quota=over, started_at=start, ended_at=end))
+        s.add(
+            UsageInterval(
+                key=key,
+                team=team,
+                user=user,
+                profile="half",
+                kind="notebook",
+                gpu_milli=milli,
+                gpu_model=model,
+                over_quota=over,
+                started_at=start,
+                ended_at=end,
+            )
+        )
 
 
 def test_period_report_clips_splits_and_prices(sessions):
     runtime = GPULabRuntime(CATALOG)
     t0 = datetime(2026, 1, 1)
     add_interval(sessions, "a", "vision", "alice", 500, t0 - timedelta(hours=2), t0 + timedelta(hours=3))
-    add_interval(sessions, "b", "vision", "bob", 1000, t0 + timedelta(hours=23), t0 + timedelta(hours=26),
-                 over=True)
-    add_interval(sessions, "c", "nlp", "carol", 2000, t0 + timedelta(hours=1), t0 + timedelta(hours=2),
-                 model=None)
+    add_interval(sessions, "b", "vision", "bob", 1000, t0 + timedelta(hours=23), t0 + timedelta(hours=26), over=True)
+    add_interval(sessions, "c", "nlp", "carol", 2000, t0 + timedelta(hours=1), t0 + timedelta(hours=2), model=None)
     add_interval(sessions, "d", "nlp", "carol", 2000, t0 - timedelta(days=3), t0 - timedelta(days=2))
     r = period_report(runtime, sessions, GPULabUsage(), t0, t0 + timedelta(days=2), timedelta(days=1))
     teams = {t["team"]: t for t in r["teams"]}
@@ -173,9 +191,21 @@ def test_jobs_are_counted_by_state_from_the_jobs_table(sessions):
     now = utcnow()
     with sessions.begin() as s:
         for i, state in enumerate(["succeeded", "succeeded", "failed", "running"]):
-            s.add(JobRecord(name=f"j{i}", user="alice" if i < 3 else "bob", team="vision", profile="half",
-                            job_class="batch", state=state, notebook="n.ipynb", output_path="o", log_path="l",
-                            time_limit_seconds=60, backend="local"))
+            s.add(
+                JobRecord(
+                    name=f"j{i}",
+                    user="alice" if i < 3 else "bob",
+                    team="vision",
+                    profile="half",
+                    job_class="batch",
+                    state=state,
+                    notebook="n.ipynb",
+                    output_path="o",
+                    log_path="l",
+                    time_limit_seconds=60,
+                    backend="local",
+                )
+            )
     counts = jobs_by_state(sessions, now - timedelta(hours=1), now + timedelta(hours=1))
     assert counts == {("vision", "alice"): {"succeeded": 2, "failed": 1}, ("vision", "bob"): {"running": 1}}
     r = period_report(runtime, sessions, GPULabUsage(), now - timedelta(hours=1), now + timedelta(hours=1))
@@ -198,8 +228,7 @@ def test_first_run_seeds_then_the_database_wins_after_an_edit(sessions):
     assert load_at_start(store, file_v1) == file_v1
     assert store.row().edited is False
     admin_edit = edited(None, 5)
-    store.save(admin_edit, actor="admin", action="team.update", target="vision", old={"burst": "2"},
-               new={"burst": "5"})
+    store.save(admin_edit, actor="admin", action="team.update", target="vision", old={"burst": "2"}, new={"burst": "5"})
     file_v2 = edited(None, 3)  # the GitOps file changed meanwhile
     assert load_at_start(store, file_v2).team("vision").burst_milli == 5000  # the database wins
     # Re-seed on request: the file wins once, audited.

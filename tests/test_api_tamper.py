@@ -34,8 +34,19 @@ teams:
   - {name: vision, users: [alice, bob], guarantee: 1, burst: 2, allowed_profiles: [cpu, h100-half]}
   - {name: nlp, users: [carol], guarantee: 1, burst: 1, allowed_profiles: [cpu, h100-2]}
 """
-SCOPES = ["admin:users", "admin:servers", "admin:server_state", "list:users", "read:users", "read:servers",
-          "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs", "custom:gpulab:culler"]
+SCOPES = [
+    "admin:users",
+    "admin:servers",
+    "admin:server_state",
+    "list:users",
+    "read:users",
+    "read:servers",
+    "servers",
+    "tokens",
+    "custom:gpulab:admin",
+    "custom:gpulab:jobs",
+    "custom:gpulab:culler",
+]
 
 DEEP = "[" * 100_000 + "]" * 100_000
 JUST_TOO_DEEP = '{"a": ' + "[" * 40 + "]" * 40 + "}"
@@ -76,6 +87,7 @@ def alice(hub):
 
 def snapshot(hub: RunningHub) -> dict[str, Any]:
     """Everything a tampered request could change, read through the hub's APIs."""
+
     def get(path: str, **params) -> Any:
         r = hub.api("GET", path, params=params)
         assert r.status_code == 200, (path, r.status_code, r.text[:300])
@@ -108,13 +120,24 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
     reclaim = {"user": "alice", "server": "", "reason": "idle", "gpu_milli": 500}
     bodies = [  # every endpoint that reads a body, with a valid-looking body to tamper with
         ("jobs submit", "POST", "/gpulab/jobs", as_alice, job, ["time_limit_seconds", "parameters.x"]),
-        ("teams create", "POST", "/gpulab/teams", admin, team,
-         ["guarantee", "burst", "per_user_cap", "idle_timeout"]),
+        ("teams create", "POST", "/gpulab/teams", admin, team, ["guarantee", "burst", "per_user_cap", "idle_timeout"]),
         ("team patch", "PATCH", "/gpulab/teams/vision", admin, {"guarantee": 1}, ["guarantee", "burst"]),
-        ("profiles create", "POST", "/gpulab/profiles", admin, profile,
-         ["gpus", "gpu_milli", "cpu.limit", "memory.limit", "idle_timeout"]),
-        ("profile patch", "PATCH", "/gpulab/profiles/h100-half", admin, {"gpus": 0.5},
-         ["gpus", "cpu.limit", "memory.limit", "idle_timeout"]),
+        (
+            "profiles create",
+            "POST",
+            "/gpulab/profiles",
+            admin,
+            profile,
+            ["gpus", "gpu_milli", "cpu.limit", "memory.limit", "idle_timeout"],
+        ),
+        (
+            "profile patch",
+            "PATCH",
+            "/gpulab/profiles/h100-half",
+            admin,
+            {"gpus": 0.5},
+            ["gpus", "cpu.limit", "memory.limit", "idle_timeout"],
+        ),
         ("prices", "PUT", "/gpulab/prices", admin, {"prices": {"H100-80GB": 2.5}}, ["prices.H100-80GB"]),
         ("idle warning", "POST", "/gpulab/idle/warnings", admin, warning, ["grace_seconds", "gpu_milli"]),
         ("idle reclaim", "POST", "/gpulab/idle/reclaims", admin, reclaim, ["gpu_milli"]),
@@ -127,64 +150,167 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
         out.append((f"{label}: not UTF-8", method, path, {**auth, "data": b"\xff\xfe{}"}))
         for field in numeric:
             for text in BAD_NUMBERS:
-                out.append((f"{label}: {field}={text[:12]}", method, path,
-                            {**auth, "data": raw_body(template, field, text)}))
+                out.append(
+                    (f"{label}: {field}={text[:12]}", method, path, {**auth, "data": raw_body(template, field, text)})
+                )
     # Amounts written as strings: quotas, GPU amounts, memory, CPU, timeouts. Each refusal
     # must name the field, so it comes from the unit parser and not from an unknown key.
     for field in ("guarantee", "burst", "per_user_cap", "idle_timeout"):
         for text in BAD_NUMBER_STRINGS:
-            out.append((f"teams create: {field}={text[:12]!r}", "POST", "/gpulab/teams",
-                        {**admin, "data": json.dumps({**team, field: text}), "expect": field}))
-            out.append((f"team patch: {field}={text[:12]!r}", "PATCH", "/gpulab/teams/vision",
-                        {**admin, "data": json.dumps({field: text}), "expect": field}))
+            out.append(
+                (
+                    f"teams create: {field}={text[:12]!r}",
+                    "POST",
+                    "/gpulab/teams",
+                    {**admin, "data": json.dumps({**team, field: text}), "expect": field},
+                )
+            )
+            out.append(
+                (
+                    f"team patch: {field}={text[:12]!r}",
+                    "PATCH",
+                    "/gpulab/teams/vision",
+                    {**admin, "data": json.dumps({field: text}), "expect": field},
+                )
+            )
     for field in ("gpus", "memory.limit", "cpu.limit", "idle_timeout"):
         for text in BAD_NUMBER_STRINGS:
             body = {field.split(".")[0]: {"limit": text}} if "." in field else {field: text}
-            out.append((f"profile patch: {field}={text[:12]!r}", "PATCH", "/gpulab/profiles/h100-half",
-                        {**admin, "data": json.dumps(body), "expect": field}))
+            out.append(
+                (
+                    f"profile patch: {field}={text[:12]!r}",
+                    "PATCH",
+                    "/gpulab/profiles/h100-half",
+                    {**admin, "data": json.dumps(body), "expect": field},
+                )
+            )
     for text in BAD_NUMBER_STRINGS:
-        out.append((f"prices: {text[:12]!r}", "PUT", "/gpulab/prices",
-                    {**admin, "data": json.dumps({"prices": {"H100-80GB": text}})}))
+        out.append(
+            (
+                f"prices: {text[:12]!r}",
+                "PUT",
+                "/gpulab/prices",
+                {**admin, "data": json.dumps({"prices": {"H100-80GB": text}})},
+            )
+        )
     for value in (1e308, 10**18 - 1, -1, True, "2.5"):
-        out.append((f"prices: {str(value)[:12]}", "PUT", "/gpulab/prices",
-                    {**admin, "data": json.dumps({"prices": {"H100-80GB": value}})}))
+        out.append(
+            (
+                f"prices: {str(value)[:12]}",
+                "PUT",
+                "/gpulab/prices",
+                {**admin, "data": json.dumps({"prices": {"H100-80GB": value}})},
+            )
+        )
     # GPU models: only those this server has (a typo, a known product it lacks, wrong types, oversized).
     for value in ("H100-80G", "A100-80GB", 5, ["H100-80GB"], "x" * 5000, {"model": "H100-80GB"}):
-        out.append((f"profiles create: gpu_model={str(value)[:12]!r}", "POST", "/gpulab/profiles",
-                    {**admin, "data": json.dumps({**profile, "gpu_model": value}), "expect": "gpu_model"}))
-        out.append((f"profile patch: gpu_model={str(value)[:12]!r}", "PATCH", "/gpulab/profiles/h100-half",
-                    {**admin, "data": json.dumps({"gpu_model": value}), "expect": "gpu_model"}))
-    out.append(("profile patch as alice: gpu_model", "PATCH", "/gpulab/profiles/h100-half",
-                {**as_alice, "data": json.dumps({"gpu_model": "H100-80GB"})}))
+        out.append(
+            (
+                f"profiles create: gpu_model={str(value)[:12]!r}",
+                "POST",
+                "/gpulab/profiles",
+                {**admin, "data": json.dumps({**profile, "gpu_model": value}), "expect": "gpu_model"},
+            )
+        )
+        out.append(
+            (
+                f"profile patch: gpu_model={str(value)[:12]!r}",
+                "PATCH",
+                "/gpulab/profiles/h100-half",
+                {**admin, "data": json.dumps({"gpu_model": value}), "expect": "gpu_model"},
+            )
+        )
+    out.append(
+        (
+            "profile patch as alice: gpu_model",
+            "PATCH",
+            "/gpulab/profiles/h100-half",
+            {**as_alice, "data": json.dumps({"gpu_model": "H100-80GB"})},
+        )
+    )
     # JSON is typed: no one-item-list unwrapping, no strings for numbers, no numbers for strings.
-    for field, value in [("profile", ["cpu"]), ("team", ["vision"]), ("profile", 1), ("team", {"a": 1}),
-                         ("notebook", ["exp/calc.ipynb"]), ("job_class", ["batch"]), ("name", 5),
-                         ("time_limit_seconds", "60"), ("time_limit_seconds", 60.5), ("time_limit_seconds", True),
-                         ("parameters", ["x"]), ("idempotency_key", 7), ("image", ["x"])]:
-        out.append((f"jobs submit: {field}={value!r}", "POST", "/gpulab/jobs",
-                    {**as_alice, "data": json.dumps({**job, field: value})}))
-    for path in ("exp/calc.ipynb/", "exp/", "exp/folder.ipynb", "exp/folder.ipynb/", "/etc/passwd.ipynb",
-                 "../alice/exp/calc.ipynb", "exp/calc.ipynb\x00", "", "."):
-        out.append((f"jobs submit: notebook={path!r}", "POST", "/gpulab/jobs",
-                    {**as_alice, "data": json.dumps({**job, "notebook": path})}))
+    for field, value in [
+        ("profile", ["cpu"]),
+        ("team", ["vision"]),
+        ("profile", 1),
+        ("team", {"a": 1}),
+        ("notebook", ["exp/calc.ipynb"]),
+        ("job_class", ["batch"]),
+        ("name", 5),
+        ("time_limit_seconds", "60"),
+        ("time_limit_seconds", 60.5),
+        ("time_limit_seconds", True),
+        ("parameters", ["x"]),
+        ("idempotency_key", 7),
+        ("image", ["x"]),
+    ]:
+        out.append(
+            (
+                f"jobs submit: {field}={value!r}",
+                "POST",
+                "/gpulab/jobs",
+                {**as_alice, "data": json.dumps({**job, field: value})},
+            )
+        )
+    for path in (
+        "exp/calc.ipynb/",
+        "exp/",
+        "exp/folder.ipynb",
+        "exp/folder.ipynb/",
+        "/etc/passwd.ipynb",
+        "../alice/exp/calc.ipynb",
+        "exp/calc.ipynb\x00",
+        "",
+        ".",
+    ):
+        out.append(
+            (
+                f"jobs submit: notebook={path!r}",
+                "POST",
+                "/gpulab/jobs",
+                {**as_alice, "data": json.dumps({**job, "notebook": path})},
+            )
+        )
     # Ids and query arguments.
     for bad in BAD_IDS:
-        for suffix, method in (("", "GET"), ("/cancel", "POST"), ("/rerun", "POST"), ("/logs", "GET"),
-                               ("/output", "GET")):
+        for suffix, method in (
+            ("", "GET"),
+            ("/cancel", "POST"),
+            ("/rerun", "POST"),
+            ("/logs", "GET"),
+            ("/output", "GET"),
+        ):
             out.append((f"job {bad!r}{suffix}", method, f"/gpulab/jobs/{bad}{suffix}", as_alice))
     for bad in ("²", "-1", HUGE_DIGITS, "nan", "1e3", "١"):
         out.append((f"audit limit={bad[:12]!r}", "GET", "/gpulab/audit", {**admin, "params": {"limit": bad}}))
         out.append((f"audit offset={bad[:12]!r}", "GET", "/gpulab/audit", {**admin, "params": {"offset": bad}}))
-        out.append((f"idle audit limit={bad[:12]!r}", "GET", "/gpulab/idle/audit",
-                    {**admin, "params": {"limit": bad}}))
-    for period in (HUGE_DIGITS + "d", "99999999999999999d", "1e999d", "-1d", "0d", "nan", "inf", "²d",
-                   "9" * 40 + "s", "1" + "0" * 20 + "h"):
+        out.append((f"idle audit limit={bad[:12]!r}", "GET", "/gpulab/idle/audit", {**admin, "params": {"limit": bad}}))
+    for period in (
+        HUGE_DIGITS + "d",
+        "99999999999999999d",
+        "1e999d",
+        "-1d",
+        "0d",
+        "nan",
+        "inf",
+        "²d",
+        "9" * 40 + "s",
+        "1" + "0" * 20 + "h",
+    ):
         for path in ("/gpulab/usage", "/gpulab/usage.csv"):
             out.append((f"{path} period={period[:12]!r}", "GET", path, {**admin, "params": {"period": period}}))
-    for start, end in (("0001-01-01", "0001-01-02"), ("9999-12-30", "9999-12-31T23:59:59"),
-                       ("0001-01-01T00:00+01:00", "0001-01-02"), ("9999-12-31T23:59:59-14:00", None),
-                       ("1969-12-31", "1970-01-01"), ("2026-01-02", "2026-01-01"), ("²", None),
-                       ("2026-01-01", "2028-01-01"), ("2026-13-01", None), (HUGE_DIGITS, None)):
+    for start, end in (
+        ("0001-01-01", "0001-01-02"),
+        ("9999-12-30", "9999-12-31T23:59:59"),
+        ("0001-01-01T00:00+01:00", "0001-01-02"),
+        ("9999-12-31T23:59:59-14:00", None),
+        ("1969-12-31", "1970-01-01"),
+        ("2026-01-02", "2026-01-01"),
+        ("²", None),
+        ("2026-01-01", "2028-01-01"),
+        ("2026-13-01", None),
+        (HUGE_DIGITS, None),
+    ):
         params = {"start": start, **({"end": end} if end else {})}
         for path in ("/gpulab/usage", "/gpulab/usage.csv"):
             out.append((f"{path} {start[:12]}..{(end or '')[:12]}", "GET", path, {**admin, "params": params}))
@@ -193,21 +319,35 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
     out.append(("me user=x*300 as admin", "GET", "/gpulab/me", {**admin, "params": {"user": "x" * 300}}))
     out.append(("jobs logs offset=²", "GET", "/gpulab/jobs/1/logs", {**as_alice, "params": {"offset": "²"}}))
     # REST spawns of a named server with tampered options.
-    for options in ({"team": "vision", "profile": ["cpu"]}, {"team": ["vision"], "profile": "cpu"},
-                    {"team": "vision", "profile": 1}, {"team": "vision", "profile": "h100-2"},
-                    {"team": "nlp", "profile": "cpu"}, {"team": "vision", "profile": "cpu", "gpus": 8},
-                    {"team": "vision", "profile": "nope"}, {"team": "vision", "profile": "cpu", "image": ["x"]}):
-        out.append((f"REST spawn {options}", "POST", "/users/alice/servers/tamper",
-                    {"data": json.dumps(options)}))
+    for options in (
+        {"team": "vision", "profile": ["cpu"]},
+        {"team": ["vision"], "profile": "cpu"},
+        {"team": "vision", "profile": 1},
+        {"team": "vision", "profile": "h100-2"},
+        {"team": "nlp", "profile": "cpu"},
+        {"team": "vision", "profile": "cpu", "gpus": 8},
+        {"team": "vision", "profile": "nope"},
+        {"team": "vision", "profile": "cpu", "image": ["x"]},
+    ):
+        out.append((f"REST spawn {options}", "POST", "/users/alice/servers/tamper", {"data": json.dumps(options)}))
     out.append(("REST spawn: nested 100000 deep", "POST", "/users/alice/servers/tamper", {"data": DEEP}))
     return out
 
 
 SPAWN_FORMS = [
-    {}, {"choice": ""}, {"choice": "vision"}, {"choice": "vision:"}, {"choice": ":cpu"},
-    {"choice": "vision:nope"}, {"choice": "nlp:cpu"}, {"choice": "vision:h100-2"},
-    {"choice": "x" * 5000}, {"choice": "vision:cpu\x00"}, {"choice": ["vision:cpu", "vision:h100-half"]},
-    {"choice": "vision:cpu", "gpu_milli": "8000"}, {"choice": "vision:cpu", "cpu_limit": "64"},
+    {},
+    {"choice": ""},
+    {"choice": "vision"},
+    {"choice": "vision:"},
+    {"choice": ":cpu"},
+    {"choice": "vision:nope"},
+    {"choice": "nlp:cpu"},
+    {"choice": "vision:h100-2"},
+    {"choice": "x" * 5000},
+    {"choice": "vision:cpu\x00"},
+    {"choice": ["vision:cpu", "vision:h100-half"]},
+    {"choice": "vision:cpu", "gpu_milli": "8000"},
+    {"choice": "vision:cpu", "cpu_limit": "64"},
     {"choice": "vision:h100-half", "image-vision:h100-half": "evil:latest"},
     {"choice": "vision:cpu", "profile": "h100-2"},
 ]
@@ -215,9 +355,14 @@ SPAWN_FORMS = [
 
 #: One-click spawn URLs (``/hub/spawn/alice/NAME?opt-choice=...``) someone edited or forged.
 SPAWN_QUERIES = [
-    {"opt-choice": "nlp:cpu"}, {"opt-choice": "vision:nope"}, {"opt-choice": "vision:h100-2"},
-    {"opt-choice": "x" * 5000}, {"opt-choice": "vision:cpu\x00"}, {"opt-choice": ["vision:cpu", "vision:h100-half"]},
-    {"opt-choice": "vision:cpu", "opt-gpu_milli": "8000"}, {"opt-choice": "vision:cpu", "opt-profile": "h100-2"},
+    {"opt-choice": "nlp:cpu"},
+    {"opt-choice": "vision:nope"},
+    {"opt-choice": "vision:h100-2"},
+    {"opt-choice": "x" * 5000},
+    {"opt-choice": "vision:cpu\x00"},
+    {"opt-choice": ["vision:cpu", "vision:h100-half"]},
+    {"opt-choice": "vision:cpu", "opt-gpu_milli": "8000"},
+    {"opt-choice": "vision:cpu", "opt-profile": "h100-2"},
     {"opt-choice": ""},
     {"opt-choice": "vision:h100-half", "opt-image-vision:h100-half": "evil:latest"},
 ]
@@ -262,9 +407,11 @@ def test_tamper_corpus_refused_without_5xx_or_state_change(hub, alice):
         if not 400 <= r.status_code < 500:
             wrong.append(f"spawn query {query!r:.80}: {r.status_code}")
     after = snapshot(hub)
-    print(f"\ntamper corpus: {requests_sent} requests; statuses {dict(sorted(statuses.items()))}; "
-          f"5xx: {sum(n for s, n in statuses.items() if s >= 500)}; accepted wrongly: {accepted}; "
-          f"state changed: {before != after} (the {len(SPAWN_FORMS)} spawn pages shown are 200s)")
+    print(
+        f"\ntamper corpus: {requests_sent} requests; statuses {dict(sorted(statuses.items()))}; "
+        f"5xx: {sum(n for s, n in statuses.items() if s >= 500)}; accepted wrongly: {accepted}; "
+        f"state changed: {before != after} (the {len(SPAWN_FORMS)} spawn pages shown are 200s)"
+    )
     assert requests_sent >= 300
     assert not wrong, "\n".join(wrong)
     assert after == before
@@ -287,12 +434,12 @@ def test_visiting_named_spawn_pages_leaves_no_server_records(hub):
 
 @pytest.mark.parametrize("body", ["NaN", "Infinity", "-Infinity", "1e999"])
 def test_prices_refuse_non_finite_and_stay_valid_json(hub, body):
-    r = hub.api("PUT", "/gpulab/prices", data='{"prices": {"H100-80GB": %s}}' % body)
+    r = hub.api("PUT", "/gpulab/prices", data=f'{{"prices": {{"H100-80GB": {body}}}}}')
     assert r.status_code == 400, r.text
     for path in ("/gpulab/prices", "/gpulab/usage"):
         r = hub.api("GET", path)
         assert r.status_code == 200
-        json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{path} answered {c}"))
+        json.loads(r.text, parse_constant=lambda c, path=path: pytest.fail(f"{path} answered {c}"))
 
 
 def test_admin_csv_link_carries_no_xsrf_token_and_downloads(hub):

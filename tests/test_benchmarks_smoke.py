@@ -22,13 +22,17 @@ import trace_loader  # noqa: E402
 
 TRACE_DIR = trace_loader.default_trace_dir()
 HAVE_TRACE = (TRACE_DIR / "openb_pod_list_gpushare40.csv").exists() and (
-    TRACE_DIR / "openb_node_list_gpu_node.csv").exists()
+    TRACE_DIR / "openb_node_list_gpu_node.csv"
+).exists()
 
 
 def run_bench(script: str, out: Path, *args: str) -> tuple[dict, str]:
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), "--out", str(out), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     name = script.removesuffix(".py")
@@ -58,8 +62,14 @@ def test_admission_smoke(tmp_path):
         assert row["refused_over_burst"] == ops
         assert row["page_choices"] == params["page_teams"] * params["page_profiles"]
         assert row["page_html_bytes"] > 0
-        for key in ("reserve_release_per_s", "admit_per_s", "reserve_release_p50_us", "reserve_release_p99_us",
-                    "admit_p50_us", "page_render_p50_ms"):
+        for key in (
+            "reserve_release_per_s",
+            "admit_per_s",
+            "reserve_release_p50_us",
+            "reserve_release_p99_us",
+            "admit_p50_us",
+            "page_render_p50_ms",
+        ):
             assert row[key] > 0, key
         assert row["reserve_release_p99_us"] >= row["reserve_release_p50_us"]
     assert {r["teams"] for r in doc["ratios"]} == set(params["teams"])
@@ -101,8 +111,10 @@ def test_loader_reports_file_line_and_column(tmp_path):
 
 
 def test_subset_nodes_takes_whole_nodes():
-    devices = [trace_loader.GPUDevice(i, "G2" if i < 64 else "T4", node=f"n{i // 8 if i < 64 else 8 + (i - 64) // 2}")
-               for i in range(80)]
+    devices = [
+        trace_loader.GPUDevice(i, "G2" if i < 64 else "T4", node=f"n{i // 8 if i < 64 else 8 + (i - 64) // 2}")
+        for i in range(80)
+    ]
     cut = trace_loader.subset_nodes(devices, 10)
     per_node: dict[str, int] = {}
     for d in cut:
@@ -179,8 +191,10 @@ def test_capacity_without_times_skips_the_replay(tmp_path):
     nodes = tmp_path / "nodes.csv"
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,8,G2\nn2,64000,262144,2,T4\n")
     pods = tmp_path / "pods.csv"  # the openb_pod_list_multigpu20.csv layout: no times
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
-                    "p0,12000,16384,1,1000\np1,6000,12288,1,460\np2,88000,327680,8,1000\np3,6000,12288,2,1000\n")
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+        "p0,12000,16384,1,1000\np1,6000,12288,1,460\np2,88000,327680,8,1000\np3,6000,12288,2,1000\n"
+    )
     doc, _ = run_bench("capacity.py", tmp_path, "--pods", str(pods), "--nodes", str(nodes))
     assert doc["replay"] is None
     for r in doc["inflation"]["rows"]:
@@ -194,8 +208,9 @@ def test_capacity_smoke_on_the_alibaba_trace(tmp_path):
     assert doc["smoke"] is True and doc["gpu_tasks"] == 600
     assert "Paper method" in stdout
     rows = doc["paper"]["rows"]
-    assert {(r["policy"], r["scoring"]) for r in rows} >= {(p, s) for p in ("whole", "fractional", "advisor", "exact")
-                                                            for s in ("bestfit", "fgd")}
+    assert {(r["policy"], r["scoring"]) for r in rows} >= {
+        (p, s) for p in ("whole", "fractional", "advisor", "exact") for s in ("bestfit", "fgd")
+    }
     for r in rows:
         assert all(r["checks"].values()), (r["policy"], r["scoring"], r["checks"])
         assert 0 < r["requested_share"] <= r["allocated_share"] <= 1.0
@@ -264,8 +279,13 @@ def test_spawn_path_smoke(tmp_path, kube_testbed):
 @pytest.mark.integration
 def test_login_to_lab_smoke(tmp_path):
     """Both hubs, one run each in Chromium: the structure, never the timing."""
-    proc = subprocess.run([sys.executable, str(BENCH / "login_to_lab.py"), "--smoke", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "login_to_lab.py"), "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "login_to_lab.json").read_text())
     assert doc["benchmark"] == "login_to_lab" and doc["smoke"] is True

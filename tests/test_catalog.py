@@ -99,13 +99,15 @@ def test_traitlets_config_merges_with_file(tmp_path):
 
 
 def test_check_config_cli(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(DEMO)],
-                        capture_output=True, text=True, cwd=REPO)
+    ok = subprocess.run(
+        [sys.executable, "-m", "hub_config.cli", "check-config", str(DEMO)], capture_output=True, text=True, cwd=REPO
+    )
     assert ok.returncode == 0 and "OK: 2 team(s), 6 profile(s)" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(BROKEN)
-    out = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(bad)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "hub_config.cli", "check-config", str(bad)], capture_output=True, text=True, cwd=REPO
+    )
     assert out.returncode == 1
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 6 and all(line.startswith(f"{bad}:") for line in lines)
@@ -122,9 +124,13 @@ def test_policy_choices_and_resolution():
         resolve_request(c, "alice", [], {"profile": "h100-half"})
     r = resolve_request(c, "bob", [], {"profile": "h100-half"})
     assert r.team.name == "vision" and r.milli == 500
-    for bad, status in [({"profile": "h100-4"}, 403), ({"profile": "nope"}, 400),
-                        ({"profile": "h100-half", "team": "nlp"}, 403),
-                        ({"profile": "h100-half", "gpus": 8}, 400), ({"profile": 5}, 400)]:
+    for bad, status in [
+        ({"profile": "h100-4"}, 403),
+        ({"profile": "nope"}, 400),
+        ({"profile": "h100-half", "team": "nlp"}, 403),
+        ({"profile": "h100-half", "gpus": 8}, 400),
+        ({"profile": 5}, 400),
+    ]:
         with pytest.raises(PolicyError) as e:
             resolve_request(c, "bob", [], bad)
         assert e.value.status == status
@@ -141,17 +147,23 @@ def test_teams_for_follows_the_member_index_exactly():
 
     names = st.sampled_from(["ann", "bo", "cy", "dee"])
     groups = st.sampled_from(["g1", "g2", "g3"])
-    team = st.fixed_dictionaries({"users": st.lists(names, max_size=3, unique=True),
-                                  "groups": st.lists(groups, max_size=2, unique=True)})
+    team = st.fixed_dictionaries(
+        {"users": st.lists(names, max_size=3, unique=True), "groups": st.lists(groups, max_size=2, unique=True)}
+    )
 
     @settings(max_examples=100, deadline=None)
     @given(st.lists(team, min_size=1, max_size=6), names, st.lists(groups, max_size=3, unique=True))
     def check(teams, user, user_groups):
-        cat = catalog_from_dict({"profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}],
-                                 "teams": [{"name": f"t{i}", "guarantee": 1, "burst": 1, **t}
-                                           for i, t in enumerate(teams)]}, "test")
-        scan = sorted((t for t in cat.teams.values() if t.has_member(user, frozenset(user_groups))),
-                      key=lambda t: t.name)
+        cat = catalog_from_dict(
+            {
+                "profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}],
+                "teams": [{"name": f"t{i}", "guarantee": 1, "burst": 1, **t} for i, t in enumerate(teams)],
+            },
+            "test",
+        )
+        scan = sorted(
+            (t for t in cat.teams.values() if t.has_member(user, frozenset(user_groups))), key=lambda t: t.name
+        )
         assert cat.teams_for(user, user_groups) == scan
 
     check()
@@ -172,8 +184,9 @@ teams:
 def test_check_config_sorts_by_line_and_suggests_profile_slugs(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(MODEL_TYPO)
-    out = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(bad)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "hub_config.cli", "check-config", str(bad)], capture_output=True, text=True, cwd=REPO
+    )
     assert out.returncode == 1
     lines = out.stdout.strip().splitlines()
     numbers = [int(line.split(":")[1]) for line in lines]
@@ -185,14 +198,20 @@ def test_check_config_sorts_by_line_and_suggests_profile_slugs(tmp_path):
 def test_check_config_gpu_model_error_on_a_server_warning_on_kubernetes(tmp_path):
     typo = tmp_path / "typo.yaml"
     typo.write_text(MODEL_TYPO.replace("h100-l", "h100-1").replace("allowd_profiles", "allowed_profiles"))
-    server = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", str(typo)],
-                            capture_output=True, text=True, cwd=REPO)
+    server = subprocess.run(
+        [sys.executable, "-m", "hub_config.cli", "check-config", str(typo)], capture_output=True, text=True, cwd=REPO
+    )
     assert server.returncode == 1, server.stdout
     assert server.stdout.strip() == (
         f"{typo}:5: profiles[1].gpu_model: GPU model 'H100-80G' is not known here "
-        f"(did you mean 'H100-80GB'?); known: H100-80GB")
-    kube = subprocess.run([sys.executable, "-m", "hub_config.cli", "check-config", "--kubernetes", str(typo)],
-                          capture_output=True, text=True, cwd=REPO)
+        f"(did you mean 'H100-80GB'?); known: H100-80GB"
+    )
+    kube = subprocess.run(
+        [sys.executable, "-m", "hub_config.cli", "check-config", "--kubernetes", str(typo)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert kube.returncode == 0, kube.stdout + kube.stderr
     first = kube.stdout.splitlines()[0]
     assert first.startswith(f"warning: {typo}:5: profiles[1].gpu_model: GPU model 'H100-80G' is not known here")

@@ -22,7 +22,10 @@ from hub_config.storage import migrate
 from hub_config.storage.db import Base, session_factory
 
 DATA = Path(__file__).parent / "data"
-RELEASES = {"0.1.0": ("gpulab-0.1.0.sql", "0001"), "0.1.0-session-culling": ("gpulab-0.1.0-session-culling.sql", "0002")}
+RELEASES = {
+    "0.1.0": ("gpulab-0.1.0.sql", "0001"),
+    "0.1.0-session-culling": ("gpulab-0.1.0-session-culling.sql", "0002"),
+}
 
 
 def schema_differences(engine) -> list:

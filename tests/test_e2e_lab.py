@@ -41,16 +41,25 @@ teams:
 def hub(tmp_path_factory):
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
-    admin_scopes = ["admin:users", "admin:servers", "admin:server_state", "list:users", "read:users",
-                    "read:servers", "servers", "tokens", "custom:gpulab:admin", "custom:gpulab:jobs",
-                    "custom:gpulab:culler"]  # the test also plays the idle culler
+    admin_scopes = [
+        "admin:users",
+        "admin:servers",
+        "admin:server_state",
+        "list:users",
+        "read:users",
+        "read:servers",
+        "servers",
+        "tokens",
+        "custom:gpulab:admin",
+        "custom:gpulab:jobs",
+        "custom:gpulab:culler",
+    ]  # the test also plays the idle culler
     h = RunningHub(tmp_path_factory.mktemp("e2e-lab"), CATALOG, admin_scopes=admin_scopes)
     write_notebook(h.home("alice") / "greet.ipynb")
     h.give("alice", h.home("alice") / "greet.ipynb")
     h.start()
     yield h
     h.close()
-
 
 
 def shot(page, name: str, locator=None) -> Path:
@@ -174,9 +183,18 @@ def run_scenario(hub: RunningHub, page) -> None:
     assert rerun["parameters"] == record["parameters"] and rerun["notebook"] == "greet.ipynb"
 
     # The culler warns: a countdown and "Keep my GPU", which clears the warning.
-    r = hub.api("POST", "/gpulab/idle/warnings", json={
-        "user": "alice", "server": "", "grace_seconds": 900, "gpu_milli": 250,
-        "reason": "GPU 0 at 0% for 30 minutes", "evidence": {"source": "e2e test"}})
+    r = hub.api(
+        "POST",
+        "/gpulab/idle/warnings",
+        json={
+            "user": "alice",
+            "server": "",
+            "grace_seconds": 900,
+            "gpu_milli": 250,
+            "reason": "GPU 0 at 0% for 30 minutes",
+            "evidence": {"source": "e2e test"},
+        },
+    )
     assert r.status_code == 201, r.text
     warning = panel.locator(".gpulab-idle")
     warning.wait_for(timeout=30_000)

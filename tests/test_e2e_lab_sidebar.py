@@ -90,7 +90,9 @@ def test_sidebar_dialog_jobs_list_and_stop(hub: RunningHub, browser):
         assert "0.25 × H100 (0.25 GPU) — available above the guarantee (preemptible)" in batch_options, batch_options
         dialog.locator('input[name="job_class"][value="training"]').check()
         training_options = profile.locator("option").all_inner_texts()
-        assert all("not now: team vision holds 0.5 of its 0.5 GPU guarantee" in o for o in training_options), training_options
+        assert all("not now: team vision holds 0.5 of its 0.5 GPU guarantee" in o for o in training_options), (
+            training_options
+        )
         assert not any("preemptible" in o or "burst" in o for o in training_options), training_options
         assert profile.locator("option:disabled").count() >= 1
         dialog.locator('input[name="job_class"][value="batch"]').check()
@@ -178,25 +180,27 @@ class VanillaHub(RunningHub):
         home = self.workdir / "home"
         home.mkdir(exist_ok=True)
         args = ["--allow-root"] if os.geteuid() == 0 else []
-        self.config_path.write_text(textwrap.dedent(f"""
+        self.config_path.write_text(
+            textwrap.dedent(f"""
             c = get_config()
             c.JupyterHub.bind_url = "{self.url}"
             c.JupyterHub.hub_port = {self.hub_port}
             c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
-            c.ConfigurableHTTPProxy.pid_file = "{self.state_dir / 'jupyterhub-proxy.pid'}"
-            c.JupyterHub.db_url = "sqlite:///{self.state_dir / 'jupyterhub.sqlite'}"
-            c.JupyterHub.cookie_secret_file = "{self.state_dir / 'cookie_secret'}"
+            c.ConfigurableHTTPProxy.pid_file = "{self.state_dir / "jupyterhub-proxy.pid"}"
+            c.JupyterHub.db_url = "sqlite:///{self.state_dir / "jupyterhub.sqlite"}"
+            c.JupyterHub.cookie_secret_file = "{self.state_dir / "cookie_secret"}"
             c.JupyterHub.authenticator_class = "dummy"
             c.Authenticator.allow_all = True
             c.JupyterHub.spawner_class = "simple"
-            c.Spawner.cmd = ["{VENV_BIN / 'jupyterhub-singleuser'}"]
+            c.Spawner.cmd = ["{VENV_BIN / "jupyterhub-singleuser"}"]
             c.Spawner.args = {args!r}
             c.Spawner.default_url = "/lab"
             c.SimpleLocalProcessSpawner.home_dir_template = "{home}/{{username}}"
             c.JupyterHub.services = [{{"name": "test-admin", "api_token": "{self.token}"}}]
             c.JupyterHub.load_roles = [{{"name": "test-admin", "scopes": ["admin:users", "admin:servers", "read:users",
                                         "read:servers"], "services": ["test-admin"]}}]
-        """))
+        """)
+        )
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
 

@@ -14,10 +14,18 @@ from hub_config.config.embedded import UnsafeBindError, check_bind_safe, is_loop
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.1.2.3", True), ("localhost", True), ("[::1]", True),
-    ("0.0.0.0", False), ("10.0.0.5", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("localhost", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("10.0.0.5", False),
+        ("", False),
+    ],
+)
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
@@ -34,8 +42,14 @@ def test_demo_login_only_on_loopback():
 def test_gpulab_up_refuses_a_public_bind_with_demo_login(tmp_path):
     env = {**os.environ, "GPULAB_DATA_DIR": str(tmp_path)}
     env.pop("GPULAB_BIND", None)
-    out = subprocess.run([str(Path(sys.executable).with_name("gpulab")), "up", "--ip", "0.0.0.0", "--port", "8123"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("gpulab")), "up", "--ip", "0.0.0.0", "--port", "8123"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode != 0
     assert "refusing to start" in out.stdout + out.stderr
     assert not (tmp_path / "jupyterhub.sqlite").exists()

@@ -100,16 +100,19 @@ def test_over_guarantee_is_preemptible_and_burst_limit_refuses(hub):
     assert held(hub) == 1000
 
 
-@pytest.mark.parametrize("data, status", [
-    ({"choice": "vision:no-such-profile"}, 400),
-    ({"choice": "other:secret"}, 403),
-    ({"choice": "vision:secret"}, 403),
-    ({"choice": "vision:h100-quarter", "gpus": "-1"}, 400),
-    ({"choice": "vision:h100-quarter", "gpu_milli": "99999999999"}, 400),
-    ({"choice": "vision:h100-quarter", "image": "ubuntu"}, 400),
-    ({"choice": "x" * 5000}, 400),
-    ({}, 400),
-])
+@pytest.mark.parametrize(
+    "data, status",
+    [
+        ({"choice": "vision:no-such-profile"}, 400),
+        ({"choice": "other:secret"}, 403),
+        ({"choice": "vision:secret"}, 403),
+        ({"choice": "vision:h100-quarter", "gpus": "-1"}, 400),
+        ({"choice": "vision:h100-quarter", "gpu_milli": "99999999999"}, 400),
+        ({"choice": "vision:h100-quarter", "image": "ubuntu"}, 400),
+        ({"choice": "x" * 5000}, 400),
+        ({}, 400),
+    ],
+)
 def test_tampered_spawn_form_is_refused_and_reserves_nothing(hub, data, status):
     carol_or_alice = hub.login("alice")
     before = hub.holdings()
@@ -119,13 +122,16 @@ def test_tampered_spawn_form_is_refused_and_reserves_nothing(hub, data, status):
     assert "tamper" not in hub.api("GET", "/users/alice").json()["servers"]
 
 
-@pytest.mark.parametrize("options", [
-    {"team": "vision", "profile": "nope"},
-    {"team": "other", "profile": "secret"},
-    {"team": "vision", "profile": "h100-quarter", "gpus": -1},
-    {"team": "vision", "profile": "h100-quarter", "gpu_milli": 10**12},
-    {"team": ["vision"], "profile": "h100-quarter"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"team": "vision", "profile": "nope"},
+        {"team": "other", "profile": "secret"},
+        {"team": "vision", "profile": "h100-quarter", "gpus": -1},
+        {"team": "vision", "profile": "h100-quarter", "gpu_milli": 10**12},
+        {"team": ["vision"], "profile": "h100-quarter"},
+    ],
+)
 def test_tampered_rest_spawn_is_refused_and_reserves_nothing(hub, options):
     before = hub.holdings()
     r = hub.api("POST", "/users/alice/servers/api-tamper", data=json.dumps(options))

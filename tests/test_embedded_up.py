@@ -41,10 +41,17 @@ class UpProcess:
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str], user=None, group=None):
         self.port = free_port()
         self.log = cwd / f"up-{self.port}.log"
-        self.proc = subprocess.Popen([GPULAB, "up", "--port", str(self.port), *args], cwd=cwd, env=env,
-                                     stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-                                     start_new_session=True, user=user, group=group,
-                                     extra_groups=[] if user is not None else None)
+        self.proc = subprocess.Popen(
+            [GPULAB, "up", "--port", str(self.port), *args],
+            cwd=cwd,
+            env=env,
+            stdout=open(self.log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            user=user,
+            group=group,
+            extra_groups=[] if user is not None else None,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait(self, timeout: float = 60) -> None:
@@ -88,7 +95,8 @@ def test_two_hubs_side_by_side_keep_all_state_in_their_data_dirs():
         for name in ("one", "two"):
             state = work / name / "hub"
             assert {"jupyterhub.sqlite", "gpulab.sqlite", "jupyterhub_cookie_secret"} <= {
-                p.name for p in state.iterdir()}
+                p.name for p in state.iterdir()
+            }
             assert oct(state.stat().st_mode & 0o777) == "0o700"
         # Each hub's internal port follows its public port (or is free-picked), never 8081 for both.
         internal = [t.split("Hub API listening on http://127.0.0.1:", 1)[1].split("/", 1)[0] for t in ports]
@@ -108,10 +116,17 @@ def test_a_hub_that_cannot_switch_users_says_so_and_stays_on_loopback():
     env = env_for(HOME=str(account.home))
     hub = None
     try:
-        refused = subprocess.run([GPULAB, "up", "--ip", "0.0.0.0", "--port", str(free_port()),
-                                  "--data-dir", str(data)], cwd=account.home, capture_output=True, text=True,
-                                 env={**env, "GPULAB_DEMO_AUTH": "0"}, timeout=60,
-                                 user=account.uid, group=account.gid, extra_groups=[])
+        refused = subprocess.run(
+            [GPULAB, "up", "--ip", "0.0.0.0", "--port", str(free_port()), "--data-dir", str(data)],
+            cwd=account.home,
+            capture_output=True,
+            text=True,
+            env={**env, "GPULAB_DEMO_AUTH": "0"},
+            timeout=60,
+            user=account.uid,
+            group=account.gid,
+            extra_groups=[],
+        )
         assert refused.returncode != 0
         assert "users are NOT isolated" in refused.stderr + refused.stdout
         assert "loopback" in refused.stderr + refused.stdout

@@ -104,8 +104,9 @@ def test_overlay_scopes_and_culler_service():
     services = {s["name"]: s for s in c.JupyterHub.services}
     assert culler["services"] == ["gpulab-idle-culler"] and "gpulab-idle-culler" in services
     command = services["gpulab-idle-culler"]["command"]
-    assert command[0] in pyproject()["project"].get("scripts", {}), \
+    assert command[0] in pyproject()["project"].get("scripts", {}), (
         f"the culler command {command[0]!r} is not a console script in pyproject.toml"
+    )
     flags = dict(arg.removeprefix("--").split("=", 1) for arg in command[1:])
     assert {"url", "cull-every", "concurrency"} <= set(flags), "jupyterhub-idle-culler's flags"
     from idle_culler.app import GPUIdleCuller
@@ -135,8 +136,7 @@ def test_servers_in_team_namespaces_reach_the_hub(monkeypatch):
     c = z2jh_config(values)
     assert c.JupyterHub.hub_connect_url == "http://hub.jhub.svc.cluster.local:8081"
     # The team namespaces' NetworkPolicy lets servers reach exactly that hub pod and port.
-    (np,) = [d for d in of_kind(render("default"), "NetworkPolicy")
-             if d["metadata"]["namespace"] == "gpulab-vision"]
+    (np,) = [d for d in of_kind(render("default"), "NetworkPolicy") if d["metadata"]["namespace"] == "gpulab-vision"]
     hub_rule = next(r for r in np["spec"]["egress"] if r.get("ports") == [{"port": 8081}])
     assert hub_rule["to"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "jhub"}
 
@@ -159,18 +159,37 @@ def test_prepuller_values_cover_every_catalog_image(tmp_path, capsys):
     from hub_config.cli import main
 
     values = tmp_path / "my-gpulab.yaml"
-    values.write_text(yaml.safe_dump({"gpulab": {
-        "profiles": [
-            {"slug": "h100-1", "gpus": 1, "gpu_model": "H100-80GB", "images": [
-                {"slug": "torch", "image": "registry.example.com:5000/ml/torch-notebook:2.4"},
-                {"slug": "base", "image": "quay.io/jupyter/base-notebook"}]},
-            {"slug": "cpu", "gpus": 0}],
-        "teams": [{"name": "vision", "guarantee": 1}]}}))
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "gpulab": {
+                    "profiles": [
+                        {
+                            "slug": "h100-1",
+                            "gpus": 1,
+                            "gpu_model": "H100-80GB",
+                            "images": [
+                                {"slug": "torch", "image": "registry.example.com:5000/ml/torch-notebook:2.4"},
+                                {"slug": "base", "image": "quay.io/jupyter/base-notebook"},
+                            ],
+                        },
+                        {"slug": "cpu", "gpus": 0},
+                    ],
+                    "teams": [{"name": "vision", "guarantee": 1}],
+                }
+            }
+        )
+    )
     assert main(["prepuller-values", str(values)]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
-    assert out == {"prePuller": {"extraImages": {
-        "h100-1-torch": {"name": "registry.example.com:5000/ml/torch-notebook", "tag": "2.4"},
-        "h100-1-base": {"name": "quay.io/jupyter/base-notebook", "tag": "latest"}}}}
+    assert out == {
+        "prePuller": {
+            "extraImages": {
+                "h100-1-torch": {"name": "registry.example.com:5000/ml/torch-notebook", "tag": "2.4"},
+                "h100-1-base": {"name": "quay.io/jupyter/base-notebook", "tag": "latest"},
+            }
+        }
+    }
     # The overlay leaves the list to that command, and z2jh's own prePuller stays on.
     assert overlay()["prePuller"]["extraImages"] == {}
 
@@ -213,17 +232,37 @@ def test_image_builds_gpulab_from_what_it_copies(image, extra, tmp_path):
         assert (REPO / src).exists(), f"{image}/Dockerfile copies {src}, which is not in the repository"
         assert f"!{src}" in ignore or f"!{src}/**" in ignore, f"{src} is excluded from the build context"
         if (REPO / src).is_dir():
-            shutil.copytree(REPO / src, context / src,
-                            ignore=shutil.ignore_patterns("node_modules", "__pycache__", "*.pyc"))
+            shutil.copytree(
+                REPO / src, context / src, ignore=shutil.ignore_patterns("node_modules", "__pycache__", "*.pyc")
+            )
         else:
             shutil.copy(REPO / src, context / src)
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                           "-q", "-w", str(tmp_path / "dist"), str(context)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     (wheel,) = (tmp_path / "dist").glob("gpulab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"spawner/kube.py", "hub_config/config/setup.py", "labextension/__init__.py",
-            # the database migrations run at the hub's start: every file Alembic reads
-            "hub_config/storage/migrations/env.py", "hub_config/storage/migrations/script.py.mako",
-            "hub_config/storage/migrations/versions/0001_release_0_1_0.py"} <= names
+    assert {
+        "spawner/kube.py",
+        "hub_config/config/setup.py",
+        "labextension/__init__.py",
+        # the database migrations run at the hub's start: every file Alembic reads
+        "hub_config/storage/migrations/env.py",
+        "hub_config/storage/migrations/script.py.mako",
+        "hub_config/storage/migrations/versions/0001_release_0_1_0.py",
+    } <= names

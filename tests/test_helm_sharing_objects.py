@@ -67,15 +67,17 @@ def test_time_slicing_configmap(tmp_path):
         if not p.is_gpu:
             continue
         spec = sharing.pod_gpu_spec(p, catalog.sharing)
-        (resource, amount), = spec.limits.items()
+        ((resource, amount),) = spec.limits.items()
         fits = [name for name, (res, one) in pools.items() if resource in res and not (one and int(amount) > 1)]
         assert fits, f"profile {p.slug} asks for {amount} {resource}: no node pool advertises it"
     for variant in ("default", "mig", "hami"):
         assert not any(d["metadata"]["name"] == "gpulab-time-slicing" for d in render(variant))
     # A profile's own `sharing: timeslice` on a whole-GPU cluster needs it too.
     values = tmp_path / "values.yaml"
-    values.write_text("gpulab:\n  profiles:\n    - {slug: h100-half, gpus: 0.5, gpu_model: H100-80GB, "
-                      "sharing: timeslice}\n  teams:\n    - {name: vision, guarantee: 1}\n")
+    values.write_text(
+        "gpulab:\n  profiles:\n    - {slug: h100-half, gpus: 0.5, gpu_model: H100-80GB, "
+        "sharing: timeslice}\n  teams:\n    - {name: vision, guarantee: 1}\n"
+    )
     docs = [d for d in yaml.safe_load_all(helm(*template_args([values])).stdout) if d]
     assert any(d["metadata"]["name"] == "gpulab-time-slicing" for d in docs)
     assert quota_in(docs, "gpulab-vision") == {"requests.nvidia.com/gpu.shared": "4"}
@@ -157,7 +159,8 @@ def test_kueue_gives_cpu_only_jobs_no_gpu_node_labels():
     cq = of_kind(docs, "ClusterQueue")[0]
     assert kueue_node_labels(flavors, cq, {"cpu", "memory"}) == {}
     assert kueue_node_labels(flavors, cq, {"cpu", "memory", "nvidia.com/gpu"}) == {
-        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"
+    }
 
 
 def test_kai_queues_per_team():
@@ -190,18 +193,25 @@ def test_team_namespaces_get_z2jhs_single_user_network_policy():
         # Ingress: only z2jh's hub and proxy (network-access-singleuser), from the hub's namespace.
         (ingress,) = spec["ingress"]
         (peer,) = ingress["from"]
-        assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
-                        "podSelector": {"matchLabels": {"hub.jupyter.org/network-access-singleuser": "true"}}}
+        assert peer == {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+            "podSelector": {"matchLabels": {"hub.jupyter.org/network-access-singleuser": "true"}},
+        }
         assert ingress["ports"] == [{"port": 8888}]
         egress = spec["egress"]
         assert egress[0]["ports"] == [{"port": 8081}]
         assert egress[0]["to"][0]["podSelector"]["matchLabels"] == {"app": "jupyterhub", "component": "hub"}
         dns = egress[1]
         assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
-        (internet,) = [r for r in egress if any(p.get("ipBlock", {}).get("cidr") == "0.0.0.0/0"
-                                                 for p in r.get("to", []))]
+        (internet,) = [
+            r for r in egress if any(p.get("ipBlock", {}).get("cidr") == "0.0.0.0/0" for p in r.get("to", []))
+        ]
         assert set(internet["to"][0]["ipBlock"]["except"]) == {
-            "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.169.254/32"}
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "169.254.169.254/32",
+        }
     assert not of_kind(render("no-namespaces"), "NetworkPolicy"), "z2jh's own policy covers its namespace"
 
 
@@ -209,8 +219,15 @@ def test_pull_secret_is_copied_into_every_team_namespace():
     import base64
 
     assert not of_kind(render("default"), "Secret"), "off by default"
-    docs = render("default", ("imagePullSecret.create=true", "imagePullSecret.registry=registry.example.com",
-                              "imagePullSecret.username=robot", "imagePullSecret.password=s3cret"))
+    docs = render(
+        "default",
+        (
+            "imagePullSecret.create=true",
+            "imagePullSecret.registry=registry.example.com",
+            "imagePullSecret.username=robot",
+            "imagePullSecret.password=s3cret",
+        ),
+    )
     catalog = catalog_of(docs)
     secrets = {d["metadata"]["namespace"]: d for d in of_kind(docs, "Secret")}
     assert set(secrets) == {team_namespace(t) for t in catalog.teams.values()}

@@ -57,8 +57,7 @@ def hub(tmp_path_factory):
 
 
 def login(browser, hub: RunningHub, user: str, dark: bool = False):
-    context = browser.new_context(viewport={"width": 1280, "height": 1000},
-                                  color_scheme="dark" if dark else "light")
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, color_scheme="dark" if dark else "light")
     page = context.new_page()
     page.set_default_timeout(60_000)
     page.goto(hub.url + "/hub/login")
@@ -90,8 +89,10 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
     one = profile(page, "vision:h100-1")
     assert page.locator("#gpulab-vision--h100-1").is_disabled()
     todo = one.locator(".gpulab-todo").inner_text()
-    assert todo == ("Start 0.5 × H100, which fits now, try again when quota frees (when someone in team vision "
-                    f"stops a server), or ask {CONTACT} about team vision's quota.")
+    assert todo == (
+        "Start 0.5 × H100, which fits now, try again when quota frees (when someone in team vision "
+        f"stops a server), or ask {CONTACT} about team vision's quota."
+    )
     page.screenshot(path=str(SHOTS / "spawn-page.png"), full_page=True)
 
     # Forcing the disabled profile: refused in a sentence, the choice stays selected.
@@ -99,8 +100,10 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
     with page.expect_navigation():
         page.click("#spawn_form button[type=submit]")
     refused = page.locator("#gpulab-spawn-refused").inner_text()
-    assert refused.startswith("1 × H100 was not started: team vision holds 0.5 of its 1 GPU burst limit; "
-                              "this request needs 1. Start 0.5 × H100, which fits now"), refused
+    assert refused.startswith(
+        "1 × H100 was not started: team vision holds 0.5 of its 1 GPU burst limit; "
+        "this request needs 1. Start 0.5 × H100, which fits now"
+    ), refused
     assert "HTTP" not in refused and "Forbidden" not in refused and not refused.startswith("Error")
     assert page.locator("#gpulab-vision--h100-1").is_checked()
     assert "gpulab-kept" in (one.get_attribute("class") or "")
@@ -111,13 +114,17 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
     page.click("#spawn_form button[type=submit]")
     page.wait_for_url("**/hub/spawn-pending/alice**")
     page.locator("#progress-details").evaluate("el => { el.open = true; }")
-    page.wait_for_function("() => document.getElementById('progress-log').innerText.includes('Starting JupyterLab')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => document.getElementById('progress-log').innerText.includes('Starting JupyterLab')", timeout=30_000
+    )
     text = page.locator("#progress-log").inner_text()
-    assert ("Reserved 0.5 GPU for 0.5 × H100 in team vision, above team vision's 0.5-GPU guarantee: "
-            "preemptible") in text
-    assert "Devices: GPU 1 (H100-80GB, declared): 0.5 of it, 39.8 GiB of its 79.6 GiB memory" in text \
+    assert (
+        "Reserved 0.5 GPU for 0.5 × H100 in team vision, above team vision's 0.5-GPU guarantee: preemptible"
+    ) in text
+    assert (
+        "Devices: GPU 1 (H100-80GB, declared): 0.5 of it, 39.8 GiB of its 79.6 GiB memory" in text
         or "Devices: GPU 0 (H100-80GB, declared): 0.5 of it, 39.8 GiB of its 79.6 GiB memory" in text
+    )
     assert "Starting JupyterLab as " in text
     page.screenshot(path=str(SHOTS / "spawn-progress.png"), full_page=True)
     page.wait_for_url("**/user/alice/lab**", timeout=90_000)
@@ -186,10 +193,10 @@ def test_admin_in_no_team_lands_on_admin_page_in_dark_mode(hub, browser):
     # The usage table's team rows follow the theme: no white bands.
     row = page.locator('#gpulab-usage-table tr.gpulab-team-row[data-team="vision"] th')
     rgb = row.evaluate("el => getComputedStyle(el).backgroundColor")
-    r, g, b = (int(x) for x in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3])
+    r, g, b = (int(x) for x in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3])
     assert (r + g + b) / 3 < 90, rgb
     fg = row.evaluate("el => getComputedStyle(el).color")
-    assert sum(int(x) for x in fg[fg.index("(") + 1:fg.index(")")].split(",")[:3]) / 3 > 160, fg
+    assert sum(int(x) for x in fg[fg.index("(") + 1 : fg.index(")")].split(",")[:3]) / 3 > 160, fg
     assert "Cost (EUR)" in page.locator("#gpulab-usage").inner_text()
     assert "(calendar days, Europe/Berlin)" in page.locator("#gpulab-buckets-note").inner_text()
     assert "2.50 EUR" in page.locator("#gpulab-prices").inner_text()
@@ -218,8 +225,9 @@ def test_admin_chooses_gpu_model_and_a_typo_is_refused(hub, browser):
     before = hub.api("GET", "/gpulab/profiles").json()
     r = hub.api("POST", "/gpulab/profiles", json={"slug": "typo", "gpus": 1, "gpu_model": "H100-80G"})
     assert r.status_code == 400
-    assert r.json()["message"] == ("gpu_model: GPU model 'H100-80G' is not known here "
-                                   "(did you mean 'H100-80GB'?); known: H100-80GB")
+    assert r.json()["message"] == (
+        "gpu_model: GPU model 'H100-80G' is not known here (did you mean 'H100-80GB'?); known: H100-80GB"
+    )
     r = hub.api("PATCH", "/gpulab/profiles/h100-3q", json={"gpu_model": "A100-40GB"})
     assert r.status_code == 400 and "known: H100-80GB" in r.json()["message"]
     assert hub.api("GET", "/gpulab/profiles").json() == before

@@ -31,7 +31,10 @@ import idle_trace  # noqa: E402
 def test_culler_cycle_benchmark_smoke(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "culler_cycle.py"), "--smoke", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "culler_cycle.json").read_text())

@@ -9,9 +9,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spawner.idle import (
-    BUSY, IDLE, MISSING, PARTIAL, SHORT, STALE, DeviceSeries, DeviceSummary, IdleWarning, KeepalivePolicy,
-    KeepaliveRefused, Step, gpu_hours_freed, grant_keepalive, idle_gpu_hours_observed, idle_timeout_for,
-    judge_gpu_idle, max_gap_for, next_step, summarize,
+    BUSY,
+    IDLE,
+    MISSING,
+    PARTIAL,
+    SHORT,
+    STALE,
+    DeviceSeries,
+    DeviceSummary,
+    IdleWarning,
+    KeepalivePolicy,
+    KeepaliveRefused,
+    Step,
+    gpu_hours_freed,
+    grant_keepalive,
+    idle_gpu_hours_observed,
+    idle_timeout_for,
+    judge_gpu_idle,
+    max_gap_for,
+    next_step,
+    summarize,
 )
 from spawner.model import Profile, Team
 
@@ -26,8 +43,15 @@ def series(device="n/gpu0", values=None, start=NOW - 600, step=30.0, end=NOW):
 
 
 def judge(ss, expected=None, window=600, gap=90, threshold=1.0, started_at=None):
-    return judge_gpu_idle(ss, now=NOW, window_seconds=window, threshold_percent=threshold,
-                          max_gap_seconds=gap, expected_devices=expected, started_at=started_at)
+    return judge_gpu_idle(
+        ss,
+        now=NOW,
+        window_seconds=window,
+        threshold_percent=threshold,
+        max_gap_seconds=gap,
+        expected_devices=expected,
+        started_at=started_at,
+    )
 
 
 def test_all_zero_over_the_window_is_idle():
@@ -120,31 +144,40 @@ S = "2026-01-01T00:00:00.000000Z"  # the running session
 OLD = "2025-12-31T23:00:00.000000Z"  # an earlier session of the same server
 
 
-@pytest.mark.parametrize("verdict, warning, keepalive, step", [
-    (IDLE_V, None, None, Step.WARN),
-    (BUSY_V, None, None, Step.NOTHING),
-    (MISSING_V, None, None, Step.NOTHING),
-    (IDLE_V, IdleWarning(NOW - 10, NOW + 50, S), None, Step.WAIT),
-    (IDLE_V, IdleWarning(NOW - 60, NOW, S), None, Step.RECLAIM),
-    (BUSY_V, IdleWarning(NOW - 60, NOW, S), None, Step.CLEAR),
-    (MISSING_V, IdleWarning(NOW - 60, NOW, S), None, Step.HOLD),
-    (MISSING_V, IdleWarning(NOW - 60, NOW, S, held=True), None, Step.WAIT),  # already on hold
-    (IDLE_V, IdleWarning(NOW - 60, NOW - 30, S, held=True), None, Step.REWARN),  # data back: fresh grace
-    (BUSY_V, IdleWarning(NOW - 60, NOW, S, held=True), None, Step.CLEAR),
-    (IDLE_V, None, NOW + 5, Step.NOTHING),
-    (IDLE_V, IdleWarning(NOW - 60, NOW, S), NOW + 5, Step.CLEAR),
-    (IDLE_V, None, NOW - 5, Step.WARN),
-    (IDLE_V, IdleWarning(NOW - 60, NOW, OLD), None, Step.VOID),  # restarted: never reclaimed on old grace
-    (IDLE_V, IdleWarning(NOW - 60, NOW, OLD), NOW + 5, Step.VOID),
-])
+@pytest.mark.parametrize(
+    "verdict, warning, keepalive, step",
+    [
+        (IDLE_V, None, None, Step.WARN),
+        (BUSY_V, None, None, Step.NOTHING),
+        (MISSING_V, None, None, Step.NOTHING),
+        (IDLE_V, IdleWarning(NOW - 10, NOW + 50, S), None, Step.WAIT),
+        (IDLE_V, IdleWarning(NOW - 60, NOW, S), None, Step.RECLAIM),
+        (BUSY_V, IdleWarning(NOW - 60, NOW, S), None, Step.CLEAR),
+        (MISSING_V, IdleWarning(NOW - 60, NOW, S), None, Step.HOLD),
+        (MISSING_V, IdleWarning(NOW - 60, NOW, S, held=True), None, Step.WAIT),  # already on hold
+        (IDLE_V, IdleWarning(NOW - 60, NOW - 30, S, held=True), None, Step.REWARN),  # data back: fresh grace
+        (BUSY_V, IdleWarning(NOW - 60, NOW, S, held=True), None, Step.CLEAR),
+        (IDLE_V, None, NOW + 5, Step.NOTHING),
+        (IDLE_V, IdleWarning(NOW - 60, NOW, S), NOW + 5, Step.CLEAR),
+        (IDLE_V, None, NOW - 5, Step.WARN),
+        (IDLE_V, IdleWarning(NOW - 60, NOW, OLD), None, Step.VOID),  # restarted: never reclaimed on old grace
+        (IDLE_V, IdleWarning(NOW - 60, NOW, OLD), NOW + 5, Step.VOID),
+    ],
+)
 def test_state_machine(verdict, warning, keepalive, step):
     assert next_step(verdict, warning, keepalive, NOW, S) is step
 
 
-@given(st.sampled_from([IDLE_V, BUSY_V, MISSING_V]), st.booleans(), st.booleans(),
-       st.floats(min_value=-1000, max_value=1000), st.one_of(st.none(), st.floats(min_value=-100, max_value=100)))
-def test_reclaim_only_when_idle_in_this_session_after_an_unheld_grace(verdict, same_session, held, reclaim_in,
-                                                                      keepalive_in):
+@given(
+    st.sampled_from([IDLE_V, BUSY_V, MISSING_V]),
+    st.booleans(),
+    st.booleans(),
+    st.floats(min_value=-1000, max_value=1000),
+    st.one_of(st.none(), st.floats(min_value=-100, max_value=100)),
+)
+def test_reclaim_only_when_idle_in_this_session_after_an_unheld_grace(
+    verdict, same_session, held, reclaim_in, keepalive_in
+):
     warning = IdleWarning(NOW - 100, NOW + reclaim_in, S if same_session else OLD, held)
     step = next_step(verdict, warning, None if keepalive_in is None else NOW + keepalive_in, NOW, S)
     if step is Step.RECLAIM:
@@ -213,9 +246,16 @@ def test_a_hole_of_up_to_max_missed_samples_is_unknown_not_busy(at, length):
         assert v.missing_data and v.status != BUSY
 
 
-@given(st.lists(st.tuples(st.floats(min_value=NOW - 700, max_value=NOW + 50),
-                          st.one_of(st.floats(min_value=0, max_value=3), st.just(math.nan))), max_size=40),
-       st.floats(min_value=1, max_value=200))
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=NOW - 700, max_value=NOW + 50),
+            st.one_of(st.floats(min_value=0, max_value=3), st.just(math.nan)),
+        ),
+        max_size=40,
+    ),
+    st.floats(min_value=1, max_value=200),
+)
 def test_summary_and_raw_samples_are_judged_alike(samples, gap):
     raw = DeviceSeries("n/gpu0", tuple(samples))
     summary = summarize(raw, start=NOW - 600, now=NOW)

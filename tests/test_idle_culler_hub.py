@@ -40,9 +40,20 @@ teams:
 
 
 def extra_config(prometheus_url: str, metrics_port: int) -> str:
-    command = [sys.executable, "-m", "idle_culler", "--source=prometheus", f"--prometheus-url={prometheus_url}",
-               "--cull-every=1", f"--grace={GRACE}", "--max-sample-gap=2.5", "--scrape-interval=1", f"--node-name={NODE}",
-               "--timeout=3600", "--log-level=DEBUG"]
+    command = [
+        sys.executable,
+        "-m",
+        "idle_culler",
+        "--source=prometheus",
+        f"--prometheus-url={prometheus_url}",
+        "--cull-every=1",
+        f"--grace={GRACE}",
+        "--max-sample-gap=2.5",
+        "--scrape-interval=1",
+        f"--node-name={NODE}",
+        "--timeout=3600",
+        "--log-level=DEBUG",
+    ]
     return f"""
 import sys
 from hub_config.config.scopes import CULLER_SERVICE_SCOPES
@@ -79,8 +90,9 @@ def metrics_port():
 
 @pytest.fixture(scope="module")
 def hub(prometheus, metrics_port, tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("culler-hub"), CATALOG,
-                   extra_config=extra_config(prometheus.url, metrics_port))
+    h = RunningHub(
+        tmp_path_factory.mktemp("culler-hub"), CATALOG, extra_config=extra_config(prometheus.url, metrics_port)
+    )
     h.start()
     yield h
     h.close()
@@ -228,8 +240,7 @@ def test_idle_gpu_is_culled_after_warning_and_busy_or_unmeasured_ones_are_kept(h
     assert 'id="gpulab-reclaimed"' in page and "Your GPU was reclaimed at" in page and "start again" in page
     # Both figures on the hub's metrics, named for what they measure.
     admin = user_token(hub, "admin")  # an admin user's token carries read:metrics
-    hub_metrics = requests.get(f"{hub.url}/hub/metrics", headers={"Authorization": f"token {admin}"},
-                               timeout=10).text
+    hub_metrics = requests.get(f"{hub.url}/hub/metrics", headers={"Authorization": f"token {admin}"}, timeout=10).text
     assert metric(hub_metrics, "gpulab_team_idle_gpu_hours_before_reclaim", '{team="vision"}') > 0
     assert metric(hub_metrics, "gpulab_team_gpu_hours_freed", '{team="vision"}') > 0
 
@@ -284,20 +295,26 @@ def test_warning_of_a_server_stopped_by_its_user_is_cleared(hub, exporter):
     assert hub.api("DELETE", "/users/carol/servers/gone").status_code in (202, 204)
     # The user's view drops it at once (no running session); the culler clears it next cycle.
     assert idle_view(hub, "carol", "gone")["warning"] is None
-    poll("warning cleared", lambda: [e for e in audit(hub, "carol") if e["server"] == "gone"][-1]["kind"] == "cleared",
-         hub=hub)
+    poll(
+        "warning cleared",
+        lambda: [e for e in audit(hub, "carol") if e["server"] == "gone"][-1]["kind"] == "cleared",
+        hub=hub,
+    )
     events = [e for e in audit(hub, "carol") if e["server"] == "gone"]
     assert [(e["kind"], e["reason"]) for e in events][-1] == ("cleared", "server not running")
     assert "reclaim" not in [e["kind"] for e in events]
 
 
-@pytest.mark.parametrize("body, status", [
-    ({"server": "x"}, 400),
-    ({"user": 5, "server": ""}, 400),
-    ({"user": "bob", "server": ["x"]}, 400),
-    ({"user": "bob", "server": "never-started"}, 409),
-    ({"user": "nobody", "server": ""}, 403),
-])
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        ({"server": "x"}, 400),
+        ({"user": 5, "server": ""}, 400),
+        ({"user": "bob", "server": ["x"]}, 400),
+        ({"user": "bob", "server": "never-started"}, 409),
+        ({"user": "nobody", "server": ""}, 403),
+    ],
+)
 def test_keepalive_bad_input(hub, body, status):
     bob = user_token(hub, "bob")
     r = hub.api("POST", "/gpulab/idle/keepalive", token=bob, data=json.dumps(body))
@@ -307,22 +324,29 @@ def test_keepalive_bad_input(hub, body, status):
 def test_culler_only_endpoints_refuse_users(hub):
     bob = user_token(hub, "bob")
     before = audit(hub, "bob")
-    for method, path, body in [("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": 1}),
-                               ("POST", "/gpulab/idle/reclaims", {"user": "bob", "server": ""}),
-                               ("POST", "/gpulab/idle/cycle", {"reclaims": [{"user": "bob", "server": ""}]}),
-                               ("GET", "/gpulab/idle/state", None), ("GET", "/gpulab/idle/audit", None)]:
+    for method, path, body in [
+        ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": 1}),
+        ("POST", "/gpulab/idle/reclaims", {"user": "bob", "server": ""}),
+        ("POST", "/gpulab/idle/cycle", {"reclaims": [{"user": "bob", "server": ""}]}),
+        ("GET", "/gpulab/idle/state", None),
+        ("GET", "/gpulab/idle/audit", None),
+    ]:
         r = hub.api(method, path, token=bob, data=json.dumps(body) if body else None)
         assert r.status_code == 403, (path, r.text)
     # Nothing recorded by the refused calls (freed GPU-hours grow with time: compare the events).
     assert [(e["at"], e["kind"], e["server"]) for e in audit(hub, "bob")] == [
-        (e["at"], e["kind"], e["server"]) for e in before]
+        (e["at"], e["kind"], e["server"]) for e in before
+    ]
 
 
 def test_prometheus_down_means_no_culls(hub, exporter, prometheus, metrics_port):
     device = next(s for s in [hub.api("GET", "/users/bob").json()["servers"][""]])["state"]["gpulab"]["shares"][0][0]
     before = len(audit(hub))
-    errors_before = metric(requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text,
-                           "gpulab_culler_errors_total", '{stage="source"}')
+    errors_before = metric(
+        requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text,
+        "gpulab_culler_errors_total",
+        '{stage="source"}',
+    )
     prometheus.stop()
     exporter.set_gpu(device, 0, host_label="hostname")  # bob's GPU goes idle while nobody can see it
     # Long enough for a warning and a reclaim, had the culler guessed.
@@ -345,8 +369,12 @@ def test_prometheus_down_means_no_culls(hub, exporter, prometheus, metrics_port)
 def test_a_restarted_server_gets_its_full_timeout_and_grace(hub, exporter):
     """The old session's warning is void, and the GPU's idle past does not count for the new one."""
     # Every free GPU idle from now on, whichever one each session gets.
-    held = {d for u in hub.api("GET", "/users").json() for srv in (u.get("servers") or {}).values()
-            for d, _ in ((srv.get("state") or {}).get("gpulab") or {}).get("shares") or []}
+    held = {
+        d
+        for u in hub.api("GET", "/users").json()
+        for srv in (u.get("servers") or {}).values()
+        for d, _ in ((srv.get("state") or {}).get("gpulab") or {}).get("shares") or []
+    }
     for d in set(range(DEVICES)) - held:
         exporter.set_gpu(d, 0)
     spawn(hub, "alice", "again")
@@ -373,14 +401,21 @@ def test_a_warning_held_through_missing_data_is_announced_again_with_a_fresh_gra
     exporter.set_gpu(device, 0)
     first = poll("carol/hole warned", lambda: idle_view(hub, "carol", "hole")["warning"], hub=hub)
     exporter.remove(f"util/{NODE}/{device}")  # its metrics go missing during the grace
-    held = poll("warning held", lambda: (w := idle_view(hub, "carol", "hole")["warning"]) and w["held"] and w,
-                hub=hub)
+    held = poll("warning held", lambda: (w := idle_view(hub, "carol", "hole")["warning"]) and w["held"] and w, hub=hub)
     time.sleep(GRACE)  # the old grace ends while the data is missing: no reclaim
     assert running(hub, "carol", "hole")
     exporter.set_gpu(device, 0)
     back = time.time()
-    renewed = poll("re-announced", lambda: (w := idle_view(hub, "carol", "hole")["warning"])
-                   and not w["held"] and w["warned_at"] != first["warned_at"] and w, hub=hub)
+    renewed = poll(
+        "re-announced",
+        lambda: (
+            (w := idle_view(hub, "carol", "hole")["warning"])
+            and not w["held"]
+            and w["warned_at"] != first["warned_at"]
+            and w
+        ),
+        hub=hub,
+    )
     assert _ts(renewed["reclaim_at"]) - _ts(renewed["warned_at"]) == pytest.approx(GRACE, abs=0.01)
     assert _ts(renewed["warned_at"]) >= back  # only after data returned (and covered a timeout)
     assert held["reclaim_at"] == first["reclaim_at"]

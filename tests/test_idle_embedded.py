@@ -8,9 +8,9 @@ import sys
 import pytest
 from traitlets.config import Config
 
-from hub_config.domain.idle_records import GPULabIdle
 from hub_config.config.idle_service import SERVICE, configure_idle_culler
 from hub_config.config.scopes import CULLER_SERVICE_SCOPES
+from hub_config.domain.idle_records import GPULabIdle
 from spawner.packer import GPUDevice
 from tests.hub_harness import RunningHub
 
@@ -35,11 +35,14 @@ def test_with_a_driver_the_nvml_culler_runs_as_a_hub_service(monkeypatch):
     assert settings.culler_running is True and "NVML" in settings.culler_status and "2 GPU(s)" in settings.culler_status
 
 
-@pytest.mark.parametrize("env, detected, why", [
-    ("auto", None, "no NVIDIA driver"),
-    ("auto", [], "no NVIDIA driver"),
-    ("off", fake_gpus, "GPULAB_IDLE_CULLER=off"),
-])
+@pytest.mark.parametrize(
+    "env, detected, why",
+    [
+        ("auto", None, "no NVIDIA driver"),
+        ("auto", [], "no NVIDIA driver"),
+        ("off", fake_gpus, "GPULAB_IDLE_CULLER=off"),
+    ],
+)
 def test_without_a_driver_or_when_turned_off_the_culler_is_off_and_says_why(monkeypatch, env, detected, why):
     monkeypatch.setenv("GPULAB_IDLE_CULLER", env)
     c = Config()

@@ -73,9 +73,9 @@ class ScriptedNVML:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
         samples = (pynvml.c_nvmlProcessUtilizationSample_t * len(util))()
         now_us = int(time.time() * 1e6)
-        for s, (pid, sm) in zip(samples, util):
+        for s, (pid, sm) in zip(samples, util, strict=False):
             s.pid, s.timeStamp, s.smUtil = pid, now_us, sm
-        return samples[0:len(util)]
+        return samples[0 : len(util)]
 
 
 def test_adapter_turns_not_found_into_no_samples_and_keeps_other_errors():
@@ -98,9 +98,11 @@ def fake_server_tree(tmp_path):
     kernel_id = str(uuid.uuid4())
     conn = tmp_path / f"kernel-{kernel_id}.json"
     conn.write_text("{}")
-    code = ("import subprocess, sys, time; "
-            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '-f', {str(conn)!r}]); "
-            "print(p.pid, flush=True); time.sleep(120)")
+    code = (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '-f', {str(conn)!r}]); "
+        "print(p.pid, flush=True); time.sleep(120)"
+    )
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     kernel_pid = int(server.stdout.readline())
     yield server.pid, kernel_pid, kernel_id
@@ -115,13 +117,28 @@ async def test_source_attributes_processes_to_servers_and_kernels(fake_server_tr
     nvml = ScriptedNVML(2)
     nvml.devices[0] = {"procs": [(kernel_pid, 3 << 30), (stranger, 1 << 30)], "util": [(stranger, 95)]}
     source = NVMLSource(nvml_module=nvml)
-    target = ServerTarget(user="alice", server="", team="vision", profile="p", gpu_milli=1000, mapping=DEVICE,
-                          hostname="box", devices=(0,), pid=server_pid)
+    target = ServerTarget(
+        user="alice",
+        server="",
+        team="vision",
+        profile="p",
+        gpu_milli=1000,
+        mapping=DEVICE,
+        hostname="box",
+        devices=(0,),
+        pid=server_pid,
+    )
     window, gap = 1.0, 0.5
 
     def verdict(data, now):
-        return judge_gpu_idle(data[target.key], now=now, window_seconds=window, threshold_percent=1,
-                              max_gap_seconds=gap, expected_devices=target.expected_devices)
+        return judge_gpu_idle(
+            data[target.key],
+            now=now,
+            window_seconds=window,
+            threshold_percent=1,
+            max_gap_seconds=gap,
+            expected_devices=target.expected_devices,
+        )
 
     start = time.time()
     while time.time() - start < window + 0.3:
@@ -132,7 +149,8 @@ async def test_source_attributes_processes_to_servers_and_kernels(fake_server_tr
     assert verdict(data, now).status == IDLE
     holders = source.kernel_holders(target)
     assert [{k: h[k] for k in ("pid", "device", "used_memory_bytes", "kernel_id")} for h in holders] == [
-        {"pid": kernel_pid, "device": 0, "used_memory_bytes": 3 << 30, "kernel_id": kernel_id}]
+        {"pid": kernel_pid, "device": 0, "used_memory_bytes": 3 << 30, "kernel_id": kernel_id}
+    ]
     # Each holder's start time, so a kernel younger than the timeout is never reclaimed.
     assert start - 120 < holders[0]["started_at"] <= time.time()
     # The timestamp passed to NVML advances, so samples are never counted twice.
@@ -205,14 +223,24 @@ async def test_idle_kernel_is_shut_down_then_the_idle_server_is_stopped(hub):
     token = hub.api("POST", "/users/alice/tokens", data="{}").json()["token"]
     auth = {"Authorization": f"token {token}"}
     kernel = requests.post(f"{hub.url}/user/alice/api/kernels", headers=auth, json={}, timeout=60).json()
-    kernel_pid = next(p for p in descendants(server["state"]["pid"])
-                      if kernel["id"] in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace"))
+    kernel_pid = next(
+        p
+        for p in descendants(server["state"]["pid"])
+        if kernel["id"] in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+    )
 
     nvml = ScriptedNVML(2)
     nvml.devices[device] = {"procs": [(kernel_pid, 5 << 30)], "util": "not-found"}
     config = Config()
-    config.GPUIdleCuller.update(url=hub.url + "/hub/api", api_token=CULLER_TOKEN, public_url=hub.url,
-                                source="nvml", grace_seconds=1, max_sample_gap=1.5, config_file="")
+    config.GPUIdleCuller.update(
+        url=hub.url + "/hub/api",
+        api_token=CULLER_TOKEN,
+        public_url=hub.url,
+        source="nvml",
+        grace_seconds=1,
+        max_sample_gap=1.5,
+        config_file="",
+    )
     config.NVMLSource.nvml_module = nvml
     culler = GPUIdleCuller(config=config)
     culler.initialize([])
@@ -247,8 +275,12 @@ async def test_idle_kernel_is_shut_down_then_the_idle_server_is_stopped(hub):
     nvml.devices[device] = {"procs": [], "util": "not-found"}
     await cycles_until(lambda: "" not in hub.api("GET", "/users/alice").json()["servers"])
     kinds = [(e["kind"], e["evidence"].get("action")) for e in audit()]
-    assert kinds == [("warning", None), ("reclaim", "shutdown-kernel"), ("warning", None),
-                     ("reclaim", "stop-server")], kinds
+    assert kinds == [
+        ("warning", None),
+        ("reclaim", "shutdown-kernel"),
+        ("warning", None),
+        ("reclaim", "stop-server"),
+    ], kinds
     assert [e for e in audit() if e["kind"] == "reclaim"][-1]["idle_gpu_hours_before_reclaim"] > 0
 
 
@@ -258,22 +290,25 @@ def stable(events: list[dict]) -> list[dict]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("method, path, body, status", [
-    ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": -1}, 400),
-    ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": "60"}, 400),
-    ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": 10**9}, 400),
-    ("POST", "/gpulab/idle/warnings", {"server": "", "grace_seconds": 60}, 400),
-    ("POST", "/gpulab/idle/warnings", {"user": "bob", "grace_seconds": 60, "evidence": []}, 400),
-    ("POST", "/gpulab/idle/warnings", {"user": "bob", "grace_seconds": 60, "reason": "x" * 5000}, 400),
-    ("POST", "/gpulab/idle/warnings", {"user": "nobody", "grace_seconds": 60}, 404),
-    ("POST", "/gpulab/idle/reclaims", {"user": "bob", "idle_gpu_hours": -1}, 400),
-    ("POST", "/gpulab/idle/reclaims", {"user": "bob", "action": "delete-everything"}, 400),
-    ("POST", "/gpulab/idle/reclaims", {"user": "bob", "gpu_milli": 1.5}, 400),
-    ("POST", "/gpulab/idle/reclaims", {"user": "bob", "action": "shutdown-kernel", "kernel_ids": "k"}, 400),
-    ("POST", "/gpulab/idle/reclaims", {"user": "bob", "server": ""}, 409),  # no warning: nothing to reclaim
-    ("GET", "/gpulab/idle/audit?limit=0", None, 400),
-    ("GET", "/gpulab/idle/audit?kind=bogus", None, 400),
-])
+@pytest.mark.parametrize(
+    "method, path, body, status",
+    [
+        ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": -1}, 400),
+        ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": "60"}, 400),
+        ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": 10**9}, 400),
+        ("POST", "/gpulab/idle/warnings", {"server": "", "grace_seconds": 60}, 400),
+        ("POST", "/gpulab/idle/warnings", {"user": "bob", "grace_seconds": 60, "evidence": []}, 400),
+        ("POST", "/gpulab/idle/warnings", {"user": "bob", "grace_seconds": 60, "reason": "x" * 5000}, 400),
+        ("POST", "/gpulab/idle/warnings", {"user": "nobody", "grace_seconds": 60}, 404),
+        ("POST", "/gpulab/idle/reclaims", {"user": "bob", "idle_gpu_hours": -1}, 400),
+        ("POST", "/gpulab/idle/reclaims", {"user": "bob", "action": "delete-everything"}, 400),
+        ("POST", "/gpulab/idle/reclaims", {"user": "bob", "gpu_milli": 1.5}, 400),
+        ("POST", "/gpulab/idle/reclaims", {"user": "bob", "action": "shutdown-kernel", "kernel_ids": "k"}, 400),
+        ("POST", "/gpulab/idle/reclaims", {"user": "bob", "server": ""}, 409),  # no warning: nothing to reclaim
+        ("GET", "/gpulab/idle/audit?limit=0", None, 400),
+        ("GET", "/gpulab/idle/audit?kind=bogus", None, 400),
+    ],
+)
 def test_culler_endpoints_refuse_bad_input_and_record_nothing(hub, method, path, body, status):
     before = hub.api("GET", "/gpulab/idle/audit").json()["events"]
     data = json.dumps(body) if body is not None else None
@@ -286,16 +321,28 @@ def test_culler_endpoints_refuse_bad_input_and_record_nothing(hub, method, path,
 
 @pytest.mark.integration
 def test_culler_records_a_warning_once_and_clears_it(hub):
-    body = {"user": "bob", "server": "", "grace_seconds": 600, "reason": "idle", "evidence": {"x": 1},
-            "team": "vision", "profile": "h100-1", "gpu_milli": 1000}
+    body = {
+        "user": "bob",
+        "server": "",
+        "grace_seconds": 600,
+        "reason": "idle",
+        "evidence": {"x": 1},
+        "team": "vision",
+        "profile": "h100-1",
+        "gpu_milli": 1000,
+    }
     r = hub.api("POST", "/gpulab/idle/warnings", token=CULLER_TOKEN, data=json.dumps(body))
     assert r.status_code == 201, r.text
     first = r.json()["warning"]
     r = hub.api("POST", "/gpulab/idle/warnings", token=CULLER_TOKEN, data=json.dumps(body))
     assert r.status_code == 200 and r.json()["warning"] == first  # the clock never restarts
     # A reclaim before the grace period ends is refused and recorded nowhere.
-    r = hub.api("POST", "/gpulab/idle/reclaims", token=CULLER_TOKEN,
-                data=json.dumps({"user": "bob", "server": "", "reason": "idle", "idle_gpu_hours": 1}))
+    r = hub.api(
+        "POST",
+        "/gpulab/idle/reclaims",
+        token=CULLER_TOKEN,
+        data=json.dumps({"user": "bob", "server": "", "reason": "idle", "idle_gpu_hours": 1}),
+    )
     assert r.status_code == 409 and "grace period" in r.json()["message"]
     state = hub.api("GET", "/gpulab/idle/state", token=CULLER_TOKEN).json()
     assert [(w["user"], w["server"]) for w in state["warnings"]] == [("bob", "")]

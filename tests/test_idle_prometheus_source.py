@@ -25,13 +25,22 @@ GAP = 2.5
 
 
 def pod_target(name: str, pod: str, namespace: str = "jhub", milli: int = 1000) -> ServerTarget:
-    return ServerTarget(user=name, server="", team="vision", profile="p", gpu_milli=milli, mapping=POD,
-                        pod=pod, namespace=namespace)
+    return ServerTarget(
+        user=name, server="", team="vision", profile="p", gpu_milli=milli, mapping=POD, pod=pod, namespace=namespace
+    )
 
 
 def device_target(name: str, host: str, devices: tuple[int, ...]) -> ServerTarget:
-    return ServerTarget(user=name, server="", team="vision", profile="p", gpu_milli=1000 * len(devices),
-                        mapping=DEVICE, hostname=host, devices=devices)
+    return ServerTarget(
+        user=name,
+        server="",
+        team="vision",
+        profile="p",
+        gpu_milli=1000 * len(devices),
+        mapping=DEVICE,
+        hostname=host,
+        devices=devices,
+    )
 
 
 TARGETS = [
@@ -48,8 +57,16 @@ TARGETS = [
 ]
 WINDOWS = {t.key: WINDOW for t in TARGETS}
 EXPECTED = {
-    "alice/": IDLE, "bob/": IDLE, "carol/": BUSY, "dave/": IDLE, "erin/": BUSY, "frank/": MISSING,
-    "gina/": BUSY, "hana/": "partial", "ivan/": IDLE, "jon/": BUSY,
+    "alice/": IDLE,
+    "bob/": IDLE,
+    "carol/": BUSY,
+    "dave/": IDLE,
+    "erin/": BUSY,
+    "frank/": MISSING,
+    "gina/": BUSY,
+    "hana/": "partial",
+    "ivan/": IDLE,
+    "jon/": BUSY,
 }
 
 
@@ -79,9 +96,17 @@ def prometheus(exporter, tmp_path_factory):
 
 
 def verdicts(data: dict, now: float) -> dict[str, str]:
-    return {t.key: judge_gpu_idle(data.get(t.key, []), now=now, window_seconds=WINDOW, threshold_percent=1.0,
-                                  max_gap_seconds=GAP, expected_devices=t.expected_devices).status
-            for t in TARGETS}
+    return {
+        t.key: judge_gpu_idle(
+            data.get(t.key, []),
+            now=now,
+            window_seconds=WINDOW,
+            threshold_percent=1.0,
+            max_gap_seconds=GAP,
+            expected_devices=t.expected_devices,
+        ).status
+        for t in TARGETS
+    }
 
 
 async def test_one_query_joins_pods_mig_and_both_host_labels(prometheus):

@@ -8,25 +8,47 @@ PROFILES = {"cpu": {"gpu_milli": 0}, "h100-half": {"gpu_milli": 500}, "h100-2": 
 
 
 def server(state=None, options=None, ready=True, pending=None):
-    return {"ready": ready, "pending": pending, "url": "/user/x/", "last_activity": None,
-            "state": state or {}, "user_options": options or {}}
+    return {
+        "ready": ready,
+        "pending": pending,
+        "url": "/user/x/",
+        "last_activity": None,
+        "state": state or {},
+        "user_options": options or {},
+    }
 
 
 def test_targets_from_kubespawner_local_spawner_and_form_choices():
     users = [
-        {"name": "alice", "servers": {
-            "": server({"pod_name": "jupyter-alice", "namespace": "jhub"}, {"team": "vision", "profile": "h100-2"}),
-            "form": server({"pod_name": "jupyter-alice--form", "namespace": "team-nlp"},
-                           {"profile": "nlp:h100-half"}),
-            "cpu": server({"pod_name": "jupyter-alice--cpu", "namespace": "jhub"}, {"profile": "vision:cpu"}),
-            "starting": server({"pod_name": "p"}, {"profile": "vision:h100-2"}, ready=False, pending="spawn"),
-        }},
-        {"name": "bob", "servers": {
-            "": server({"pid": 4242, "gpulab": {"team": "vision", "profile": "h100-2", "milli": 2000,
-                                                "shares": [[3, 1000], [5, 1000]]}}),
-            "odd": server({}, {"team": "vision", "profile": "h100-half"}),  # GPU, but no pod and no devices
-            "unknown": server({}, {"team": "vision", "profile": "retired-profile"}),
-        }},
+        {
+            "name": "alice",
+            "servers": {
+                "": server({"pod_name": "jupyter-alice", "namespace": "jhub"}, {"team": "vision", "profile": "h100-2"}),
+                "form": server(
+                    {"pod_name": "jupyter-alice--form", "namespace": "team-nlp"}, {"profile": "nlp:h100-half"}
+                ),
+                "cpu": server({"pod_name": "jupyter-alice--cpu", "namespace": "jhub"}, {"profile": "vision:cpu"}),
+                "starting": server({"pod_name": "p"}, {"profile": "vision:h100-2"}, ready=False, pending="spawn"),
+            },
+        },
+        {
+            "name": "bob",
+            "servers": {
+                "": server(
+                    {
+                        "pid": 4242,
+                        "gpulab": {
+                            "team": "vision",
+                            "profile": "h100-2",
+                            "milli": 2000,
+                            "shares": [[3, 1000], [5, 1000]],
+                        },
+                    }
+                ),
+                "odd": server({}, {"team": "vision", "profile": "h100-half"}),  # GPU, but no pod and no devices
+                "unknown": server({}, {"team": "vision", "profile": "retired-profile"}),
+            },
+        },
     ]
     targets, non_gpu, unmapped = targets_from_users(users, PROFILES, "box-1")
     by_key = {t.key: t for t in targets}
@@ -55,13 +77,24 @@ def test_a_kernel_younger_than_the_idle_timeout_is_not_reclaimed():
     culler.initialize([])
     culler.hub = culler.make_hub_client()
     now = _time.time()
-    target = ServerTarget(user="u", server="", team="t", profile="p", gpu_milli=1000, mapping=DEVICE,
-                          hostname="h", devices=(0,), url="/user/u/", full_url="http://127.0.0.1:1/user/u/")
+    target = ServerTarget(
+        user="u",
+        server="",
+        team="t",
+        profile="p",
+        gpu_milli=1000,
+        mapping=DEVICE,
+        hostname="h",
+        devices=(0,),
+        url="/user/u/",
+        full_url="http://127.0.0.1:1/user/u/",
+    )
     verdict = IdleVerdict(True, "idle", "idle", {})
     warning = IdleWarning(now - 900, now - 1)
     for age, claims in ((60, 0), (7200, 1)):
-        culler.utilisation._holders = {target.key: [{"pid": 123, "device": 0, "used_memory_bytes": 1,
-                                                     "kernel_id": "k1", "started_at": now - age}]}
+        culler.utilisation._holders = {
+            target.key: [{"pid": 123, "device": 0, "used_memory_bytes": 1, "kernel_id": "k1", "started_at": now - age}]
+        }
         batch = CycleBatch()
         culler._plan_reclaim(batch, target, verdict, warning, 3600, "default", now)
         assert len(batch.claims) == claims, age

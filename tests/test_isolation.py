@@ -45,8 +45,7 @@ teams:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("isolation"), CATALOG,
-                   extra_config="c.GPULabJobs.poll_interval = 0.3\n")
+    h = RunningHub(tmp_path_factory.mktemp("isolation"), CATALOG, extra_config="c.GPULabJobs.poll_interval = 0.3\n")
     h.start()
     yield h
     h.stop()
@@ -67,8 +66,9 @@ def world(hub: RunningHub):
         hub.give(user, write_notebook(home / "exp" / "calc.ipynb"))
         (home / "secret.txt").write_text(f"{user}'s secret")
         hub.give(user, home / "secret.txt")
-    bob_job = wait_state(hub, submit(hub, tokens["bob"], notebook="exp/calc.ipynb", job_class="batch",
-                                     profile="cpu")["id"], "succeeded")
+    bob_job = wait_state(
+        hub, submit(hub, tokens["bob"], notebook="exp/calc.ipynb", job_class="batch", profile="cpu")["id"], "succeeded"
+    )
     return {"tokens": tokens, "servers": servers, "bob_job": bob_job}
 
 
@@ -96,28 +96,48 @@ def targets(hub: RunningHub, world: dict) -> dict:
             "gpulab.sqlite": str(state / "gpulab.sqlite"),
             "cookie secret": str(state / "jupyterhub_cookie_secret"),
         },
-        "write": {"own home": str(hub.home("alice")), "bob's home": str(bob_home),
-                  "bob's job folder": str((bob_home / job["output_path"]).parent),
-                  "hub state": str(state), "job status folder": str(hub.data_dir / "jobs")},
+        "write": {
+            "own home": str(hub.home("alice")),
+            "bob's home": str(bob_home),
+            "bob's job folder": str((bob_home / job["output_path"]).parent),
+            "hub state": str(state),
+            "job status folder": str(hub.data_dir / "jobs"),
+        },
         "list": {"bob's home": str(bob_home), "hub state": str(state), "homes": str(hub.data_dir / "homes")},
         "environ": {"bob's server": server_pid(hub, "bob"), "hub": hub.proc.pid, "proxy": proxy_pid(hub)},
-        "signal": {"bob's server": server_pid(hub, "bob"), "hub": hub.proc.pid, "proxy": proxy_pid(hub),
-                   "own server": server_pid(hub, "alice")},  # control: must be allowed
+        "signal": {
+            "bob's server": server_pid(hub, "bob"),
+            "hub": hub.proc.pid,
+            "proxy": proxy_pid(hub),
+            "own server": server_pid(hub, "alice"),
+        },  # control: must be allowed
         "secrets": [bob_server_token, world["tokens"]["bob"], hub.token],
     }
 
 
 EXPECTED = {
     "read own secret": "allowed",
-    "read bob's secret": "denied", "read bob's notebook": "denied", "read bob's job output": "denied",
-    "read bob's job log": "denied", "read jupyterhub.sqlite": "denied", "read gpulab.sqlite": "denied",
+    "read bob's secret": "denied",
+    "read bob's notebook": "denied",
+    "read bob's job output": "denied",
+    "read bob's job log": "denied",
+    "read jupyterhub.sqlite": "denied",
+    "read gpulab.sqlite": "denied",
     "read cookie secret": "denied",
     "write own home": "allowed",
-    "write bob's home": "denied", "write bob's job folder": "denied", "write hub state": "denied",
+    "write bob's home": "denied",
+    "write bob's job folder": "denied",
+    "write hub state": "denied",
     "write job status folder": "denied",
-    "list bob's home": "denied", "list hub state": "denied", "list homes": "denied",
-    "environ bob's server": "denied", "environ hub": "denied", "environ proxy": "denied",
-    "signal bob's server": "denied", "signal hub": "denied", "signal proxy": "denied",
+    "list bob's home": "denied",
+    "list hub state": "denied",
+    "list homes": "denied",
+    "environ bob's server": "denied",
+    "environ hub": "denied",
+    "environ proxy": "denied",
+    "signal bob's server": "denied",
+    "signal hub": "denied",
+    "signal proxy": "denied",
     "signal own server": "allowed",
     "secret leaks": [],
 }
@@ -182,10 +202,22 @@ def probe_as_alice(hub: RunningHub, world: dict) -> None:
     hub.give("alice", spec)
     setpriv = shutil.which("setpriv")
     out = subprocess.run(
-        [setpriv, f"--reuid={alice.uid}", f"--regid={alice.gid}", "--init-groups",
-         "--inh-caps=-all", sys.executable, str(PROBE), str(spec)],
-        capture_output=True, text=True, timeout=120, cwd=alice.home,
-        env={"HOME": str(alice.home), "USER": alice.name, "PATH": os.environ["PATH"]})
+        [
+            setpriv,
+            f"--reuid={alice.uid}",
+            f"--regid={alice.gid}",
+            "--init-groups",
+            "--inh-caps=-all",
+            sys.executable,
+            str(PROBE),
+            str(spec),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=alice.home,
+        env={"HOME": str(alice.home), "USER": alice.name, "PATH": os.environ["PATH"]},
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.split("PROBE ", 1)[1])
     check(result, alice.uid)
@@ -205,9 +237,12 @@ def probe_from_alice_job(hub: RunningHub, world: dict) -> dict:
     spec.parent.mkdir(exist_ok=True)
     spec.write_text(json.dumps(targets(hub, world)))
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        f"import runpy, sys\nsys.argv = ['probe', {str(spec)!r}]\n"
-        f"runpy.run_path({str(PROBE)!r}, run_name='__main__')")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"import runpy, sys\nsys.argv = ['probe', {str(spec)!r}]\n"
+            f"runpy.run_path({str(PROBE)!r}, run_name='__main__')"
+        )
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, str(spec.parent / "attack.ipynb"))
     hub.give("alice", spec)
@@ -263,8 +298,9 @@ def test_alice_jupyter_terminal_cannot_reach_bob_or_the_hub(hub, world):
     spec.write_text(json.dumps(targets(hub, world)))
     hub.give("alice", spec)
     out = home / "terminal-probe.out"
-    run_in_terminal(hub, "alice", world["tokens"]["alice"],
-                    f"{sys.executable} {PROBE} {spec} > {out}.tmp 2>&1; mv {out}.tmp {out}")
+    run_in_terminal(
+        hub, "alice", world["tokens"]["alice"], f"{sys.executable} {PROBE} {spec} > {out}.tmp 2>&1; mv {out}.tmp {out}"
+    )
     deadline = time.monotonic() + 60
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.3)

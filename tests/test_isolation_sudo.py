@@ -33,13 +33,19 @@ from spawner.accounts import Account, can_switch_users, delete_account, ensure_a
 from spawner.sudo import process_alive, useradd_argv
 from tests.hub_harness import VENV_BIN, RunningHub, process_env
 from tests.jobs_fixtures import kill_job_runners, submit, wait_state, write_notebook
-from tests.test_isolation import CATALOG, probe_as_alice, probe_from_alice_job, server_pid
-from tests.test_isolation import world  # noqa: F401 -- the same users, servers and job, on this hub
+from tests.test_isolation import (
+    CATALOG,
+    probe_as_alice,
+    probe_from_alice_job,
+    server_pid,
+    world,  # noqa: F401 -- the same users, servers and job, on this hub
+)
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not can_switch_users(), reason="making accounts and a sudoers drop-in needs root "
-                                                      "(CI runs as root)"),
+    pytest.mark.skipif(
+        not can_switch_users(), reason="making accounts and a sudoers drop-in needs root (CI runs as root)"
+    ),
 ]
 
 DROPIN_DIR = Path("/etc/sudoers.d")
@@ -89,8 +95,11 @@ def kill_uids(uids: set[int]) -> None:
 def remove_bed(bed: SudoBed) -> None:
     """Remove the drop-in first (nothing may use it any more), then processes, accounts, group, files."""
     bed.dropin.unlink(missing_ok=True)
-    names = [line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines()
-             if line.startswith((bed.prefix, bed.hub_user + ":"))]
+    names = [
+        line.split(":", 1)[0]
+        for line in Path("/etc/passwd").read_text().splitlines()
+        if line.startswith((bed.prefix, bed.hub_user + ":"))
+    ]
     kill_uids({a.uid for a in map(lookup, names) if a is not None})
     for name in names:
         delete_account(name)
@@ -101,7 +110,7 @@ def remove_bed(bed: SudoBed) -> None:
 def remove_leftovers() -> None:
     """Beds of runs that were killed: the pytest process that made them is gone (its hub may live on)."""
     for dropin in DROPIN_DIR.glob(DROPIN_PREFIX + "*"):
-        bed = SudoBed(dropin.name[len(DROPIN_PREFIX):])
+        bed = SudoBed(dropin.name[len(DROPIN_PREFIX) :])
         try:
             maker = (bed.workdir / "made-by").read_text()
         except OSError:
@@ -120,9 +129,19 @@ def process_identity(pid: int) -> str:
 
 def as_hub(bed_hub: Account, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
     """Run ``argv`` with exactly the hub account's credentials (no groups of root's, no capabilities)."""
-    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, cwd="/",
-                          user=bed_hub.uid, group=bed_hub.gid, extra_groups=[], start_new_session=True,
-                          env={"PATH": os.environ["PATH"], "HOME": str(bed_hub.home), "USER": bed_hub.name})
+    return subprocess.run(
+        argv,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        user=bed_hub.uid,
+        group=bed_hub.gid,
+        extra_groups=[],
+        start_new_session=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(bed_hub.home), "USER": bed_hub.name},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -148,18 +167,36 @@ def hub_account(bed: SudoBed) -> Account:
 @pytest.fixture(scope="module")
 def hub(bed: SudoBed, hub_account: Account):
     run = bed.workdir / "run"
-    h = RunningHub(run, CATALOG, extra_config="c.GPULabJobs.poll_interval = 0.3\n",
-                   env={"GPULAB_ACCOUNT_PREFIX": bed.prefix, "GPULAB_ACCOUNT_GROUP": bed.group,
-                        "GPULAB_ISOLATION": "sudo"},
-                   run_as=hub_account)
+    h = RunningHub(
+        run,
+        CATALOG,
+        extra_config="c.GPULabJobs.poll_interval = 0.3\n",
+        env={"GPULAB_ACCOUNT_PREFIX": bed.prefix, "GPULAB_ACCOUNT_GROUP": bed.group, "GPULAB_ISOLATION": "sudo"},
+        run_as=hub_account,
+    )
     h.account_prefix = bed.prefix
     for path in (run, *run.iterdir()):
         if not path.is_symlink():
             os.chown(path, hub_account.uid, hub_account.gid)
     rule = subprocess.run(
-        [str(VENV_BIN / "gpulab"), "sudoers", "--hub-user", bed.hub_user, "--group", bed.group,
-         "--mediator", MEDIATOR, "--prefix", bed.prefix, "--home-root", str(h.data_dir.resolve() / "homes")],
-        capture_output=True, text=True, check=True).stdout
+        [
+            str(VENV_BIN / "gpulab"),
+            "sudoers",
+            "--hub-user",
+            bed.hub_user,
+            "--group",
+            bed.group,
+            "--mediator",
+            MEDIATOR,
+            "--prefix",
+            bed.prefix,
+            "--home-root",
+            str(h.data_dir.resolve() / "homes"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     staged = bed.workdir / "gpulab.sudoers"
     staged.write_text(rule)
     checked = subprocess.run(["visudo", "-cf", str(staged)], capture_output=True, text=True)
@@ -199,10 +236,20 @@ def test_the_hub_runs_as_its_account_in_sudo_mode(hub, hub_account):
     out = as_hub(hub_account, [str(VENV_BIN / "gpulab"), "check-isolation"])
     assert out.returncode == 0 and out.stdout.startswith("isolation mode: sudo"), out.stdout + out.stderr
     # A hub told to need sudo refuses to start when the rule does not name its mediator.
-    out = as_hub(hub_account, [str(VENV_BIN / "python"), "-c", "from hub_config.config.embedded import "
-                               "choose_isolation; choose_isolation('sudo', '/opt/elsewhere/gpulab-launch', 'sudo')"])
-    assert out.returncode != 0 and "GPULAB_ISOLATION=sudo but the hub is not root and sudo -n -l does not " \
-        "list /opt/elsewhere/gpulab-launch" in out.stderr, out.stderr
+    out = as_hub(
+        hub_account,
+        [
+            str(VENV_BIN / "python"),
+            "-c",
+            "from hub_config.config.embedded import "
+            "choose_isolation; choose_isolation('sudo', '/opt/elsewhere/gpulab-launch', 'sudo')",
+        ],
+    )
+    assert (
+        out.returncode != 0
+        and "GPULAB_ISOLATION=sudo but the hub is not root and sudo -n -l does not list /opt/elsewhere/gpulab-launch"
+        in out.stderr
+    ), out.stderr
 
 
 def test_servers_and_jobs_run_as_accounts_the_hub_created_through_sudo(hub, world, bed):  # noqa: F811
@@ -253,14 +300,25 @@ def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed
         "the mediator as root": ["sudo", "-n", "-u", "root", MEDIATOR],
         "the mediator as the hub's own account": ["sudo", "-n", "-u", bed.hub_user, MEDIATOR],
         "a shell as root": ["sudo", "-n", "/bin/sh", "-c", "id"],
-        "useradd with uid 0": ["sudo", "-n", *useradd_argv(bed.prefix + "evil", hub.data_dir.resolve() / "homes",
-                                                           "/bin/bash", bed.group)[:-1],
-                               "--non-unique", "--uid", "0", bed.prefix + "evil"],
-        "useradd into another group": ["sudo", "-n", *useradd_argv(bed.prefix + "evil",
-                                                                   hub.data_dir.resolve() / "homes",
-                                                                   "/bin/bash", "sudo")],
-        "useradd of an unprefixed name": ["sudo", "-n", *useradd_argv("gtsuevil", hub.data_dir.resolve() / "homes",
-                                                                      "/bin/bash", bed.group)],
+        "useradd with uid 0": [
+            "sudo",
+            "-n",
+            *useradd_argv(bed.prefix + "evil", hub.data_dir.resolve() / "homes", "/bin/bash", bed.group)[:-1],
+            "--non-unique",
+            "--uid",
+            "0",
+            bed.prefix + "evil",
+        ],
+        "useradd into another group": [
+            "sudo",
+            "-n",
+            *useradd_argv(bed.prefix + "evil", hub.data_dir.resolve() / "homes", "/bin/bash", "sudo"),
+        ],
+        "useradd of an unprefixed name": [
+            "sudo",
+            "-n",
+            *useradd_argv("gtsuevil", hub.data_dir.resolve() / "homes", "/bin/bash", bed.group),
+        ],
     }
     for what, argv in refused.items():
         out = as_hub(hub_account, argv, stdin="{}")
@@ -268,6 +326,7 @@ def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed
         said_no = "a password is required" in out.stderr or "is not allowed to execute" in out.stderr
         assert out.returncode == 1 and not out.stdout and said_no, (what, out.stdout, out.stderr)
     assert lookup(bed.prefix + "evil") is None and lookup("gtsuevil") is None
+
     # Control: the mediator itself is allowed; as alice it reads her files, never bob's.
     def mediate(account: Account, request: dict) -> dict:
         out = as_hub(hub_account, ["sudo", "-n", "-u", account.name, "--", MEDIATOR], json.dumps(request))
@@ -293,8 +352,14 @@ def test_stopping_a_server_and_cancelling_a_job_end_their_processes(hub, world, 
     home = alice.home
     write_notebook(home / "exp" / "slow.ipynb")
     hub.give("alice", home / "exp" / "slow.ipynb")
-    job = submit(hub, world["tokens"]["alice"], notebook="exp/slow.ipynb", job_class="batch", profile="cpu",
-                 parameters={"sleep_seconds": 120})
+    job = submit(
+        hub,
+        world["tokens"]["alice"],
+        notebook="exp/slow.ipynb",
+        job_class="batch",
+        profile="cpu",
+        parameters={"sleep_seconds": 120},
+    )
     wait_state(hub, job["id"], "running", token=world["tokens"]["alice"])
     runner = job_pid(hub, job["id"])
     assert uids_of(runner) == [alice.uid] * 4 and process_alive(runner)
@@ -325,8 +390,9 @@ def test_alice_logs_in_and_spawns_from_the_form(hub, world, bed):  # noqa: F811
     hub.wait_server("alice")
     pid = server_pid(hub, "alice")
     assert uids_of(pid) == [alice.uid] * 4
-    r = requests.get(f"{hub.url}/user/alice/api/status", timeout=30,
-                     headers={"Authorization": f"token {world['tokens']['alice']}"})
+    r = requests.get(
+        f"{hub.url}/user/alice/api/status", timeout=30, headers={"Authorization": f"token {world['tokens']['alice']}"}
+    )
     assert r.status_code == 200 and "started" in r.json(), r.text[:500]
     assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
     hub.wait_server("alice", ready=False, timeout=60)

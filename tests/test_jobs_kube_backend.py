@@ -20,6 +20,8 @@ def fresh_runtime():
     set_runtime(None)
     yield
     set_runtime(None)
+
+
 CATALOG = f"""
 sharing:
   backend: timeslice
@@ -37,7 +39,6 @@ teams:
 """
 
 
-
 def kube_jobs_config(tmp_path, monkeypatch, kueue: bool = False):
     """A jobs service config on the Kubernetes backend, with the catalog and database in ``tmp_path``."""
     from traitlets.config import Config
@@ -51,6 +52,7 @@ def kube_jobs_config(tmp_path, monkeypatch, kueue: bool = False):
     c.GPULabJobs.kueue_enabled = kueue
     return c
 
+
 def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     """Kueue evicts a running Job by suspending it: its pods go, so a ledger
     rebuilt from pods drops it, but the job is queued again and still holds its share."""
@@ -60,8 +62,7 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     c = kube_jobs_config(tmp_path, monkeypatch, kueue=True)
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)  # no cluster here
-    rec, _ = service.submit("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch",
-                                          "profile": "h100-half"})
+    rec, _ = service.submit("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-half"})
     key = jobspec.workload_key(rec.id)
     service.transition(rec.id, jobspec.QUEUED, "", kube_namespace=NS, kube_name=f"gpulab-job-{rec.id}")
     service.transition(rec.id, jobspec.RUNNING)
@@ -75,11 +76,16 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     assert w is not None and w.state == "reserved" and w.milli == 500 and w.team == "vision"
 
 
-@pytest.mark.parametrize("user,claim", [
-    # KubeSpawner 7's safe slugs (what GPUKubeSpawner named the claim); the old
-    # label escaping gave "claim-jo_smith" (an invalid DNS name: 422) and another claim.
-    ("alice", "claim-alice"), ("jo_smith", "claim-jo-smith---515893c9"), ("a.b@x.com", "claim-a-b-x-com---464a0cfb"),
-])
+@pytest.mark.parametrize(
+    "user,claim",
+    [
+        # KubeSpawner 7's safe slugs (what GPUKubeSpawner named the claim); the old
+        # label escaping gave "claim-jo_smith" (an invalid DNS name: 422) and another claim.
+        ("alice", "claim-alice"),
+        ("jo_smith", "claim-jo-smith---515893c9"),
+        ("a.b@x.com", "claim-a-b-x-com---464a0cfb"),
+    ],
+)
 def test_the_job_mounts_the_home_claim_kubespawner_named(tmp_path, monkeypatch, user, claim):
     from hub_config.jobs.service import JobService
     from spawner.kube import expand_user_template
@@ -95,6 +101,7 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     """What the backend sends for a 1-GPU profile with tolerations and node affinity,
     under z2jh's single-user settings, checked against the Kubernetes schema (strict)."""
     import kubernetes_validate
+
     from hub_config.jobs.service import JobService
     from spawner.labels import kueue_local_queue
 
@@ -105,8 +112,7 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     c.KubeSpawner.image_pull_secrets = ["image-pull-secret"]
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
-    rec, _ = service.submit("jo_smith", [], {"notebook": "exp/calc.ipynb", "job_class": "batch",
-                                             "profile": "h100-1"})
+    rec, _ = service.submit("jo_smith", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-1"})
     job = service.backend.manifest(service.get(rec.id))
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
     md, spec = job["metadata"], job["spec"]
@@ -116,7 +122,8 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     # A notebook that raised fails the Job at once; preemption requeues it.
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "FailJob", "onExitCodes": {"containerName": "papermill", "operator": "In", "values": [1]}},
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
     pod = spec["template"]["spec"]
     assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 100}
     assert pod["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
@@ -124,9 +131,12 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     assert pod["imagePullSecrets"] == [{"name": "image-pull-secret"}]
     assert pod["tolerations"] == [
         {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
-        "nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]}]}
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]}
+        ]
+    }
     # KubeSpawner's claim name for jo_smith, not an invalid "claim-jo_smith".
     assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-jo-smith---515893c9"}}]

@@ -80,8 +80,16 @@ def wait_no_job_holdings(hub: RunningHub, timeout: float = 20) -> None:
 def test_job_runs_papermill_with_parameters(hub, tokens):
     calc = home(hub, "alice") / "exp" / "calc.ipynb"
     original = calc.read_bytes()
-    job = submit(hub, tokens["alice"], notebook="exp/calc.ipynb", job_class="batch", profile="h100-half",
-                 parameters={"x": 5}, time_limit_seconds=300, name="calc")
+    job = submit(
+        hub,
+        tokens["alice"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="h100-half",
+        parameters={"x": 5},
+        time_limit_seconds=300,
+        name="calc",
+    )
     assert job["state"] == "queued" and job["team"] == "vision" and job["gpu_milli"] == 500
     assert job["output_path"].startswith("exp/runs/calc-") and job["output_path"].endswith(".ipynb")
     done = wait_state(hub, job["id"], {"succeeded", "failed"}, token=tokens["alice"])
@@ -101,15 +109,22 @@ def test_job_runs_papermill_with_parameters(hub, tokens):
     assert calc.read_bytes() == original
     logs = hub.api("GET", f"/gpulab/jobs/{job['id']}/logs", token=tokens["alice"]).json()
     assert logs["complete"] and "result 105" in logs["text"] and logs["offset"] == len(logs["text"].encode())
-    tail = hub.api("GET", f"/gpulab/jobs/{job['id']}/logs", token=tokens["alice"],
-                   params={"offset": logs["offset"]}).json()
+    tail = hub.api(
+        "GET", f"/gpulab/jobs/{job['id']}/logs", token=tokens["alice"], params={"offset": logs["offset"]}
+    ).json()
     assert tail["text"] == "" and tail["complete"]
     wait_no_job_holdings(hub)
 
 
 def test_cancel_stops_the_process_and_frees_the_gpu(hub, tokens):
-    job = submit(hub, tokens["alice"], notebook="exp/calc.ipynb", job_class="batch", profile="h100-1",
-                 parameters={"sleep_seconds": 120})
+    job = submit(
+        hub,
+        tokens["alice"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="h100-1",
+        parameters={"sleep_seconds": 120},
+    )
     running = wait_state(hub, job["id"], "running", token=tokens["alice"])
     assert [w["key"] for w in job_holdings(hub)] == [f"job:{job['id']}"]
     time.sleep(3)  # let papermill start its kernel, so the whole group has to stop
@@ -125,11 +140,25 @@ def test_cancel_stops_the_process_and_frees_the_gpu(hub, tokens):
 
 
 def test_training_preempts_batch_which_requeues_and_finishes(hub, tokens):
-    batch = submit(hub, tokens["alice"], notebook="exp/calc.ipynb", job_class="batch", profile="h100-1",
-                   parameters={"x": 1, "sleep_seconds": 8}, name="sweep")
+    batch = submit(
+        hub,
+        tokens["alice"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="h100-1",
+        parameters={"x": 1, "sleep_seconds": 8},
+        name="sweep",
+    )
     wait_state(hub, batch["id"], "running", token=tokens["alice"])
-    training = submit(hub, tokens["bob"], notebook="exp/calc.ipynb", job_class="training", profile="h100-1",
-                      parameters={"x": 3}, name="train")
+    training = submit(
+        hub,
+        tokens["bob"],
+        notebook="exp/calc.ipynb",
+        job_class="training",
+        profile="h100-1",
+        parameters={"x": 3},
+        name="train",
+    )
     assert training["over_quota"] is False
     wait_state(hub, batch["id"], {"preempted", "queued"}, timeout=30)
     done = wait_state(hub, training["id"], "succeeded", timeout=90)
@@ -151,8 +180,12 @@ def test_training_preempts_batch_which_requeues_and_finishes(hub, tokens):
 
 def test_training_is_never_admitted_over_quota_and_batch_bursts(hub, tokens):
     before = all_jobs(hub)
-    r = hub.api("POST", "/gpulab/jobs", token=tokens["carol"], data=json.dumps(
-        {"notebook": "exp/calc.ipynb", "job_class": "training", "profile": "h100-1"}))
+    r = hub.api(
+        "POST",
+        "/gpulab/jobs",
+        token=tokens["carol"],
+        data=json.dumps({"notebook": "exp/calc.ipynb", "job_class": "training", "profile": "h100-1"}),
+    )
     assert r.status_code == 403, r.text
     assert "never admitted over quota" in r.json()["message"]
     assert all_jobs(hub) == before and job_holdings(hub) == []
@@ -163,17 +196,37 @@ def test_training_is_never_admitted_over_quota_and_batch_bursts(hub, tokens):
 
 
 def test_time_limit_times_out(hub, tokens):
-    job = submit(hub, tokens["alice"], notebook="exp/calc.ipynb", job_class="batch", profile="cpu",
-                 parameters={"sleep_seconds": 120}, time_limit_seconds=3)
+    job = submit(
+        hub,
+        tokens["alice"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="cpu",
+        parameters={"sleep_seconds": 120},
+        time_limit_seconds=3,
+    )
     done = wait_state(hub, job["id"], "timed-out", timeout=60)
     assert "time limit of 3 s" in done["reason"]
 
 
 def test_rerun_and_idempotency(hub, tokens):
-    first = submit(hub, tokens["bob"], notebook="exp/calc.ipynb", job_class="batch", profile="cpu",
-                   parameters={"x": 4}, idempotency_key="k-1")
-    again = hub.api("POST", "/gpulab/jobs", token=tokens["bob"], data=json.dumps(
-        {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu", "idempotency_key": "k-1"}))
+    first = submit(
+        hub,
+        tokens["bob"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="cpu",
+        parameters={"x": 4},
+        idempotency_key="k-1",
+    )
+    again = hub.api(
+        "POST",
+        "/gpulab/jobs",
+        token=tokens["bob"],
+        data=json.dumps(
+            {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu", "idempotency_key": "k-1"}
+        ),
+    )
     assert again.status_code == 200 and again.json()["id"] == first["id"]
     wait_state(hub, first["id"], "succeeded")
     r = hub.api("POST", f"/gpulab/jobs/{first['id']}/rerun", token=tokens["bob"])
@@ -192,8 +245,7 @@ def test_other_users_jobs_are_invisible(hub, tokens):
     assert mine
     job_id = mine[0]["id"]
     state = mine[0]["state"]
-    for method, path in (("GET", ""), ("POST", "/cancel"), ("GET", "/logs"), ("GET", "/output"),
-                         ("POST", "/rerun")):
+    for method, path in (("GET", ""), ("POST", "/cancel"), ("GET", "/logs"), ("GET", "/output"), ("POST", "/rerun")):
         r = hub.api(method, f"/gpulab/jobs/{job_id}{path}", token=tokens["bob"])
         assert r.status_code == 404, (method, path, r.status_code, r.text)
     listed = hub.api("GET", "/gpulab/jobs", token=tokens["bob"]).json()["jobs"]
@@ -208,17 +260,20 @@ def test_other_users_jobs_are_invisible(hub, tokens):
     assert only and all(j["user"] == "alice" and j["state"] == "succeeded" for j in only)
 
 
-@pytest.mark.parametrize("notebook, status", [
-    ("../bob/exp/calc.ipynb", 400),
-    ("exp/../../bob/exp/calc.ipynb", 400),
-    ("/etc/passwd.ipynb", 400),
-    ("~bob/exp/calc.ipynb", 400),
-    ("exp/missing.ipynb", 404),
-    ("exp/calc.txt", 400),
-    ("link-out/calc.ipynb", 403),
-    ("exp/escape.ipynb", 403),
-    ("x" * 5000 + ".ipynb", 400),
-])
+@pytest.mark.parametrize(
+    "notebook, status",
+    [
+        ("../bob/exp/calc.ipynb", 400),
+        ("exp/../../bob/exp/calc.ipynb", 400),
+        ("/etc/passwd.ipynb", 400),
+        ("~bob/exp/calc.ipynb", 400),
+        ("exp/missing.ipynb", 404),
+        ("exp/calc.txt", 400),
+        ("link-out/calc.ipynb", 403),
+        ("exp/escape.ipynb", 403),
+        ("x" * 5000 + ".ipynb", 400),
+    ],
+)
 def test_paths_escaping_home_are_refused(hub, tokens, notebook, status):
     outside = hub.workdir / "outside"
     write_notebook(outside / "calc.ipynb")
@@ -227,31 +282,72 @@ def test_paths_escaping_home_are_refused(hub, tokens, notebook, status):
         os.symlink(outside, alice_home / "link-out")
         os.symlink(outside / "calc.ipynb", alice_home / "exp" / "escape.ipynb")
     before, held = all_jobs(hub), job_holdings(hub)
-    r = hub.api("POST", "/gpulab/jobs", token=tokens["alice"], data=json.dumps(
-        {"notebook": notebook, "job_class": "batch", "profile": "cpu"}))
+    r = hub.api(
+        "POST",
+        "/gpulab/jobs",
+        token=tokens["alice"],
+        data=json.dumps({"notebook": notebook, "job_class": "batch", "profile": "cpu"}),
+    )
     assert r.status_code == status, r.text
     assert all_jobs(hub) == before and job_holdings(hub) == held
 
 
-@pytest.mark.parametrize("body, status", [
-    (b"not json", 400),
-    (b"[1, 2]", 400),
-    (b"", 400),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu",
-                 "parameters": {"blob": "x" * 40000}}).encode(), 413),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu",
-                 "parameters": {"x": "y" * 70000}}).encode(), 413),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu",
-                 "parameters": {"not an identifier": 1}}).encode(), 400),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "production", "profile": "cpu"}).encode(), 400),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu",
-                 "gpu_milli": 8000}).encode(), 400),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu",
-                 "time_limit_seconds": -5}).encode(), 400),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-2",
-                 "team": "small"}).encode(), 403),
-    (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-2"}).encode(), 409),
-])
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (b"not json", 400),
+        (b"[1, 2]", 400),
+        (b"", 400),
+        (
+            json.dumps(
+                {
+                    "notebook": "exp/calc.ipynb",
+                    "job_class": "batch",
+                    "profile": "cpu",
+                    "parameters": {"blob": "x" * 40000},
+                }
+            ).encode(),
+            413,
+        ),
+        (
+            json.dumps(
+                {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu", "parameters": {"x": "y" * 70000}}
+            ).encode(),
+            413,
+        ),
+        (
+            json.dumps(
+                {
+                    "notebook": "exp/calc.ipynb",
+                    "job_class": "batch",
+                    "profile": "cpu",
+                    "parameters": {"not an identifier": 1},
+                }
+            ).encode(),
+            400,
+        ),
+        (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "production", "profile": "cpu"}).encode(), 400),
+        (
+            json.dumps(
+                {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu", "gpu_milli": 8000}
+            ).encode(),
+            400,
+        ),
+        (
+            json.dumps(
+                {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu", "time_limit_seconds": -5}
+            ).encode(),
+            400,
+        ),
+        (
+            json.dumps(
+                {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-2", "team": "small"}
+            ).encode(),
+            403,
+        ),
+        (json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-2"}).encode(), 409),
+    ],
+)
 def test_bad_bodies_get_4xx_and_change_nothing(hub, tokens, body, status):
     before, held = all_jobs(hub), job_holdings(hub)
     r = hub.api("POST", "/gpulab/jobs", token=tokens["alice"], data=body)
@@ -264,10 +360,12 @@ def test_token_without_jobs_scope_gets_403(hub, tokens):
     weak = user_token(hub, "alice", scopes=["read:users:name!user"])
     before = all_jobs(hub)
     job_id = before[0]["id"]
-    for method, path, data in (("GET", "/gpulab/jobs", None), ("GET", f"/gpulab/jobs/{job_id}", None),
-                               ("POST", "/gpulab/jobs", json.dumps({"notebook": "exp/calc.ipynb",
-                                                                    "job_class": "batch", "profile": "cpu"})),
-                               ("POST", f"/gpulab/jobs/{job_id}/cancel", None)):
+    for method, path, data in (
+        ("GET", "/gpulab/jobs", None),
+        ("GET", f"/gpulab/jobs/{job_id}", None),
+        ("POST", "/gpulab/jobs", json.dumps({"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu"})),
+        ("POST", f"/gpulab/jobs/{job_id}/cancel", None),
+    ):
         r = hub.api(method, path, token=weak, data=data)
         assert r.status_code == 403, (method, path, r.status_code, r.text)
     assert all_jobs(hub) == before
@@ -277,11 +375,25 @@ def test_token_without_jobs_scope_gets_403(hub, tokens):
 
 
 def test_hub_restart_readopts_running_and_queued_jobs(hub, tokens):
-    running = submit(hub, tokens["alice"], notebook="exp/calc.ipynb", job_class="batch", profile="h100-1",
-                     parameters={"x": 7, "sleep_seconds": 10}, name="long")
+    running = submit(
+        hub,
+        tokens["alice"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="h100-1",
+        parameters={"x": 7, "sleep_seconds": 10},
+        name="long",
+    )
     wait_state(hub, running["id"], "running")
-    queued = submit(hub, tokens["bob"], notebook="exp/calc.ipynb", job_class="batch", profile="h100-1",
-                    parameters={"x": 8}, name="waits")
+    queued = submit(
+        hub,
+        tokens["bob"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="h100-1",
+        parameters={"x": 8},
+        name="waits",
+    )
     time.sleep(1)
     assert get_job(hub, queued["id"])["state"] == "queued"
     hub.restart()
@@ -295,8 +407,15 @@ def test_hub_restart_readopts_running_and_queued_jobs(hub, tokens):
 
 
 def test_job_whose_process_died_with_the_hub_is_failed_with_a_reason(hub, tokens):
-    job = submit(hub, tokens["alice"], notebook="exp/calc.ipynb", job_class="batch", profile="cpu",
-                 parameters={"sleep_seconds": 60}, name="doomed")
+    job = submit(
+        hub,
+        tokens["alice"],
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="cpu",
+        parameters={"sleep_seconds": 60},
+        name="doomed",
+    )
     wait_state(hub, job["id"], "running")
     time.sleep(1)
     hub.stop()

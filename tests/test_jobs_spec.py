@@ -26,17 +26,38 @@ def test_job_classes_map_to_priority_classes():
             jobspec.priority_for(bad)
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("a.ipynb", "a.ipynb"), ("./exp/b.ipynb", "exp/b.ipynb"), ("exp//c.ipynb", "exp/c.ipynb"),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("a.ipynb", "a.ipynb"),
+        ("./exp/b.ipynb", "exp/b.ipynb"),
+        ("exp//c.ipynb", "exp/c.ipynb"),
+    ],
+)
 def test_notebook_paths_are_normalised(path, expected):
     assert jobspec.validate_notebook_path(path) == expected
 
 
-@pytest.mark.parametrize("path", [
-    "../a.ipynb", "x/../../a.ipynb", "x/..", "/etc/a.ipynb", "~root/a.ipynb", "", " ", ".", "a.py",
-    "a\x00.ipynb", "a\n.ipynb", "a\\..\\b.ipynb", 5, None, "a" * 2000 + ".ipynb",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../a.ipynb",
+        "x/../../a.ipynb",
+        "x/..",
+        "/etc/a.ipynb",
+        "~root/a.ipynb",
+        "",
+        " ",
+        ".",
+        "a.py",
+        "a\x00.ipynb",
+        "a\n.ipynb",
+        "a\\..\\b.ipynb",
+        5,
+        None,
+        "a" * 2000 + ".ipynb",
+    ],
+)
 def test_notebook_paths_that_escape_are_refused(path):
     with pytest.raises(JobSpecError):
         jobspec.validate_notebook_path(path)
@@ -74,7 +95,9 @@ def test_names_time_limits_and_outputs():
         with pytest.raises(JobSpecError):
             jobspec.validate_time_limit(bad, 60, 100)
     assert jobspec.output_paths("exp/train.ipynb", "train", "20260101-000000-7") == (
-        "exp/runs/train-20260101-000000-7.ipynb", "exp/runs/train-20260101-000000-7.log")
+        "exp/runs/train-20260101-000000-7.ipynb",
+        "exp/runs/train-20260101-000000-7.log",
+    )
     assert jobspec.output_paths("t.ipynb", "t", "s") == ("runs/t-s.ipynb", "runs/t-s.log")
 
 
@@ -85,27 +108,55 @@ def test_state_machine():
         assert not any(jobspec.may_transition(final, s) for s in jobspec.STATES)
 
 
-CATALOG = catalog_from_dict({
-    "sharing": {"backend": "mig"},
-    "profiles": [{"slug": "h100-2", "display_name": "2 x H100", "gpus": 2, "gpu_model": "H100-80GB",
-                  "cpu": {"guarantee": 4, "limit": 8}, "memory": {"guarantee": "32G", "limit": "64G"}},
-                 {"slug": "mig-3g", "display_name": "3g.40gb", "gpus": 0.5, "gpu_model": "H100-80GB"}],
-    "teams": [{"name": "nlp", "users": ["carol"], "guarantee": 4, "burst": 8, "namespace": "team-nlp"}],
-}, "test")
+CATALOG = catalog_from_dict(
+    {
+        "sharing": {"backend": "mig"},
+        "profiles": [
+            {
+                "slug": "h100-2",
+                "display_name": "2 x H100",
+                "gpus": 2,
+                "gpu_model": "H100-80GB",
+                "cpu": {"guarantee": 4, "limit": 8},
+                "memory": {"guarantee": "32G", "limit": "64G"},
+            },
+            {"slug": "mig-3g", "display_name": "3g.40gb", "gpus": 0.5, "gpu_model": "H100-80GB"},
+        ],
+        "teams": [{"name": "nlp", "users": ["carol"], "guarantee": 4, "burst": 8, "namespace": "team-nlp"}],
+    },
+    "test",
+)
 
 
 def request(profile_slug: str, **kw) -> jobspec.KubeJobRequest:
     profile = CATALOG.profile(profile_slug)
     team = CATALOG.teams["nlp"]
     gpu = pod_gpu_spec(profile, CATALOG.sharing, team)
-    w = Workload("job:42", "nlp", "carol@example.org", gpu.effective_milli, profile.slug, "job", kw.get("over_quota", False))
-    args = dict(job_id=42, name="train", user="carol@example.org", namespace="team-nlp",
-                image="example.org/nb:1", job_class="training", over_quota=False,
-                notebook="exp/train.ipynb", output_path="exp/runs/train-1.ipynb", log_path="exp/runs/train-1.log",
-                parameters={"epochs": 3, "name": "it's \"quoted\"; rm -rf /"}, time_limit_seconds=7200,
-                labels=workload_labels(w), annotations=workload_annotations(w), gpu=gpu,
-                home_claim="claim-carol-40example-2eorg", cpu_guarantee=profile.cpu_guarantee,
-                cpu_limit=profile.cpu_limit, mem_guarantee=profile.mem_guarantee, mem_limit=profile.mem_limit)
+    w = Workload(
+        "job:42", "nlp", "carol@example.org", gpu.effective_milli, profile.slug, "job", kw.get("over_quota", False)
+    )
+    args = dict(
+        job_id=42,
+        name="train",
+        user="carol@example.org",
+        namespace="team-nlp",
+        image="example.org/nb:1",
+        job_class="training",
+        over_quota=False,
+        notebook="exp/train.ipynb",
+        output_path="exp/runs/train-1.ipynb",
+        log_path="exp/runs/train-1.log",
+        parameters={"epochs": 3, "name": 'it\'s "quoted"; rm -rf /'},
+        time_limit_seconds=7200,
+        labels=workload_labels(w),
+        annotations=workload_annotations(w),
+        gpu=gpu,
+        home_claim="claim-carol-40example-2eorg",
+        cpu_guarantee=profile.cpu_guarantee,
+        cpu_limit=profile.cpu_limit,
+        mem_guarantee=profile.mem_guarantee,
+        mem_limit=profile.mem_limit,
+    )
     args.update(kw)
     return jobspec.KubeJobRequest(**args)
 
@@ -122,7 +173,7 @@ def test_manifest_without_kueue_validates_strictly():
     assert res["requests"]["memory"] == str(CATALOG.profile("h100-2").mem_guarantee)
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     # Parameters travel as data in the environment; the shell script never interpolates them.
-    assert json.loads(env["GPULAB_PARAMETERS"])["name"] == "it's \"quoted\"; rm -rf /"
+    assert json.loads(env["GPULAB_PARAMETERS"])["name"] == 'it\'s "quoted"; rm -rf /'
     assert "GPULAB_PARAMETERS" not in jobspec.PAPERMILL_SCRIPT.replace('"$GPULAB_PARAMETERS"', "")
 
 
@@ -136,18 +187,40 @@ def test_manifest_mig_fraction_over_quota_with_kueue_validates():
     assert any(k.startswith("nvidia.com/mig-") for k in pod["containers"][0]["resources"]["limits"])
 
 
-@pytest.mark.parametrize("job, state", [
-    ({"spec": {"suspend": True}, "status": {}}, "queued"),
-    ({"spec": {}, "status": {}}, "queued"),
-    ({"spec": {}, "status": {"active": 1}}, "running"),
-    ({"spec": {}, "status": {"failed": 1}}, "preempted"),
-    ({"spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}, "succeeded"),
-    ({"spec": {}, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                                             "message": "Job has reached the specified backoff limit"}]}}, "failed"),
-    ({"spec": {}, "status": {"conditions": [{"type": "Failed", "status": "True",
-                                             "reason": "DeadlineExceeded"}]}}, "timed-out"),
-    ({"spec": {}, "status": {"conditions": [{"type": "Failed", "status": "False"}], "active": 1}}, "running"),
-])
+@pytest.mark.parametrize(
+    "job, state",
+    [
+        ({"spec": {"suspend": True}, "status": {}}, "queued"),
+        ({"spec": {}, "status": {}}, "queued"),
+        ({"spec": {}, "status": {"active": 1}}, "running"),
+        ({"spec": {}, "status": {"failed": 1}}, "preempted"),
+        ({"spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}, "succeeded"),
+        (
+            {
+                "spec": {},
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Failed",
+                            "status": "True",
+                            "reason": "BackoffLimitExceeded",
+                            "message": "Job has reached the specified backoff limit",
+                        }
+                    ]
+                },
+            },
+            "failed",
+        ),
+        (
+            {
+                "spec": {},
+                "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]},
+            },
+            "timed-out",
+        ),
+        ({"spec": {}, "status": {"conditions": [{"type": "Failed", "status": "False"}], "active": 1}}, "running"),
+    ],
+)
 def test_kube_job_states(job, state):
     assert jobspec.kube_job_state(job)[0] == state
 

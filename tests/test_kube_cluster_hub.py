@@ -26,13 +26,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
 def catalog_yaml(release: Release) -> str:
     g = release.values["gpulab"]
-    return yaml.safe_dump({"sharing": g["sharing"], "profiles": g["profiles"],
-                           "teams": [{**t, "namespace": release.team_ns(t["name"])} for t in g["teams"]]})
+    return yaml.safe_dump(
+        {
+            "sharing": g["sharing"],
+            "profiles": g["profiles"],
+            "teams": [{**t, "namespace": release.team_ns(t["name"])} for t in g["teams"]],
+        }
+    )
 
 
 def kube_hub(tmp_path, release: Release, extra: str = "") -> RunningHub:
-    return RunningHub(tmp_path / "hub", catalog_yaml=catalog_yaml(release),
-                      env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
+    return RunningHub(
+        tmp_path / "hub",
+        catalog_yaml=catalog_yaml(release),
+        env={"KUBECONFIG": str(release.hub_kubeconfig)},
+        extra_config=f"""
 c.JupyterHub.spawner_class = "gpu-kube"
 c.KubeSpawner.namespace = "{release.hub_namespace}"
 c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-10-07"
@@ -41,7 +49,9 @@ c.KubeSpawner.tolerations = [{{"key": "nvidia.com/gpu", "operator": "Exists", "e
 c.KubeSpawner.start_timeout = 90
 c.KubeSpawner.http_timeout = 90
 c.KubeSpawner.delete_grace_period = 1
-""" + extra)
+"""
+        + extra,
+    )
 
 
 def team(release: Release, name: str) -> str:
@@ -49,8 +59,7 @@ def team(release: Release, name: str) -> str:
     return name
 
 
-def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_path, release: Release,
-                                                                          kube: Cluster):
+def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_path, release: Release, kube: Cluster):
     vision = team(release, "vision")
     ns = release.team_ns(vision)
     hub = kube_hub(tmp_path, release)
@@ -71,8 +80,11 @@ def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_pat
         r = session.get(hub.url + "/user/alice/lab", timeout=60)
         assert r.status_code == 200 and "JupyterLab" in r.text, r.text[:500]
         assert r.url == hub.url + "/user/alice/lab"
-        r = session.get(hub.url + "/user/alice/api/status", timeout=30,
-                        headers={"X-XSRFToken": session.cookies.get("_xsrf", path="/user/alice/") or ""})
+        r = session.get(
+            hub.url + "/user/alice/api/status",
+            timeout=30,
+            headers={"X-XSRFToken": session.cookies.get("_xsrf", path="/user/alice/") or ""},
+        )
         assert r.status_code == 200 and "started" in r.json(), r.text[:500]
         held = hub.me("alice")["holdings"]
         assert [(h["team"], h["gpu_milli"], h["state"]) for h in held] == [(vision, 500, "running")]
@@ -97,8 +109,9 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
     hub = kube_hub(tmp_path, release)
     # A profile whose GPU model no node has: the pod stays Pending.
     catalog = yaml.safe_load(hub.catalog_path.read_text())
-    catalog["profiles"].append({"slug": "h200-1", "display_name": "1 × H200", "gpus": 1,
-                                "gpu_model": "H200-141GB", "sharing": "whole"})
+    catalog["profiles"].append(
+        {"slug": "h200-1", "display_name": "1 × H200", "gpus": 1, "gpu_model": "H200-141GB", "sharing": "whole"}
+    )
     hub.catalog_path.write_text(yaml.safe_dump(catalog))
     try:
         hub.start()
@@ -106,8 +119,12 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
         r = hub.post_spawn(session, "carol", {"profile": f"{nlp}:h200-1"})
         assert r.status_code == 302, r.text[-2000:]
         words = None
-        with session.get(hub.url + "/hub/api/users/carol/server/progress", stream=True, timeout=60,
-                         headers={"Referer": hub.url + "/hub/spawn-pending/carol"}) as events:
+        with session.get(
+            hub.url + "/hub/api/users/carol/server/progress",
+            stream=True,
+            timeout=60,
+            headers={"Referer": hub.url + "/hub/spawn-pending/carol"},
+        ) as events:
             for line in events.iter_lines(decode_unicode=True):
                 if line.startswith("data:"):
                     message = json.loads(line[5:]).get("message", "")
@@ -115,8 +132,9 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
                         words = message
                         break
         assert words is not None
-        assert words.startswith("No node in this cluster offers 1 × H200 (of 6 nodes: 6 nodes with another "
-                                "GPU model or pool)."), words
+        assert words.startswith(
+            "No node in this cluster offers 1 × H200 (of 6 nodes: 6 nodes with another GPU model or pool)."
+        ), words
         pod = kube.pods(release.team_ns(nlp), "gpulab.io/kind=notebook")[0]
         assert pod["status"]["phase"] == "Pending"
         hub.api("DELETE", "/users/carol/server")
@@ -135,8 +153,11 @@ def test_the_hub_identity_has_only_the_charts_rights(release: Release, kube: Clu
     ns = release.team_ns(team(release, "vision"))
 
     def can(*args: str) -> str:
-        return subprocess.run([kubectl, "--kubeconfig", str(release.hub_kubeconfig), "auth", "can-i", *args],
-                              capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            [kubectl, "--kubeconfig", str(release.hub_kubeconfig), "auth", "can-i", *args],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
 
     assert can("create", "pods", "-n", ns) == "yes"
     assert can("watch", "pods", "-n", ns) == "yes"
@@ -148,14 +169,18 @@ def test_the_hub_identity_has_only_the_charts_rights(release: Release, kube: Clu
     assert can("create", "resourcequotas", "-n", ns) == "no"
     assert can("create", "pods", "-n", release.hub_namespace) == "yes"  # z2jh's own hub Role
     # And a real request with that token is refused where the chart grants nothing.
-    r = requests.get(f"{kube.server}/api/v1/namespaces/default/pods", verify=str(kube.tb.ca_file), timeout=10,
-                     headers={"Authorization": "Bearer " + yaml.safe_load(release.hub_kubeconfig.read_text())
-                              ["users"][0]["user"]["token"]})
+    r = requests.get(
+        f"{kube.server}/api/v1/namespaces/default/pods",
+        verify=str(kube.tb.ca_file),
+        timeout=10,
+        headers={
+            "Authorization": "Bearer " + yaml.safe_load(release.hub_kubeconfig.read_text())["users"][0]["user"]["token"]
+        },
+    )
     assert r.status_code == 403
 
 
-def test_the_spawn_page_counts_labelled_pods_and_refuses_tampered_forms(tmp_path, release: Release,
-                                                                        kube: Cluster):
+def test_the_spawn_page_counts_labelled_pods_and_refuses_tampered_forms(tmp_path, release: Release, kube: Cluster):
     from spawner import labels as gl
     from spawner.ledger import Workload
 
@@ -163,13 +188,27 @@ def test_the_spawn_page_counts_labelled_pods_and_refuses_tampered_forms(tmp_path
     ns = release.team_ns(vision)
     # Someone else's server, started by another hub process: 2.5 of vision's 3 GPUs.
     outsider = Workload("notebook:carol/big", vision, "carol", 2500, "h100-1", "notebook")
-    kube.create(f"/api/v1/namespaces/{ns}/pods", {
-        "metadata": {"name": "outsider", "labels": gl.workload_labels(outsider),
-                     "annotations": gl.workload_annotations(outsider)},
-        "spec": {"priorityClassName": "gpulab-development",
-                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                 "containers": [{"name": "notebook", "image": "quay.io/jupyter/base-notebook:2024-10-07",
-                                 "resources": {"limits": {"nvidia.com/gpu.shared": "10"}}}]}})
+    kube.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {
+                "name": "outsider",
+                "labels": gl.workload_labels(outsider),
+                "annotations": gl.workload_annotations(outsider),
+            },
+            "spec": {
+                "priorityClassName": "gpulab-development",
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [
+                    {
+                        "name": "notebook",
+                        "image": "quay.io/jupyter/base-notebook:2024-10-07",
+                        "resources": {"limits": {"nvidia.com/gpu.shared": "10"}},
+                    }
+                ],
+            },
+        },
+    )
     hub = kube_hub(tmp_path, release)
     try:
         hub.start()
@@ -179,13 +218,18 @@ def test_the_spawn_page_counts_labelled_pods_and_refuses_tampered_forms(tmp_path
         assert re.search(rf'value="{vision}:h100-1"\s+disabled', page)
         assert f"Unavailable: team {vision} holds 2.5 of its 3 GPU burst limit; this request needs 1" in page
         offset = kube.tb.audit_offset()
-        for form, words in (({"profile": f"{vision}:h100-half", "gpus": "-1"}, "unknown spawn option(s): &#39;gpus&#39;"),
-                            ({"profile": f"{vision}:nope"}, "unknown profile"),
-                            ({"profile": "x" * 5000}, "")):
+        for form, words in (
+            ({"profile": f"{vision}:h100-half", "gpus": "-1"}, "unknown spawn option(s): &#39;gpus&#39;"),
+            ({"profile": f"{vision}:nope"}, "unknown profile"),
+            ({"profile": "x" * 5000}, ""),
+        ):
             r = hub.post_spawn(session, "alice", form)
             assert r.status_code == 400 and words in r.text and "Traceback" not in r.text, (form, r.text[-500:])
-        creates = [e for e in kube.tb.audit_events(offset, f"system:serviceaccount:{release.hub_namespace}:hub")
-                   if e["verb"] == "create"]
+        creates = [
+            e
+            for e in kube.tb.audit_events(offset, f"system:serviceaccount:{release.hub_namespace}:hub")
+            if e["verb"] == "create"
+        ]
         assert creates == []  # the tampered forms never reached the cluster
         assert [p["metadata"]["name"] for p in kube.pods(ns)] == ["outsider"]
     finally:

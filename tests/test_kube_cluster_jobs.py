@@ -37,18 +37,24 @@ def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -
     catalog = {
         "sharing": {"backend": "whole"},
         "profiles": [{"slug": "a100-1", "display_name": "1 × A100", "gpus": 1, "gpu_model": "A100-80GB"}],
-        "teams": [{"name": nlp, "users": ["carol"], "guarantee": guarantee, "burst": 2,
-                   "namespace": release.team_ns(nlp)}],
+        "teams": [
+            {"name": nlp, "users": ["carol"], "guarantee": guarantee, "burst": 2, "namespace": release.team_ns(nlp)}
+        ],
     }
-    return RunningHub(workdir, catalog_yaml=yaml.safe_dump(catalog),
-                      env={"KUBECONFIG": str(release.hub_kubeconfig)}, extra_config=f"""
+    return RunningHub(
+        workdir,
+        catalog_yaml=yaml.safe_dump(catalog),
+        env={"KUBECONFIG": str(release.hub_kubeconfig)},
+        extra_config=f"""
 c.JupyterHub.spawner_class = "gpu-kube"
 c.KubeSpawner.namespace = "{release.hub_namespace}"
 c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"
 c.GPULabJobs.poll_interval = 0.3
 c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
 c.GPULabJobs.kube_home_claim_template = ""
-""" + extra)
+"""
+        + extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +76,29 @@ def job_pods(kube: Cluster, ns: str, job_id: int) -> list[dict]:
 
 
 def running_pod(kube: Cluster, ns: str, job_id: int, exclude: set[str] = frozenset()) -> dict:
-    return kube.wait(lambda: next((p for p in job_pods(kube, ns, job_id) if p["metadata"]["name"] not in exclude
-                                   and p["status"].get("phase") == "Running"
-                                   and not p["metadata"].get("deletionTimestamp")), None),
-                     f"a Running pod of job {job_id}", 60)
+    return kube.wait(
+        lambda: next(
+            (
+                p
+                for p in job_pods(kube, ns, job_id)
+                if p["metadata"]["name"] not in exclude
+                and p["status"].get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            ),
+            None,
+        ),
+        f"a Running pod of job {job_id}",
+        60,
+    )
 
 
 def k8s_job(kube: Cluster, ns: str, job_id: int) -> dict:
     """The Job object (the hub creates it just after answering the submission)."""
-    return kube.wait(lambda: kube.maybe_get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job_id}"),
-                     f"Job gpulab-job-{job_id}", 30)
+    return kube.wait(
+        lambda: kube.maybe_get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job_id}"),
+        f"Job gpulab-job-{job_id}",
+        30,
+    )
 
 
 def test_a_job_runs_to_succeeded_by_the_job_controller(jobs_hub, release, kube, carol):
@@ -122,19 +141,34 @@ def test_over_quota_batch_work_is_preempted_by_the_scheduler_and_waits(jobs_hub,
     assert victim["spec"]["priorityClassName"] == "gpulab-over-quota"
     wait_state(jobs_hub, job["id"], "running", timeout=30)
     # Another team's in-quota notebook needs that A100.
-    kube.create(f"/api/v1/namespaces/{other}/pods", {
-        "metadata": {"name": "guaranteed-notebook"},
-        "spec": {"priorityClassName": "gpulab-development", "nodeSelector": A100_SELECTOR,
-                 "containers": [{"name": "notebook", "image": "quay.io/jupyter/base-notebook:2024-10-07",
-                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    kube.create(
+        f"/api/v1/namespaces/{other}/pods",
+        {
+            "metadata": {"name": "guaranteed-notebook"},
+            "spec": {
+                "priorityClassName": "gpulab-development",
+                "nodeSelector": A100_SELECTOR,
+                "containers": [
+                    {
+                        "name": "notebook",
+                        "image": "quay.io/jupyter/base-notebook:2024-10-07",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }
+                ],
+            },
+        },
+    )
     kube.wait_pod(other, "guaranteed-notebook", "Running", 60)
     assert kube.pod(other, "guaranteed-notebook")["spec"]["nodeName"] == "gpu-a100-mig"
     # The scheduler preempted the borrowed batch pod; the Job made a new one, which waits.
     kube.wait(lambda: kube.pod(ns, victim["metadata"]["name"]) is None, "the preempted pod to go", 60)
     waiting = wait_state(jobs_hub, job["id"], "queued", timeout=60)
     assert "waiting" in waiting["reason"]
-    pending = kube.wait(lambda: [p for p in job_pods(kube, ns, job["id"]) if p["status"].get("phase") == "Pending"],
-                        "the replacement pod", 30)
+    pending = kube.wait(
+        lambda: [p for p in job_pods(kube, ns, job["id"]) if p["status"].get("phase") == "Pending"],
+        "the replacement pod",
+        30,
+    )
     assert int(k8s_job(kube, ns, job["id"])["status"].get("failed") or 0) == 0
     # A Job counts a Pending pod as active: the hub must not call that running.
     kube.wait(lambda: int(k8s_job(kube, ns, job["id"])["status"].get("active") or 0) == 1, "active 1", 30)
@@ -156,8 +190,9 @@ def test_over_quota_batch_work_is_preempted_by_the_scheduler_and_waits(jobs_hub,
 def kueue_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
     """A hub whose jobs go through the team's Kueue LocalQueue (the chart's `gpulab-<team>`,
     which is also the jobs service's default queue name)."""
-    hub = jobs_hub_for(gpulab_release, tmp_path_factory.mktemp("jobs-kueue"), guarantee=1,
-                       extra="c.GPULabJobs.kueue_enabled = True\n")
+    hub = jobs_hub_for(
+        gpulab_release, tmp_path_factory.mktemp("jobs-kueue"), guarantee=1, extra="c.GPULabJobs.kueue_enabled = True\n"
+    )
     hub.start()
     yield hub
     hub.close()
@@ -176,8 +211,11 @@ def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, rele
     # Kueue made a Workload for it, admitted it and unsuspended the Job.
     kube.wait(lambda: k8s_job(kube, ns, job["id"])["spec"]["suspend"] is False, "Kueue to admit the Job", 60)
     workloads = kube.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads")["items"]
-    mine = [w for w in workloads if any(o["name"] == f"gpulab-job-{job['id']}"
-                                        for o in w["metadata"].get("ownerReferences", []))]
+    mine = [
+        w
+        for w in workloads
+        if any(o["name"] == f"gpulab-job-{job['id']}" for o in w["metadata"].get("ownerReferences", []))
+    ]
     assert mine and any(c["type"] == "Admitted" and c["status"] == "True" for c in mine[0]["status"]["conditions"])
     pod = running_pod(kube, ns, job["id"])
     wait_state(kueue_hub, job["id"], "running", timeout=30)
@@ -188,8 +226,16 @@ def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, rele
 
 def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels(jobs_hub, release, kube, carol):
     ns = release.team_ns(team(release, "nlp"))
-    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1",
-                 parameters={"x": 5, "lr": 0.01}, time_limit_seconds=7200, name="sweep")
+    job = submit(
+        jobs_hub,
+        carol,
+        notebook="exp/calc.ipynb",
+        job_class="batch",
+        profile="a100-1",
+        parameters={"x": 5, "lr": 0.01},
+        time_limit_seconds=7200,
+        name="sweep",
+    )
     assert job["backend"] == "kubernetes" and job["gpu_milli"] == 1000
     obj = k8s_job(kube, ns, job["id"])  # the real API server validated and stored it
     md, spec = obj["metadata"], obj["spec"]
@@ -198,7 +244,8 @@ def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels
     assert spec["activeDeadlineSeconds"] == 7200
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "FailJob", "onExitCodes": {"containerName": "papermill", "operator": "In", "values": [1]}},
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
     pod = spec["template"]["spec"]
     # As z2jh's single-user pods (uid 1000, fsGroup 100 unless c.KubeSpawner says otherwise).
     assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 100}
@@ -213,25 +260,34 @@ def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels
 
 def test_the_time_limit_is_the_job_controllers_deadline(jobs_hub, release, kube, carol):
     ns = release.team_ns(team(release, "nlp"))
-    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1",
-                 time_limit_seconds=60)
+    job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1", time_limit_seconds=60)
     running_pod(kube, ns, job["id"])
     # Shorten the deadline the hub set, so the real Job controller enforces it within the test.
     kube.patch(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job['id']}", {"spec": {"activeDeadlineSeconds": 2}})
     done = wait_state(jobs_hub, job["id"], "timed-out", timeout=60)
     assert "deadline" in done["reason"].lower()
-    kube.wait(lambda: not [p for p in job_pods(kube, ns, job["id"]) if p["status"].get("phase") == "Running"],
-              "the controller to stop the pod", 60)
+    kube.wait(
+        lambda: not [p for p in job_pods(kube, ns, job["id"]) if p["status"].get("phase") == "Running"],
+        "the controller to stop the pod",
+        60,
+    )
 
 
 def test_training_over_the_guarantee_is_refused_before_any_job(jobs_hub, release, kube, carol):
     ns = release.team_ns(team(release, "nlp"))
     offset = kube.tb.audit_offset()
-    r = jobs_hub.api("POST", "/gpulab/jobs", token=carol, data=json.dumps(
-        {"notebook": "exp/calc.ipynb", "job_class": "training", "profile": "a100-1"}))
+    r = jobs_hub.api(
+        "POST",
+        "/gpulab/jobs",
+        token=carol,
+        data=json.dumps({"notebook": "exp/calc.ipynb", "job_class": "training", "profile": "a100-1"}),
+    )
     assert r.status_code == 403 and "never admitted over quota" in r.json()["message"], r.text
-    creates = [e for e in kube.tb.audit_events(offset, f"system:serviceaccount:{release.hub_namespace}:hub")
-               if e["verb"] == "create" and e["objectRef"]["resource"] == "jobs"]
+    creates = [
+        e
+        for e in kube.tb.audit_events(offset, f"system:serviceaccount:{release.hub_namespace}:hub")
+        if e["verb"] == "create" and e["objectRef"]["resource"] == "jobs"
+    ]
     assert creates == [] and kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs")["items"] == []
 
 
@@ -241,8 +297,11 @@ def test_cancel_deletes_the_job_and_its_pod(jobs_hub, release, kube, carol):
     running_pod(kube, ns, job["id"])
     r = jobs_hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=carol)
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
-    kube.wait(lambda: kube.maybe_get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job['id']}") is None,
-              "the Job to be deleted", 30)
+    kube.wait(
+        lambda: kube.maybe_get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job['id']}") is None,
+        "the Job to be deleted",
+        30,
+    )
     kube.wait(lambda: not job_pods(kube, ns, job["id"]), "the garbage collector to delete its pod", 60)
 
 
@@ -263,8 +322,13 @@ def test_a_job_that_finished_while_the_hub_was_down_is_read_back(jobs_hub, relea
     wait_state(jobs_hub, job["id"], "running", timeout=30)
     jobs_hub.stop()
     kube.finish_pod(ns, pod["metadata"]["name"], 0)
-    kube.wait(lambda: any(c["type"] == "Complete" for c in
-                          k8s_job(kube, ns, job["id"]).get("status", {}).get("conditions", [])), "Complete", 60)
+    kube.wait(
+        lambda: any(
+            c["type"] == "Complete" for c in k8s_job(kube, ns, job["id"]).get("status", {}).get("conditions", [])
+        ),
+        "Complete",
+        60,
+    )
     jobs_hub.start()
     done = wait_state(jobs_hub, job["id"], "succeeded", timeout=60)
     assert [h["state"] for h in done["history"]] == ["queued", "running", "succeeded"]

@@ -82,11 +82,19 @@ async def test_a_user_in_two_teams_gets_a_home_in_each_team_namespace(hub_identi
     vision, nlp = team(release, "vision"), team(release, "nlp")
     storage_class = f"gpulab-homes-{kube.suffix}"
     for i in range(2):  # static volumes for the binder: no provisioner in the test bed
-        kube.cluster_object("/api/v1/persistentvolumes", {
-            "metadata": {"name": f"home-{kube.suffix}-{i}"},
-            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
-                     "storageClassName": storage_class, "hostPath": {"path": f"/tmp/gpulab-home-{i}"},
-                     "persistentVolumeReclaimPolicy": "Delete"}})
+        kube.cluster_object(
+            "/api/v1/persistentvolumes",
+            {
+                "metadata": {"name": f"home-{kube.suffix}-{i}"},
+                "spec": {
+                    "capacity": {"storage": "10Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": storage_class,
+                    "hostPath": {"path": f"/tmp/gpulab-home-{i}"},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                },
+            },
+        )
     config = hub_config(release)
     config.KubeSpawner.storage_pvc_ensure = True
     config.KubeSpawner.storage_class = storage_class
@@ -132,8 +140,10 @@ async def test_time_sliced_and_whole_gpu_pools_coexist(hub_identity: Release, ku
     assert {n["metadata"]["labels"].get("nvidia.com/device-plugin.config") for n in nodes} >= set(pools)
     # The spawner's default: one replica per pod (failRequestsGreaterThanOne), whole GPUs apart.
     sharing = {"backend": "timeslice", "timeslice": {"replicas": 4}}
-    profiles = [{"slug": "quarter", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
-                {"slug": "one", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"}]
+    profiles = [
+        {"slug": "quarter", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
+        {"slug": "one", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
+    ]
     nlp = team(release, "nlp")
     config = hub_config(release, sharing=sharing, profiles=profiles)
     placed = {}
@@ -144,8 +154,7 @@ async def test_time_sliced_and_whole_gpu_pools_coexist(hub_identity: Release, ku
         node = next(n for n in nodes if n["metadata"]["name"] == pod["spec"]["nodeName"])
         placed[slug] = node["metadata"]["labels"]["nvidia.com/device-plugin.config"]
         await s.stop()
-    assert placed == {"quarter": cm["metadata"]["annotations"]["gpulab.io/node-label"].split("=")[1],
-                      "one": "whole"}
+    assert placed == {"quarter": cm["metadata"]["annotations"]["gpulab.io/node-label"].split("=")[1], "one": "whole"}
 
 
 # --------------------------------------------------------------------------
@@ -154,21 +163,29 @@ async def test_time_sliced_and_whole_gpu_pools_coexist(hub_identity: Release, ku
 
 def gpu_pod(name: str, priority_class: str, team_label: str) -> dict:
     """A 1-GPU pod on the test bed's single-GPU node, as gpulab labels its work."""
-    return {"metadata": {"name": name, "labels": {"gpulab.io/team": team_label}},
-            "spec": {"priorityClassName": priority_class, "nodeSelector": {"gpulab.io/pool": "mig"},
-                     "terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "work", "image": "busybox",
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    return {
+        "metadata": {"name": name, "labels": {"gpulab.io/team": team_label}},
+        "spec": {
+            "priorityClassName": priority_class,
+            "nodeSelector": {"gpulab.io/pool": "mig"},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "work", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
 
 
 def preempted(kube: Cluster, ns: str, name: str) -> bool:
     pod = kube.pod(ns, name)
-    return pod is None or pod["metadata"].get("deletionTimestamp") is not None or any(
-        c["type"] == "DisruptionTarget" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    return (
+        pod is None
+        or pod["metadata"].get("deletionTimestamp") is not None
+        or any(c["type"] == "DisruptionTarget" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    )
 
 
 async def test_a_teams_guarantee_holds_against_other_teams_only_borrowed_work_is_preempted(
-        hub_identity: Release, kube: Cluster):
+    hub_identity: Release, kube: Cluster
+):
     """The kube-scheduler preempts by priority value alone, across namespaces. Team B's
     in-quota batch job must survive team A's in-quota training; B's over-quota work not."""
     release = hub_identity
@@ -178,8 +195,11 @@ async def test_a_teams_guarantee_holds_against_other_teams_only_borrowed_work_is
     kube.wait_pod(b_ns, "b-batch", "Running", 60)
     kube.create(f"/api/v1/namespaces/{a_ns}/pods", gpu_pod("a-training", "gpulab-training", vision))
     # The scheduler tries, finds no node, and finds no victim it may evict.
-    kube.wait(lambda: any(e["reason"] == "FailedScheduling" for e in kube.events(a_ns, "a-training")),
-              "the scheduler to have tried a-training", 60)
+    kube.wait(
+        lambda: any(e["reason"] == "FailedScheduling" for e in kube.events(a_ns, "a-training")),
+        "the scheduler to have tried a-training",
+        60,
+    )
     await asyncio.sleep(5)
     assert not preempted(kube, b_ns, "b-batch"), "team B's in-quota batch job was preempted by team A"
     assert kube.pod(a_ns, "a-training")["status"]["phase"] == "Pending"
@@ -199,14 +219,28 @@ async def test_a_teams_guarantee_holds_against_other_teams_only_borrowed_work_is
 
 
 def cpu_job(release: Release, ns: str, job_id: int) -> dict:
-    catalog = catalog_from_dict({"profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}],
-                                 "teams": [{"name": "t", "guarantee": 1}]})
+    catalog = catalog_from_dict(
+        {"profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}], "teams": [{"name": "t", "guarantee": 1}]}
+    )
     gpu = pod_gpu_spec(catalog.profiles["cpu"], {})
     req = jobspec.KubeJobRequest(
-        job_id=job_id, name="calc", user="alice", namespace=ns, image="busybox", job_class="batch",
-        over_quota=False, notebook="calc.ipynb", output_path="runs/calc-1.ipynb", log_path="runs/calc-1.log",
-        parameters={}, time_limit_seconds=600, labels={"gpulab.io/team": "t"}, annotations={}, gpu=gpu,
-        cpu_guarantee=0.1)
+        job_id=job_id,
+        name="calc",
+        user="alice",
+        namespace=ns,
+        image="busybox",
+        job_class="batch",
+        over_quota=False,
+        notebook="calc.ipynb",
+        output_path="runs/calc-1.ipynb",
+        log_path="runs/calc-1.log",
+        parameters={},
+        time_limit_seconds=600,
+        labels={"gpulab.io/team": "t"},
+        annotations={},
+        gpu=gpu,
+        cpu_guarantee=0.1,
+    )
     return jobspec.kube_job_manifest(req)
 
 
@@ -215,20 +249,21 @@ def job_pods(kube: Cluster, ns: str, job_id: int) -> list[dict]:
 
 
 def condition(job: dict, kind: str) -> dict | None:
-    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind
-                 and c["status"] == "True"), None)
+    return next(
+        (c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind and c["status"] == "True"), None
+    )
 
 
 async def test_a_notebook_that_raised_fails_the_job_at_once_a_preempted_one_runs_again(
-        hub_identity: Release, kube: Cluster):
+    hub_identity: Release, kube: Cluster
+):
     release = hub_identity
     ns = release.team_ns(team(release, "vision"))
     jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
     kube.create(jobs, cpu_job(release, ns, 7001))
     (pod,) = kube.wait(lambda: job_pods(kube, ns, 7001), "the Job's pod", 60)
     kube.finish_pod(ns, pod["metadata"]["name"], 1)  # papermill: the notebook raised
-    job = kube.wait(lambda: condition(j := kube.get(f"{jobs}/gpulab-job-7001"), "Failed") and j,
-                    "the Job to fail", 60)
+    job = kube.wait(lambda: condition(j := kube.get(f"{jobs}/gpulab-job-7001"), "Failed") and j, "the Job to fail", 60)
     assert condition(job, "Failed")["reason"] == "PodFailurePolicy"
     time.sleep(2)
     assert len(job_pods(kube, ns, 7001)) == 1, "no second run of a notebook that raised"
@@ -240,8 +275,11 @@ async def test_a_notebook_that_raised_fails_the_job_at_once_a_preempted_one_runs
     kube.evict_pod(ns, first)
     # The node ends the evicted pod (exit 137, DisruptionTarget) and deletes it; the Job
     # controller ignores that failure and runs the notebook again in a new pod.
-    (again,) = kube.wait(lambda: [p for p in job_pods(kube, ns, 7002) if p["metadata"]["name"] != first],
-                         "a new pod after the eviction", 90)
+    (again,) = kube.wait(
+        lambda: [p for p in job_pods(kube, ns, 7002) if p["metadata"]["name"] != first],
+        "a new pod after the eviction",
+        90,
+    )
     kube.wait_pod(ns, again["metadata"]["name"], "Running", 60)
     job = kube.get(f"{jobs}/gpulab-job-7002")
     assert not condition(job, "Failed") and job["status"].get("failed", 0) == 0, job["status"]

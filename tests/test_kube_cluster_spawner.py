@@ -84,8 +84,16 @@ async def test_start_poll_stop_on_a_time_sliced_node(hub_identity: Release, kube
     assert await s.poll() is None
     assert get_runtime().ledger.get(s.workload_key).state == "running"
     quota = kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpulab-gpus")
-    kube.wait(lambda: kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpulab-gpus")["status"]["used"]
-              .get("requests.nvidia.com/gpu.shared") == "2", "the quota controller to count the pod", 30)
+    kube.wait(
+        lambda: (
+            kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpulab-gpus")["status"]["used"].get(
+                "requests.nvidia.com/gpu.shared"
+            )
+            == "2"
+        ),
+        "the quota controller to count the pod",
+        30,
+    )
     assert quota["spec"]["hard"]["requests.nvidia.com/gpu.shared"] == "12"  # burst 3 GPUs × 4 replicas
     await s.stop()
     kube.wait(lambda: kube.pod(ns, s.pod_name) is None, "the pod to be deleted", 30)
@@ -98,22 +106,34 @@ async def test_100_concurrent_spawns_guarantee_4_burst_6(hub_identity: Release, 
     crowd = team(release, "crowd")
     ns = release.team_ns(crowd)
     config = hub_config(release)
-    spawners = [spawner_for(config, f"user{i:03d}", {"team": crowd, "profile": "h100-half"}, groups=("crowd",))
-                for i in range(100)]
+    spawners = [
+        spawner_for(config, f"user{i:03d}", {"team": crowd, "profile": "h100-half"}, groups=("crowd",))
+        for i in range(100)
+    ]
     results = await asyncio.gather(*(s.start() for s in spawners), return_exceptions=True)
-    started = [s for s, r in zip(spawners, results) if isinstance(r, str)]
+    started = [s for s, r in zip(spawners, results, strict=True) if isinstance(r, str)]
     refused = [r for r in results if not isinstance(r, str)]
     assert len(started) == 12, [str(r) for r in refused[:3]]
     assert len(refused) == 88
     assert {getattr(r, "jupyterhub_message", str(r)) for r in refused} == {
-        f"team {crowd} holds 6 of its 6 GPU burst limit; this request needs 0.5"}
+        f"team {crowd} holds 6 of its 6 GPU burst limit; this request needs 0.5"
+    }
     pods = kube.pods(ns)
     assert len(pods) == 12
     over = [p for p in pods if p["metadata"]["labels"].get("gpulab.io/quota") == "over-quota"]
     assert len(over) == 4 and all(p["spec"]["priorityClassName"] == "gpulab-over-quota" for p in over)
     # The chart's ResourceQuota (burst 6 GPUs = 24 time-slices) was never crossed.
-    used = kube.wait(lambda: kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpulab-gpus")["status"]["used"]
-                     .get("requests.nvidia.com/gpu.shared") == "24" and True, "quota usage 24", 30)
+    used = kube.wait(
+        lambda: (
+            kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpulab-gpus")["status"]["used"].get(
+                "requests.nvidia.com/gpu.shared"
+            )
+            == "24"
+            and True
+        ),
+        "quota usage 24",
+        30,
+    )
     assert used
     await asyncio.gather(*(s.stop() for s in started))
 
@@ -123,19 +143,36 @@ async def test_the_api_servers_own_quota_refusal_reads_as_a_sentence(hub_identit
     vision = team(release, "vision")
     ns = release.team_ns(vision)
     # Someone else's pod, not labelled by gpulab, holds 11 of the 12 time-slices of the quota.
-    kube.create(f"/api/v1/namespaces/{ns}/pods", {
-        "metadata": {"name": "outsider"},
-        "spec": {"tolerations": [GPU_TOLERATION], "containers": [{
-            "name": "x", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu.shared": "11"}}}]}})
-    kube.wait(lambda: kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpulab-gpus")["status"]["used"]
-              .get("requests.nvidia.com/gpu.shared") == "11", "quota usage 11", 30)
+    kube.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": "outsider"},
+            "spec": {
+                "tolerations": [GPU_TOLERATION],
+                "containers": [
+                    {"name": "x", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu.shared": "11"}}}
+                ],
+            },
+        },
+    )
+    kube.wait(
+        lambda: (
+            kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpulab-gpus")["status"]["used"].get(
+                "requests.nvidia.com/gpu.shared"
+            )
+            == "11"
+        ),
+        "quota usage 11",
+        30,
+    )
     before = kube.request_counts().get(("POST", "pods", ""), 0)
     s = spawner_for(hub_config(release), "bob", {"team": vision, "profile": "h100-half"})
     with pytest.raises(Exception) as refused:
         await s.start()
     message = getattr(refused.value, "jupyterhub_message", "")
-    assert message.startswith(f"The cluster refused the server: namespace {ns} is at its ResourceQuota "
-                              f"'gpulab-gpus'"), message
+    assert message.startswith(
+        f"The cluster refused the server: namespace {ns} is at its ResourceQuota 'gpulab-gpus'"
+    ), message
     assert "Stop another server in your team or ask an admin to raise the quota." in message
     assert [p["metadata"]["name"] for p in kube.pods(ns)] == ["outsider"]
     assert get_runtime().ledger.get(s.workload_key) is None
@@ -166,24 +203,36 @@ async def test_a_new_hub_process_rebuilds_the_ledger_from_labelled_pods(hub_iden
 
 BACKENDS = [
     # (sharing config, profile, the node whose resources it needs)
-    ({"backend": "timeslice", "timeslice": {"resource": "nvidia.com/gpu.shared", "replicas": 4}},
-     {"slug": "p", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"}, {"gpu-h100-timeslice"}),
-    ({"backend": "whole"},
-     {"slug": "p", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
-     {"gpu-h100-whole-1", "gpu-h100-whole-2", "gpu-h100-hami"}),
-    ({"backend": "mig"},
-     {"slug": "p", "display_name": "0.5 × A100", "gpus": 0.5, "gpu_model": "A100-80GB"}, {"gpu-a100-mig"}),
+    (
+        {"backend": "timeslice", "timeslice": {"resource": "nvidia.com/gpu.shared", "replicas": 4}},
+        {"slug": "p", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
+        {"gpu-h100-timeslice"},
+    ),
+    (
+        {"backend": "whole"},
+        {"slug": "p", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
+        {"gpu-h100-whole-1", "gpu-h100-whole-2", "gpu-h100-hami"},
+    ),
+    (
+        {"backend": "mig"},
+        {"slug": "p", "display_name": "0.5 × A100", "gpus": 0.5, "gpu_model": "A100-80GB"},
+        {"gpu-a100-mig"},
+    ),
     # gpulab names hami-scheduler on HAMi pods; the test bed runs no HAMi scheduler
     # (it needs HAMi's device plugin on real GPUs), so here the default scheduler
     # places the pod by the same extended resources.
-    ({"backend": "hami", "hami": {"scheduler_name": "default-scheduler"}},
-     {"slug": "p", "display_name": "0.5 × H100 (HAMi)", "gpus": 0.5, "gpu_model": "H100-80GB"}, {"gpu-h100-hami"}),
+    (
+        {"backend": "hami", "hami": {"scheduler_name": "default-scheduler"}},
+        {"slug": "p", "display_name": "0.5 × H100 (HAMi)", "gpus": 0.5, "gpu_model": "H100-80GB"},
+        {"gpu-h100-hami"},
+    ),
 ]
 
 
 @pytest.mark.parametrize("sharing,profile,nodes", BACKENDS, ids=[b[0]["backend"] for b in BACKENDS])
-async def test_each_backend_lands_on_a_node_that_offers_its_resource(hub_identity: Release, kube: Cluster,
-                                                                      sharing, profile, nodes):
+async def test_each_backend_lands_on_a_node_that_offers_its_resource(
+    hub_identity: Release, kube: Cluster, sharing, profile, nodes
+):
     release = hub_identity
     nlp = team(release, "nlp")
     config = hub_config(release, sharing=sharing, profiles=[profile])
@@ -195,8 +244,7 @@ async def test_each_backend_lands_on_a_node_that_offers_its_resource(hub_identit
     await s.stop()
 
 
-async def test_a_profile_no_node_offers_stays_pending_with_the_reason_in_words(hub_identity: Release,
-                                                                               kube: Cluster):
+async def test_a_profile_no_node_offers_stays_pending_with_the_reason_in_words(hub_identity: Release, kube: Cluster):
     release = hub_identity
     nlp = team(release, "nlp")
     ns = release.team_ns(nlp)
@@ -216,8 +264,9 @@ async def test_a_profile_no_node_offers_stays_pending_with_the_reason_in_words(h
 
     await asyncio.wait_for(read_progress(), 60)
     words = next(m for m in messages if "No node in this cluster offers" in m)
-    assert words.startswith("No node in this cluster offers 0.5 × H200 (of 6 nodes: 6 nodes with another "
-                            "GPU model or pool)"), words
+    assert words.startswith(
+        "No node in this cluster offers 0.5 × H200 (of 6 nodes: 6 nodes with another GPU model or pool)"
+    ), words
     pod = kube.pod(ns, s.pod_name)
     assert pod["status"]["phase"] == "Pending" and "nodeName" not in pod["spec"]
     start.cancel()

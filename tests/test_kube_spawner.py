@@ -21,11 +21,11 @@ from collections import Counter
 import kubernetes_validate
 import pytest
 import yaml
+from jupyterhub.utils import maybe_future
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from tornado.web import HTTPError
 from traitlets.config import Config
-from jupyterhub.utils import maybe_future
 
 from spawner import labels as gl
 from spawner.catalog import catalog_from_dict
@@ -43,25 +43,42 @@ CATALOG = {
     "profiles": [
         {"slug": "cpu", "display_name": "CPU only", "gpus": 0},
         {"slug": "h100-quarter", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
-        {"slug": "h100-half", "display_name": "0.5 × H100", "gpus": 0.5, "gpu_model": "H100-80GB",
-         "cpu": {"guarantee": 1, "limit": 4}, "memory": {"guarantee": "8G", "limit": "16G"},
-         "images": [{"slug": "torch", "display_name": "PyTorch", "image": "quay.io/jupyter/pytorch-notebook:2024-10-07"},
-                    {"slug": "base", "display_name": "Base", "image": "quay.io/jupyter/base-notebook:2024-10-07"}]},
+        {
+            "slug": "h100-half",
+            "display_name": "0.5 × H100",
+            "gpus": 0.5,
+            "gpu_model": "H100-80GB",
+            "cpu": {"guarantee": 1, "limit": 4},
+            "memory": {"guarantee": "8G", "limit": "16G"},
+            "images": [
+                {"slug": "torch", "display_name": "PyTorch", "image": "quay.io/jupyter/pytorch-notebook:2024-10-07"},
+                {"slug": "base", "display_name": "Base", "image": "quay.io/jupyter/base-notebook:2024-10-07"},
+            ],
+        },
         {"slug": "h100-third", "display_name": "0.3 × H100", "gpus": 0.3, "gpu_model": "H100-80GB"},
         {"slug": "h100-1", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
         {"slug": "h100-2-whole", "display_name": "2 × H100", "gpus": 2, "gpu_model": "H100-80GB", "sharing": "whole"},
         {"slug": "nlp-only", "display_name": "NLP box", "gpus": 1, "gpu_model": "H100-80GB", "teams": ["nlp"]},
     ],
     "teams": [
-        {"name": "vision", "users": ["alice", "bob"], "guarantee": 2, "burst": 3, "namespace": "team-vision",
-         "allowed_profiles": ["cpu", "h100-quarter", "h100-half", "h100-third", "h100-1", "h100-2-whole"]},
+        {
+            "name": "vision",
+            "users": ["alice", "bob"],
+            "guarantee": 2,
+            "burst": 3,
+            "namespace": "team-vision",
+            "allowed_profiles": ["cpu", "h100-quarter", "h100-half", "h100-third", "h100-1", "h100-2-whole"],
+        },
         {"name": "nlp", "users": ["carol", "alice"], "guarantee": 1, "burst": 2, "namespace": "team-nlp"},
         {"name": "crowd", "groups": ["crowd"], "guarantee": 4, "burst": 6, "namespace": "team-crowd"},
     ],
     # k-of-R time-slices (0.5 = 2 of 4) only with the device plugin's
     # failRequestsGreaterThanOne turned off; these tests exercise that rounding.
-    "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4, "fail_requests_greater_than_one": False},
-                "kai": {"queue": "gpulab-{team}"}},
+    "sharing": {
+        "backend": "timeslice",
+        "timeslice": {"replicas": 4, "fail_requests_greater_than_one": False},
+        "kai": {"queue": "gpulab-{team}"},
+    },
 }
 
 
@@ -102,8 +119,9 @@ def make_config(api: ClusterView, catalog: dict | None = None) -> Config:
     return c
 
 
-def spawner_for(api: ClusterView, user: str, options: dict | None = None, groups=(), config=None,
-                cls=GPUKubeSpawner, name: str = "") -> KubeSpawner:
+def spawner_for(
+    api: ClusterView, user: str, options: dict | None = None, groups=(), config=None, cls=GPUKubeSpawner, name: str = ""
+) -> KubeSpawner:
     # named servers: JupyterHub's orm row gives the server name
     orm_spawner = type("ORMSpawner", (), {"name": name, "server": None, "user_options": {}})()
     s = cls(config=config or make_config(api), user=User(user, groups), hub=Hub(), orm_spawner=orm_spawner)
@@ -163,17 +181,32 @@ async def test_start_poll_stop(api):
     assert await s.poll() == 1
 
 
-@pytest.mark.parametrize("backend,slug,check", [
-    ("whole", "h100-1", lambda p: gpu_limits(p) == {"nvidia.com/gpu": "1"}),
-    ("timeslice", "h100-half", lambda p: gpu_limits(p) == {"nvidia.com/gpu.shared": "2"}),
-    ("mig", "h100-half", lambda p: gpu_limits(p) == {"nvidia.com/mig-4g.40gb": "1"}),
-    ("hami", "h100-half", lambda p: gpu_limits(p) == {
-        "nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "50"}),
-    ("kai", "h100-half", lambda p: p["spec"]["schedulerName"] == "kai-scheduler"
-        and p["metadata"]["annotations"]["gpu-fraction"] == "0.5"
-        and p["metadata"]["labels"]["kai.scheduler/queue"] == "gpulab-vision"
-        and "nvidia.com/gpu" not in json.dumps(resources(p))),
-])
+@pytest.mark.parametrize(
+    "backend,slug,check",
+    [
+        ("whole", "h100-1", lambda p: gpu_limits(p) == {"nvidia.com/gpu": "1"}),
+        ("timeslice", "h100-half", lambda p: gpu_limits(p) == {"nvidia.com/gpu.shared": "2"}),
+        ("mig", "h100-half", lambda p: gpu_limits(p) == {"nvidia.com/mig-4g.40gb": "1"}),
+        (
+            "hami",
+            "h100-half",
+            lambda p: (
+                gpu_limits(p)
+                == {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "50"}
+            ),
+        ),
+        (
+            "kai",
+            "h100-half",
+            lambda p: (
+                p["spec"]["schedulerName"] == "kai-scheduler"
+                and p["metadata"]["annotations"]["gpu-fraction"] == "0.5"
+                and p["metadata"]["labels"]["kai.scheduler/queue"] == "gpulab-vision"
+                and "nvidia.com/gpu" not in json.dumps(resources(p))
+            ),
+        ),
+    ],
+)
 async def test_backend_manifest_is_valid_kubernetes(api, backend, slug, check):
     catalog = {**CATALOG, "sharing": {**CATALOG["sharing"], "backend": backend}}
     s = spawner_for(api, "bob", {"team": "vision", "profile": slug}, config=make_config(api, catalog))
@@ -209,8 +242,7 @@ async def test_timeslice_rounds_up_and_counts_the_rounded_size(api):
     assert pod["metadata"]["labels"][gl.GPU_MILLI] == "500"
     assert get_runtime().ledger.usage("vision").held_milli == 500
     # The hub's saved state says what was granted (the idle culler reads it), not what was asked.
-    assert s.get_state()["gpulab"] == {"team": "vision", "profile": "h100-third", "milli": 500,
-                                       "over_quota": False}
+    assert s.get_state()["gpulab"] == {"team": "vision", "profile": "h100-third", "milli": 500, "over_quota": False}
     await s.stop()
     s.clear_state()
     assert "gpulab" not in s.get_state()
@@ -221,13 +253,14 @@ async def test_100_concurrent_spawns_guarantee_4_burst_6(api):
     spawners = [spawner_for(api, u, {"profile": "h100-half"}, groups=("crowd",)) for u in users]
     results = await asyncio.gather(*(s.start() for s in spawners), return_exceptions=True)
 
-    started = [s for s, r in zip(spawners, results) if isinstance(r, str)]
+    started = [s for s, r in zip(spawners, results, strict=True) if isinstance(r, str)]
     refused = [r for r in results if not isinstance(r, str)]
     assert len(started) == 12
     assert len(refused) == 88
     assert all(isinstance(r, HTTPError) and r.status_code == 403 for r in refused), refused[:3]
     assert {r.jupyterhub_message for r in refused} == {
-        "team crowd holds 6 of its 6 GPU burst limit; this request needs 0.5"}
+        "team crowd holds 6 of its 6 GPU burst limit; this request needs 0.5"
+    }
 
     pods = created_pods(api, ns(api, "crowd"))
     assert len(pods) == 12 and api.count("create", "pods") == 12
@@ -247,8 +280,12 @@ async def test_100_concurrent_spawns_guarantee_4_burst_6(api):
 
 
 async def test_restart_rebuilds_the_same_ledger_from_the_cluster(api):
-    plan = [("alice", "vision", "h100-1"), ("bob", "vision", "h100-half"), ("alice", "nlp", "h100-1"),
-            ("carol", "nlp", "h100-1")]
+    plan = [
+        ("alice", "vision", "h100-1"),
+        ("bob", "vision", "h100-half"),
+        ("alice", "nlp", "h100-1"),
+        ("carol", "nlp", "h100-1"),
+    ]
     for user, team, slug in plan:
         s = spawner_for(api, user, {"team": team, "profile": slug}, name=team)
         await s.start()
@@ -287,7 +324,11 @@ TAMPERED = [
     ({"team": "vision", "profile": "nlp-only"}, 403, "may not use profile"),
     ({"team": "nlp", "profile": "h100-1"}, 403, "not a member of team 'nlp'"),
     ({"team": "vision", "profile": "h100-half", "gpus": "-1"}, 400, "unknown spawn option"),
-    ({"team": "vision", "profile": "h100-half", "priority_class_name": "gpulab-production"}, 400, "unknown spawn option"),
+    (
+        {"team": "vision", "profile": "h100-half", "priority_class_name": "gpulab-production"},
+        400,
+        "unknown spawn option",
+    ),
     ({"team": "vision", "profile": "h100-half", "image": "evil/miner:latest"}, 400, "offers no image"),
     ({"team": "vision", "profile": "h" * 100_000}, 400, "longer than"),
     ({"team": "vision", "profile": 5}, 400, "must be a string"),
@@ -308,14 +349,21 @@ async def test_tampered_options_are_refused_before_any_object(api, options, stat
     assert get_runtime().ledger.workloads() == []
 
 
-@pytest.mark.parametrize("formdata,status,text", [
-    ({"profile": ["vision:h100-9000"]}, 400, "unknown profile"),
-    ({"profile": ["nlp:h100-1"]}, 403, "not a member"),
-    ({"profile": ["vision:h100-half"], "gpus": ["-1"]}, 400, "unknown spawn option"),
-    ({"profile": ["vision:h100-half"], "profile-option-vision:h100-half--image": ["evil"]}, 400, "offers no image"),
-    ({"profile": ["vision:h100-half"], "profile-option-vision:h100-half--gpus": ["8"]}, 400, "unknown spawn option"),
-    ({"profile": ["vision:h100-half", "vision:h100-1"]}, 400, "must be a string"),
-])
+@pytest.mark.parametrize(
+    "formdata,status,text",
+    [
+        ({"profile": ["vision:h100-9000"]}, 400, "unknown profile"),
+        ({"profile": ["nlp:h100-1"]}, 403, "not a member"),
+        ({"profile": ["vision:h100-half"], "gpus": ["-1"]}, 400, "unknown spawn option"),
+        ({"profile": ["vision:h100-half"], "profile-option-vision:h100-half--image": ["evil"]}, 400, "offers no image"),
+        (
+            {"profile": ["vision:h100-half"], "profile-option-vision:h100-half--gpus": ["8"]},
+            400,
+            "unknown spawn option",
+        ),
+        ({"profile": ["vision:h100-half", "vision:h100-1"]}, 400, "must be a string"),
+    ],
+)
 async def test_tampered_form_is_refused(api, formdata, status, text):
     s = spawner_for(api, "bob")
     with pytest.raises(HTTPError) as e:
@@ -326,11 +374,16 @@ async def test_tampered_form_is_refused(api, formdata, status, text):
 
 async def test_form_parses_the_chosen_profile_and_image(api):
     s = spawner_for(api, "alice")
-    options = await maybe_future(s.run_options_from_form({
-        "_xsrf": ["x"], "profile": ["vision:h100-half"],
-        "profile-option-vision:h100-half--image": ["base"],
-        "profile-option-nlp:h100-1--image": ["ignored"],
-    }))
+    options = await maybe_future(
+        s.run_options_from_form(
+            {
+                "_xsrf": ["x"],
+                "profile": ["vision:h100-half"],
+                "profile-option-vision:h100-half--image": ["base"],
+                "profile-option-nlp:h100-1--image": ["ignored"],
+            }
+        )
+    )
     assert options == {"team": "vision", "profile": "h100-half", "image": "base"}
 
 
@@ -346,8 +399,10 @@ async def test_form_shows_availability_and_disables_with_reason(api):
     assert re.search(r'value="nlp:h100-2-whole"\s+disabled', html)
     assert "Unavailable: team nlp holds 1 of its 2 GPU burst limit; this request needs 2" in html
     # ... and what to do about it, as on the single-server form.
-    assert ("Start 1 × H100, which fits now, try again when quota frees (when someone in team nlp stops a "
-            "server), or ask an admin about team nlp&#39;s quota.") in html
+    assert (
+        "Start 1 × H100, which fits now, try again when quota frees (when someone in team nlp stops a "
+        "server), or ask an admin about team nlp&#39;s quota."
+    ) in html
     assert not re.search(r'value="vision:h100-2-whole"\s+disabled', html)
     assert "starts above the team guarantee, so it is preemptible" in html  # nlp's guarantee is used
     assert "0.5 GPU (rounded up" in html  # the 0.3 profile shows what it really gets
@@ -357,8 +412,14 @@ async def test_form_shows_availability_and_disables_with_reason(api):
 
 
 async def test_stale_pod_of_the_same_name_is_replaced_and_the_reservation_kept(api):
-    api.create("pods", ns(api, "vision"), {"metadata": {"name": "jupyter-bob", "labels": {"component": "singleuser-server"}},
-                                       "spec": {"containers": [{"name": "notebook", "image": "old"}]}})
+    api.create(
+        "pods",
+        ns(api, "vision"),
+        {
+            "metadata": {"name": "jupyter-bob", "labels": {"component": "singleuser-server"}},
+            "spec": {"containers": [{"name": "notebook", "image": "old"}]},
+        },
+    )
     s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"})
     await s.start()  # KubeSpawner: 409 Conflict -> stop(now=True) deletes the old pod -> create again
     assert api.count("create", "pods") == 2 and api.count("delete", "pods") >= 1
@@ -380,8 +441,11 @@ async def test_user_in_no_team_sees_why_and_cannot_spawn(api):
 
 
 async def test_resource_quota_refusal_becomes_a_clear_message(api):
-    api.create("resourcequotas", ns(api, "vision"), {
-        "metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu.shared": "2"}}})
+    api.create(
+        "resourcequotas",
+        ns(api, "vision"),
+        {"metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu.shared": "2"}}},
+    )
     first = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half"})
     await first.start()
     second = spawner_for(api, "bob", {"team": "vision", "profile": "h100-quarter"})
@@ -417,20 +481,31 @@ async def test_no_extra_api_requests_per_spawn_compared_with_kubespawner(api):
         await one_cycle(cls, user, options)
         diff = api.requests()
         diff.subtract(before)
-        return Counter({(verb, path.rsplit("/", 1)[0] if verb == "delete" else path): n
-                        for (verb, path), n in diff.items() if n})
+        return Counter(
+            {(verb, path.rsplit("/", 1)[0] if verb == "delete" else path): n for (verb, path), n in diff.items() if n}
+        )
 
     # As the API server counted them (its audit log).
     plain = await requests_for(KubeSpawner, "alice", {})
     ours = await requests_for(GPUKubeSpawner, "bob", {"team": "vision", "profile": "h100-half"})
-    assert ours == plain == Counter({("create", f"/api/v1/namespaces/{vision}/pods"): 1,
-                                     ("delete", f"/api/v1/namespaces/{vision}/pods"): 1})
+    assert (
+        ours
+        == plain
+        == Counter(
+            {("create", f"/api/v1/namespaces/{vision}/pods"): 1, ("delete", f"/api/v1/namespaces/{vision}/pods"): 1}
+        )
+    )
 
 
 async def test_odd_user_names_reach_labels_escaped_and_annotations_verbatim(api):
     name = "Dr. {Ünïcode} <o'brien>"
-    catalog = {**CATALOG, "profiles": [{**p, "description": "<img src=x onerror=alert(1)>"}
-                                       if p["slug"] == "h100-quarter" else p for p in CATALOG["profiles"]]}
+    catalog = {
+        **CATALOG,
+        "profiles": [
+            {**p, "description": "<img src=x onerror=alert(1)>"} if p["slug"] == "h100-quarter" else p
+            for p in CATALOG["profiles"]
+        ],
+    }
     s = spawner_for(api, name, {"profile": "h100-quarter"}, groups=("crowd",), config=make_config(api, catalog))
     await s.start()
     [pod] = created_pods(api, ns(api, "crowd"))
@@ -467,15 +542,24 @@ def pod_excerpt(pod: dict) -> dict:
     """The parts of a pod that gpulab sets (the rest is KubeSpawner's usual pod)."""
     md, spec = pod["metadata"], pod["spec"]
     keep = lambda d: {k: v for k, v in sorted((d or {}).items()) if k.startswith(_GPU_KEYS)}  # noqa: E731
-    out = {"metadata": {"namespace": "team-vision", "labels": keep(md.get("labels")),
-                        "annotations": keep(md.get("annotations"))},
-           "spec": {"priorityClassName": spec.get("priorityClassName")}}
+    out = {
+        "metadata": {
+            "namespace": "team-vision",
+            "labels": keep(md.get("labels")),
+            "annotations": keep(md.get("annotations")),
+        },
+        "spec": {"priorityClassName": spec.get("priorityClassName")},
+    }
     if spec.get("schedulerName"):
         out["spec"]["schedulerName"] = spec["schedulerName"]
     out["spec"]["nodeSelector"] = spec.get("nodeSelector")
     res = spec["containers"][0].get("resources") or {}
-    out["spec"]["containers"] = [{"name": "notebook", "resources": {
-        k: v for k, v in (("requests", res.get("requests")), ("limits", res.get("limits"))) if v}}]
+    out["spec"]["containers"] = [
+        {
+            "name": "notebook",
+            "resources": {k: v for k, v in (("requests", res.get("requests")), ("limits", res.get("limits"))) if v},
+        }
+    ]
     if not out["metadata"]["annotations"]:
         del out["metadata"]["annotations"]
     return out
@@ -486,8 +570,7 @@ async def backend_examples(api: ClusterView) -> dict[str, str]:
     out = {}
     for backend in ("whole", "timeslice", "mig", "hami", "kai"):
         catalog = {**DOC_CATALOG, "sharing": {"backend": backend}}
-        s = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half"},
-                        config=make_config(api, catalog))
+        s = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half"}, config=make_config(api, catalog))
         try:
             await s.load_user_options()
         except HTTPError as e:
@@ -510,8 +593,10 @@ async def test_docs_show_the_objects_each_backend_produces(api):
         regenerate_docs(examples)
     docs = DOCS.read_text()
     for backend, text in examples.items():
-        assert f"```yaml\n{text}```" in docs, f"docs/kubernetes.md is stale for {backend}; " \
+        assert f"```yaml\n{text}```" in docs, (
+            f"docs/kubernetes.md is stale for {backend}; "
             "regenerate with: GPULAB_REGENERATE_DOCS=1 .venv/bin/python -m pytest -k test_docs_show tests/test_kube_spawner.py"
+        )
 
 
 def regenerate_docs(examples: dict[str, str]) -> None:
@@ -558,10 +643,20 @@ async def test_form_says_when_the_idle_culler_reclaimed_the_last_server(api, tmp
     assert "gpulab-reclaimed" not in await s._render_options_form_dynamically(s)
     now = _time.time()
     with session_factory(config=config)() as session:
-        session.add(IdleEventRow(at=now, kind="reclaim", user="carol", server="", team="vision",
-                                 profile="h100-half", gpu_milli=500, reason="idle", action="stop-server",
-                                 evidence=_json.dumps({"idle_since": now - 75 * 60,
-                                                       "devices": {"n/gpu0": [{"max": 0.0}]}})))
+        session.add(
+            IdleEventRow(
+                at=now,
+                kind="reclaim",
+                user="carol",
+                server="",
+                team="vision",
+                profile="h100-half",
+                gpu_milli=500,
+                reason="idle",
+                action="stop-server",
+                evidence=_json.dumps({"idle_since": now - 75 * 60, "devices": {"n/gpu0": [{"max": 0.0}]}}),
+            )
+        )
         session.commit()
     html = await s._render_options_form_dynamically(s)
     assert 'id="gpulab-reclaimed"' in html

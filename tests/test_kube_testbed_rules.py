@@ -9,8 +9,9 @@ import pytest
 from tests.kube.testbed import TestbedError, check_loopback, pod_ip_prefix, up
 
 
-@pytest.mark.parametrize("address", ["0.0.0.0", "10.0.0.5", "192.168.1.10", "172.16.0.1", "8.8.8.8", "::1",
-                                     "localhost", ""])
+@pytest.mark.parametrize(
+    "address", ["0.0.0.0", "10.0.0.5", "192.168.1.10", "172.16.0.1", "8.8.8.8", "::1", "localhost", ""]
+)
 def test_anything_but_an_ipv4_loopback_address_is_refused(address):
     with pytest.raises(TestbedError, match="loopback|127.0.0.0/8"):
         check_loopback(address)

@@ -40,10 +40,15 @@ async def test_job_home_claim_is_the_claim_kubespawner_names(api, name):
         s.pvc_name_template = template
         assert expand_user_template(template, name) == s._expand_user_properties(template)
     assert kubernetes_validate.validate(
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
-            "name": expand_user_template("claim-{user_server}", name)},
-         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
-        K8S_VERSION, strict=True)
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": expand_user_template("claim-{user_server}", name)},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+        K8S_VERSION,
+        strict=True,
+    )
 
 
 def test_job_home_claim_template_with_an_unknown_field_says_so():
@@ -54,8 +59,7 @@ def test_job_home_claim_template_with_an_unknown_field_says_so():
 def test_hub_url_for_servers_in_team_namespaces():
     # z2jh: c.JupyterHub.hub_connect_url = "http://hub:8081", resolvable only in the hub's namespace.
     assert qualified_hub_connect_url("http://hub:8081", "jhub") == "http://hub.jhub.svc.cluster.local:8081"
-    assert qualified_hub_connect_url("http://hub:8081/", "jhub", "corp.local") == \
-        "http://hub.jhub.svc.corp.local:8081/"
+    assert qualified_hub_connect_url("http://hub:8081/", "jhub", "corp.local") == "http://hub.jhub.svc.corp.local:8081/"
     for kept in ("http://hub.jhub.svc:8081", "http://10.0.0.7:8081", "http://[fd00::1]:8081"):
         assert qualified_hub_connect_url(kept, "jhub") == kept
 
@@ -78,10 +82,14 @@ async def test_hami_refuses_a_privileged_init_container_before_anything_is_creat
     catalog = {**CATALOG, "sharing": {"backend": "hami"}}
     config = make_config(api, catalog)
     # z2jh's singleuser.cloudMetadata.blockWithIptables=true adds this init container.
-    config.KubeSpawner.init_containers = [{
-        "name": "block-cloud-metadata", "image": "quay.io/jupyterhub/k8s-network-tools:4.0.0",
-        "command": ["iptables", "-A", "OUTPUT", "-d", "169.254.169.254", "-j", "DROP"],
-        "securityContext": {"privileged": True, "runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}}}]
+    config.KubeSpawner.init_containers = [
+        {
+            "name": "block-cloud-metadata",
+            "image": "quay.io/jupyterhub/k8s-network-tools:4.0.0",
+            "command": ["iptables", "-A", "OUTPUT", "-d", "169.254.169.254", "-j", "DROP"],
+            "securityContext": {"privileged": True, "runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}},
+        }
+    ]
     s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"}, config=config)
     with pytest.raises(HTTPError) as e:
         await s.start()
@@ -97,16 +105,32 @@ async def test_hami_refuses_a_privileged_init_container_before_anything_is_creat
 
 
 async def test_profile_tolerations_affinity_and_start_timeout(api):
-    profiles = [*CATALOG["profiles"], {
-        "slug": "h100-zone", "display_name": "1 × H100 in zone a", "gpus": 1, "gpu_model": "H100-80GB",
-        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
-        "node_affinity_required": [{"matchExpressions": [
-            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]}],
-        "node_affinity_preferred": [{"weight": 10, "preference": {"matchExpressions": [
-            {"key": "gpulab.io/pool", "operator": "In", "values": ["whole"]}]}}],
-        "start_timeout": "15m"}]
-    teams = [{**CATALOG["teams"][0], "allowed_profiles": [*CATALOG["teams"][0]["allowed_profiles"], "h100-zone"]},
-             *CATALOG["teams"][1:]]
+    profiles = [
+        *CATALOG["profiles"],
+        {
+            "slug": "h100-zone",
+            "display_name": "1 × H100 in zone a",
+            "gpus": 1,
+            "gpu_model": "H100-80GB",
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+            "node_affinity_required": [
+                {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]}
+            ],
+            "node_affinity_preferred": [
+                {
+                    "weight": 10,
+                    "preference": {
+                        "matchExpressions": [{"key": "gpulab.io/pool", "operator": "In", "values": ["whole"]}]
+                    },
+                }
+            ],
+            "start_timeout": "15m",
+        },
+    ]
+    teams = [
+        {**CATALOG["teams"][0], "allowed_profiles": [*CATALOG["teams"][0]["allowed_profiles"], "h100-zone"]},
+        *CATALOG["teams"][1:],
+    ]
     config = make_config(api, {**CATALOG, "profiles": profiles, "teams": teams})
     s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-zone"}, config=config)
     future = asyncio.ensure_future(s.start())
@@ -126,7 +150,8 @@ async def test_profile_tolerations_affinity_and_start_timeout(api):
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     na = spec["affinity"]["nodeAffinity"]
     assert na["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0][
-        "values"] == ["zone-a"]
+        "values"
+    ] == ["zone-a"]
     assert na["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 10
     await s.stop()
     # The next spawn of another profile starts from the configured values again.

@@ -60,8 +60,15 @@ def test_running_batch_job_counts_in_the_quota_and_limits_training(hub):
     half = profile(before, "h100-half")
     assert half["job_classes"]["training"] == {"available": True, "over_quota": False, "reason": ""}
 
-    job = submit(hub, token, notebook="calc.ipynb", job_class="batch", profile="h100-quarter",
-                 parameters={"sleep_seconds": 60}, time_limit_seconds=300)
+    job = submit(
+        hub,
+        token,
+        notebook="calc.ipynb",
+        job_class="batch",
+        profile="h100-quarter",
+        parameters={"sleep_seconds": 60},
+        time_limit_seconds=300,
+    )
     running = wait_state(hub, job["id"], "running", token=token)
 
     # The sidebar's quota bar: the 0.25-GPU batch job is held, in quota.

@@ -53,8 +53,10 @@ def ext_fetch(jp_fetch, jp_asyncio_loop):
     The tests are synchronous on purpose: pytest-asyncio (asyncio_mode=auto)
     would run ``async def`` tests on a different loop than the server's.
     """
+
     def run(*parts, **kwargs):
         return jp_asyncio_loop.run_until_complete(jp_fetch(*parts, **kwargs))
+
     return run
 
 
@@ -96,9 +98,17 @@ def test_proxy_outside_jupyterhub_says_so(ext_fetch, gpu_env):
     assert _json(e.value.response)["absent"] == "no-hub"  # the panel explains itself
 
 
-@pytest.mark.parametrize("body, status", [
-    ('{"now": true}', 400), ("[]", 400), ("null", 400), ("stop", 400), ('{"a": ' * 40, 400), ("x" * 2000, 413),
-])
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        ('{"now": true}', 400),
+        ("[]", 400),
+        ("null", 400),
+        ("stop", 400),
+        ('{"a": ' * 40, 400),
+        ("x" * 2000, 413),
+    ],
+)
 def test_stop_refuses_bad_bodies_and_records_nothing(ext_fetch, gpu_env, monkeypatch, body, status):
     monkeypatch.setenv("JUPYTERHUB_API_URL", f"http://127.0.0.1:{free_port()}/hub/api")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "x")
@@ -136,6 +146,7 @@ def test_proxy_reports_an_unreachable_hub(ext_fetch, gpu_env, monkeypatch):
 
 # -- against a real hub ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     h = RunningHub(tmp_path_factory.mktemp("labext-proxy"))
@@ -147,8 +158,9 @@ def hub(tmp_path_factory):
 @pytest.fixture
 def alice_token(hub):
     """A hub token of alice's with exactly what the server token carries for the proxy."""
-    r = hub.api("POST", "/users/alice/tokens",
-                json={"scopes": ["custom:gpulab:jobs!user=alice"], "note": "labextension test"})
+    r = hub.api(
+        "POST", "/users/alice/tokens", json={"scopes": ["custom:gpulab:jobs!user=alice"], "note": "labextension test"}
+    )
     assert r.status_code == 201, r.text
     return r.json()["token"]
 

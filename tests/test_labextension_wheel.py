@@ -15,8 +15,22 @@ STATIC = REPO / "labextension" / "labextension_static"
 
 def test_wheel_ships_the_prebuilt_extension_and_server_switch(tmp_path):
     assert (STATIC / "package.json").exists(), "run labextension/build.sh (scripts/bootstrap.sh does)"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(REPO)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("gpulab-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     data = f"gpulab-{wheel.name.split('-')[1]}.data/data/"
@@ -31,8 +45,22 @@ def test_wheel_ships_the_prebuilt_extension_and_server_switch(tmp_path):
     # repo's .venv, where pip would first uninstall its editable gpulab.
     prefix = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True, timeout=120)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(prefix / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )
     assert list(prefix.glob("lib/python3*/site-packages/labextension/handlers.py"))
     meta = json.loads((prefix / "share/jupyter/labextensions/gpulab-labextension/package.json").read_text())
     assert meta["name"] == "gpulab-labextension"

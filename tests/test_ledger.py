@@ -14,8 +14,13 @@ SIZES = st.sampled_from([0, 250, 500, 1000, 2000, 4000, 8000, 125, 1])
 
 
 def team(name="vision", guarantee=4000, burst=6000, cap=None):
-    return Team(name=name, users=frozenset({"alice", "bob"}), guarantee_milli=guarantee,
-                burst_milli=burst, per_user_cap_milli=cap)
+    return Team(
+        name=name,
+        users=frozenset({"alice", "bob"}),
+        guarantee_milli=guarantee,
+        burst_milli=burst,
+        per_user_cap_milli=cap,
+    )
 
 
 ops = st.lists(
@@ -29,8 +34,12 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(guarantee=st.integers(0, 8000), extra=st.integers(0, 8000), cap=st.one_of(st.none(), st.integers(0, 8000)),
-       script=ops)
+@given(
+    guarantee=st.integers(0, 8000),
+    extra=st.integers(0, 8000),
+    cap=st.one_of(st.none(), st.integers(0, 8000)),
+    script=ops,
+)
 def test_never_past_burst_and_preemptible_exactly_when_over_guarantee(guarantee, extra, cap, script):
     t = team(guarantee=guarantee, burst=guarantee + extra, cap=cap)
     ledger = Ledger([t])
@@ -139,9 +148,11 @@ def test_rebuild_replaces_running_keeps_pending_and_never_double_counts():
     ledger.reserve("pending", "vision", "alice", 500)
     ledger.reserve("old", "vision", "alice", 1000)
     ledger.confirm("old")
-    live = [Workload("pod-a", "vision", "bob", 2000, over_quota=False),
-            Workload("pod-a", "vision", "bob", 2000, over_quota=False),  # listed twice
-            Workload("pending", "vision", "alice", 500)]  # the pending spawn's pod appeared
+    live = [
+        Workload("pod-a", "vision", "bob", 2000, over_quota=False),
+        Workload("pod-a", "vision", "bob", 2000, over_quota=False),  # listed twice
+        Workload("pending", "vision", "alice", 500),
+    ]  # the pending spawn's pod appeared
     ledger.rebuild(live)
     u = ledger.usage("vision")
     assert u.held_milli == 2500

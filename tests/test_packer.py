@@ -59,14 +59,24 @@ def test_adopt_refuses_overfull_devices():
 def test_declared_inventory_expands():
     devs = devices_from_inventory([DeviceSpec("H100-80GB", 2, 81559), DeviceSpec("A100-40GB", 1, 40960)])
     assert [(d.index, d.model, d.source) for d in devs] == [
-        (0, "H100-80GB", "declared"), (1, "H100-80GB", "declared"), (2, "A100-40GB", "declared")]
+        (0, "H100-80GB", "declared"),
+        (1, "H100-80GB", "declared"),
+        (2, "A100-40GB", "declared"),
+    ]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(
-    st.tuples(st.just("place"), st.sampled_from([125, 250, 300, 500, 750, 1000, 2000, 3000, 4000])),
-    st.tuples(st.just("release"), st.integers(0, 50)),
-), max_size=80), st.integers(1, 8), st.integers(1, 3))
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("place"), st.sampled_from([125, 250, 300, 500, 750, 1000, 2000, 3000, 4000])),
+            st.tuples(st.just("release"), st.integers(0, 50)),
+        ),
+        max_size=80,
+    ),
+    st.integers(1, 8),
+    st.integers(1, 3),
+)
 def test_never_more_than_one_gpu_per_device(script, n, nodes):
     p = packer(n, nodes=nodes)
     placed: list[str] = []
@@ -133,9 +143,10 @@ def _node_free(p: DevicePacker, node: str) -> list[int]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from([100, 250, 320, 470, 500, 810, 1000, 2000, 4000]), min_size=1, max_size=40),
-       st.dictionaries(st.sampled_from([100, 250, 470, 810, 1000, 2000, 4000, 8000]), st.integers(1, 50),
-                       min_size=1))
+@given(
+    st.lists(st.sampled_from([100, 250, 320, 470, 500, 810, 1000, 2000, 4000]), min_size=1, max_size=40),
+    st.dictionaries(st.sampled_from([100, 250, 470, 810, 1000, 2000, 4000, 8000]), st.integers(1, 50), min_size=1),
+)
 def test_fgd_picks_the_placement_with_least_fragmentation_growth(requests, popularity):
     workload = {TaskClass(m): float(w) for m, w in popularity.items()}
     devs = [GPUDevice(i, "G2", node=f"n{i // 4}") for i in range(12)]
@@ -151,7 +162,7 @@ def test_fgd_picks_the_placement_with_least_fragmentation_growth(requests, popul
             if milli <= 1000:
                 for j, f in enumerate(free):
                     if f >= milli:
-                        after = free[:j] + [f - milli] + free[j + 1:]
+                        after = free[:j] + [f - milli] + free[j + 1 :]
                         options.append(node_fragmentation(after, "G2", scaled) - before[node])
             elif sum(1 for f in free if f == 1000) >= milli // 1000:
                 k = milli // 1000
@@ -174,16 +185,23 @@ def test_fgd_picks_the_placement_with_least_fragmentation_growth(requests, popul
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(
-    st.tuples(st.just("place"), st.sampled_from([100, 250, 470, 810, 1000, 2000, 4000, 8000])),
-    st.tuples(st.just("release"), st.integers(0, 80)),
-), max_size=80), st.sampled_from(["bestfit", "fgd"]))
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("place"), st.sampled_from([100, 250, 470, 810, 1000, 2000, 4000, 8000])),
+            st.tuples(st.just("release"), st.integers(0, 80)),
+        ),
+        max_size=80,
+    ),
+    st.sampled_from(["bestfit", "fgd"]),
+)
 def test_a_request_is_refused_only_when_nothing_can_hold_it(script, scoring):
     # mixed nodes and models: 8 x G2, 4 x V100, 2 x T4 on one node, 2 x T4
     devs = [GPUDevice(i, "G2", node="a") for i in range(8)]
     devs += [GPUDevice(8 + i, "V100", node="b") for i in range(4)]
-    devs += [GPUDevice(12 + i, "T4", node="c") for i in range(2)] + [GPUDevice(14 + i, "T4", node="d")
-                                                                       for i in range(2)]
+    devs += [GPUDevice(12 + i, "T4", node="c") for i in range(2)] + [
+        GPUDevice(14 + i, "T4", node="d") for i in range(2)
+    ]
     p = DevicePacker(devs, scoring=scoring)
     placed: list[str] = []
     for n, (op, arg) in enumerate(script):

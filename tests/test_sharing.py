@@ -38,14 +38,23 @@ def test_whole_gives_whole_gpus_and_refuses_fractions():
         pod_gpu_spec(profile(500), {"backend": "whole"}, TEAM)
 
 
-@pytest.mark.parametrize("milli,replicas,k,effective", [
-    (250, 4, 1, 250), (300, 4, 2, 500), (500, 4, 2, 500), (750, 4, 3, 750), (1, 4, 1, 250),
-    (333, 3, 1, 334), (334, 3, 2, 667), (100, 10, 1, 100), (999, 2, 2, 1000),
-])
+@pytest.mark.parametrize(
+    "milli,replicas,k,effective",
+    [
+        (250, 4, 1, 250),
+        (300, 4, 2, 500),
+        (500, 4, 2, 500),
+        (750, 4, 3, 750),
+        (1, 4, 1, 250),
+        (333, 3, 1, 334),
+        (334, 3, 2, 667),
+        (100, 10, 1, 100),
+        (999, 2, 2, 1000),
+    ],
+)
 def test_timeslice_rounds_up_to_k_of_r(milli, replicas, k, effective):
     # k > 1 replicas only when the device plugin is told to allow it.
-    cfg = {"backend": "timeslice",
-           "timeslice": {"replicas": replicas, "fail_requests_greater_than_one": False}}
+    cfg = {"backend": "timeslice", "timeslice": {"replicas": replicas, "fail_requests_greater_than_one": False}}
     spec = pod_gpu_spec(profile(milli), cfg, TEAM)
     assert dict(spec.limits) == {"nvidia.com/gpu.shared": str(k)}
     assert spec.effective_milli == effective
@@ -53,15 +62,20 @@ def test_timeslice_rounds_up_to_k_of_r(milli, replicas, k, effective):
 
 
 def test_timeslice_options():
-    cfg = {"backend": "timeslice", "timeslice": {"resource": "nvidia.com/gpu-ts", "replicas": 2,
-                                                 "whole_resource": "nvidia.com/gpu-exclusive"}}
+    cfg = {
+        "backend": "timeslice",
+        "timeslice": {"resource": "nvidia.com/gpu-ts", "replicas": 2, "whole_resource": "nvidia.com/gpu-exclusive"},
+    }
     assert dict(pod_gpu_spec(profile(500), cfg, TEAM).limits) == {"nvidia.com/gpu-ts": "1"}
     assert dict(pod_gpu_spec(profile(2000), cfg, TEAM).limits) == {"nvidia.com/gpu-exclusive": "2"}
     # NVIDIA's recommendation is the default: one replica per pod, so only 1/R is offered.
     default = {"backend": "timeslice", "timeslice": {"replicas": 4}}
     assert dict(pod_gpu_spec(profile(250), default, TEAM).limits) == {"nvidia.com/gpu.shared": "1"}
-    with pytest.raises(SharingError, match=r"failRequestsGreaterThanOne.*neither 0\.5 of the compute nor "
-                                           r"of the memory; offer 0\.25 GPU"):
+    with pytest.raises(
+        SharingError,
+        match=r"failRequestsGreaterThanOne.*neither 0\.5 of the compute nor "
+        r"of the memory; offer 0\.25 GPU",
+    ):
         pod_gpu_spec(profile(500), default, TEAM)
     # Whole GPUs come from the whole-GPU pool: nvidia.com/gpu, not the shared resource.
     assert dict(pod_gpu_spec(profile(1000), default, TEAM).limits) == {"nvidia.com/gpu": "1"}
@@ -75,20 +89,23 @@ def test_timeslice_effective_covers_and_is_the_next_step(milli, replicas):
     assert eff - milli < 1000 / replicas + 1
 
 
-@pytest.mark.parametrize("model,milli,slice_,effective", [
-    ("H100-80GB", 500, "4g.40gb", 572),      # 3.5/7 compute needs 4 slices
-    ("H100-80GB", 250, "2g.20gb", 286),
-    ("H100-80GB", 125, "1g.10gb", 143),
-    ("H100-80GB", 142, "1g.20gb", 250),      # 1/7 compute covers 0.142, 1g.10gb's memory (1/8) does not
-    ("H100-80GB", 143, "2g.20gb", 286),      # 0.143 is more than 1/7 of the compute
-    ("H100-80GB", 900, "7g.80gb", 1000),
-    ("A100-40GB", 125, "1g.5gb", 143),
-    ("A100-40GB", 250, "2g.10gb", 286),
-    ("A100-40GB", 500, "4g.20gb", 572),
-    ("A100-80GB", 400, "3g.40gb", 500),
-    ("H200-141GB", 250, "2g.35gb", 286),
-    ("H200-141GB", 500, "4g.71gb", 572),
-])
+@pytest.mark.parametrize(
+    "model,milli,slice_,effective",
+    [
+        ("H100-80GB", 500, "4g.40gb", 572),  # 3.5/7 compute needs 4 slices
+        ("H100-80GB", 250, "2g.20gb", 286),
+        ("H100-80GB", 125, "1g.10gb", 143),
+        ("H100-80GB", 142, "1g.20gb", 250),  # 1/7 compute covers 0.142, 1g.10gb's memory (1/8) does not
+        ("H100-80GB", 143, "2g.20gb", 286),  # 0.143 is more than 1/7 of the compute
+        ("H100-80GB", 900, "7g.80gb", 1000),
+        ("A100-40GB", 125, "1g.5gb", 143),
+        ("A100-40GB", 250, "2g.10gb", 286),
+        ("A100-40GB", 500, "4g.20gb", 572),
+        ("A100-80GB", 400, "3g.40gb", 500),
+        ("H200-141GB", 250, "2g.35gb", 286),
+        ("H200-141GB", 500, "4g.71gb", 572),
+    ],
+)
 def test_mig_picks_the_smallest_covering_slice(model, milli, slice_, effective):
     spec = pod_gpu_spec(profile(milli, model), {"backend": "mig"}, TEAM)
     assert dict(spec.limits) == {f"nvidia.com/mig-{slice_}": "1"}
@@ -115,8 +132,13 @@ def test_mig_needs_a_known_model_and_takes_extra_tables():
         pod_gpu_spec(profile(500, None), {"backend": "mig"}, TEAM)
     with pytest.raises(SharingError, match="no MIG profiles are known for GPU model 'A30-24GB'"):
         pod_gpu_spec(profile(500, "A30-24GB"), {"backend": "mig"}, TEAM)
-    cfg = {"backend": "mig", "mig": {"profiles": {"A30-24GB": ["1g.6gb", "2g.12gb", "4g.24gb"]},
-                                     "node_selector": {"A30-24GB": {"nvidia.com/gpu.product": "NVIDIA-A30"}}}}
+    cfg = {
+        "backend": "mig",
+        "mig": {
+            "profiles": {"A30-24GB": ["1g.6gb", "2g.12gb", "4g.24gb"]},
+            "node_selector": {"A30-24GB": {"nvidia.com/gpu.product": "NVIDIA-A30"}},
+        },
+    }
     spec = pod_gpu_spec(profile(500, "A30-24GB"), cfg, TEAM)
     assert dict(spec.limits) == {"nvidia.com/mig-2g.12gb": "1"} and spec.effective_milli == 500
     assert dict(spec.node_selector) == {"nvidia.com/gpu.product": "NVIDIA-A30"}
@@ -124,8 +146,11 @@ def test_mig_needs_a_known_model_and_takes_extra_tables():
 
 def test_hami_percentages():
     spec = pod_gpu_spec(profile(500), {"backend": "hami"}, TEAM)
-    assert dict(spec.limits) == {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50",
-                                 "nvidia.com/gpucores": "50"}
+    assert dict(spec.limits) == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem-percentage": "50",
+        "nvidia.com/gpucores": "50",
+    }
     # HAMi's webhook skips pods that already name another scheduler (z2jh's
     # user-scheduler): the pod must name HAMi's, fractions and whole GPUs alike.
     assert spec.effective_milli == 500 and spec.scheduler_name == "hami-scheduler"
@@ -163,12 +188,16 @@ def test_profile_override_cpu_profiles_and_unknown_models():
 
 def test_config_validation_messages():
     assert sharing_config_issues({"backend": "timeslice", "timeslice": {"replicas": 4}}) == []
-    issues = dict(sharing_config_issues({
-        "timeslice": {"replicas": 0, "colour": "red", "resource": "not a name"},
-        "mig": {"profiles": {"A30-24GB": ["1g.6gb", "big"]}},
-        "kai": {"queue": "{project}"},
-        "hami": {"node_selector": {"H100-80GB": {"nvidia.com/gpu.product": "has spaces"}}},
-    }))
+    issues = dict(
+        sharing_config_issues(
+            {
+                "timeslice": {"replicas": 0, "colour": "red", "resource": "not a name"},
+                "mig": {"profiles": {"A30-24GB": ["1g.6gb", "big"]}},
+                "kai": {"queue": "{project}"},
+                "hami": {"node_selector": {"H100-80GB": {"nvidia.com/gpu.product": "has spaces"}}},
+            }
+        )
+    )
     assert "replicas per GPU from 1 to 1000, got 0" in issues[("timeslice", "replicas")]
     assert issues[("timeslice", "colour")].startswith("unknown option; timeslice accepts")
     assert "resource or label name" in issues[("timeslice", "resource")]

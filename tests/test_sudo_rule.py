@@ -23,9 +23,23 @@ SHIPPED = REPO / "scripts" / "gpulab.sudoers"
 
 
 def test_the_shipped_drop_in_is_what_gpulab_sudoers_prints_for_the_defaults():
-    out = subprocess.run([str(VENV_BIN / "gpulab"), "sudoers", "--hub-user", "gpulab",
-                          "--mediator", "/opt/gpulab/bin/gpulab-launch", "--home-root", "/home",
-                          "--prefix", "jupyter-"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            str(VENV_BIN / "gpulab"),
+            "sudoers",
+            "--hub-user",
+            "gpulab",
+            "--mediator",
+            "/opt/gpulab/bin/gpulab-launch",
+            "--home-root",
+            "/home",
+            "--prefix",
+            "jupyter-",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out == SHIPPED.read_text()
     assert 'Cmnd_Alias GPULAB_LAUNCH = /opt/gpulab/bin/gpulab-launch ""' in out  # no arguments allowed
     assert "Runas_Alias GPULAB_USERS = %jupyterhub-users" in out
@@ -44,10 +58,17 @@ def test_visudo_accepts_the_drop_in(tmp_path):
     assert "useradd" not in sudoers_rule("gpulab", "/opt/x/gpulab-launch", create_accounts=False)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"hub_user": "gpulab, root"}, {"mediator": "/opt/gpulab/bin/gpulab-launch *"}, {"group": "users ALL"},
-    {"prefix": "Jupyter-"}, {"home_root": "/home/a b"}, {"mediator": "relative/gpulab-launch"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"hub_user": "gpulab, root"},
+        {"mediator": "/opt/gpulab/bin/gpulab-launch *"},
+        {"group": "users ALL"},
+        {"prefix": "Jupyter-"},
+        {"home_root": "/home/a b"},
+        {"mediator": "relative/gpulab-launch"},
+    ],
+)
 def test_the_rule_refuses_what_sudoers_would_need_escaped(kwargs):
     args = {"hub_user": "gpulab", "mediator": "/opt/gpulab/bin/gpulab-launch", **kwargs}
     with pytest.raises(ValueError):
@@ -55,10 +76,19 @@ def test_the_rule_refuses_what_sudoers_would_need_escaped(kwargs):
 
 
 def test_the_mediator_passes_only_a_safe_environment():
-    env = mediator.clean_env({"JUPYTERHUB_API_TOKEN": "t", "PATH": "/usr/bin", "LD_PRELOAD": "/tmp/x.so",
-                              "LD_AUDIT": "x", "PYTHONPATH": "/tmp", "PYTHONSTARTUP": "/tmp/s.py",
-                              "LD_LIBRARY_PATH": "/usr/local/cuda/lib64", "HOME": "/elsewhere",
-                              "BASH_ENV": "/tmp/rc"})
+    env = mediator.clean_env(
+        {
+            "JUPYTERHUB_API_TOKEN": "t",
+            "PATH": "/usr/bin",
+            "LD_PRELOAD": "/tmp/x.so",
+            "LD_AUDIT": "x",
+            "PYTHONPATH": "/tmp",
+            "PYTHONSTARTUP": "/tmp/s.py",
+            "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+            "HOME": "/elsewhere",
+            "BASH_ENV": "/tmp/rc",
+        }
+    )
     assert env["JUPYTERHUB_API_TOKEN"] == "t" and env["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"
     assert not {"LD_PRELOAD", "LD_AUDIT", "PYTHONPATH", "PYTHONSTARTUP", "BASH_ENV"} & set(env)
     assert env["HOME"] == mediator.me().pw_dir  # from the account database, not from the hub
@@ -87,14 +117,23 @@ def test_a_root_hub_runs_in_root_mode_and_refuses_a_required_sudo_mode():
     assert out.returncode == 0 and out.stdout.startswith("isolation mode: root")
 
 
-@pytest.mark.parametrize("request_, action", [
-    ({"pid": True, "signal": 15}, mediator.send_signal), ({"pid": 1, "signal": 15}, mediator.send_signal),
-    ({"pid": "12", "signal": 15}, mediator.send_signal), ({"pid": 4242, "signal": 19}, mediator.send_signal),
-    ({"offset": -1, "path": "/x"}, mediator.read), ({"limit": 1.5, "path": "/x"}, mediator.read),
-    ({"args": "--debug"}, mediator.start_server), ({"args": ["a\0b"]}, mediator.start_server),
-    ({"input": "relative.ipynb", "output": "/o", "cwd": "/", "status": "/s", "log": "/l", "attempt": 1},
-     mediator.start_job),
-])
+@pytest.mark.parametrize(
+    "request_, action",
+    [
+        ({"pid": True, "signal": 15}, mediator.send_signal),
+        ({"pid": 1, "signal": 15}, mediator.send_signal),
+        ({"pid": "12", "signal": 15}, mediator.send_signal),
+        ({"pid": 4242, "signal": 19}, mediator.send_signal),
+        ({"offset": -1, "path": "/x"}, mediator.read),
+        ({"limit": 1.5, "path": "/x"}, mediator.read),
+        ({"args": "--debug"}, mediator.start_server),
+        ({"args": ["a\0b"]}, mediator.start_server),
+        (
+            {"input": "relative.ipynb", "output": "/o", "cwd": "/", "status": "/s", "log": "/l", "attempt": 1},
+            mediator.start_job,
+        ),
+    ],
+)
 def test_the_mediator_refuses_malformed_requests(request_, action):
     with pytest.raises(mediator.Refused):
         action(request_)

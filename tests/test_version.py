@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,11 +24,16 @@ def test_every_copy_of_the_version_agrees():
     lab = json.loads((REPO / "labextension/package.json").read_text())
     lock = json.loads((REPO / "labextension/package-lock.json").read_text())
     assert {
-        "chart": chart["version"], "chart appVersion": chart["appVersion"],
-        "hub image": overlay["hub"]["image"]["tag"], "singleuser image": overlay["singleuser"]["image"]["tag"],
-        "lab extension": lab["version"], "lab lock": lock["version"], "lab lock root": lock["packages"][""]["version"],
-    } == dict.fromkeys(["chart", "chart appVersion", "hub image", "singleuser image", "lab extension",
-                        "lab lock", "lab lock root"], v)
+        "chart": chart["version"],
+        "chart appVersion": chart["appVersion"],
+        "hub image": overlay["hub"]["image"]["tag"],
+        "singleuser image": overlay["singleuser"]["image"]["tag"],
+        "lab extension": lab["version"],
+        "lab lock": lock["version"],
+        "lab lock root": lock["packages"][""]["version"],
+    } == dict.fromkeys(
+        ["chart", "chart appVersion", "hub image", "singleuser image", "lab extension", "lab lock", "lab lock root"], v
+    )
 
 
 def test_the_changelog_has_a_section_for_this_version():

@@ -15,15 +15,16 @@ H = 3600
 
 
 def idle_samples(start, end, busy_until=None, step=60):
-    return tuple((float(t), 50.0 if busy_until is not None and t < busy_until else 0.0)
-                 for t in range(start, end + 1, step))
+    return tuple(
+        (float(t), 50.0 if busy_until is not None and t < busy_until else 0.0) for t in range(start, end + 1, step)
+    )
 
 
 def test_rounding_quota_and_devices_refuse_with_reasons():
     sessions = [
-        RecordedSession("a", "vision", "alice", 300, 0, 2 * H),       # 0.3 -> 0.5
-        RecordedSession("b", "vision", "bob", 600, 10, 2 * H),        # 0.6 -> 1: over vision's burst of 1
-        RecordedSession("c", "nlp", "carol", 3000, 20, H),            # larger than any size
+        RecordedSession("a", "vision", "alice", 300, 0, 2 * H),  # 0.3 -> 0.5
+        RecordedSession("b", "vision", "bob", 600, 10, 2 * H),  # 0.6 -> 1: over vision's burst of 1
+        RecordedSession("c", "nlp", "carol", 3000, 20, H),  # larger than any size
     ]
     teams = {"vision": Team("vision", guarantee_milli=500, burst_milli=1000)}
     r = replay(sessions, Proposal(sizes=(250, 500, 1000), teams=teams))
@@ -56,21 +57,42 @@ def test_a_gap_in_the_samples_prevents_a_reclaim():
     assert r.reclaims == 1 and r.reclaimed_gpu_hours == pytest.approx((3 * H - 6900) / H)
 
 
-sessions_st = st.lists(st.builds(
-    lambda i, team, milli, start, dur, util: RecordedSession(
-        f"k{i}", team, f"u{i % 3}", milli, start, start + dur,
-        samples=tuple((float(t), util) for t in range(start, start + dur, 300))),
-    st.integers(0, 1000), st.sampled_from(["a", "b"]), st.sampled_from([100, 250, 400, 500, 1000, 2000]),
-    st.integers(0, 20 * H), st.integers(60, 10 * H), st.sampled_from([0.0, 0.5, 40.0])), max_size=40)
+sessions_st = st.lists(
+    st.builds(
+        lambda i, team, milli, start, dur, util: RecordedSession(
+            f"k{i}",
+            team,
+            f"u{i % 3}",
+            milli,
+            start,
+            start + dur,
+            samples=tuple((float(t), util) for t in range(start, start + dur, 300)),
+        ),
+        st.integers(0, 1000),
+        st.sampled_from(["a", "b"]),
+        st.sampled_from([100, 250, 400, 500, 1000, 2000]),
+        st.integers(0, 20 * H),
+        st.integers(60, 10 * H),
+        st.sampled_from([0.0, 0.5, 40.0]),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(sessions_st, st.sampled_from([None, (250, 500, 1000), (500, 1000, 2000)]),
-       st.sampled_from([None, 1800, 7200]), st.integers(0, 3000))
+@given(
+    sessions_st,
+    st.sampled_from([None, (250, 500, 1000), (500, 1000, 2000)]),
+    st.sampled_from([None, 1800, 7200]),
+    st.integers(0, 3000),
+)
 def test_replay_accounts_for_every_session(sessions, sizes, timeout, burst):
     teams = {"a": Team("a", guarantee_milli=0, burst_milli=burst)}
-    r = replay(sessions, Proposal(sizes=sizes, teams=teams, idle_timeout_seconds=timeout, max_gap_seconds=600),
-               devices=[GPUDevice(i, "H100", node=f"n{i // 2}") for i in range(4)])
+    r = replay(
+        sessions,
+        Proposal(sizes=sizes, teams=teams, idle_timeout_seconds=timeout, max_gap_seconds=600),
+        devices=[GPUDevice(i, "H100", node=f"n{i // 2}") for i in range(4)],
+    )
     assert r.sessions == len(sessions) == r.served + sum(r.refused.values())
     assert 0 <= r.regret <= r.reclaims <= r.served
     assert r.regret_gpu_hours <= r.reclaimed_gpu_hours + 1e-9
@@ -104,9 +126,16 @@ def test_recommend_covers_every_request_and_beats_the_shipped_sizes():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.one_of(st.integers(1, 1000), st.sampled_from([2000, 3000, 4000, 8000])),
-                       st.floats(0.1, 100), min_size=1, max_size=12),
-       st.sampled_from(["whole", "timeslice", "hami", "kai"]), st.integers(1, 8))
+@given(
+    st.dictionaries(
+        st.one_of(st.integers(1, 1000), st.sampled_from([2000, 3000, 4000, 8000])),
+        st.floats(0.1, 100),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from(["whole", "timeslice", "hami", "kai"]),
+    st.integers(1, 8),
+)
 def test_advice_is_givable_covering_and_no_worse_than_any_subset_of_its_candidates(demand, backend, n):
     advice = recommend(demand, backend, max_sizes=n)
     givable = set(givable_sizes(backend, max_gpus=8))
@@ -116,9 +145,14 @@ def test_advice_is_givable_covering_and_no_worse_than_any_subset_of_its_candidat
     assert 0 < advice.efficiency <= 1 + 1e-12
     # exactness: no catalog of the same candidates and size limit wastes less (checked by brute force)
     from itertools import combinations
+
     candidates = sorted({min(s for s in givable if s >= m) for m in demand})
-    best = min(efficiency_of(demand, c)[1] for k in range(1, min(n, len(candidates)) + 1)
-               for c in combinations(candidates, k) if max(c) >= max(demand))
+    best = min(
+        efficiency_of(demand, c)[1]
+        for k in range(1, min(n, len(candidates)) + 1)
+        for c in combinations(candidates, k)
+        if max(c) >= max(demand)
+    )
     assert alloc <= best + 1e-6
 
 

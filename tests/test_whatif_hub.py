@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hub_config.storage.db import session_factory
 from hub_config.domain.usage_records import UsageInterval, UtilisationSample
+from hub_config.storage.db import session_factory
 from tests.conftest import CHROMIUM
 from tests.hub_harness import REPO, RunningHub
 
@@ -43,12 +43,25 @@ def seed_history(db_path) -> None:
 
     def interval(key, team, user, milli, start, hours, util):
         with sessions.begin() as s:
-            s.add(UsageInterval(key=key, team=team, user=user, profile="p", kind="notebook", gpu_milli=milli,
-                                gpu_model="H100-80GB", over_quota=False, started_at=start,
-                                ended_at=start + timedelta(hours=hours)))
+            s.add(
+                UsageInterval(
+                    key=key,
+                    team=team,
+                    user=user,
+                    profile="p",
+                    kind="notebook",
+                    gpu_milli=milli,
+                    gpu_model="H100-80GB",
+                    over_quota=False,
+                    started_at=start,
+                    ended_at=start + timedelta(hours=hours),
+                )
+            )
             if util is not None:
-                s.add_all(UtilisationSample(at=start + timedelta(seconds=t), key=key, team=team, user=user,
-                                            util_pct=util(t)) for t in range(0, int(hours * H) + 1, 60))
+                s.add_all(
+                    UtilisationSample(at=start + timedelta(seconds=t), key=key, team=team, user=user, util_pct=util(t))
+                    for t in range(0, int(hours * H) + 1, 60)
+                )
 
     # alice: busy 30 min, then idle for 3.5 h; she starts another session 2 h in (regret for a 1 h timeout)
     interval("notebook:alice/", "vision", "alice", 1000, day3, 4, lambda t: 60.0 if t < 1800 else 0.0)
@@ -193,8 +206,9 @@ def test_the_whatif_page_in_chromium(hub, browser):
     page.click("#whatif-use-advice")
     page.fill("#whatif-timeout", "1h")
     page.click("#whatif-run")
-    page.wait_for_function("document.querySelector('#whatif-table tbody tr:nth-child(6) td:nth-child(3)')"
-                           ".textContent === '6.00'")
+    page.wait_for_function(
+        "document.querySelector('#whatif-table tbody tr:nth-child(6) td:nth-child(3)').textContent === '6.00'"
+    )
     assert page.locator("#whatif-error").is_hidden()
     rows = page.locator("#whatif-table tbody tr")
     assert rows.nth(6).inner_text().split("\t")[-1].strip() == "1 of 2"
@@ -209,12 +223,17 @@ def test_a_cross_site_post_from_an_admin_browser_session_is_refused(hub):
     r = admin.post(hub.url + "/hub/api/gpulab/whatif", json={"idle_timeout": "1h"}, timeout=30)
     assert r.status_code == 403, r.text
     xsrf = admin.cookies.get("_xsrf", path="/hub/")
-    r = admin.post(hub.url + "/hub/api/gpulab/whatif", json={"idle_timeout": "1h"}, timeout=60,
-                   headers={"X-XSRFToken": xsrf})
+    r = admin.post(
+        hub.url + "/hub/api/gpulab/whatif", json={"idle_timeout": "1h"}, timeout=60, headers={"X-XSRFToken": xsrf}
+    )
     assert r.status_code == 200, r.text
     # a non-admin's browser session, with its token, is still refused
     alice = hub.login("alice")
-    r = alice.post(hub.url + "/hub/api/gpulab/whatif", json={}, timeout=30,
-                   headers={"X-XSRFToken": alice.cookies.get("_xsrf", path="/hub/")})
+    r = alice.post(
+        hub.url + "/hub/api/gpulab/whatif",
+        json={},
+        timeout=30,
+        headers={"X-XSRFToken": alice.cookies.get("_xsrf", path="/hub/")},
+    )
     assert r.status_code == 403, r.text
     assert alice.get(hub.url + "/hub/gpulab/admin/whatif", timeout=30).status_code == 403

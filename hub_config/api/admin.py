@@ -25,18 +25,17 @@ from typing import Any
 
 from tornado import web
 
+from hub_config.api.base import GPULabAPIHandler
+from hub_config.api.me import quota_view
+from hub_config.config.scopes import ADMIN
+from hub_config.domain.catalog_store import CatalogStore, StaleCatalogError
+from hub_config.domain.usage import current_report, period_report
+from hub_config.storage.db import utcnow
 from spawner.catalog import Catalog, CatalogError, catalog_from_dict, unknown_gpu_model
 from spawner.catalog_write import catalog_to_dict, profile_to_dict, team_to_dict
 from spawner.model import is_slug
 from spawner.sharing import known_gpu_models
 from spawner.units import UnitError, format_gpus, parse_duration
-
-from hub_config.domain.catalog_store import CatalogStore, StaleCatalogError
-from hub_config.storage.db import utcnow
-from hub_config.config.scopes import ADMIN
-from hub_config.domain.usage import current_report, period_report
-from hub_config.api.base import GPULabAPIHandler
-from hub_config.api.me import quota_view
 
 #: Admin bodies are small; anything bigger is refused before parsing.
 MAX_ADMIN_BODY = 64 * 1024
@@ -157,8 +156,11 @@ class AdminAPIHandler(GPULabAPIHandler):
     def store(self) -> CatalogStore:
         store = self.gpulab.catalog_store
         if store is None:
-            raise web.HTTPError(503, "gpulab's catalog store is not attached "
-                                "(c.GPULab.runtime_hooks lacks hub_config.config.runtime.attach_runtime)")
+            raise web.HTTPError(
+                503,
+                "gpulab's catalog store is not attached "
+                "(c.GPULab.runtime_hooks lacks hub_config.config.runtime.attach_runtime)",
+            )
         return store
 
     def body(self) -> dict[str, Any]:
@@ -170,13 +172,22 @@ class AdminAPIHandler(GPULabAPIHandler):
         kind = getattr(user, "kind", "user")
         return self.caller_name if kind == "user" else f"{kind}:{self.caller_name}"
 
-    def edit(self, action: str, target: str, mutate: Callable[[Catalog, dict[str, Any]], None],
-             old: Callable[[Catalog], Any], new: Callable[[Catalog], Any]) -> Catalog:
+    def edit(
+        self,
+        action: str,
+        target: str,
+        mutate: Callable[[Catalog, dict[str, Any]], None],
+        old: Callable[[Catalog], Any],
+        new: Callable[[Catalog], Any],
+    ) -> Catalog:
         """Apply ``mutate`` to the catalog dict, validate, store, audit, swap in."""
         store = self.store
         if store.read_only:
-            raise web.HTTPError(409, "the catalog is managed by the config file "
-                                "(c.GPULabCatalogStore.source = 'file'); edit the file and restart the hub")
+            raise web.HTTPError(
+                409,
+                "the catalog is managed by the config file "
+                "(c.GPULabCatalogStore.source = 'file'); edit the file and restart the hub",
+            )
         runtime = self.gpulab
         with runtime.lock:
             current = runtime.catalog
@@ -191,8 +202,15 @@ class AdminAPIHandler(GPULabAPIHandler):
                 return current
             row = store.row()
             try:
-                store.save(catalog, actor=self.actor, action=action, target=target, old=before, new=after,
-                           version=row.version if row is not None else None)
+                store.save(
+                    catalog,
+                    actor=self.actor,
+                    action=action,
+                    target=target,
+                    old=before,
+                    new=after,
+                    version=row.version if row is not None else None,
+                )
             except StaleCatalogError as e:
                 raise web.HTTPError(409, str(e)) from None
             runtime.set_catalog(catalog)
@@ -208,8 +226,10 @@ def _held_reason(runtime, name: str, doing: str) -> str | None:
     if u.held_milli <= 0 and u.workloads == 0:
         return None
     keys = ", ".join(w.key for w in runtime.ledger.workloads(name)[:5])
-    return (f"cannot {doing} team {name}: it holds {format_gpus(u.held_milli)} GPUs in {u.workloads} "
-            f"workload(s) ({keys}); stop them first")
+    return (
+        f"cannot {doing} team {name}: it holds {format_gpus(u.held_milli)} GPUs in {u.workloads} "
+        f"workload(s) ({keys}); stop them first"
+    )
 
 
 class TeamsHandler(AdminAPIHandler):
@@ -217,11 +237,13 @@ class TeamsHandler(AdminAPIHandler):
         self.check_admin()
         runtime = self.gpulab
         row = self.store.row()
-        self.write_json({
-            "teams": [team_view(runtime, n) for n in runtime.catalog.teams],
-            "version": row.version if row else None,
-            "source": self.store.settings.source,
-        })
+        self.write_json(
+            {
+                "teams": [team_view(runtime, n) for n in runtime.catalog.teams],
+                "version": row.version if row else None,
+                "source": self.store.settings.source,
+            }
+        )
 
     async def post(self) -> None:
         self.check_admin()
@@ -278,8 +300,9 @@ class TeamHandler(AdminAPIHandler):
 
         action = "team.rename" if new_name != name else "team.update"
         target = f"{name} -> {new_name}" if new_name != name else name
-        self.edit(action, target, mutate, lambda c: team_to_dict(c.team(name)),
-                  lambda c: team_to_dict(c.team(new_name)))
+        self.edit(
+            action, target, mutate, lambda c: team_to_dict(c.team(name)), lambda c: team_to_dict(c.team(new_name))
+        )
         self.write_json(team_view(runtime, new_name))
 
     async def delete(self, name: str) -> None:
@@ -291,8 +314,11 @@ class TeamHandler(AdminAPIHandler):
             raise web.HTTPError(409, reason)
         restricted = [p.slug for p in runtime.catalog.profiles.values() if name in p.teams]
         if restricted:
-            raise web.HTTPError(409, f"cannot delete team {name}: profile(s) {', '.join(restricted)} are "
-                                "restricted to it; edit their teams first")
+            raise web.HTTPError(
+                409,
+                f"cannot delete team {name}: profile(s) {', '.join(restricted)} are "
+                "restricted to it; edit their teams first",
+            )
 
         def mutate(_current, data):
             data["teams"] = [t for t in data["teams"] if t["name"] != name]
@@ -324,8 +350,7 @@ class ProfilesHandler(AdminAPIHandler):
         def mutate(_current, data):
             data["profiles"].append(body)
 
-        catalog = self.edit("profile.create", slug, mutate, lambda c: None,
-                            lambda c: profile_to_dict(c.profile(slug)))
+        catalog = self.edit("profile.create", slug, mutate, lambda c: None, lambda c: profile_to_dict(c.profile(slug)))
         self.write_json(profile_view(catalog, slug), status=201)
 
 
@@ -345,8 +370,9 @@ class _ProfileBase(AdminAPIHandler):
                 merged.pop("gpu_milli", None)
             profiles[i] = {k: v for k, v in merged.items() if v is not None}
 
-        catalog = self.edit(action, slug, mutate, lambda c: profile_to_dict(c.profile(slug)),
-                            lambda c: profile_to_dict(c.profile(slug)))
+        catalog = self.edit(
+            action, slug, mutate, lambda c: profile_to_dict(c.profile(slug)), lambda c: profile_to_dict(c.profile(slug))
+        )
         self.write_json(profile_view(catalog, slug))
 
 
@@ -361,8 +387,11 @@ class ProfileHandler(_ProfileBase):
         body = self.body()
         profile = self._profile(slug)
         if body.get("slug", slug) != slug:
-            raise web.HTTPError(400, "a profile's slug cannot change (running sessions refer to it); "
-                                "create a new profile and retire this one")
+            raise web.HTTPError(
+                400,
+                "a profile's slug cannot change (running sessions refer to it); "
+                "create a new profile and retire this one",
+            )
         self.check_gpu_model(body, current=profile.gpu_model)
         self._update(slug, body, "profile.update")
 
@@ -386,7 +415,7 @@ class PricesHandler(AdminAPIHandler):
         self.check_admin()
         body = self.body()
         if set(body) != {"prices"}:
-            raise web.HTTPError(400, "body must be {\"prices\": {MODEL: price per GPU-hour, ...}}")
+            raise web.HTTPError(400, 'body must be {"prices": {MODEL: price per GPU-hour, ...}}')
 
         def mutate(_current, data):
             data["prices"] = body["prices"]
@@ -400,8 +429,9 @@ class PricesHandler(AdminAPIHandler):
 
 class UsageHandler(AdminAPIHandler):
     def report(self) -> dict[str, Any]:
-        start, end = parse_period(self.get_argument("period", None), self.get_argument("start", None),
-                                  self.get_argument("end", None))
+        start, end = parse_period(
+            self.get_argument("period", None), self.get_argument("start", None), self.get_argument("end", None)
+        )
         runtime = self.gpulab
         recorder = runtime.usage
         if recorder is None:
@@ -415,8 +445,21 @@ class UsageHandler(AdminAPIHandler):
         self.write_json(self.report())
 
 
-CSV_COLUMNS = ["start", "end", "team", "user", "gpu_hours", "in_quota_gpu_hours", "burst_gpu_hours", "cost",
-               "utilisation_pct", "idle_gpu_hours_before_reclaim", "gpu_hours_freed", "held_milli_now", "jobs"]
+CSV_COLUMNS = [
+    "start",
+    "end",
+    "team",
+    "user",
+    "gpu_hours",
+    "in_quota_gpu_hours",
+    "burst_gpu_hours",
+    "cost",
+    "utilisation_pct",
+    "idle_gpu_hours_before_reclaim",
+    "gpu_hours_freed",
+    "held_milli_now",
+    "jobs",
+]
 
 
 class UsageCSVHandler(UsageHandler):
@@ -431,19 +474,32 @@ class UsageCSVHandler(UsageHandler):
 
         def row(team, user, d, held):
             jobs = d.get("jobs")
-            w.writerow([report["start"], report["end"], team, user, d["gpu_hours"], d["in_quota_gpu_hours"],
-                        d["burst_gpu_hours"], d["cost"], "" if d["utilisation_pct"] is None else d["utilisation_pct"],
-                        *("" if d[k] is None else d[k] for k in ("idle_gpu_hours_before_reclaim", "gpu_hours_freed")),
-                        held,
-                        "" if jobs is None else " ".join(f"{k}={v}" for k, v in sorted(jobs.items()))])
+            w.writerow(
+                [
+                    report["start"],
+                    report["end"],
+                    team,
+                    user,
+                    d["gpu_hours"],
+                    d["in_quota_gpu_hours"],
+                    d["burst_gpu_hours"],
+                    d["cost"],
+                    "" if d["utilisation_pct"] is None else d["utilisation_pct"],
+                    *("" if d[k] is None else d[k] for k in ("idle_gpu_hours_before_reclaim", "gpu_hours_freed")),
+                    held,
+                    "" if jobs is None else " ".join(f"{k}={v}" for k, v in sorted(jobs.items())),
+                ]
+            )
 
         for t in report["teams"]:
             row(t["team"], "", t, team_now.get(t["team"], 0))
             for u in t["users"]:
                 row(t["team"], u["user"], u, held_now.get((t["team"], u["user"]), 0))
         self.set_header("Content-Type", "text/csv; charset=utf-8")
-        self.set_header("Content-Disposition", f'attachment; filename="gpulab-usage-{report["start"][:10]}-'
-                        f'{report["end"][:10]}.csv"')
+        self.set_header(
+            "Content-Disposition",
+            f'attachment; filename="gpulab-usage-{report["start"][:10]}-{report["end"][:10]}.csv"',
+        )
         self.finish(buf.getvalue())
 
 

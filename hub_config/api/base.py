@@ -79,8 +79,7 @@ def parse_json_body(body: bytes, max_bytes: int = MAX_BODY_BYTES) -> dict[str, A
     if json_depth(text) > MAX_JSON_DEPTH:
         raise BodyError(f"request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
     try:
-        data = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int,
-                          parse_float=_finite_float)
+        data = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
     except BodyError:
         raise
     except (ValueError, RecursionError):

@@ -28,21 +28,32 @@ import math
 import time
 from typing import Any
 
+from jupyterhub import orm
+from jupyterhub.utils import isoformat
 from sqlalchemy import select
 from tornado import web
 
-from jupyterhub import orm
-from jupyterhub.utils import isoformat
-
-from spawner.idle import KeepaliveRefused, grant_keepalive
-
-from hub_config.storage.db import session_factory
-from hub_config.domain.idle_records import (
-    ACTIONS, EVENT_KINDS, MAX_CYCLE_BYTES, MAX_GRACE_SECONDS, MAX_NAME, MAX_REASON, MAX_SESSION, GPULabIdle,
-    IdleEventRow, IdleWarningRow, KeepaliveRow, audit_json, evidence_peak, iso, reclaim_message,
-)
-from hub_config.config.scopes import ADMIN, CULLER, JOBS
 from hub_config.api.base import GPULabAPIHandler
+from hub_config.config.scopes import ADMIN, CULLER, JOBS
+from hub_config.domain.idle_records import (
+    ACTIONS,
+    EVENT_KINDS,
+    MAX_CYCLE_BYTES,
+    MAX_GRACE_SECONDS,
+    MAX_NAME,
+    MAX_REASON,
+    MAX_SESSION,
+    GPULabIdle,
+    IdleEventRow,
+    IdleWarningRow,
+    KeepaliveRow,
+    audit_json,
+    evidence_peak,
+    iso,
+    reclaim_message,
+)
+from hub_config.storage.db import session_factory
+from spawner.idle import KeepaliveRefused, grant_keepalive
 
 # -- handlers -------------------------------------------------------------
 
@@ -58,8 +69,12 @@ class IdleBase(GPULabAPIHandler):
 
     def _name(self, value: Any, what: str, allow_empty: bool = False) -> str:
         if not isinstance(value, str) or len(value) > MAX_NAME or (not value and not allow_empty):
-            raise web.HTTPError(400, f"{what} must be a string of 1-{MAX_NAME} characters"
-                                if not allow_empty else f"{what} must be a string of at most {MAX_NAME} characters")
+            raise web.HTTPError(
+                400,
+                f"{what} must be a string of 1-{MAX_NAME} characters"
+                if not allow_empty
+                else f"{what} must be a string of at most {MAX_NAME} characters",
+            )
         return value
 
     def _target(self, data: dict | None = None) -> tuple[str, str]:
@@ -109,9 +124,14 @@ class IdleBase(GPULabAPIHandler):
             "user": user,
             "server": server,
             "session": current,
-            "warning": None if w is None else {
-                "warned_at": iso(w.warned_at), "reclaim_at": iso(w.reclaim_at), "reason": w.reason,
-                "held": w.held_at is not None, "evidence": json.loads(w.evidence or "{}"),
+            "warning": None
+            if w is None
+            else {
+                "warned_at": iso(w.warned_at),
+                "reclaim_at": iso(w.reclaim_at),
+                "reason": w.reason,
+                "held": w.held_at is not None,
+                "evidence": json.loads(w.evidence or "{}"),
             },
             "keepalive": {
                 "used": used or 0,
@@ -124,29 +144,59 @@ class IdleBase(GPULabAPIHandler):
 
     def _last_reclaim(self, session, user: str, server: str) -> dict[str, Any] | None:
         """What a user whose server is not running should be told: the last reclaim, in plain words."""
-        e = session.scalars(select(IdleEventRow).where(
-            IdleEventRow.user == user, IdleEventRow.server == server, IdleEventRow.kind == "reclaim",
-            IdleEventRow.action == "stop-server").order_by(IdleEventRow.id.desc()).limit(1)).first()
+        e = session.scalars(
+            select(IdleEventRow)
+            .where(
+                IdleEventRow.user == user,
+                IdleEventRow.server == server,
+                IdleEventRow.kind == "reclaim",
+                IdleEventRow.action == "stop-server",
+            )
+            .order_by(IdleEventRow.id.desc())
+            .limit(1)
+        ).first()
         if e is None:
             return None
         evidence = json.loads(e.evidence or "{}")
         idle_since = evidence.get("idle_since")
         minutes = int(round((e.at - idle_since) / 60)) if isinstance(idle_since, (int, float)) else None
         peak = evidence_peak(evidence)
-        return {"at": iso(e.at), "idle_minutes": minutes, "peak_percent": peak,
-                "threshold_percent": evidence.get("threshold_percent"), "gpu_milli": e.gpu_milli,
-                "message": reclaim_message(e.at, minutes, peak)}
+        return {
+            "at": iso(e.at),
+            "idle_minutes": minutes,
+            "peak_percent": peak,
+            "threshold_percent": evidence.get("threshold_percent"),
+            "gpu_milli": e.gpu_milli,
+            "message": reclaim_message(e.at, minutes, peak),
+        }
 
-    def record(self, session, kind: str, user: str, server: str, data: dict[str, Any], reason: str,
-               evidence: Any = None, at: float | None = None) -> None:
-        session.add(IdleEventRow(
-            at=time.time() if at is None else at, kind=kind, user=user, server=server,
-            team=str(data.get("team") or "")[:MAX_NAME], profile=str(data.get("profile") or "")[:MAX_NAME],
-            gpu_milli=data.get("gpu_milli", 0) or 0, reason=reason[:MAX_REASON],
-            evidence=json.dumps(evidence if evidence is not None else {}), session=data.get("session", "") or "",
-            action=data.get("action", "") if kind == "reclaim" else "",
-            idle_gpu_hours=data.get("idle_gpu_hours", 0.0) if kind == "reclaim" else 0.0,
-        ))
+    def record(
+        self,
+        session,
+        kind: str,
+        user: str,
+        server: str,
+        data: dict[str, Any],
+        reason: str,
+        evidence: Any = None,
+        at: float | None = None,
+    ) -> None:
+        session.add(
+            IdleEventRow(
+                at=time.time() if at is None else at,
+                kind=kind,
+                user=user,
+                server=server,
+                team=str(data.get("team") or "")[:MAX_NAME],
+                profile=str(data.get("profile") or "")[:MAX_NAME],
+                gpu_milli=data.get("gpu_milli", 0) or 0,
+                reason=reason[:MAX_REASON],
+                evidence=json.dumps(evidence if evidence is not None else {}),
+                session=data.get("session", "") or "",
+                action=data.get("action", "") if kind == "reclaim" else "",
+                idle_gpu_hours=data.get("idle_gpu_hours", 0.0) if kind == "reclaim" else 0.0,
+            )
+        )
 
     # -- the culler's records: validated first, then applied -------------------
 
@@ -182,8 +232,12 @@ class IdleBase(GPULabAPIHandler):
             raise web.HTTPError(400, "action must be 'stop-server' or 'shutdown-kernel'")
         if d["action"] == "shutdown-kernel":
             kernel_ids = item.get("kernel_ids")
-            if (not isinstance(kernel_ids, list) or not kernel_ids or len(kernel_ids) > 64
-                    or not all(isinstance(k, str) and 0 < len(k) <= 64 for k in kernel_ids)):
+            if (
+                not isinstance(kernel_ids, list)
+                or not kernel_ids
+                or len(kernel_ids) > 64
+                or not all(isinstance(k, str) and 0 < len(k) <= 64 for k in kernel_ids)
+            ):
                 raise web.HTTPError(400, "kernel_ids must be a list of kernel id strings")
         return d
 
@@ -210,8 +264,15 @@ class IdleBase(GPULabAPIHandler):
         if w is None or w.held_at is not None or w.session != d["session"]:
             return False
         w.held_at = now
-        self.record(session, "held", d["user"], d["server"], d,
-                    f"reclaim postponed until utilisation data returns: {d['reason']}", at=now)
+        self.record(
+            session,
+            "held",
+            d["user"],
+            d["server"],
+            d,
+            f"reclaim postponed until utilisation data returns: {d['reason']}",
+            at=now,
+        )
         return True
 
     def apply_clear(self, session, d: dict[str, Any], now: float) -> bool:
@@ -219,8 +280,9 @@ class IdleBase(GPULabAPIHandler):
         if w is None:
             return False
         session.delete(w)
-        self.record(session, "cleared", d["user"], d["server"], {"session": w.session}, d["reason"] or "cleared",
-                    at=now)
+        self.record(
+            session, "cleared", d["user"], d["server"], {"session": w.session}, d["reason"] or "cleared", at=now
+        )
         self.log.info("gpulab idle: cleared warning of %s/%s: %s", d["user"], d["server"], d["reason"])
         return True
 
@@ -250,8 +312,14 @@ class IdleBase(GPULabAPIHandler):
         if d["action"] == "shutdown-kernel":
             evidence["kernel_ids"] = d["kernel_ids"]
         self.record(session, "reclaim", user, server, d, d["reason"], evidence, now)
-        self.log.warning("gpulab idle: reclaimed %s/%s (%s, %.4f idle GPU-hours observed): %s",
-                         user, server, d["action"], d["idle_gpu_hours"], d["reason"])
+        self.log.warning(
+            "gpulab idle: reclaimed %s/%s (%s, %.4f idle GPU-hours observed): %s",
+            user,
+            server,
+            d["action"],
+            d["idle_gpu_hours"],
+            d["reason"],
+        )
         return None
 
 
@@ -311,11 +379,24 @@ class KeepaliveHandler(IdleBase):
             warning = session.get(IdleWarningRow, (user, server))
             if warning is not None:
                 session.delete(warning)
-            self.record(session, "keepalive", user, server, {**gpulab_state, "session": session_id},
-                        f"'keep my GPU' {k.used}/{policy.max_uses} by {self.caller_name}, until {iso(k.until)}")
+            self.record(
+                session,
+                "keepalive",
+                user,
+                server,
+                {**gpulab_state, "session": session_id},
+                f"'keep my GPU' {k.used}/{policy.max_uses} by {self.caller_name}, until {iso(k.until)}",
+            )
             session.commit()
-            self.log.info("gpulab idle: %s/%s kept alive until %s (%d/%d) by %s",
-                          user, server, iso(k.until), k.used, policy.max_uses, self.caller_name)
+            self.log.info(
+                "gpulab idle: %s/%s kept alive until %s (%d/%d) by %s",
+                user,
+                server,
+                iso(k.until),
+                k.used,
+                policy.max_uses,
+                self.caller_name,
+            )
             self.write_json(self.view(session, user, server))
 
 
@@ -329,17 +410,31 @@ class StateHandler(IdleBase):
         with self.idle_db() as session:
             warnings = session.scalars(select(IdleWarningRow)).all()
             keepalives = session.scalars(select(KeepaliveRow).where(KeepaliveRow.until > now)).all()
-            self.write_json({
-                "now": now,
-                "warnings": [{"user": w.user, "server": w.server, "warned_at": w.warned_at,
-                              "reclaim_at": w.reclaim_at, "session": w.session, "held": w.held_at is not None}
-                             for w in warnings],
-                "keepalives": [{"user": k.user, "server": k.server, "until": k.until, "used": k.used,
-                                "session": k.session} for k in keepalives],
-                "profiles": {p.slug: {"gpu_milli": p.gpu_milli, "idle_timeout_seconds": p.idle_timeout_seconds}
-                             for p in catalog.profiles.values()},
-                "teams": {t.name: {"idle_timeout_seconds": t.idle_timeout_seconds} for t in catalog.teams.values()},
-            })
+            self.write_json(
+                {
+                    "now": now,
+                    "warnings": [
+                        {
+                            "user": w.user,
+                            "server": w.server,
+                            "warned_at": w.warned_at,
+                            "reclaim_at": w.reclaim_at,
+                            "session": w.session,
+                            "held": w.held_at is not None,
+                        }
+                        for w in warnings
+                    ],
+                    "keepalives": [
+                        {"user": k.user, "server": k.server, "until": k.until, "used": k.used, "session": k.session}
+                        for k in keepalives
+                    ],
+                    "profiles": {
+                        p.slug: {"gpu_milli": p.gpu_milli, "idle_timeout_seconds": p.idle_timeout_seconds}
+                        for p in catalog.profiles.values()
+                    },
+                    "teams": {t.name: {"idle_timeout_seconds": t.idle_timeout_seconds} for t in catalog.teams.values()},
+                }
+            )
 
 
 class CycleHandler(IdleBase):
@@ -374,8 +469,14 @@ class CycleHandler(IdleBase):
             }
             for d in claims:
                 refused = self.apply_reclaim(session, d, now)
-                out["reclaims"].append({"user": d["user"], "server": d["server"], "accepted": refused is None,
-                                        "message": refused or "recorded"})
+                out["reclaims"].append(
+                    {
+                        "user": d["user"],
+                        "server": d["server"],
+                        "accepted": refused is None,
+                        "message": refused or "recorded",
+                    }
+                )
             session.commit()
         self.write_json(out)
 
@@ -442,4 +543,3 @@ handlers = [
     (r"/api/gpulab/idle/reclaims", ReclaimsHandler),
     (r"/api/gpulab/idle/audit", AuditHandler),
 ]
-

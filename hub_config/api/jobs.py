@@ -15,12 +15,11 @@ from typing import Any
 
 from tornado import web
 
-from spawner.jobspec import STATES, JobSpecError
-
+from hub_config.api.base import GPULabAPIHandler, ascii_id
+from hub_config.config.scopes import ADMIN, JOBS
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.service import get_service
-from hub_config.config.scopes import ADMIN, JOBS
-from hub_config.api.base import GPULabAPIHandler, ascii_id
+from spawner.jobspec import STATES, JobSpecError
 
 #: Largest submission body (parameters are limited separately, and more tightly).
 MAX_SUBMIT_BYTES = 64 * 1024
@@ -144,8 +143,14 @@ class JobLogsHandler(JobsBase):
             raise web.HTTPError(e.status, str(e)) from None
         # Complete when the job is final and there is nothing more to read.
         complete = rec.state in ("succeeded", "failed", "cancelled", "timed-out") and len(data) < LOG_CHUNK
-        self.write_json({"text": data.decode("utf-8", errors="replace"), "offset": new_offset,
-                         "complete": complete, "state": rec.state})
+        self.write_json(
+            {
+                "text": data.decode("utf-8", errors="replace"),
+                "offset": new_offset,
+                "complete": complete,
+                "state": rec.state,
+            }
+        )
 
 
 class JobOutputHandler(JobsBase):

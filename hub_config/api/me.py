@@ -10,14 +10,13 @@ from typing import Any
 
 from tornado import web
 
+from hub_config.api.base import GPULabAPIHandler
+from hub_config.config.scopes import ADMIN, JOBS
 from spawner.idle import idle_timeout_for
 from spawner.jobspec import JOB_CLASSES
 from spawner.ledger import Ledger, TeamUsage
 from spawner.model import Team
 from spawner.policy import Capacity, ProfileChoice, choices_for_user, device_capacity, team_summary
-
-from hub_config.config.scopes import ADMIN, JOBS
-from hub_config.api.base import GPULabAPIHandler
 
 
 def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:
@@ -33,8 +32,9 @@ def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:
     }
 
 
-def job_class_offers(ledger: Ledger, choice: ProfileChoice, user: str,
-                     capacity: Capacity | None) -> dict[str, dict[str, Any]]:
+def job_class_offers(
+    ledger: Ledger, choice: ProfileChoice, user: str, capacity: Capacity | None
+) -> dict[str, dict[str, Any]]:
     """Would a job of each class be admitted with this profile now, and why not.
 
     A job's class, not the profile's priority class, decides whether it may
@@ -70,26 +70,36 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
     for c in choices:
         timeout, source = idle_timeout_for(c.profile, c.team, 0)
         cap = capacity(c.profile) if capacity is not None and c.profile.is_gpu else None
-        teams[c.team.name]["profiles"].append({
-            "slug": c.profile.slug,
-            "display_name": c.profile.display_name,
-            "description": c.profile.description,
-            "gpu_milli": c.profile.gpu_milli,
-            "gpu_model": c.profile.gpu_model,
-            "priority_class": c.profile.priority_class.name,
-            "available": c.available,
-            "reason": c.reason,
-            "over_quota": c.over_quota,
-            "capacity": c.capacity_summary,
-            "images": [{"slug": i.slug, "display_name": i.display_name} for i in c.profile.images],
-            # None: neither the profile nor the team sets one; the culler's default applies.
-            "idle_timeout_seconds": None if source == "default" else timeout,
-            "job_classes": job_class_offers(runtime.ledger, c, user_name, cap),
-        })
+        teams[c.team.name]["profiles"].append(
+            {
+                "slug": c.profile.slug,
+                "display_name": c.profile.display_name,
+                "description": c.profile.description,
+                "gpu_milli": c.profile.gpu_milli,
+                "gpu_model": c.profile.gpu_model,
+                "priority_class": c.profile.priority_class.name,
+                "available": c.available,
+                "reason": c.reason,
+                "over_quota": c.over_quota,
+                "capacity": c.capacity_summary,
+                "images": [{"slug": i.slug, "display_name": i.display_name} for i in c.profile.images],
+                # None: neither the profile nor the team sets one; the culler's default applies.
+                "idle_timeout_seconds": None if source == "default" else timeout,
+                "job_classes": job_class_offers(runtime.ledger, c, user_name, cap),
+            }
+        )
     holdings = [
-        {"key": w.key, "team": w.team, "profile": w.profile, "gpu_milli": w.milli, "kind": w.kind,
-         "over_quota": w.over_quota, "state": w.state}
-        for w in runtime.ledger.workloads() if w.user == user_name
+        {
+            "key": w.key,
+            "team": w.team,
+            "profile": w.profile,
+            "gpu_milli": w.milli,
+            "kind": w.kind,
+            "over_quota": w.over_quota,
+            "state": w.state,
+        }
+        for w in runtime.ledger.workloads()
+        if w.user == user_name
     ]
     return {"user": user_name, "teams": list(teams.values()), "holdings": holdings}
 

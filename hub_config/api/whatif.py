@@ -22,15 +22,14 @@ from sqlalchemy import select
 from tornado import web
 from tornado.ioloop import IOLoop
 
+from hub_config.api.admin import AdminAPIHandler
+from hub_config.domain.usage_records import UsageInterval, UtilisationSample
+from hub_config.storage.db import utcnow
 from spawner.advisor import AdvisorError, demand_from, fill_work, givable_sizes, recommend
 from spawner.catalog import Catalog
 from spawner.packer import GPUDevice, devices_from_inventory
 from spawner.units import UnitError, format_gpus, parse_duration, parse_gpus
 from spawner.whatif import Proposal, RecordedSession, replay
-
-from hub_config.storage.db import utcnow
-from hub_config.domain.usage_records import UsageInterval, UtilisationSample
-from hub_config.api.admin import AdminAPIHandler
 
 MAX_WHATIF_BODY = 16 * 1024
 MAX_DAYS = 90
@@ -62,9 +61,18 @@ def load_history(sessions_factory, since, until, team: str | None) -> list[Recor
     for r in rows:
         start, end = _ts(r.started_at), _ts(r.ended_at or until)
         own = tuple((t, v) for t, v in samples.get(r.key, ()) if start <= t <= end)
-        out.append(RecordedSession(key=r.key, team=r.team, user=r.user, gpu_milli=r.gpu_milli, start=start,
-                                   end=end, models=frozenset([r.gpu_model]) if r.gpu_model else frozenset(),
-                                   samples=own))
+        out.append(
+            RecordedSession(
+                key=r.key,
+                team=r.team,
+                user=r.user,
+                gpu_milli=r.gpu_milli,
+                start=start,
+                end=end,
+                models=frozenset([r.gpu_model]) if r.gpu_model else frozenset(),
+                samples=own,
+            )
+        )
     return out
 
 
@@ -107,8 +115,9 @@ class WhatIfHandler(AdminAPIHandler):
             except UnitError as e:
                 raise web.HTTPError(400, f"sizes: {e}") from None
             if milli not in givable:
-                raise web.HTTPError(400, f"sizes: {format_gpus(milli)} GPU is not a size this hub can give "
-                                    f"({rules.label})")
+                raise web.HTTPError(
+                    400, f"sizes: {format_gpus(milli)} GPU is not a size this hub can give ({rules.label})"
+                )
             out.add(milli)
         return tuple(sorted(out))
 
@@ -129,8 +138,9 @@ class WhatIfHandler(AdminAPIHandler):
             except UnitError as e:
                 raise web.HTTPError(400, f"quotas.{name}: {e}") from None
             if b < g:
-                raise web.HTTPError(400, f"quotas.{name}: burst ({format_gpus(b)}) is below the guarantee "
-                                    f"({format_gpus(g)})")
+                raise web.HTTPError(
+                    400, f"quotas.{name}: burst ({format_gpus(b)}) is below the guarantee ({format_gpus(g)})"
+                )
             teams[name] = dataclasses.replace(teams[name], guarantee_milli=g, burst_milli=b)
         return teams
 
@@ -142,7 +152,7 @@ class WhatIfHandler(AdminAPIHandler):
         except UnitError as e:
             raise web.HTTPError(400, f"idle_timeout: {e}") from None
         if not 60 <= seconds <= 30 * 86400:
-            raise web.HTTPError(400, "idle_timeout: expected 1 minute to 30 days, e.g. \"1h\"")
+            raise web.HTTPError(400, 'idle_timeout: expected 1 minute to 30 days, e.g. "1h"')
         return seconds
 
     def _max_sizes(self, value: Any) -> int:
@@ -167,23 +177,40 @@ class WhatIfHandler(AdminAPIHandler):
             requests = [(s.gpu_milli, s.models) for s in history]
             evaluate = lambda sizes: fill_work(requests, rules.devices, sizes)  # noqa: E731
         try:
-            advice = recommend(demand, rules.backend, max_sizes=max_sizes, options=rules.options,
-                               model=rules.model, current=current_sizes or None, evaluate=evaluate).to_dict()
+            advice = recommend(
+                demand,
+                rules.backend,
+                max_sizes=max_sizes,
+                options=rules.options,
+                model=rules.model,
+                current=current_sizes or None,
+                evaluate=evaluate,
+            ).to_dict()
             advice["error"] = None
         except AdvisorError as e:
             advice = {"error": str(e)}
         out = {
-            "team": team, "days": days, "since": since.isoformat() + "Z", "until": until.isoformat() + "Z",
-            "sessions": len(history), "offers": rules.label, "current_sizes_milli": current_sizes,
-            "current": replay(everyone, today, rules.devices, team=team).to_dict(), "advice": advice,
+            "team": team,
+            "days": days,
+            "since": since.isoformat() + "Z",
+            "until": until.isoformat() + "Z",
+            "sessions": len(history),
+            "offers": rules.label,
+            "current_sizes_milli": current_sizes,
+            "current": replay(everyone, today, rules.devices, team=team).to_dict(),
+            "advice": advice,
             "proposed": None,
         }
         if proposal is not None:
             out["proposed"] = replay(everyone, proposal, rules.devices, team=team).to_dict()
-            out["proposal"] = {"sizes_milli": list(proposal.sizes or ()),
-                               "idle_timeout_seconds": proposal.idle_timeout_seconds,
-                               "quotas": {n: {"guarantee_milli": t.guarantee_milli, "burst_milli": t.burst_milli}
-                                          for n, t in (proposal.teams or {}).items()}}
+            out["proposal"] = {
+                "sizes_milli": list(proposal.sizes or ()),
+                "idle_timeout_seconds": proposal.idle_timeout_seconds,
+                "quotas": {
+                    n: {"guarantee_milli": t.guarantee_milli, "burst_milli": t.burst_milli}
+                    for n, t in (proposal.teams or {}).items()
+                },
+            }
         return out
 
     async def get(self) -> None:
@@ -197,15 +224,22 @@ class WhatIfHandler(AdminAPIHandler):
         body = self.read_json(MAX_WHATIF_BODY)
         unknown = set(body) - FIELDS
         if unknown:
-            raise web.HTTPError(400, f"unknown field(s) {', '.join(sorted(unknown))[:200]}; "
-                                f"expected {', '.join(sorted(FIELDS))}")
+            raise web.HTTPError(
+                400, f"unknown field(s) {', '.join(sorted(unknown))[:200]}; expected {', '.join(sorted(FIELDS))}"
+            )
         catalog = self.gpulab.catalog
         team = self._team(body.get("team"))
         days = self._days(body.get("days", 30))
-        sizes = self._sizes(body["sizes"], offer_rules(self.gpulab)) if body.get("sizes") is not None \
+        sizes = (
+            self._sizes(body["sizes"], offer_rules(self.gpulab))
+            if body.get("sizes") is not None
             else tuple(catalog_sizes(catalog, team)) or None
-        proposal = Proposal(sizes=sizes, teams=self._quotas(body.get("quotas"), catalog),
-                            idle_timeout_seconds=self._timeout(body.get("idle_timeout")))
+        )
+        proposal = Proposal(
+            sizes=sizes,
+            teams=self._quotas(body.get("quotas"), catalog),
+            idle_timeout_seconds=self._timeout(body.get("idle_timeout")),
+        )
         self.write_json(await self._run(team, days, proposal, self._max_sizes(body.get("max_sizes"))))
 
     async def _run(self, team: str | None, days: int, proposal: Proposal | None, max_sizes: int) -> dict[str, Any]:

@@ -21,13 +21,12 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from hub_config.config.idle_service import configure_idle_culler
+from hub_config.config.setup import configure_gpulab
 from spawner.accounts import UserAccounts, unreachable_by_others
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
 from spawner.sudo import NONE, ROOT, SUDO, isolation_mode
-
-from hub_config.config.idle_service import configure_idle_culler
-from hub_config.config.setup import configure_gpulab
 
 HUB_CONFIG = Path(__file__).resolve().parents[1]
 DEMO_CATALOG = str(HUB_CONFIG / "demo-teams.yaml")
@@ -62,15 +61,17 @@ def check_bind_safe(bind_url: str, demo_auth: bool) -> None:
         )
 
 
-NOT_ISOLATED = ("users are NOT isolated from each other: the hub is not root and has no sudo rule for "
-                "gpulab-launch, so every server and job runs as the hub's own account and can read every other "
-                "user's files and the hub's secrets. Run the hub as root, or install the sudoers rule "
-                "(`gpulab sudoers`), to give each user a system account (docs/single-server.md).")
+NOT_ISOLATED = (
+    "users are NOT isolated from each other: the hub is not root and has no sudo rule for "
+    "gpulab-launch, so every server and job runs as the hub's own account and can read every other "
+    "user's files and the hub's secrets. Run the hub as root, or install the sudoers rule "
+    "(`gpulab sudoers`), to give each user a system account (docs/single-server.md)."
+)
 #: What the log and the login page say about each mode.
 ISOLATED = {
     ROOT: "users are isolated: the hub is root and runs each user's servers and jobs as the user's own account",
     SUDO: "users are isolated: the hub is not root; it runs each user's servers and jobs as the user's own "
-          "account through sudo and gpulab-launch",
+    "account through sudo and gpulab-launch",
 }
 
 
@@ -80,8 +81,9 @@ def choose_isolation(wanted: str, mediator: str, sudo: str) -> tuple[str, str]:
     if wanted not in ("auto", ROOT, SUDO):
         raise SystemExit(f"gpulab: GPULAB_ISOLATION={wanted!r}: use auto, root or sudo")
     if wanted != "auto" and mode != wanted:
-        raise SystemExit(f"gpulab: refusing to start: GPULAB_ISOLATION={wanted} but {why} "
-                         "(docs/single-server.md#the-sudoers-rule)")
+        raise SystemExit(
+            f"gpulab: refusing to start: GPULAB_ISOLATION={wanted} but {why} (docs/single-server.md#the-sudoers-rule)"
+        )
     return mode, why
 
 
@@ -91,7 +93,8 @@ def check_isolation_bind(bind_url: str, isolated: bool) -> None:
     if not isolated and not is_loopback(host):
         raise UnsafeBindError(
             f"gpulab: refusing to start on {host or 'all interfaces'} ({bind_url}): {NOT_ISOLATED} "
-            "Without isolation the hub listens on a loopback address only.")
+            "Without isolation the hub listens on a loopback address only."
+        )
 
 
 def port_near(preferred: int) -> int:
@@ -123,15 +126,21 @@ def check_reachable(paths: dict[str, Path | str]) -> None:
             "gpulab: refusing to start: servers and jobs run as the users' own accounts, which cannot "
             "reach what they need:\n  " + "\n  ".join(problems) + "\nInstall gpulab in a virtualenv "
             "other users can read (e.g. /opt/gpulab, created from /usr/bin/python3) and put the data "
-            "folder (--data-dir) or the homes (GPULAB_HOME_ROOT) where they can reach them.")
+            "folder (--data-dir) or the homes (GPULAB_HOME_ROOT) where they can reach them."
+        )
 
 
 def find_proxy() -> str:
-    for candidate in (os.environ.get("GPULAB_CHP"), shutil.which("configurable-http-proxy"),
-                      str(REPO_ROOT / "node_modules" / ".bin" / "configurable-http-proxy")):
+    for candidate in (
+        os.environ.get("GPULAB_CHP"),
+        shutil.which("configurable-http-proxy"),
+        str(REPO_ROOT / "node_modules" / ".bin" / "configurable-http-proxy"),
+    ):
         if candidate and Path(candidate).exists():
             return candidate
-    raise SystemExit("gpulab: configurable-http-proxy not found; run scripts/bootstrap.sh or `npm install -g configurable-http-proxy`")
+    raise SystemExit(
+        "gpulab: configurable-http-proxy not found; run scripts/bootstrap.sh or `npm install -g configurable-http-proxy`"
+    )
 
 
 def configure_embedded(c) -> None:
@@ -192,16 +201,24 @@ def configure_embedded(c) -> None:
             c.UserAccounts.group = os.environ.get("GPULAB_ACCOUNT_GROUP", "jupyterhub-users")
         if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
             prepare_dir(home_root, 0o711)
-        reach = {"the Python interpreter": sys.executable, "the single-user server": singleuser,
-                 "gpulab's code": REPO_ROOT, "the users' homes": home_root}
+        reach = {
+            "the Python interpreter": sys.executable,
+            "the single-user server": singleuser,
+            "gpulab's code": REPO_ROOT,
+            "the users' homes": home_root,
+        }
         if mode == SUDO:  # a job's exit status is then a file in its owner's home
             reach["the mediator"] = accounts.mediator
         else:
             reach["the job status folder"] = data_dir / "jobs"
         check_reachable(reach)
-        print(f"gpulab: isolation mode: {mode} ({why}): {ISOLATED[mode]}; each runs as system account "
-              f"{c.UserAccounts.prefix}<name> (created on first spawn, home in {home_root}); "
-              f"hub state in {state_dir} (0700)", file=sys.stderr, flush=True)
+        print(
+            f"gpulab: isolation mode: {mode} ({why}): {ISOLATED[mode]}; each runs as system account "
+            f"{c.UserAccounts.prefix}<name> (created on first spawn, home in {home_root}); "
+            f"hub state in {state_dir} (0700)",
+            file=sys.stderr,
+            flush=True,
+        )
     else:
         c.JupyterHub.spawner_class = "gpu-simple-local"
         c.SimpleLocalProcessSpawner.home_dir_template = str(home_root / "{username}")
@@ -235,10 +252,13 @@ def configure_embedded(c) -> None:
                 "admins": admins,
                 "password": c.DemoAuthenticator.demo_password,
                 "gpus": gpus + " (declared unless NVML finds a driver)",
-            }
+            },
         }
     else:
-        c.JupyterHub.template_vars = {"gpulab_not_isolated": None if isolated else NOT_ISOLATED,
-                                      "gpulab_isolation": ISOLATED.get(mode), "gpulab_isolation_mode": mode}
+        c.JupyterHub.template_vars = {
+            "gpulab_not_isolated": None if isolated else NOT_ISOLATED,
+            "gpulab_isolation": ISOLATED.get(mode),
+            "gpulab_isolation_mode": mode,
+        }
     configure_gpulab(c, admin_users=admins)
     configure_idle_culler(c)  # the NVML culler when a driver is present; the admin page says why not

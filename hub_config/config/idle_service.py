@@ -15,11 +15,9 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from spawner.nvml import detect_gpus
-
 from hub_config.config.scopes import CULLER_SERVICE_SCOPES
-
 from hub_config.domain.idle_records import CULLER_SERVICE as SERVICE
+from spawner.nvml import detect_gpus
 
 
 def configure_idle_culler(c, detect: Callable[[], list | None] | None = None) -> bool:
@@ -37,7 +35,8 @@ def configure_idle_culler(c, detect: Callable[[], list | None] | None = None) ->
         c.GPULabIdle.culler_status = (
             "Off: no NVIDIA driver found on this machine (NVML did not answer), so there are no GPU "
             "utilisation samples and the culler could never prove a GPU idle. Install the NVIDIA driver "
-            "and restart the hub to turn it on.")
+            "and restart the hub to turn it on."
+        )
         return False
     extra = shlex.split(os.environ.get("GPULAB_IDLE_CULLER_ARGS", ""))
     command = [sys.executable, "-m", "idle_culler", "--source=nvml"]
@@ -46,13 +45,16 @@ def configure_idle_culler(c, detect: Callable[[], list | None] | None = None) ->
         command.append(f"--public-url={str(bind_url).rstrip('/')}")
     command += extra
     c.JupyterHub.services = [*_configured(c, "services"), {"name": SERVICE, "command": command}]
-    c.JupyterHub.load_roles = [*_configured(c, "load_roles"),
-                               {"name": SERVICE, "scopes": CULLER_SERVICE_SCOPES, "services": [SERVICE]}]
+    c.JupyterHub.load_roles = [
+        *_configured(c, "load_roles"),
+        {"name": SERVICE, "scopes": CULLER_SERVICE_SCOPES, "services": [SERVICE]},
+    ]
     models = sorted({getattr(g, "model", "GPU") for g in gpus})
     c.GPULabIdle.culler_running = True
     c.GPULabIdle.culler_status = (
         f"On: NVML source on this machine ({len(gpus)} GPU(s): {', '.join(models)}); per-process use of each "
-        f"server's kernels; options: {' '.join(command[3:])}.")
+        f"server's kernels; options: {' '.join(command[3:])}."
+    )
     return True
 
 

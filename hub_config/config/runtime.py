@@ -12,13 +12,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from spawner.config import GPULab, GPULabRuntime
-
 from hub_config.domain.catalog_store import CatalogStore, GPULabCatalogStore, load_at_start
 from hub_config.domain.idle_records import GPULabIdle, reclaim_notice_for
 from hub_config.domain.last_choice import last_choice, remember_choice
 from hub_config.domain.usage_records import attach as attach_usage
 from hub_config.storage.db import session_factory
+from spawner.config import GPULab, GPULabRuntime
 
 #: The import string configure_gpulab puts in ``c.GPULab.runtime_hooks``.
 HOOK = "hub_config.config.runtime.attach_runtime"

@@ -9,7 +9,7 @@ CULLER = "custom:gpulab:culler"
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     JOBS: {
         "description": "Submit, list, cancel and read the logs and outputs of one's own gpulab notebook jobs; "
-                       "read one's own GPU session, quota and idle warnings; press 'keep my GPU'.",
+        "read one's own GPU session, quota and idle warnings; press 'keep my GPU'.",
     },
     ADMIN: {
         "description": "Administer gpulab: teams, quotas, profiles, every user's jobs, usage and audit log.",
@@ -35,9 +35,12 @@ def roles(admin_users: list[str] | None = None) -> list[dict]:
     out = [
         {"name": "user", "scopes": list(USER_SCOPES)},
         {"name": "server", "scopes": list(SERVER_TOKEN_SCOPES)},
-        {"name": "gpulab-admin", "description": "gpulab administrators",
-         "scopes": [ADMIN, JOBS, "admin-ui", "list:users", "read:users", "read:servers"],
-         "users": list(admin_users or [])},
+        {
+            "name": "gpulab-admin",
+            "description": "gpulab administrators",
+            "scopes": [ADMIN, JOBS, "admin-ui", "list:users", "read:users", "read:servers"],
+            "users": list(admin_users or []),
+        },
     ]
     return out
 
@@ -46,5 +49,4 @@ def roles(admin_users: list[str] | None = None) -> list[dict]:
 #: their spawner state (pod name / devices), stop idle ones, record warnings and
 #: reclaims. ``access:servers`` only for shutting down single kernels on the
 #: single-server (NVML) mode; drop it on Kubernetes.
-CULLER_SERVICE_SCOPES = ["list:users", "read:servers", "admin:server_state", "delete:servers", CULLER,
-                         "access:servers"]
+CULLER_SERVICE_SCOPES = ["list:users", "read:servers", "admin:server_state", "delete:servers", CULLER, "access:servers"]

@@ -29,8 +29,14 @@ def gpulab_handlers() -> list[tuple[str, type]]:
     today in the hub process, through ``c.JupyterHub.extra_handlers``, beside the
     ledger that admits notebooks and jobs.
     """
-    return [*me_api.handlers, *admin_api.handlers, *idle_api.handlers, *jobs_api.handlers,
-            *whatif_api.handlers, *admin_page.handlers]
+    return [
+        *me_api.handlers,
+        *admin_api.handlers,
+        *idle_api.handlers,
+        *jobs_api.handlers,
+        *whatif_api.handlers,
+        *admin_page.handlers,
+    ]
 
 
 def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:

@@ -26,10 +26,9 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from traitlets import Bool, CaselessStrEnum
 from traitlets.config import Configurable
 
+from hub_config.storage.db import Base, iso, utcnow
 from spawner.catalog import Catalog, catalog_from_dict
 from spawner.catalog_write import catalog_to_dict
-
-from hub_config.storage.db import Base, iso, utcnow
 
 log = logging.getLogger("gpulab.catalog_store")
 
@@ -93,7 +92,10 @@ class AuditEntry(Base):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "at": iso(self.at), "actor": self.actor, "action": self.action,
+            "id": self.id,
+            "at": iso(self.at),
+            "actor": self.actor,
+            "action": self.action,
             "target": self.target,
             "old": json.loads(self.old) if self.old else None,
             "new": json.loads(self.new) if self.new else None,
@@ -129,19 +131,36 @@ class CatalogStore:
             return None
         return catalog_from_dict(json.loads(row.data), "gpulab database (table gpulab_catalog)")
 
-    def _write(self, s: Session, catalog: Catalog, *, actor: str, edited: bool,
-               file_digest: str | None = None, expect_version: int | None = None) -> StoredCatalog:
+    def _write(
+        self,
+        s: Session,
+        catalog: Catalog,
+        *,
+        actor: str,
+        edited: bool,
+        file_digest: str | None = None,
+        expect_version: int | None = None,
+    ) -> StoredCatalog:
         row = s.get(StoredCatalog, 1)
         now = utcnow()
         data = json.dumps(catalog_to_dict(catalog), sort_keys=True)
         if row is None:
-            row = StoredCatalog(id=1, data=data, file_digest=file_digest or "", edited=edited, version=1,
-                                updated_at=now, updated_by=actor)
+            row = StoredCatalog(
+                id=1,
+                data=data,
+                file_digest=file_digest or "",
+                edited=edited,
+                version=1,
+                updated_at=now,
+                updated_by=actor,
+            )
             s.add(row)
         else:
             if expect_version is not None and row.version != expect_version:
-                raise StaleCatalogError(f"the catalog changed meanwhile (version {row.version}, "
-                                        f"expected {expect_version}); reload and try again")
+                raise StaleCatalogError(
+                    f"the catalog changed meanwhile (version {row.version}, "
+                    f"expected {expect_version}); reload and try again"
+                )
             row.data = data
             row.version += 1
             row.edited = edited
@@ -152,9 +171,16 @@ class CatalogStore:
         return row
 
     def audit(self, s: Session, actor: str, action: str, target: str, old: Any, new: Any) -> None:
-        s.add(AuditEntry(at=utcnow(), actor=actor, action=action, target=target,
-                         old=json.dumps(old, sort_keys=True) if old is not None else None,
-                         new=json.dumps(new, sort_keys=True) if new is not None else None))
+        s.add(
+            AuditEntry(
+                at=utcnow(),
+                actor=actor,
+                action=action,
+                target=target,
+                old=json.dumps(old, sort_keys=True) if old is not None else None,
+                new=json.dumps(new, sort_keys=True) if new is not None else None,
+            )
+        )
 
     def seed(self, catalog: Catalog, action: str = "catalog.seed") -> None:
         """Store the config file's catalog (first run, or a re-seed)."""
@@ -164,16 +190,18 @@ class CatalogStore:
             self._write(s, catalog, actor=CONFIG_FILE_ACTOR, edited=False, file_digest=digest(catalog))
             self.audit(s, CONFIG_FILE_ACTOR, action, "catalog", old, catalog_to_dict(catalog))
 
-    def save(self, catalog: Catalog, *, actor: str, action: str, target: str, old: Any, new: Any,
-             version: int | None = None) -> int:
+    def save(
+        self, catalog: Catalog, *, actor: str, action: str, target: str, old: Any, new: Any, version: int | None = None
+    ) -> int:
         """Store an admin's edit and its audit entry in one transaction; returns the new version."""
         with self.sessions.begin() as s:
             row = self._write(s, catalog, actor=actor, edited=True, expect_version=version)
             self.audit(s, actor, action, target, old, new)
             return row.version
 
-    def entries(self, *, limit: int = 100, offset: int = 0, target: str | None = None,
-                since: datetime | None = None) -> tuple[list[dict[str, Any]], int]:
+    def entries(
+        self, *, limit: int = 100, offset: int = 0, target: str | None = None, since: datetime | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
         from sqlalchemy import func
 
         with self.sessions() as s:
@@ -200,8 +228,10 @@ def load_at_start(store: CatalogStore, file_catalog: Catalog) -> Catalog:
     if store.settings.source == "file" or store.settings.reseed_from_file:
         if row.file_digest != file_digest or row.edited:
             store.seed(file_catalog, action="catalog.reseed")
-            log.warning("gpulab: replaced the stored catalog with the config file's (%s)",
-                        "source = 'file'" if store.read_only else "reseed_from_file = True")
+            log.warning(
+                "gpulab: replaced the stored catalog with the config file's (%s)",
+                "source = 'file'" if store.read_only else "reseed_from_file = True",
+            )
         return file_catalog
     if not row.edited:
         if row.file_digest != file_digest:
@@ -215,7 +245,8 @@ def load_at_start(store: CatalogStore, file_catalog: Catalog) -> Catalog:
             "gpulab: the config file's teams/profiles changed since they seeded the database, but an "
             "admin edited the catalog in the hub (last by %s at %s): the database wins. Set "
             "c.GPULabCatalogStore.reseed_from_file = True once to start again from the file.",
-            row.updated_by, iso(row.updated_at),
+            row.updated_by,
+            iso(row.updated_at),
         )
     else:
         log.info("gpulab: using the catalog edited in the hub (version %d, by %s)", row.version, row.updated_by)

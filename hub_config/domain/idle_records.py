@@ -20,10 +20,9 @@ from traitlets import Bool, Unicode
 from traitlets import Integer as IntTrait
 from traitlets.config import Configurable
 
-from spawner.idle import KeepalivePolicy, gpu_hours_freed
-
-from hub_config.storage.db import Base, GPULabDB, session_factory
 from hub_config.domain.usage_records import freed_until, next_gpu_holds
+from hub_config.storage.db import Base, GPULabDB, session_factory
+from spawner.idle import KeepalivePolicy, gpu_hours_freed
 
 #: The culler's service name in the hub's configuration.
 CULLER_SERVICE = "gpulab-idle-culler"
@@ -41,22 +40,29 @@ class GPULabIdle(Configurable):
     """Hub-side policy for "keep my GPU" (``c.GPULabIdle.*``)."""
 
     keepalive_max_uses = IntTrait(
-        2, min=0, config=True,
+        2,
+        min=0,
+        config=True,
         help="How many times a user may press 'keep my GPU' per server session (0 disables it).",
     )
     keepalive_extends_seconds = IntTrait(
-        3600, min=1, config=True,
+        3600,
+        min=1,
+        config=True,
         help="How long one 'keep my GPU' protects a server from the GPU idle culler, in seconds.",
     )
 
     culler_status = Unicode(
-        "", config=True,
+        "",
+        config=True,
         help="""What the admin page says about the GPU idle culler: set by the deployment that starts
         it (the embedded hub says whether it runs, with which source, or why it is off). Empty: the
         page shows only the culler's records.""",
     )
     culler_running = Bool(
-        None, allow_none=True, config=True,
+        None,
+        allow_none=True,
+        config=True,
         help="""Whether this deployment runs the GPU idle culler. None: decided from
         `c.JupyterHub.services` (a service named gpulab-idle-culler).""",
     )
@@ -120,14 +126,20 @@ def iso(ts: float | None) -> str | None:
 
 def event_json(e: IdleEventRow, freed: float | None = None) -> dict[str, Any]:
     out = {
-        "at": iso(e.at), "kind": e.kind, "user": e.user, "server": e.server, "team": e.team,
-        "profile": e.profile, "gpu_milli": e.gpu_milli, "reason": e.reason, "session": e.session,
+        "at": iso(e.at),
+        "kind": e.kind,
+        "user": e.user,
+        "server": e.server,
+        "team": e.team,
+        "profile": e.profile,
+        "gpu_milli": e.gpu_milli,
+        "reason": e.reason,
+        "session": e.session,
         "evidence": json.loads(e.evidence or "{}"),
     }
     if e.kind == "reclaim":
         out.update(action=e.action, idle_gpu_hours_before_reclaim=e.idle_gpu_hours, gpu_hours_freed=freed)
     return out
-
 
 
 def reclaim_message(at: float, idle_minutes: int | None, peak_percent: float) -> str:
@@ -152,8 +164,9 @@ def audit_json(sessions, events: list[IdleEventRow]) -> list[dict[str, Any]]:
             freed = 0.0
             if e.action == "stop-server":
                 nxt = freed_until(holds, e.user, datetime.fromtimestamp(e.at, timezone.utc).replace(tzinfo=None))
-                freed = gpu_hours_freed(e.gpu_milli, e.at,
-                                        None if nxt is None else nxt.replace(tzinfo=timezone.utc).timestamp(), now)
+                freed = gpu_hours_freed(
+                    e.gpu_milli, e.at, None if nxt is None else nxt.replace(tzinfo=timezone.utc).timestamp(), now
+                )
         out.append(event_json(e, freed))
     return out
 
@@ -163,17 +176,23 @@ def idle_admin_view(config, limit: int = 50) -> dict[str, Any]:
     settings = GPULabIdle(config=config)
     sessions = session_factory(config=config)
     with sessions() as session:
-        events = list(reversed(session.scalars(
-            select(IdleEventRow).order_by(IdleEventRow.id.desc()).limit(limit)).all()))
+        events = list(
+            reversed(session.scalars(select(IdleEventRow).order_by(IdleEventRow.id.desc()).limit(limit)).all())
+        )
     services = config.JupyterHub.get("services", []) if config is not None and "JupyterHub" in config else []
     as_service = any(isinstance(s, dict) and s.get("name") == CULLER_SERVICE for s in services)
     on = as_service if settings.culler_running is None else (settings.culler_running or as_service)
     if on:
-        status = (settings.culler_status if settings.culler_running and settings.culler_status
-                  else f"On: runs as the hub service {CULLER_SERVICE}.")
+        status = (
+            settings.culler_status
+            if settings.culler_running and settings.culler_status
+            else f"On: runs as the hub service {CULLER_SERVICE}."
+        )
     else:
-        status = settings.culler_status or (f"Off: no {CULLER_SERVICE} service in this hub's configuration; "
-                                            "idle GPUs are not reclaimed (see docs/idle-culler.md).")
+        status = settings.culler_status or (
+            f"Off: no {CULLER_SERVICE} service in this hub's configuration; "
+            "idle GPUs are not reclaimed (see docs/idle-culler.md)."
+        )
     return {"on": on, "status": status, "events": audit_json(sessions, events)}
 
 
@@ -181,13 +200,20 @@ def reclaim_notice(config, user: str, server: str) -> str:
     """The spawn page's sentence after a reclaim, or '' when the user's last session of
     ``server`` did not end that way (or they have held a GPU since)."""
     url = GPULabDB(config=config).db_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
         return ""  # no gpulab database yet: nothing was ever reclaimed (and none is created here)
     sessions = session_factory(config=config)
     with sessions() as session:
-        e = session.scalars(select(IdleEventRow).where(
-            IdleEventRow.user == user, IdleEventRow.server == server,
-            IdleEventRow.kind.in_(("reclaim", "warning", "keepalive"))).order_by(IdleEventRow.id.desc()).limit(1)).first()
+        e = session.scalars(
+            select(IdleEventRow)
+            .where(
+                IdleEventRow.user == user,
+                IdleEventRow.server == server,
+                IdleEventRow.kind.in_(("reclaim", "warning", "keepalive")),
+            )
+            .order_by(IdleEventRow.id.desc())
+            .limit(1)
+        ).first()
     if e is None or e.kind != "reclaim" or e.action != "stop-server":
         return ""
     at = datetime.fromtimestamp(e.at, timezone.utc).replace(tzinfo=None)
@@ -202,7 +228,6 @@ def reclaim_notice(config, user: str, server: str) -> str:
 def evidence_peak(evidence: dict) -> float:
     """The highest utilisation any device showed over the evidence window (percent)."""
     return max((d.get("max", 0) or 0 for ds in (evidence.get("devices") or {}).values() for d in ds), default=0)
-
 
 
 def reclaim_notice_for(spawner) -> str:

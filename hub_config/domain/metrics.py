@@ -28,10 +28,9 @@ from datetime import timedelta
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
-from spawner.config import get_runtime
-
 from hub_config.domain.usage import period_report, reclaim_figures
 from hub_config.storage.db import utcnow
+from spawner.config import get_runtime
 
 log = logging.getLogger("gpulab.metrics")
 
@@ -52,17 +51,20 @@ class GPULabCollector:
         except Exception as e:  # a broken catalog must not break the hub's own metrics
             log.warning("gpulab metrics unavailable: %s", e)
             return
-        held = GaugeMetricFamily("gpulab_team_gpu_milli", "Milli-GPUs held by a team, by quota state",
-                                 labels=["team", "state"])
+        held = GaugeMetricFamily(
+            "gpulab_team_gpu_milli", "Milli-GPUs held by a team, by quota state", labels=["team", "state"]
+        )
         guarantee = GaugeMetricFamily("gpulab_team_guarantee_milli", "Team guaranteed milli-GPUs", labels=["team"])
         burst = GaugeMetricFamily("gpulab_team_burst_milli", "Team burst limit in milli-GPUs", labels=["team"])
-        cap = GaugeMetricFamily("gpulab_team_per_user_cap_milli", "Most milli-GPUs one user may hold in the team",
-                                labels=["team"])
+        cap = GaugeMetricFamily(
+            "gpulab_team_per_user_cap_milli", "Most milli-GPUs one user may hold in the team", labels=["team"]
+        )
         count = GaugeMetricFamily("gpulab_team_workloads", "Workloads holding team quota", labels=["team"])
         per_user = GaugeMetricFamily("gpulab_user_gpu_milli", "Milli-GPUs held per user", labels=["team", "user"])
         retired = GaugeMetricFamily("gpulab_profile_retired", "1 if the profile is retired", labels=["profile"])
-        hours = GaugeMetricFamily("gpulab_team_gpu_hours", "GPU-hours used by a team in the last 24 hours",
-                                  labels=["team", "quota"])
+        hours = GaugeMetricFamily(
+            "gpulab_team_gpu_hours", "GPU-hours used by a team in the last 24 hours", labels=["team", "quota"]
+        )
         ledger = runtime.ledger
         catalog = runtime.catalog
         users: dict[tuple[str, str], int] = {}
@@ -89,8 +91,15 @@ class GPULabCollector:
         if recorder is not None:
             now = utcnow()
             try:
-                report = period_report(runtime, recorder.sessions, recorder.settings,
-                                       now - timedelta(hours=24), now, bucket=timedelta(hours=24), others=False)
+                report = period_report(
+                    runtime,
+                    recorder.sessions,
+                    recorder.settings,
+                    now - timedelta(hours=24),
+                    now,
+                    bucket=timedelta(hours=24),
+                    others=False,
+                )
             except Exception as e:
                 log.warning("gpulab usage metrics unavailable: %s", e)
             else:
@@ -106,12 +115,16 @@ def reclaim_metrics(recorder, now):
     figures = reclaim_figures(recorder.sessions, now - timedelta(hours=24), now, now)
     if figures is None:
         return
-    idle = GaugeMetricFamily("gpulab_team_idle_gpu_hours_before_reclaim",
-                             "Idle GPU-hours the culler observed before its reclaims of the last 24 hours",
-                             labels=["team"])
-    freed = GaugeMetricFamily("gpulab_team_gpu_hours_freed",
-                              "GPU-hours freed by the culler's reclaims of the last 24 hours (until each "
-                              "user next held a GPU, or now)", labels=["team"])
+    idle = GaugeMetricFamily(
+        "gpulab_team_idle_gpu_hours_before_reclaim",
+        "Idle GPU-hours the culler observed before its reclaims of the last 24 hours",
+        labels=["team"],
+    )
+    freed = GaugeMetricFamily(
+        "gpulab_team_gpu_hours_freed",
+        "GPU-hours freed by the culler's reclaims of the last 24 hours (until each user next held a GPU, or now)",
+        labels=["team"],
+    )
     by_team: dict[str, tuple[float, float]] = {}
     for (team, _), (i, f) in figures.items():
         a, b = by_team.get(team, (0.0, 0.0))

@@ -8,9 +8,9 @@ models (:mod:`.idle_records`, :mod:`hub_config.jobs.models`).
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
-from bisect import bisect_right
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -18,9 +18,6 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-
-from spawner.catalog import Catalog
-from spawner.idle import gpu_hours_freed
 
 from hub_config.domain.idle_records import IdleEventRow
 from hub_config.domain.usage_records import (
@@ -32,6 +29,8 @@ from hub_config.domain.usage_records import (
 )
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import from_epoch, iso, to_epoch, utcnow
+from spawner.catalog import Catalog
+from spawner.idle import gpu_hours_freed
 
 log = logging.getLogger("gpulab.usage")
 
@@ -73,9 +72,12 @@ class Totals:
         }
 
 
-def reclaim_figures(sessions: sessionmaker[Session], start: datetime, end: datetime,
-                    now: datetime | None = None,
-                    ) -> dict[tuple[str, str], tuple[float, float]] | None:
+def reclaim_figures(
+    sessions: sessionmaker[Session],
+    start: datetime,
+    end: datetime,
+    now: datetime | None = None,
+) -> dict[tuple[str, str], tuple[float, float]] | None:
     """``{(team, user): (idle GPU-hours before reclaim, GPU-hours freed)}`` of the
     reclaims in ``[start, end)``; ``None`` (logged) when the culler's records cannot be read.
 
@@ -89,8 +91,11 @@ def reclaim_figures(sessions: sessionmaker[Session], start: datetime, end: datet
     e = IdleEventRow
     try:
         with sessions() as s:
-            rows = s.execute(select(e.at, e.team, e.user, e.gpu_milli, e.action, e.idle_gpu_hours)
-                             .where(e.kind == "reclaim", e.at >= to_epoch(start), e.at < to_epoch(end))).all()
+            rows = s.execute(
+                select(e.at, e.team, e.user, e.gpu_milli, e.action, e.idle_gpu_hours).where(
+                    e.kind == "reclaim", e.at >= to_epoch(start), e.at < to_epoch(end)
+                )
+            ).all()
     except SQLAlchemyError as err:
         log.warning("gpulab: cannot read the idle culler's reclaims: %s", err)
         return None
@@ -107,16 +112,19 @@ def reclaim_figures(sessions: sessionmaker[Session], start: datetime, end: datet
     return out
 
 
-def jobs_by_state(sessions: sessionmaker[Session], start: datetime,
-                  end: datetime) -> dict[tuple[str, str], dict[str, int]] | None:
+def jobs_by_state(
+    sessions: sessionmaker[Session], start: datetime, end: datetime
+) -> dict[tuple[str, str], dict[str, int]] | None:
     """``{(team, user): {state: count}}`` of the jobs created in ``[start, end)``;
     ``None`` (logged) when the jobs cannot be read."""
     j = JobRecord
     try:
         with sessions() as s:
-            rows = s.execute(select(j.team, j.user, j.state, func.count())
-                             .where(j.created_at >= start, j.created_at < end)
-                             .group_by(j.team, j.user, j.state)).all()
+            rows = s.execute(
+                select(j.team, j.user, j.state, func.count())
+                .where(j.created_at >= start, j.created_at < end)
+                .group_by(j.team, j.user, j.state)
+            ).all()
     except SQLAlchemyError as err:
         log.warning("gpulab: cannot read the notebook jobs: %s", err)
         return None
@@ -135,8 +143,10 @@ def _reclaim_totals(figures: list[tuple[float, float]], unknown: bool) -> dict[s
     """The two reclaim figures, named for what they measure (None: the culler's table is absent)."""
     if unknown:
         return {"idle_gpu_hours_before_reclaim": None, "gpu_hours_freed": None}
-    return {"idle_gpu_hours_before_reclaim": round(sum(i for i, _ in figures), 6),
-            "gpu_hours_freed": round(sum(f for _, f in figures), 6)}
+    return {
+        "idle_gpu_hours_before_reclaim": round(sum(i for i, _ in figures), 6),
+        "gpu_hours_freed": round(sum(f for _, f in figures), 6),
+    }
 
 
 def bucket_edges(start: datetime, end: datetime, bucket: timedelta, zone: str = "UTC") -> list[datetime]:
@@ -174,8 +184,16 @@ def local_iso(dt: datetime, zone: str) -> str:
     return dt.replace(tzinfo=timezone.utc).astimezone(ZoneInfo(zone)).isoformat(timespec="seconds")
 
 
-def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsage, start: datetime,
-                  end: datetime, bucket: timedelta = timedelta(days=1), *, others: bool = True) -> dict[str, Any]:
+def period_report(
+    runtime,
+    sessions: sessionmaker[Session],
+    settings: GPULabUsage,
+    start: datetime,
+    end: datetime,
+    bucket: timedelta = timedelta(days=1),
+    *,
+    others: bool = True,
+) -> dict[str, Any]:
     """GPU-hours, cost, reclaims, jobs and utilisation per team and user over ``[start, end)``.
 
     ``others=False`` skips the culler's and the jobs' tables (metrics scrapes).
@@ -189,11 +207,14 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
     edges = bucket_edges(start, end, bucket, zone)
     n_buckets = len(edges) - 1
     with sessions() as s:
-        rows = s.scalars(select(UsageInterval).where(
-            UsageInterval.started_at < end,
-            (UsageInterval.ended_at.is_(None)) | (UsageInterval.ended_at > start))).all()
-        samples = s.scalars(select(UtilisationSample).where(
-            UtilisationSample.at >= start, UtilisationSample.at < end)).all()
+        rows = s.scalars(
+            select(UsageInterval).where(
+                UsageInterval.started_at < end, (UsageInterval.ended_at.is_(None)) | (UsageInterval.ended_at > start)
+            )
+        ).all()
+        samples = s.scalars(
+            select(UtilisationSample).where(UtilisationSample.at >= start, UtilisationSample.at < end)
+        ).all()
     for r in rows:
         lo = max(start, r.started_at)
         hi = min(end, r.ended_at or now, now)
@@ -230,8 +251,11 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
             d["jobs"] = counts
         else:
             d["jobs"] = None
-        user_names = sorted({u for t, u in users if t == name} | {u for t, u in (reclaims or {}) if t == name and u}
-                            | {u for t, u in (jobs or {}) if t == name and u})
+        user_names = sorted(
+            {u for t, u in users if t == name}
+            | {u for t, u in (reclaims or {}) if t == name and u}
+            | {u for t, u in (jobs or {}) if t == name and u}
+        )
         d["users"] = []
         for u in user_names:
             ud = {"user": u, **users[(name, u)].to_dict()}
@@ -241,7 +265,9 @@ def period_report(runtime, sessions: sessionmaker[Session], settings: GPULabUsag
         d["series"] = [round(series[name].get(i, 0.0), 6) for i in range(n_buckets)]
         out_teams.append(d)
     return {
-        "start": iso(start), "end": iso(end), "bucket_seconds": int(bucket.total_seconds()),
+        "start": iso(start),
+        "end": iso(end),
+        "bucket_seconds": int(bucket.total_seconds()),
         "time_zone": zone,
         "buckets": [local_iso(e, zone) for e in edges[:-1]],
         "currency": settings.currency,
@@ -268,19 +294,24 @@ def current_report(runtime) -> list[dict[str, Any]]:
     out = []
     for name in names:
         u = ledger.usage(name)
-        per_user: dict[str, dict[str, int]] = defaultdict(lambda: {"held_milli": 0, "in_quota_milli": 0,
-                                                                   "over_quota_milli": 0})
+        per_user: dict[str, dict[str, int]] = defaultdict(
+            lambda: {"held_milli": 0, "in_quota_milli": 0, "over_quota_milli": 0}
+        )
         for w in ledger.workloads(name):
             pu = per_user[w.user]
             pu["held_milli"] += w.milli
             pu["over_quota_milli" if w.over_quota else "in_quota_milli"] += w.milli
-        out.append({
-            "team": name, "guarantee_milli": u.guarantee_milli, "burst_milli": u.burst_milli,
-            "held_milli": u.held_milli, "in_quota_milli": u.in_quota_milli,
-            "over_quota_milli": u.over_quota_milli, "reserved_milli": u.reserved_milli,
-            "workloads": u.workloads,
-            "users": [{"user": k, **v} for k, v in sorted(per_user.items())],
-        })
+        out.append(
+            {
+                "team": name,
+                "guarantee_milli": u.guarantee_milli,
+                "burst_milli": u.burst_milli,
+                "held_milli": u.held_milli,
+                "in_quota_milli": u.in_quota_milli,
+                "over_quota_milli": u.over_quota_milli,
+                "reserved_milli": u.reserved_milli,
+                "workloads": u.workloads,
+                "users": [{"user": k, **v} for k, v in sorted(per_user.items())],
+            }
+        )
     return out
-
-

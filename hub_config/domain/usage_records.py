@@ -26,10 +26,9 @@ from traitlets import Float as TFloat
 from traitlets import TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from hub_config.storage.db import Base, utcnow
 from spawner.config import GPULabRuntime
 from spawner.ledger import Workload
-
-from hub_config.storage.db import Base, utcnow
 
 log = logging.getLogger("gpulab.usage")
 
@@ -64,8 +63,10 @@ class GPULabUsage(Configurable):
         try:
             ZoneInfo(value)
         except (ZoneInfoNotFoundError, ValueError):
-            raise TraitError(f"c.GPULabUsage.time_zone: unknown time zone {value!r}; "
-                             "use an IANA name such as 'UTC' or 'Europe/Berlin'") from None
+            raise TraitError(
+                f"c.GPULabUsage.time_zone: unknown time zone {value!r}; "
+                "use an IANA name such as 'UTC' or 'Europe/Berlin'"
+            ) from None
         return value
 
 
@@ -75,8 +76,13 @@ class UsageInterval(Base):
     __tablename__ = "gpulab_usage"
     __table_args__ = (
         # At most one open interval per workload key: recording is idempotent.
-        Index("ix_gpulab_usage_open_key", "key", unique=True,
-              sqlite_where=text("ended_at IS NULL"), postgresql_where=text("ended_at IS NULL")),
+        Index(
+            "ix_gpulab_usage_open_key",
+            "key",
+            unique=True,
+            sqlite_where=text("ended_at IS NULL"),
+            postgresql_where=text("ended_at IS NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -130,8 +136,9 @@ class UsageRecorder:
             return
         now = utcnow()
         with self.sessions.begin() as s:
-            open_row = s.scalars(select(UsageInterval).where(
-                UsageInterval.key == w.key, UsageInterval.ended_at.is_(None))).first()
+            open_row = s.scalars(
+                select(UsageInterval).where(UsageInterval.key == w.key, UsageInterval.ended_at.is_(None))
+            ).first()
             if event == "remove":
                 if open_row is not None:
                     open_row.ended_at = now
@@ -142,19 +149,33 @@ class UsageRecorder:
                 if open_row.gpu_model is None:
                     open_row.gpu_model = self.model_of(w)
                 return
-            s.add(UsageInterval(key=w.key, team=w.team, user=w.user, profile=w.profile, kind=w.kind,
-                                gpu_milli=w.milli, gpu_model=self.model_of(w), over_quota=w.over_quota,
-                                started_at=now))
+            s.add(
+                UsageInterval(
+                    key=w.key,
+                    team=w.team,
+                    user=w.user,
+                    profile=w.profile,
+                    kind=w.kind,
+                    gpu_milli=w.milli,
+                    gpu_model=self.model_of(w),
+                    over_quota=w.over_quota,
+                    started_at=now,
+                )
+            )
 
     def reconcile(self) -> int:
         """Close open intervals of workloads the ledger no longer holds."""
         live = {w.key for w in self.runtime.ledger.workloads()}
         with self.sessions.begin() as s:
-            stale = [k for k in s.scalars(select(UsageInterval.key).where(UsageInterval.ended_at.is_(None)))
-                     if k not in live]
+            stale = [
+                k for k in s.scalars(select(UsageInterval.key).where(UsageInterval.ended_at.is_(None))) if k not in live
+            ]
             if stale:
-                s.execute(update(UsageInterval).where(UsageInterval.key.in_(stale),
-                                                      UsageInterval.ended_at.is_(None)).values(ended_at=utcnow()))
+                s.execute(
+                    update(UsageInterval)
+                    .where(UsageInterval.key.in_(stale), UsageInterval.ended_at.is_(None))
+                    .values(ended_at=utcnow())
+                )
         if stale:
             log.info("gpulab: closed usage of %d workload(s) no longer running: %s", len(stale), ", ".join(stale[:5]))
         self.sample_utilisation()
@@ -192,8 +213,9 @@ class UsageRecorder:
                 continue
             values = [util[i] for i, _ in placement.shares if i in util]
             if values:
-                rows.append(UtilisationSample(at=now, key=w.key, team=w.team, user=w.user,
-                                              util_pct=sum(values) / len(values)))
+                rows.append(
+                    UtilisationSample(at=now, key=w.key, team=w.team, user=w.user, util_pct=sum(values) / len(values))
+                )
         if rows:
             with self.sessions.begin() as s:
                 s.add_all(rows)
@@ -228,9 +250,11 @@ def next_gpu_holds(sessions: sessionmaker[Session], users: set[str], after: date
     if not users:
         return {}
     with sessions() as s:
-        rows = s.execute(select(UsageInterval.user, UsageInterval.started_at)
-                         .where(UsageInterval.user.in_(sorted(users)), UsageInterval.started_at > after,
-                                UsageInterval.gpu_milli > 0)).all()
+        rows = s.execute(
+            select(UsageInterval.user, UsageInterval.started_at).where(
+                UsageInterval.user.in_(sorted(users)), UsageInterval.started_at > after, UsageInterval.gpu_milli > 0
+            )
+        ).all()
     out: dict[str, list[datetime]] = defaultdict(list)
     for user, started in rows:
         out[user].append(started)

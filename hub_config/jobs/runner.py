@@ -62,18 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             write_status(args.status, {"returncode": 1, "error": f"cannot open the job's log {args.log}: {e}"})
             return 1
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parameters = json.loads(os.environ.get("GPULAB_JOB_PARAMETERS", "{}"))
     print(f"gpulab: running {args.input} -> {args.output} with parameters {json.dumps(parameters)}", flush=True)
-    print(f"gpulab: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} "
-          f"GPULAB_GPU_FRACTION={os.environ.get('GPULAB_GPU_FRACTION', '')}", flush=True)
+    print(
+        f"gpulab: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} "
+        f"GPULAB_GPU_FRACTION={os.environ.get('GPULAB_GPU_FRACTION', '')}",
+        flush=True,
+    )
     try:
         import papermill
 
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        papermill.execute_notebook(args.input, args.output, parameters=parameters, cwd=args.cwd,
-                                   log_output=True, progress_bar=False)
+        papermill.execute_notebook(
+            args.input, args.output, parameters=parameters, cwd=args.cwd, log_output=True, progress_bar=False
+        )
     except Exception as e:
         traceback.print_exc(file=sys.stdout)
         first = str(e).strip().splitlines()

@@ -28,23 +28,22 @@ from sqlalchemy import select
 from traitlets import Bool, Float, Int, List, Type, Unicode, default
 from traitlets.config import Configurable
 
+from hub_config.jobs.backends.base import JobBackend, config_value, log
+from hub_config.jobs.models import JobRecord
+from hub_config.storage.db import session_factory, utcnow
 from spawner import jobspec
 from spawner.accounts import UserAccounts, lookup
-from spawner.sudo import SudoError
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
 from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
 from spawner.ledger import RESERVED, RUNNING, Workload
 from spawner.policy import PolicyError, resolve_request
-
-from hub_config.jobs.backends.base import JobBackend, config_value, log
-from hub_config.jobs.models import JobRecord
-from hub_config.storage.db import utcnow
-from hub_config.storage.db import session_factory
+from spawner.sudo import SudoError
 
 #: Keys a submission may carry; anything else is refused (never silently ignored).
-SUBMIT_KEYS = frozenset({"notebook", "job_class", "profile", "team", "image", "parameters",
-                         "time_limit_seconds", "name", "idempotency_key"})
+SUBMIT_KEYS = frozenset(
+    {"notebook", "job_class", "profile", "team", "image", "parameters", "time_limit_seconds", "name", "idempotency_key"}
+)
 
 
 class GPULabJobs(Configurable):
@@ -70,21 +69,28 @@ class GPULabJobs(Configurable):
         the user's system home (`~username`).""",
     )
     max_parameters_bytes = Int(
-        16 * 1024, config=True,
+        16 * 1024,
+        config=True,
         help="Largest papermill parameters object accepted, in bytes of JSON.",
     )
     default_time_limit_seconds = Int(
-        3600, config=True, help="Time limit of a job that names none, in seconds.",
+        3600,
+        config=True,
+        help="Time limit of a job that names none, in seconds.",
     )
     max_time_limit_seconds = Int(
-        7 * 24 * 3600, config=True, help="Longest time limit a job may ask for, in seconds.",
+        7 * 24 * 3600,
+        config=True,
+        help="Longest time limit a job may ask for, in seconds.",
     )
     poll_interval = Float(
-        2.0, config=True,
+        2.0,
+        config=True,
         help="Seconds between checks of running jobs (exits, time limits, queue, Kubernetes status).",
     )
     stop_grace_seconds = Float(
-        10.0, config=True,
+        10.0,
+        config=True,
         help="""Seconds between SIGTERM and SIGKILL when a local job is cancelled,
         preempted or timed out.""",
     )
@@ -95,8 +101,17 @@ class GPULabJobs(Configurable):
     )
     env_keep = List(
         Unicode(),
-        default_value=["PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
-                       "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TZ"],
+        default_value=[
+            "PATH",
+            "PYTHONPATH",
+            "VIRTUAL_ENV",
+            "CONDA_PREFIX",
+            "CONDA_DEFAULT_ENV",
+            "LANG",
+            "LC_ALL",
+            "LD_LIBRARY_PATH",
+            "TZ",
+        ],
         config=True,
         help="""Variables a local job inherits from the hub's environment (everything else,
         such as CONFIGPROXY_AUTH_TOKEN, is not passed on).""",
@@ -112,7 +127,9 @@ class GPULabJobs(Configurable):
         user's server. It must contain papermill.""",
     )
     kube_home_claim_template = Unicode(
-        None, allow_none=True, config=True,
+        None,
+        allow_none=True,
+        config=True,
         help="""PersistentVolumeClaim holding the user's home, mounted into the job's pod, in
         KubeSpawner's template syntax ({username} and {user_server} are KubeSpawner's safe
         slugs of the user name). Default: KubeSpawner's own `pvc_name_template`, so the job
@@ -121,28 +138,38 @@ class GPULabJobs(Configurable):
         Empty: no home volume.""",
     )
     kube_home_mount_path = Unicode(
-        "/home/jovyan", config=True, help="Where the home volume is mounted in the job's pod.",
+        "/home/jovyan",
+        config=True,
+        help="Where the home volume is mounted in the job's pod.",
     )
     kube_home_sub_path = Unicode(
-        "", config=True,
+        "",
+        config=True,
         help="subPath of the home volume ({username}: KubeSpawner's safe slug), if homes share a claim.",
     )
     kube_ttl_seconds_after_finished = Int(
-        86400, config=True, help="`ttlSecondsAfterFinished` of the Jobs: finished Jobs are removed after this.",
+        86400,
+        config=True,
+        help="`ttlSecondsAfterFinished` of the Jobs: finished Jobs are removed after this.",
     )
     kube_backoff_limit = Int(
-        2, config=True,
+        2,
+        config=True,
         help="""`backoffLimit`: pod failures (an OOM kill, a node failure) before the Job fails.
         A notebook that raised fails the Job at once; preemptions do not count.""",
     )
-    kube_service_account = Unicode("", config=True, help="Service account of the job pods (empty: the namespace default).")
+    kube_service_account = Unicode(
+        "", config=True, help="Service account of the job pods (empty: the namespace default)."
+    )
     kueue_enabled = Bool(
-        False, config=True,
+        False,
+        config=True,
         help="""Put jobs on Kueue: each Job carries `kueue.x-k8s.io/queue-name` and is created
         suspended; Kueue admits it against the team's ClusterQueue.""",
     )
     kueue_queue_template = Unicode(
-        KUEUE_LOCAL_QUEUE_TEMPLATE, config=True,
+        KUEUE_LOCAL_QUEUE_TEMPLATE,
+        config=True,
         help="""The team's Kueue LocalQueue name; `{team}` is replaced. The default is the
         name the Helm chart gives the LocalQueue it creates in each team namespace.""",
     )
@@ -167,8 +194,7 @@ class JobService:
         self.accounts = UserAccounts(config=config) if config is not None else UserAccounts()
         spawner_class = str(config_value(config, "JupyterHub", "spawner_class") or "")
         #: Jobs run as their owner's system account, like the owner's servers.
-        self.owner_accounts = self.accounts.enabled or spawner_class in (
-            "gpu-local", "spawner.local.GPULocalSpawner")
+        self.owner_accounts = self.accounts.enabled or spawner_class in ("gpu-local", "spawner.local.GPULocalSpawner")
         #: The hub is not root: what is in a home is read as its owner, through the mediator.
         self.reads_as_owner = self.owner_accounts and self.accounts.uses_sudo()
         self._task: asyncio.Task | None = None
@@ -183,8 +209,11 @@ class JobService:
     def home_dir(self, user: str) -> Path:
         if self.owner_accounts and not self.settings.home_dir_template:
             return self.accounts.home_of(user)
-        template = self.settings.home_dir_template or config_value(
-            self.config, "SimpleLocalProcessSpawner", "home_dir_template") or ""
+        template = (
+            self.settings.home_dir_template
+            or config_value(self.config, "SimpleLocalProcessSpawner", "home_dir_template")
+            or ""
+        )
         if template:
             return Path(template.format(username=user))
         return Path(os.path.expanduser(f"~{user}"))
@@ -196,8 +225,16 @@ class JobService:
         if self._task is not None:
             return
         for rec in self.active():
-            w = Workload(jobspec.workload_key(rec.id), rec.team, rec.user, rec.gpu_milli, rec.profile,
-                         "job", rec.over_quota, RUNNING if rec.state == jobspec.RUNNING else RESERVED)
+            w = Workload(
+                jobspec.workload_key(rec.id),
+                rec.team,
+                rec.user,
+                rec.gpu_milli,
+                rec.profile,
+                "job",
+                rec.over_quota,
+                RUNNING if rec.state == jobspec.RUNNING else RESERVED,
+            )
             self.runtime.ledger.adopt(w)
         self._task = asyncio.ensure_future(self._loop())
         log.info("gpulab jobs: %s backend started", self.backend.name)
@@ -228,8 +265,9 @@ class JobService:
         with self.db() as s:
             return s.get(JobRecord, job_id)
 
-    def list(self, user: str | None = None, team: str | None = None, state: str | None = None,
-             limit: int = 500) -> builtins.list[JobRecord]:
+    def list(
+        self, user: str | None = None, team: str | None = None, state: str | None = None, limit: int = 500
+    ) -> builtins.list[JobRecord]:
         q = select(JobRecord).order_by(JobRecord.id.desc()).limit(limit)
         if user is not None:
             q = q.where(JobRecord.user == user)
@@ -272,8 +310,11 @@ class JobService:
 
     def _need_homes(self) -> None:
         if not self.backend.sees_homes:
-            raise JobSpecError("the hub does not mount the users' homes (c.GPULabJobs.home_dir_template); "
-                               "open the log and output notebook from your server", 409)
+            raise JobSpecError(
+                "the hub does not mount the users' homes (c.GPULabJobs.home_dir_template); "
+                "open the log and output notebook from your server",
+                409,
+            )
 
     def read_home_file(self, user: str, path: Path, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of a file in ``user``'s home: as the hub (root), or as the owner through the mediator.
@@ -319,8 +360,10 @@ class JobService:
     def _validate(self, user: str, groups: Iterable[str], body: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(str(k)[:40] for k in body if k not in SUBMIT_KEYS)
         if unknown:
-            raise JobSpecError("unknown field(s): " + ", ".join(unknown[:5]) + "; GPU size, resources and "
-                               "priority come from the profile and the job class")
+            raise JobSpecError(
+                "unknown field(s): " + ", ".join(unknown[:5]) + "; GPU size, resources and "
+                "priority come from the profile and the job class"
+            )
         pc = jobspec.priority_for(str(body.get("job_class") or ""))
         options = {k: body[k] for k in ("team", "profile", "image") if body.get(k) is not None}
         try:
@@ -338,8 +381,9 @@ class JobService:
             "notebook": notebook,
             "name": name,
             "parameters": jobspec.validate_parameters(body.get("parameters"), s.max_parameters_bytes),
-            "time_limit": jobspec.validate_time_limit(body.get("time_limit_seconds"),
-                                                      s.default_time_limit_seconds, s.max_time_limit_seconds),
+            "time_limit": jobspec.validate_time_limit(
+                body.get("time_limit_seconds"), s.default_time_limit_seconds, s.max_time_limit_seconds
+            ),
             "idempotency_key": jobspec.validate_idempotency_key(body.get("idempotency_key")),
         }
 
@@ -375,15 +419,17 @@ class JobService:
             raise JobSpecError(f"notebook {notebook!r} does not exist in your home directory", 404)
         return Path(found.real)
 
-    def submit(self, user: str, groups: Iterable[str], body: dict[str, Any],
-               rerun_of: int | None = None) -> tuple[JobRecord, bool]:
+    def submit(
+        self, user: str, groups: Iterable[str], body: dict[str, Any], rerun_of: int | None = None
+    ) -> tuple[JobRecord, bool]:
         """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
         groups = list(groups)
         v = self._validate(user, groups, body)
         if v["idempotency_key"]:
             with self.db() as s:
-                existing = s.scalars(select(JobRecord).where(
-                    JobRecord.user == user, JobRecord.idempotency_key == v["idempotency_key"])).first()
+                existing = s.scalars(
+                    select(JobRecord).where(JobRecord.user == user, JobRecord.idempotency_key == v["idempotency_key"])
+                ).first()
             if existing is not None:
                 return existing, False
         request = v["request"]
@@ -400,22 +446,37 @@ class JobService:
         stamp = utcnow().strftime("%Y%m%d-%H%M%S")
         with self.db() as s:
             rec = JobRecord(
-                name=v["name"], user=user, team=request.team.name, profile=profile.slug,
-                job_class=v["job_class"], state=jobspec.QUEUED, reason="", gpu_milli=milli,
-                notebook=v["notebook"], output_path="", log_path="",
-                parameters_json=json.dumps(v["parameters"]), time_limit_seconds=v["time_limit"],
-                idempotency_key=v["idempotency_key"], rerun_of=rerun_of, backend=self.backend.name,
-                created_at=utcnow(), over_quota=decision.over_quota,
+                name=v["name"],
+                user=user,
+                team=request.team.name,
+                profile=profile.slug,
+                job_class=v["job_class"],
+                state=jobspec.QUEUED,
+                reason="",
+                gpu_milli=milli,
+                notebook=v["notebook"],
+                output_path="",
+                log_path="",
+                parameters_json=json.dumps(v["parameters"]),
+                time_limit_seconds=v["time_limit"],
+                idempotency_key=v["idempotency_key"],
+                rerun_of=rerun_of,
+                backend=self.backend.name,
+                created_at=utcnow(),
+                over_quota=decision.over_quota,
             )
             s.add(rec)
             s.flush()  # the id names the ledger key and the output files
             rec.output_path, rec.log_path = jobspec.output_paths(v["notebook"], v["name"], f"{stamp}-{rec.id}")
-            rec.record(jobspec.QUEUED, "admitted " + ("over quota (preemptible)" if decision.over_quota
-                                                      else "within the team guarantee"))
+            rec.record(
+                jobspec.QUEUED,
+                "admitted " + ("over quota (preemptible)" if decision.over_quota else "within the team guarantee"),
+            )
             s.commit()
         key = jobspec.workload_key(rec.id)
-        decision = ledger.reserve(key, request.team.name, user, milli, profile=profile.slug, kind="job",
-                                  may_burst=may_burst)
+        decision = ledger.reserve(
+            key, request.team.name, user, milli, profile=profile.slug, kind="job", may_burst=may_burst
+        )
         if not decision.allowed or decision.over_quota != rec.over_quota:
             # Someone else took the share between the two steps: undo the record.
             if decision.allowed:
@@ -424,16 +485,30 @@ class JobService:
                 s.delete(s.get(JobRecord, rec.id))
                 s.commit()
             raise JobSpecError(decision.reason or "quota changed while admitting; submit again", 409)
-        log.info("gpulab jobs: job %d (%s, %s) by %s admitted in team %s: %d milli-GPU, %s",
-                 rec.id, rec.name, rec.job_class, user, rec.team, milli, decision.quota_label)
+        log.info(
+            "gpulab jobs: job %d (%s, %s) by %s admitted in team %s: %d milli-GPU, %s",
+            rec.id,
+            rec.name,
+            rec.job_class,
+            user,
+            rec.team,
+            milli,
+            decision.quota_label,
+        )
         self.backend.submitted(rec)
         self.wake()
         return rec, True
 
     def rerun(self, rec: JobRecord, groups: Iterable[str]) -> JobRecord:
-        body = {"notebook": rec.notebook, "job_class": rec.job_class, "profile": rec.profile,
-                "team": rec.team, "parameters": rec.parameters, "time_limit_seconds": rec.time_limit_seconds,
-                "name": rec.name}
+        body = {
+            "notebook": rec.notebook,
+            "job_class": rec.job_class,
+            "profile": rec.profile,
+            "team": rec.team,
+            "parameters": rec.parameters,
+            "time_limit_seconds": rec.time_limit_seconds,
+            "name": rec.name,
+        }
         new, _ = self.submit(rec.user, groups, body, rerun_of=rec.id)
         return new
 
@@ -470,8 +545,9 @@ class JobService:
             if w is None:
                 # Its pod is gone (Kueue suspended the Job, or a preemption), so
                 # a ledger rebuilt from pods dropped it: the job still holds its share.
-                ledger.adopt(Workload(key, rec.team, rec.user, rec.gpu_milli, rec.profile, "job",
-                                      rec.over_quota, RESERVED))
+                ledger.adopt(
+                    Workload(key, rec.team, rec.user, rec.gpu_milli, rec.profile, "job", rec.over_quota, RESERVED)
+                )
             elif w.state != RESERVED:  # still admitted, waiting for devices again
                 ledger.adopt(replace(w, state=RESERVED))
         elif state in FINAL_STATES:

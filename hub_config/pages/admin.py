@@ -16,16 +16,15 @@ from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import Scope
 from tornado import web
 
-from spawner.config import get_runtime
-from spawner.priority import BY_SHORT_NAME
-from spawner.units import format_gpus
-
 from hub_config.api.admin import bucket_for, hub_known_gpu_models, parse_period, profile_view, team_view
-from hub_config.pages import whatif as whatif_page
 from hub_config.config.scopes import ADMIN
 from hub_config.domain.idle_records import idle_admin_view
 from hub_config.domain.usage import current_report, period_report
 from hub_config.domain.usage_records import GPULabUsage
+from hub_config.pages import whatif as whatif_page
+from spawner.config import get_runtime
+from spawner.priority import BY_SHORT_NAME
+from spawner.units import format_gpus
 
 PERIODS = [("24h", "24 hours"), ("7d", "7 days"), ("30d", "30 days"), ("90d", "90 days")]
 #: Colour per team in charts (Okabe-Ito, colour-blind safe; minus the two quota colours).
@@ -61,9 +60,11 @@ def held_bar_svg(team: dict[str, Any], width: int = 360) -> str:
     h = 18
     inq, over = team["in_quota_milli"], team["over_quota_milli"]
     g = team["guarantee_milli"] * scale
-    label = (f"{team['team']}: {format_gpus(team['held_milli'])} of {format_gpus(team['burst_milli'])} GPUs held "
-             f"({format_gpus(inq)} in quota, {format_gpus(over)} over quota); guarantee "
-             f"{format_gpus(team['guarantee_milli'])}")
+    label = (
+        f"{team['team']}: {format_gpus(team['held_milli'])} of {format_gpus(team['burst_milli'])} GPUs held "
+        f"({format_gpus(inq)} in quota, {format_gpus(over)} over quota); guarantee "
+        f"{format_gpus(team['guarantee_milli'])}"
+    )
     return (
         f'<svg fill="currentColor" class="gpulab-held" width="{width}" height="{h + 14}" role="img" aria-label="{escape(label)}">'
         f"<title>{escape(label)}</title>"
@@ -72,7 +73,7 @@ def held_bar_svg(team: dict[str, Any], width: int = 360) -> str:
         f'<rect x="{1 + inq * scale:.1f}" y="1" width="{over * scale:.1f}" height="{h}" fill="{OVER_QUOTA}"/>'
         f'<line x1="{1 + g:.1f}" x2="{1 + g:.1f}" y1="0" y2="{h + 2}" stroke="currentColor" stroke-width="2"/>'
         f'<text x="1" y="{h + 13}" font-size="10">guarantee {format_gpus(team["guarantee_milli"])} (|) · '
-        f'burst {format_gpus(team["burst_milli"])} · held {format_gpus(team["held_milli"])}</text></svg>'
+        f"burst {format_gpus(team['burst_milli'])} · held {format_gpus(team['held_milli'])}</text></svg>"
     )
 
 
@@ -86,15 +87,21 @@ def history_svg(report: dict[str, Any], width: int = 760, height: int = 220) -> 
     plot_w, plot_h = width - left - right, height - bottom - 10
     bar_w = plot_w / max(n, 1)
     hourly = report["bucket_seconds"] < 86400
-    parts = [f'<svg fill="currentColor" class="gpulab-history" width="{width}" height="{height}" role="img" '
-             f'aria-label="GPU-hours per {"hour" if hourly else "calendar day"} ({escape(report.get("time_zone", "UTC"))}), '
-             'by team">']
+    parts = [
+        f'<svg fill="currentColor" class="gpulab-history" width="{width}" height="{height}" role="img" '
+        f'aria-label="GPU-hours per {"hour" if hourly else "calendar day"} ({escape(report.get("time_zone", "UTC"))}), '
+        'by team">'
+    ]
     for frac in (0, 0.5, 1):
         y = 10 + plot_h * (1 - frac)
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#dee2e6"/>'
-                     f'<text x="{left - 4}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{_num(top * frac)}</text>')
-    parts.append(f'<text x="12" y="{10 + plot_h / 2:.0f}" font-size="10" transform="rotate(-90 12 '
-                 f'{10 + plot_h / 2:.0f})" text-anchor="middle">GPU-hours</text>')
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#dee2e6"/>'
+            f'<text x="{left - 4}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{_num(top * frac)}</text>'
+        )
+    parts.append(
+        f'<text x="12" y="{10 + plot_h / 2:.0f}" font-size="10" transform="rotate(-90 12 '
+        f'{10 + plot_h / 2:.0f})" text-anchor="middle">GPU-hours</text>'
+    )
     for i in range(n):
         y = 10 + plot_h
         for ti, t in enumerate(report["teams"]):
@@ -104,19 +111,25 @@ def history_svg(report: dict[str, Any], width: int = 760, height: int = 220) -> 
             hgt = plot_h * v / top
             y -= hgt
             colour = PALETTE[ti % len(PALETTE)]
-            parts.append(f'<rect x="{left + i * bar_w + 1:.1f}" y="{y:.1f}" width="{max(bar_w - 2, 1):.1f}" '
-                         f'height="{hgt:.1f}" fill="{colour}"><title>{escape(t["team"])} '
-                         f'{escape(report["buckets"][i])}: {_num(v)} GPU-hours</title></rect>')
+            parts.append(
+                f'<rect x="{left + i * bar_w + 1:.1f}" y="{y:.1f}" width="{max(bar_w - 2, 1):.1f}" '
+                f'height="{hgt:.1f}" fill="{colour}"><title>{escape(t["team"])} '
+                f"{escape(report['buckets'][i])}: {_num(v)} GPU-hours</title></rect>"
+            )
     step = max(1, n // 8)
     for i in range(0, n, step):
         label = report["buckets"][i][11:16] if hourly else report["buckets"][i][5:10]
-        parts.append(f'<text x="{left + (i + 0.5) * bar_w:.1f}" y="{height - 12}" font-size="10" '
-                     f'text-anchor="middle">{escape(label)}</text>')
+        parts.append(
+            f'<text x="{left + (i + 0.5) * bar_w:.1f}" y="{height - 12}" font-size="10" '
+            f'text-anchor="middle">{escape(label)}</text>'
+        )
     x = left
     for ti, t in enumerate(report["teams"]):
         colour = PALETTE[ti % len(PALETTE)]
-        parts.append(f'<rect x="{x}" y="{height - 9}" width="9" height="9" fill="{colour}"/>'
-                     f'<text x="{x + 12}" y="{height - 1}" font-size="10">{escape(t["team"])}</text>')
+        parts.append(
+            f'<rect x="{x}" y="{height - 9}" width="9" height="9" fill="{colour}"/>'
+            f'<text x="{x + 12}" y="{height - 1}" font-size="10">{escape(t["team"])}</text>'
+        )
         x += 24 + 7 * len(t["team"])
     parts.append("</svg>")
     return "".join(parts)
@@ -133,14 +146,18 @@ def cost_svg(report: dict[str, Any], width: int = 360) -> str:
     rows = report["teams"]
     top = max([t["cost"] for t in rows] + [0.0001])
     h = 22 * len(rows) + 4
-    parts = [f'<svg fill="currentColor" class="gpulab-cost" width="{width}" height="{h}" role="img" aria-label="Cost per team">']
+    parts = [
+        f'<svg fill="currentColor" class="gpulab-cost" width="{width}" height="{h}" role="img" aria-label="Cost per team">'
+    ]
     for i, t in enumerate(rows):
         y = 2 + 22 * i
         w = (width - 170) * t["cost"] / top
-        parts.append(f'<text x="0" y="{y + 14}" font-size="12">{escape(t["team"])}</text>'
-                     f'<rect x="90" y="{y + 2}" width="{w:.1f}" height="16" fill="{PALETTE[i % len(PALETTE)]}"/>'
-                     f'<text x="{94 + w:.1f}" y="{y + 14}" font-size="12">'
-                     f'{escape(money(t["cost"], report.get("currency", "")))}</text>')
+        parts.append(
+            f'<text x="0" y="{y + 14}" font-size="12">{escape(t["team"])}</text>'
+            f'<rect x="90" y="{y + 2}" width="{w:.1f}" height="16" fill="{PALETTE[i % len(PALETTE)]}"/>'
+            f'<text x="{94 + w:.1f}" y="{y + 14}" font-size="12">'
+            f"{escape(money(t['cost'], report.get('currency', '')))}</text>"
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -181,8 +198,11 @@ class GPULabAdminPageHandler(BaseHandler):
         start, end = parse_period(period, None, None)
         recorder = runtime.usage
         store = runtime.catalog_store
-        report = (period_report(runtime, recorder.sessions, recorder.settings, start, end, bucket_for(end - start))
-                  if recorder is not None else None)
+        report = (
+            period_report(runtime, recorder.sessions, recorder.settings, start, end, bucket_for(end - start))
+            if recorder is not None
+            else None
+        )
         now = current_report(runtime)
         audit = store.entries(limit=50)[0] if store is not None else []
         for entry in audit:
@@ -236,4 +256,3 @@ def gpu_model_choices(runtime, spawner_class) -> list[dict[str, str]]:
         where = "detected" if model in detected else "declared" if model in inventory else "known product"
         out.append({"model": model, "where": where})
     return out
-

@@ -14,12 +14,11 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
+from hub_config.config.scopes import ADMIN
 from spawner.config import get_runtime
 from spawner.local import workload_key
 from spawner.policy import PolicyError, resolve_request
 from spawner.units import format_gpus
-
-from hub_config.config.scopes import ADMIN
 
 
 def _groups(user: Any) -> list[str]:
@@ -27,7 +26,7 @@ def _groups(user: Any) -> list[str]:
 
 
 def held_words(runtime, user_name: str, server_name: str) -> str:
-    """"0.5 × H100 on GPU 0 (H100-80GB) · team vision · in quota" for a server, or ''."""
+    """ "0.5 × H100 on GPU 0 (H100-80GB) · team vision · in quota" for a server, or ''."""
     key = workload_key(user_name, server_name)
     w = runtime.ledger.get(key)
     if w is None:
@@ -71,12 +70,14 @@ class HomeView:
             return None
         runtime = self.runtime
         try:
-            request = resolve_request(runtime.catalog, self.user.name, _groups(self.user),
-                                      {"team": last["team"], "profile": last["profile"]})
+            request = resolve_request(
+                runtime.catalog, self.user.name, _groups(self.user), {"team": last["team"], "profile": last["profile"]}
+            )
         except PolicyError:
             return None  # retired, or no longer in that team: nothing to suggest
-        decision = runtime.ledger.admit(request.team.name, self.user.name, request.milli,
-                                        may_burst=request.profile.priority_class.may_burst)
+        decision = runtime.ledger.admit(
+            request.team.name, self.user.name, request.milli, may_burst=request.profile.priority_class.may_burst
+        )
         return {
             "label": f"Start again with {request.profile.display_name} (team {request.team.name})",
             "choice": f"{request.team.name}:{request.profile.slug}",

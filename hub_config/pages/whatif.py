@@ -11,11 +11,10 @@ from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import Scope
 from tornado import web
 
-from spawner.config import get_runtime
-from spawner.units import format_gpus, format_duration
-
 from hub_config.api.whatif import MAX_DAYS, catalog_sizes, offer_rules
 from hub_config.config.scopes import ADMIN
+from spawner.config import get_runtime
+from spawner.units import format_duration, format_gpus
 
 
 class WhatIfPageHandler(BaseHandler):
@@ -27,10 +26,16 @@ class WhatIfPageHandler(BaseHandler):
             raise web.HTTPError(403, f"the what-if page requires the {ADMIN} scope")
         runtime = get_runtime(config=self.settings.get("config"))
         catalog = runtime.catalog
-        teams = [{"name": t.name, "label": t.label, "guarantee": format_gpus(t.guarantee_milli),
-                  "burst": format_gpus(t.burst_milli),
-                  "idle_timeout": format_duration(t.idle_timeout_seconds) if t.idle_timeout_seconds else ""}
-                 for t in catalog.teams.values()]
+        teams = [
+            {
+                "name": t.name,
+                "label": t.label,
+                "guarantee": format_gpus(t.guarantee_milli),
+                "burst": format_gpus(t.burst_milli),
+                "idle_timeout": format_duration(t.idle_timeout_seconds) if t.idle_timeout_seconds else "",
+            }
+            for t in catalog.teams.values()
+        ]
         html = await self.render_template(
             "gpulab-whatif.html",
             teams=teams,

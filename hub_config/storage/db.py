@@ -83,12 +83,14 @@ def get_engine(config=None, url: str | None = None) -> Engine:
         if engine is None:
             engine = create_engine(url, future=True)
             if url.startswith("sqlite"):
+
                 @event.listens_for(engine, "connect")
                 def _sqlite_pragmas(conn, _record):  # concurrent readers while the hub writes
                     cur = conn.cursor()
                     cur.execute("PRAGMA journal_mode=WAL")
                     cur.execute("PRAGMA foreign_keys=ON")
                     cur.close()
+
             migrate.upgrade(engine)
             _engines[url] = engine
         return engine

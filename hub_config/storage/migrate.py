@@ -39,7 +39,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 #: column only that release's schema has (table, column, present?).
 PRE_MIGRATION_RELEASES = (
     ("0001", ("gpulab_idle_events", "gpu_hours_reclaimed", True)),  # 0.1.0
-    ("0002", ("gpulab_idle_events", "idle_gpu_hours", True)),       # 0.1.0 with session-true culling
+    ("0002", ("gpulab_idle_events", "idle_gpu_hours", True)),  # 0.1.0 with session-true culling
 )
 
 
@@ -73,7 +73,8 @@ def _pre_migration_release(connection: Connection) -> str | None:
             return revision
     raise RuntimeError(
         "gpulab's database has gpulab tables but no gpulab_alembic_version table, and they match no "
-        "known release; restore a backup, or move the gpulab_* tables away to start afresh")
+        "known release; restore a backup, or move the gpulab_* tables away to start afresh"
+    )
 
 
 @contextlib.contextmanager
@@ -112,8 +113,7 @@ def upgrade(engine: Engine) -> str:
             if was is None:
                 stamped = _pre_migration_release(conn)
                 if stamped is not None:
-                    log.warning("gpulab: the database predates migrations; it is the schema of revision %s",
-                                stamped)
+                    log.warning("gpulab: the database predates migrations; it is the schema of revision %s", stamped)
                     command.stamp(alembic_config(conn), stamped)
                     conn.commit()
                     was = stamped

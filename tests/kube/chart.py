@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import secrets
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,8 +39,13 @@ def helm_binary() -> str:
 
 
 def helm(tb: Testbed, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(tb.kubeconfig), "HELM_CACHE_HOME": str(tb.state_dir / "helm-cache"),
-           "HELM_CONFIG_HOME": str(tb.state_dir / "helm-config"), "HELM_DATA_HOME": str(tb.state_dir / "helm-data")}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(tb.kubeconfig),
+        "HELM_CACHE_HOME": str(tb.state_dir / "helm-cache"),
+        "HELM_CONFIG_HOME": str(tb.state_dir / "helm-config"),
+        "HELM_DATA_HOME": str(tb.state_dir / "helm-data"),
+    }
     proc = subprocess.run([helm_binary(), *args], env=env, capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
@@ -48,8 +53,11 @@ def helm(tb: Testbed, *args: str, check: bool = True) -> subprocess.CompletedPro
 
 
 Z2JH_HUB_RULES = [
-    {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
-     "verbs": ["get", "watch", "list", "create", "delete"]},
+    {
+        "apiGroups": [""],
+        "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
+        "verbs": ["get", "watch", "list", "create", "delete"],
+    },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
 ]
 
@@ -95,12 +103,14 @@ class Release:
         """Delete every pod, Job and PVC in the team namespaces and wait until they are gone."""
         c = self.cluster
         for ns in self.teams.values():
-            for path in (f"/apis/batch/v1/namespaces/{ns}/jobs", f"/api/v1/namespaces/{ns}/pods",
-                         f"/api/v1/namespaces/{ns}/persistentvolumeclaims"):
+            for path in (
+                f"/apis/batch/v1/namespaces/{ns}/jobs",
+                f"/api/v1/namespaces/{ns}/pods",
+                f"/api/v1/namespaces/{ns}/persistentvolumeclaims",
+            ):
                 c.request("DELETE", path + "?propagationPolicy=Background&gracePeriodSeconds=0")
         for ns in self.teams.values():
-            c.wait(lambda ns=ns: not c.get(f"/api/v1/namespaces/{ns}/pods")["items"],
-                   f"pods in {ns} to be gone", 90)
+            c.wait(lambda ns=ns: not c.get(f"/api/v1/namespaces/{ns}/pods")["items"], f"pods in {ns} to be gone", 90)
 
 
 def team_values(suffix: str) -> dict:
@@ -111,22 +121,35 @@ def team_values(suffix: str) -> dict:
         "gpulab": {
             # 0.5 GPU = 2 of 4 time-slices: the device plugin's failRequestsGreaterThanOne
             # is off on this pool (tests/kube/nodes.yaml), so gpulab may ask for 2.
-            "sharing": {"backend": "timeslice",
-                        "timeslice": {"resource": "nvidia.com/gpu.shared", "replicas": 4,
-                                      "fail_requests_greater_than_one": False}},
+            "sharing": {
+                "backend": "timeslice",
+                "timeslice": {
+                    "resource": "nvidia.com/gpu.shared",
+                    "replicas": 4,
+                    "fail_requests_greater_than_one": False,
+                },
+            },
             "profiles": [
                 {"slug": "cpu", "display_name": "CPU only", "gpus": 0},
                 {"slug": "h100-half", "display_name": "0.5 × H100", "gpus": 0.5, "gpu_model": "H100-80GB"},
-                {"slug": "h100-1", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB",
-                 "sharing": "whole"},
+                {"slug": "h100-1", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB", "sharing": "whole"},
             ],
             "teams": [
-                {"name": "vision", "users": ["alice", "bob"], "guarantee": 2, "burst": 3,
-                 "namespace": f"team-vision-{suffix}"},
-                {"name": "nlp", "users": ["carol", "alice"], "guarantee": 1, "burst": 2,
-                 "namespace": f"team-nlp-{suffix}"},
-                {"name": "crowd", "groups": ["crowd"], "guarantee": 4, "burst": 6,
-                 "namespace": f"team-crowd-{suffix}"},
+                {
+                    "name": "vision",
+                    "users": ["alice", "bob"],
+                    "guarantee": 2,
+                    "burst": 3,
+                    "namespace": f"team-vision-{suffix}",
+                },
+                {
+                    "name": "nlp",
+                    "users": ["carol", "alice"],
+                    "guarantee": 1,
+                    "burst": 2,
+                    "namespace": f"team-nlp-{suffix}",
+                },
+                {"name": "crowd", "groups": ["crowd"], "guarantee": 4, "burst": 6, "namespace": f"team-crowd-{suffix}"},
             ],
         },
     }
@@ -141,12 +164,18 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
     c.suffix = suffix
     hub_ns = c.namespace("gpulab-hub")
     c.create(f"/api/v1/namespaces/{hub_ns}/serviceaccounts", {"metadata": {"name": "hub"}})
-    c.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{hub_ns}/roles",
-             {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES})
-    c.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{hub_ns}/rolebindings", {
-        "metadata": {"name": "hub"},
-        "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": hub_ns}],
-        "roleRef": {"kind": "Role", "name": "hub", "apiGroup": "rbac.authorization.k8s.io"}})
+    c.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{hub_ns}/roles",
+        {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES},
+    )
+    c.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{hub_ns}/rolebindings",
+        {
+            "metadata": {"name": "hub"},
+            "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": hub_ns}],
+            "roleRef": {"kind": "Role", "name": "hub", "apiGroup": "rbac.authorization.k8s.io"},
+        },
+    )
     # The NVIDIA GPU operator's namespace, where the chart puts the device
     # plugin's time-slicing config (a cluster with GPU nodes has it).
     if c.maybe_get("/api/v1/namespaces/gpu-operator") is None:
@@ -161,24 +190,42 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
     for other in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout or "[]"):
         if not (other["name"].startswith("gpulab-") and other["namespace"].startswith("gpulab-hub-")):
             continue
-        owner = ((c.maybe_get(f"/api/v1/namespaces/{other['namespace']}") or {}).get("metadata", {})
-                 .get("annotations", {}).get(SESSION_ANNOTATION, ""))
+        owner = (
+            (c.maybe_get(f"/api/v1/namespaces/{other['namespace']}") or {})
+            .get("metadata", {})
+            .get("annotations", {})
+            .get(SESSION_ANNOTATION, "")
+        )
         if session_alive(owner):
             c.cleanup()
-            pytest.fail(f"another test session ({owner}) has the gpulab chart installed in the test bed at "
-                        f"{kube_testbed.state_dir}; run beside it with GPULAB_KUBE_TESTBED_DIR=<another folder>",
-                        pytrace=False)
+            pytest.fail(
+                f"another test session ({owner}) has the gpulab chart installed in the test bed at "
+                f"{kube_testbed.state_dir}; run beside it with GPULAB_KUBE_TESTBED_DIR=<another folder>",
+                pytrace=False,
+            )
         helm(kube_testbed, "uninstall", other["name"], "--namespace", other["namespace"], "--wait", check=False)
     # PriorityClasses a crashed benchmark or run left without a release.
-    releases = {r["name"] for r in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout
-                                              or "[]")}
+    releases = {
+        r["name"] for r in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout or "[]")
+    }
     for pc in c.get("/apis/scheduling.k8s.io/v1/priorityclasses")["items"]:
         owner = pc["metadata"].get("annotations", {}).get("meta.helm.sh/release-name")
         if pc["metadata"]["name"].startswith("gpulab-") and owner not in releases:
             c.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{pc['metadata']['name']}")
     try:
-        helm(kube_testbed, "install", name, str(CHART), "--namespace", hub_ns, "-f", str(values_file), "--wait",
-             "--timeout", "120s")
+        helm(
+            kube_testbed,
+            "install",
+            name,
+            str(CHART),
+            "--namespace",
+            hub_ns,
+            "-f",
+            str(values_file),
+            "--wait",
+            "--timeout",
+            "120s",
+        )
     except AssertionError:
         helm(kube_testbed, "uninstall", name, "--namespace", hub_ns, check=False)
         c.cleanup()
@@ -186,13 +233,21 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
     teams = {t["name"]: t["namespace"] for t in values["gpulab"]["teams"]}
     c.namespaces.extend(teams.values())  # kept by `helm uninstall` (resource-policy: keep)
     for ns in teams.values():
-        c.wait(lambda ns=ns: c.maybe_get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
-               f"the default ServiceAccount in {ns}", 60)
+        c.wait(
+            lambda ns=ns: c.maybe_get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
+            f"the default ServiceAccount in {ns}",
+            60,
+        )
         # ResourceQuota admission refuses pods ("status unknown for quota") until
         # the quota controller has computed the quota's usage once.
-        c.wait(lambda ns=ns: all(q.get("status", {}).get("used") is not None for q in
-                                 c.get(f"/api/v1/namespaces/{ns}/resourcequotas")["items"]),
-               f"the ResourceQuota status in {ns}", 60)
+        c.wait(
+            lambda ns=ns: all(
+                q.get("status", {}).get("used") is not None
+                for q in c.get(f"/api/v1/namespaces/{ns}/resourcequotas")["items"]
+            ),
+            f"the ResourceQuota status in {ns}",
+            60,
+        )
     release = Release(name, hub_ns, teams, values, c.service_account_kubeconfig(hub_ns, "hub"), c)
     yield release
     helm(kube_testbed, "uninstall", name, "--namespace", hub_ns, "--wait", check=False)

@@ -76,8 +76,11 @@ class Cluster:
         self.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
         self.namespaces.append(name)
         # Pods are refused until the ServiceAccount controller made "default".
-        self.wait(lambda: self.maybe_get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-                  f"the default ServiceAccount in {name}", 30)
+        self.wait(
+            lambda: self.maybe_get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+            f"the default ServiceAccount in {name}",
+            30,
+        )
         return name
 
     def cleanup(self) -> None:
@@ -87,8 +90,9 @@ class Cluster:
             except TestbedError:
                 pass
         for ns in self.namespaces:
-            self.wait(lambda ns=ns: self.maybe_get(f"/api/v1/namespaces/{ns}") is None,
-                      f"namespace {ns} to be deleted", 120)
+            self.wait(
+                lambda ns=ns: self.maybe_get(f"/api/v1/namespaces/{ns}") is None, f"namespace {ns} to be deleted", 120
+            )
         for cleanup in reversed(self._cluster_scoped):
             try:
                 self.request("DELETE", cleanup)
@@ -113,8 +117,11 @@ class Cluster:
 
     def wait_pod(self, namespace: str, name: str, phase: str | Callable[[dict], bool], timeout: float = 60) -> dict:
         check = (lambda p: p["status"].get("phase") == phase) if isinstance(phase, str) else phase
-        return self.wait(lambda: (p := self.pod(namespace, name)) and check(p) and p,
-                         f"pod {namespace}/{name} to be {phase}", timeout)
+        return self.wait(
+            lambda: (p := self.pod(namespace, name)) and check(p) and p,
+            f"pod {namespace}/{name} to be {phase}",
+            timeout,
+        )
 
     def finish_pod(self, namespace: str, name: str, exit_code: int, reason: str | None = None) -> None:
         """End a Running pod's container with ``exit_code``, as its kubelet reports it."""
@@ -123,20 +130,36 @@ class Cluster:
         ok = exit_code == 0
         status = pod["status"]
         status["phase"] = "Succeeded" if ok else "Failed"
-        status["conditions"] = [c for c in status.get("conditions", []) if c["type"] not in ("Ready", "ContainersReady")] + [
+        status["conditions"] = [
+            c for c in status.get("conditions", []) if c["type"] not in ("Ready", "ContainersReady")
+        ] + [
             {"type": k, "status": "False", "reason": "PodCompleted" if ok else "PodFailed", "lastTransitionTime": t}
-            for k in ("Ready", "ContainersReady")]
-        status["containerStatuses"] = [{
-            **cs, "ready": False, "started": False,
-            "state": {"terminated": {"exitCode": exit_code, "reason": reason or ("Completed" if ok else "Error"),
-                                     "startedAt": cs["state"].get("running", {}).get("startedAt", t),
-                                     "finishedAt": t}}} for cs in status.get("containerStatuses", [])]
+            for k in ("Ready", "ContainersReady")
+        ]
+        status["containerStatuses"] = [
+            {
+                **cs,
+                "ready": False,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": reason or ("Completed" if ok else "Error"),
+                        "startedAt": cs["state"].get("running", {}).get("startedAt", t),
+                        "finishedAt": t,
+                    }
+                },
+            }
+            for cs in status.get("containerStatuses", [])
+        ]
         self.request("PUT", f"/api/v1/namespaces/{namespace}/pods/{name}/status", pod)
 
     def evict_pod(self, namespace: str, name: str) -> None:
         """The Eviction API: the API server adds DisruptionTarget, the node ends the pod."""
-        self.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", {
-            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}})
+        self.create(
+            f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+            {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}},
+        )
 
     def events(self, namespace: str, involved: str | None = None) -> list[dict]:
         q = f"?fieldSelector=involvedObject.name={involved}" if involved else ""
@@ -144,16 +167,20 @@ class Cluster:
 
     # -- service accounts --------------------------------------------------------
     def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
-        r = self.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-                        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                         "spec": {"expirationSeconds": seconds}})
+        r = self.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
+        )
         return r["status"]["token"]
 
     def service_account_kubeconfig(self, namespace: str, service_account: str) -> Path:
         """A kubeconfig holding a ServiceAccount's token: what a hub pod would use."""
         path = self.tmp_path / f"{namespace}-{service_account}.kubeconfig"
-        path.write_text(yaml.safe_dump(token_kubeconfig(self.server, self.tb.ca_file,
-                                                        self.token(namespace, service_account), namespace)))
+        path.write_text(
+            yaml.safe_dump(
+                token_kubeconfig(self.server, self.tb.ca_file, self.token(namespace, service_account), namespace)
+            )
+        )
         return path
 
     # -- the API server's own request counts ------------------------------------
@@ -192,14 +219,35 @@ def collection_path(doc: dict, namespace: str | None = None) -> str:
     return f"{prefix}/namespaces/{ns}/{plural}"
 
 
-PLURALS = {"PriorityClass": "priorityclasses", "NetworkPolicy": "networkpolicies", "ResourceQuota": "resourcequotas",
-           "LimitRange": "limitranges", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
-           "ResourceFlavor": "resourceflavors", "WorkloadPriorityClass": "workloadpriorityclasses",
-           "Cohort": "cohorts", "Ingress": "ingresses", "StorageClass": "storageclasses",
-           "ServiceAccount": "serviceaccounts"}
-CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding", "ClusterQueue",
-                  "ResourceFlavor", "WorkloadPriorityClass", "Cohort", "StorageClass", "Node",
-                  "CustomResourceDefinition", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+PLURALS = {
+    "PriorityClass": "priorityclasses",
+    "NetworkPolicy": "networkpolicies",
+    "ResourceQuota": "resourcequotas",
+    "LimitRange": "limitranges",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+    "ResourceFlavor": "resourceflavors",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
+    "Cohort": "cohorts",
+    "Ingress": "ingresses",
+    "StorageClass": "storageclasses",
+    "ServiceAccount": "serviceaccounts",
+}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "PriorityClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterQueue",
+    "ResourceFlavor",
+    "WorkloadPriorityClass",
+    "Cohort",
+    "StorageClass",
+    "Node",
+    "CustomResourceDefinition",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+}
 
 
 @pytest.fixture(scope="session")

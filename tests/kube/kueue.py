@@ -28,8 +28,12 @@ import yaml
 
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 #: Webhook paths served with only the batch/job integration enabled.
-SERVED_WEBHOOK_PREFIXES = ("/mutate-kueue-x-k8s-io-", "/validate-kueue-x-k8s-io-",
-                           "/mutate-batch-v1-job", "/validate-batch-v1-job")
+SERVED_WEBHOOK_PREFIXES = (
+    "/mutate-kueue-x-k8s-io-",
+    "/validate-kueue-x-k8s-io-",
+    "/mutate-batch-v1-job",
+    "/validate-batch-v1-job",
+)
 
 
 def build() -> Path:
@@ -47,10 +51,37 @@ def _serving_cert(pki: Path, name: str, address: str) -> tuple[Path, Path]:
     key, crt = pki / f"{name}.key", pki / f"{name}.crt"
     if not crt.exists():
         (pki / f"{name}.ext").write_text(f"subjectAltName=IP:{address},DNS:localhost\nextendedKeyUsage=serverAuth\n")
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key.name, "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=pki)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", crt.name, "-days", "3650", "-extfile", f"{name}.ext", cwd=pki)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key.name,
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+            cwd=pki,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            crt.name,
+            "-days",
+            "3650",
+            "-extfile",
+            f"{name}.ext",
+            cwd=pki,
+        )
     return crt, key
 
 
@@ -72,9 +103,13 @@ def crds(kueue_dir: Path, webhook_url: str, ca_bundle: str) -> list[dict[str, An
         name = crd["metadata"]["name"]
         patch_file = f"patches/webhook_in_{name.split('.')[0]}.yaml"
         if name in converted and patch_file in enabled:
-            crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
-                "clientConfig": _client_config(webhook_url + "/convert", ca_bundle),
-                "conversionReviewVersions": ["v1"]}}
+            crd["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": _client_config(webhook_url + "/convert", ca_bundle),
+                    "conversionReviewVersions": ["v1"],
+                },
+            }
         out.append(crd)
     return out
 
@@ -94,8 +129,15 @@ def webhook_configurations(kueue_dir: Path, webhook_url: str, ca_bundle: str) ->
                 continue
             hook["clientConfig"] = _client_config(webhook_url + path, ca_bundle)
             # As the release's kustomization does: never Kueue's or the system's own namespaces.
-            hook["namespaceSelector"] = {"matchExpressions": [{
-                "key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kueue-system"]}]}
+            hook["namespaceSelector"] = {
+                "matchExpressions": [
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "NotIn",
+                        "values": ["kube-system", "kueue-system"],
+                    }
+                ]
+            }
             hooks.append(hook)
         doc["webhooks"] = hooks
         out.append(doc)
@@ -104,7 +146,8 @@ def webhook_configurations(kueue_dir: Path, webhook_url: str, ca_bundle: str) ->
 
 def configuration(ports: dict[str, int], address: str, cert_dir: Path) -> dict[str, Any]:
     return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
         "namespace": "kueue-system",
         "health": {"healthProbeBindAddress": f"{address}:{ports['kueue-health']}"},
         "metrics": {"bindAddress": f"{address}:{ports['kueue-metrics']}"},
@@ -140,8 +183,10 @@ def start(tb, spawn, wait, free_port) -> None:
     except OSError as e:
         from tests.kube.testbed import TestbedError
 
-        raise TestbedError(f"Kueue reads its metrics certificate from {KUEUE_METRICS_CERTS}, which cannot be "
-                           f"written here ({e}); run the test bed as root") from None
+        raise TestbedError(
+            f"Kueue reads its metrics certificate from {KUEUE_METRICS_CERTS}, which cannot be "
+            f"written here ({e}); run the test bed as root"
+        ) from None
     ca_bundle = base64.b64encode(tb.ca_file.read_bytes()).decode()
     url = f"https://{tb.address}:{tb.ports['kueue-webhook']}"
     if tb.request("GET", "/api/v1/namespaces?fieldSelector=metadata.name=kueue-system")["items"] == []:
@@ -151,16 +196,23 @@ def start(tb, spawn, wait, free_port) -> None:
         _apply(tb, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         names.append(crd["metadata"]["name"])
     # Kueue sets up its indexes at start: the kinds must be served by then.
-    wait("Kueue's CRDs to be established", lambda: all(_established(tb, n) for n in names), 60, tb,
-         "kube-apiserver")
+    wait("Kueue's CRDs to be established", lambda: all(_established(tb, n) for n in names), 60, tb, "kube-apiserver")
     for hooks in webhook_configurations(kueue_dir, url, ca_bundle):
         plural = hooks["kind"].lower() + "s"
         _apply(tb, f"/apis/admissionregistration.k8s.io/v1/{plural}", hooks)
     config_file = tb.state_dir / "kueue-config.yaml"
     config_file.write_text(yaml.safe_dump(configuration(tb.ports, tb.address, cert_dir)))
-    spawn(tb, "kueue", [str(kueue_dir / "bin" / "kueue"), f"--config={config_file}",
-                        "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=info"],
-          env={"KUBECONFIG": str(tb.kubeconfig)})
+    spawn(
+        tb,
+        "kueue",
+        [
+            str(kueue_dir / "bin" / "kueue"),
+            f"--config={config_file}",
+            "--feature-gates=VisibilityOnDemand=false",
+            "--zap-log-level=info",
+        ],
+        env={"KUBECONFIG": str(tb.kubeconfig)},
+    )
 
     def ready() -> bool:
         try:
@@ -170,13 +222,16 @@ def start(tb, spawn, wait, free_port) -> None:
 
     wait("Kueue's /readyz", ready, 120, tb, "kueue")
     # The conversion webhook answers: a v1beta1 list goes through it.
-    wait("Kueue's conversion webhook", lambda: _lists(tb, "/apis/kueue.x-k8s.io/v1beta1/clusterqueues"), 60, tb,
-         "kueue")
+    wait(
+        "Kueue's conversion webhook", lambda: _lists(tb, "/apis/kueue.x-k8s.io/v1beta1/clusterqueues"), 60, tb, "kueue"
+    )
 
 
 def _established(tb, name: str) -> bool:
     crd = tb.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-    return any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or [])
+    return any(
+        c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or []
+    )
 
 
 def _lists(tb, path: str) -> bool:

@@ -68,10 +68,18 @@ class NodeAgent:
     async def register(self) -> None:
         for spec in self.nodes:
             body = {
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": spec["name"], "labels": {
-                    "kubernetes.io/hostname": spec["name"], "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64", "type": "gpulab-testbed", **spec.get("labels", {})}},
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": spec["name"],
+                    "labels": {
+                        "kubernetes.io/hostname": spec["name"],
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "type": "gpulab-testbed",
+                        **spec.get("labels", {}),
+                    },
+                },
                 "spec": {"taints": spec.get("taints", [])},
             }
             try:
@@ -79,32 +87,65 @@ class NodeAgent:
             except ApiException as e:
                 if e.status != 409:
                     raise
-                await self.core.patch_node(spec["name"], {"metadata": {"labels": body["metadata"]["labels"]},
-                                                          "spec": {"taints": body["spec"]["taints"]}})
+                await self.core.patch_node(
+                    spec["name"],
+                    {"metadata": {"labels": body["metadata"]["labels"]}, "spec": {"taints": body["spec"]["taints"]}},
+                )
             await self.node_status(spec)
             log.info("registered node %s", spec["name"])
 
     async def node_status(self, spec: dict[str, Any]) -> None:
         t = stamp()
-        conds = [{"type": kind, "status": "False", "reason": f"KubeletHas{reason}", "message": msg,
-                  "lastHeartbeatTime": t, "lastTransitionTime": t}
-                 for kind, reason, msg in (("MemoryPressure", "SufficientMemory", "no memory pressure"),
-                                           ("DiskPressure", "NoDiskPressure", "no disk pressure"),
-                                           ("PIDPressure", "SufficientPID", "enough PIDs"))]
-        conds.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
-                      "message": "gpulab test bed node agent is posting ready status",
-                      "lastHeartbeatTime": t, "lastTransitionTime": t})
+        conds = [
+            {
+                "type": kind,
+                "status": "False",
+                "reason": f"KubeletHas{reason}",
+                "message": msg,
+                "lastHeartbeatTime": t,
+                "lastTransitionTime": t,
+            }
+            for kind, reason, msg in (
+                ("MemoryPressure", "SufficientMemory", "no memory pressure"),
+                ("DiskPressure", "NoDiskPressure", "no disk pressure"),
+                ("PIDPressure", "SufficientPID", "enough PIDs"),
+            )
+        ]
+        conds.append(
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "gpulab test bed node agent is posting ready status",
+                "lastHeartbeatTime": t,
+                "lastTransitionTime": t,
+            }
+        )
         alloc = spec.get("allocatable", {})
-        status = {"status": {
-            "capacity": alloc, "allocatable": alloc, "conditions": conds,
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": spec["name"]}],
-            "nodeInfo": {"kubeletVersion": KUBE_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
-                         "architecture": "amd64", "containerRuntimeVersion": "none://gpulab-testbed",
-                         "kernelVersion": os.uname().release, "osImage": "gpulab test bed",
-                         "machineID": spec["name"], "systemUUID": spec["name"], "bootID": spec["name"]},
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
-        }}
+        status = {
+            "status": {
+                "capacity": alloc,
+                "allocatable": alloc,
+                "conditions": conds,
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": spec["name"]},
+                ],
+                "nodeInfo": {
+                    "kubeletVersion": KUBE_VERSION,
+                    "kubeProxyVersion": "",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                    "containerRuntimeVersion": "none://gpulab-testbed",
+                    "kernelVersion": os.uname().release,
+                    "osImage": "gpulab test bed",
+                    "machineID": spec["name"],
+                    "systemUUID": spec["name"],
+                    "bootID": spec["name"],
+                },
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            }
+        }
         await self.core.patch_node_status(spec["name"], status)
 
     async def heartbeat(self) -> None:
@@ -122,8 +163,10 @@ class NodeAgent:
 
     async def renew_lease(self, name: str) -> None:
         t = now().isoformat().replace("+00:00", "Z")
-        body = {"metadata": {"name": name, "namespace": "kube-node-lease"},
-                "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": t}}
+        body = {
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": t},
+        }
         try:
             await self.coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": body["spec"]})
         except ApiException as e:
@@ -140,8 +183,13 @@ class NodeAgent:
                     await self.on_pod("ADDED", pod)
                 rv = pods.metadata.resource_version
                 w = watch.Watch()
-                async with w.stream(self.core.list_pod_for_all_namespaces, field_selector="spec.nodeName!=",
-                                    resource_version=rv, timeout_seconds=300, allow_watch_bookmarks=True) as stream:
+                async with w.stream(
+                    self.core.list_pod_for_all_namespaces,
+                    field_selector="spec.nodeName!=",
+                    resource_version=rv,
+                    timeout_seconds=300,
+                    allow_watch_bookmarks=True,
+                ) as stream:
                     async for event in stream:
                         if event["type"] == "ERROR":
                             break
@@ -190,15 +238,30 @@ class NodeAgent:
         t = stamp()
         conds = [c for c in (pod.status.conditions or []) if c.type == "PodScheduled"]
         status = {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-            "hostIPs": [{"ip": "127.0.0.1"}], "startTime": t,
-            "conditions": [self.api.sanitize_for_serialization(c) for c in conds] + [
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": t,
+            "conditions": [self.api.sanitize_for_serialization(c) for c in conds]
+            + [
                 {"type": kind, "status": "True", "lastTransitionTime": t}
-                for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")],
-            "containerStatuses": [{
-                "name": c.name, "image": c.image, "imageID": f"testbed://{c.image}",
-                "containerID": f"testbed://{uid}/{c.name}", "ready": True, "started": True,
-                "restartCount": 0, "state": {"running": {"startedAt": t}}} for c in pod.spec.containers],
+                for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": c.name,
+                    "image": c.image,
+                    "imageID": f"testbed://{c.image}",
+                    "containerID": f"testbed://{uid}/{c.name}",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": t}},
+                }
+                for c in pod.spec.containers
+            ],
         }
         await self.write_status(pod, status)
         log.info("pod %s/%s Running on %s at %s", pod.metadata.namespace, pod.metadata.name, pod.spec.node_name, ip)
@@ -216,8 +279,11 @@ class NodeAgent:
             if current.metadata.uid != pod.metadata.uid:
                 return
             body = self.api.sanitize_for_serialization(current)
-            keep = [c for c in body.get("status", {}).get("conditions", [])
-                    if c["type"] not in {c2["type"] for c2 in status.get("conditions", [])}]
+            keep = [
+                c
+                for c in body.get("status", {}).get("conditions", [])
+                if c["type"] not in {c2["type"] for c2 in status.get("conditions", [])}
+            ]
             body["status"] = {**body.get("status", {}), **status}
             if "conditions" in status:
                 body["status"]["conditions"] = keep + status["conditions"]
@@ -253,12 +319,14 @@ class NodeAgent:
             args.append("--allow-root")
         if "JUPYTERHUB_SERVICE_URL" in env:
             from urllib.parse import urlsplit, urlunsplit
+
             u = urlsplit(env["JUPYTERHUB_SERVICE_URL"])
             env["JUPYTERHUB_SERVICE_URL"] = urlunsplit((u.scheme, f"{ip}:{port}", u.path, u.query, u.fragment))
         exe = shutil.which(argv[0], path=env["PATH"]) or argv[0]
         logf = open(home / "server.log", "ab")
-        proc = await asyncio.create_subprocess_exec(exe, *args, env=env, cwd=home, stdout=logf,
-                                                    stderr=subprocess_stdout(), start_new_session=True)
+        proc = await asyncio.create_subprocess_exec(
+            exe, *args, env=env, cwd=home, stdout=logf, stderr=subprocess_stdout(), start_new_session=True
+        )
         logf.close()
         self.procs[pod.metadata.uid] = proc
         asyncio.ensure_future(self.guard(self.reap(pod, proc)))
@@ -291,9 +359,13 @@ class NodeAgent:
             await self.write_status(pod, terminal_status(pod, 137, "Error"))
         try:
             await self.core.delete_namespaced_pod(
-                pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
-                body=client.V1DeleteOptions(grace_period_seconds=0,
-                                            preconditions=client.V1Preconditions(uid=pod.metadata.uid)))
+                pod.metadata.name,
+                pod.metadata.namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)
+                ),
+            )
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
@@ -313,14 +385,30 @@ def terminal_status(pod: client.V1Pod, exit_code: int, reason: str) -> dict[str,
             started = cs.state.running.started_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "phase": "Succeeded" if exit_code == 0 else "Failed",
-        "conditions": [{"type": kind, "status": "False", "reason": "PodCompleted" if exit_code == 0 else "PodFailed",
-                        "lastTransitionTime": t} for kind in ("Ready", "ContainersReady")],
-        "containerStatuses": [{
-            "name": c.name, "image": c.image, "imageID": f"testbed://{c.image}",
-            "containerID": f"testbed://{pod.metadata.uid}/{c.name}", "ready": False, "started": False,
-            "restartCount": 0,
-            "state": {"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started,
-                                     "finishedAt": t}}} for c in pod.spec.containers],
+        "conditions": [
+            {
+                "type": kind,
+                "status": "False",
+                "reason": "PodCompleted" if exit_code == 0 else "PodFailed",
+                "lastTransitionTime": t,
+            }
+            for kind in ("Ready", "ContainersReady")
+        ],
+        "containerStatuses": [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": f"testbed://{c.image}",
+                "containerID": f"testbed://{pod.metadata.uid}/{c.name}",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": t}
+                },
+            }
+            for c in pod.spec.containers
+        ],
     }
 
 

@@ -50,14 +50,22 @@ class ClusterView:
 
     def created_pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """The pod bodies the hub sent (the API server's audit log), in order."""
-        return [e["requestObject"] for e in self.events()
-                if e["verb"] == "create" and (e.get("objectRef") or {}).get("resource") == "pods"
-                and not (e.get("objectRef") or {}).get("subresource") and "requestObject" in e
-                and namespace in (None, e["objectRef"].get("namespace"))]
+        return [
+            e["requestObject"]
+            for e in self.events()
+            if e["verb"] == "create"
+            and (e.get("objectRef") or {}).get("resource") == "pods"
+            and not (e.get("objectRef") or {}).get("subresource")
+            and "requestObject" in e
+            and namespace in (None, e["objectRef"].get("namespace"))
+        ]
 
     def count(self, verb: str | None = None, plural: str | None = None) -> int:
-        return sum(1 for e in self.events() if verb in (None, e["verb"])
-                   and plural in (None, (e.get("objectRef") or {}).get("resource")))
+        return sum(
+            1
+            for e in self.events()
+            if verb in (None, e["verb"]) and plural in (None, (e.get("objectRef") or {}).get("resource"))
+        )
 
     def requests(self) -> Counter:
         """(verb, path) of every request, the path without its query."""
@@ -68,8 +76,9 @@ class ClusterView:
         return self.kube.maybe_get(_PLURAL_PATHS[plural].format(ns=ns) + "/" + name)
 
     def list(self, plural: str, ns: str, label_selector: str = "", field_selector: str = "") -> list[dict]:
-        q = "&".join(f"{k}={quote(v)}" for k, v in (("labelSelector", label_selector),
-                                                    ("fieldSelector", field_selector)) if v)
+        q = "&".join(
+            f"{k}={quote(v)}" for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v
+        )
         return self.kube.get(_PLURAL_PATHS[plural].format(ns=ns) + (f"?{q}" if q else ""))["items"]
 
     def create(self, plural: str, ns: str, body: dict) -> dict:

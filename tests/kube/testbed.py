@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("GPULAB_CACHE_DIR")
-             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpulab")
+CACHE = Path(
+    os.environ.get("GPULAB_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpulab"
+)
 STATE_DIR = Path(os.environ.get("GPULAB_KUBE_TESTBED_DIR") or CACHE / "testbed")
 ADDRESS = os.environ.get("GPULAB_KUBE_TESTBED_ADDRESS", "127.0.0.1")
 NODES_FILE = Path(__file__).with_name("nodes.yaml")
@@ -62,11 +63,14 @@ def check_loopback(address: str) -> None:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
-        raise TestbedError(f"refusing address {address!r}: the test bed listens on a loopback IP only "
-                           f"(127.0.0.0/8)") from None
+        raise TestbedError(
+            f"refusing address {address!r}: the test bed listens on a loopback IP only (127.0.0.0/8)"
+        ) from None
     if not ip.is_loopback or ip.version != 4:
-        raise TestbedError(f"refusing address {address}: the test bed listens on 127.0.0.0/8 only, "
-                           f"never on a network other machines can reach")
+        raise TestbedError(
+            f"refusing address {address}: the test bed listens on 127.0.0.0/8 only, "
+            f"never on a network other machines can reach"
+        )
 
 
 def pod_ip_prefix(state_dir: Path) -> str:
@@ -87,9 +91,9 @@ def free_port(address: str = ADDRESS) -> int:
 # ---------------------------------------------------------------------------
 # Certificates (openssl; one CA signs the serving and every client certificate)
 
+
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE)
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def make_pki(pki: Path, address: str) -> None:
@@ -97,12 +101,28 @@ def make_pki(pki: Path, address: str) -> None:
         return
     pki.mkdir(parents=True, exist_ok=True)
     os.chmod(pki, 0o700)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "3650", "-subj", "/CN=gpulab-testbed-ca", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=gpulab-testbed-ca",
+        cwd=pki,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-    sans = (f"IP:{address},IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-            "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local")
+    sans = (
+        f"IP:{address},IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    )
     certs = {
         # name: (subject, extensions)
         "apiserver": ("/CN=kube-apiserver", f"subjectAltName={sans}\nextendedKeyUsage=serverAuth"),
@@ -115,20 +135,54 @@ def make_pki(pki: Path, address: str) -> None:
     }
     for name, (subject, ext) in certs.items():
         (pki / f"{name}.ext").write_text(ext + "\n")
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", subject, cwd=pki)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", f"{name}.crt", "-days", "3650", "-extfile", f"{name}.ext", cwd=pki)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            subject,
+            cwd=pki,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "3650",
+            "-extfile",
+            f"{name}.ext",
+            cwd=pki,
+        )
     (pki / "done").write_text("ok\n")
 
 
 def kubeconfig_for(pki: Path, server: str, user: str) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "gpulab-testbed",
-        "clusters": [{"name": "gpulab-testbed",
-                      "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")}}],
-        "users": [{"name": user, "user": {"client-certificate": str(pki / f"{user}.crt"),
-                                          "client-key": str(pki / f"{user}.key")}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "gpulab-testbed",
+        "clusters": [
+            {"name": "gpulab-testbed", "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate": str(pki / f"{user}.crt"), "client-key": str(pki / f"{user}.key")},
+            }
+        ],
         "contexts": [{"name": "gpulab-testbed", "context": {"cluster": "gpulab-testbed", "user": user}}],
     }
 
@@ -136,7 +190,9 @@ def kubeconfig_for(pki: Path, server: str, user: str) -> dict[str, Any]:
 def token_kubeconfig(server: str, ca_file: str | Path, token: str, namespace: str = "default") -> dict[str, Any]:
     """A kubeconfig that authenticates with a ServiceAccount token (what a hub pod has)."""
     return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "sa",
         "clusters": [{"name": "gpulab-testbed", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
         "users": [{"name": "sa", "user": {"token": token}}],
         "contexts": [{"name": "sa", "context": {"cluster": "gpulab-testbed", "user": "sa", "namespace": namespace}}],
@@ -145,6 +201,7 @@ def token_kubeconfig(server: str, ca_file: str | Path, token: str, namespace: st
 
 # ---------------------------------------------------------------------------
 # State
+
 
 @dataclass
 class Testbed:
@@ -209,9 +266,17 @@ class Testbed:
         return self.state_dir / "logs" / f"{component}.log"
 
     def save(self) -> None:
-        (self.state_dir / "state.json").write_text(json.dumps({
-            "address": self.address, "ports": self.ports, "pids": self.pids, "versions": self.versions,
-        }, indent=2))
+        (self.state_dir / "state.json").write_text(
+            json.dumps(
+                {
+                    "address": self.address,
+                    "ports": self.ports,
+                    "pids": self.pids,
+                    "versions": self.versions,
+                },
+                indent=2,
+            )
+        )
 
     @classmethod
     def load(cls, state_dir: Path = STATE_DIR) -> Testbed | None:
@@ -222,16 +287,21 @@ class Testbed:
         return cls(state_dir, data["address"], data["ports"], data["pids"], data.get("versions", {}))
 
     # -- HTTP as the admin ------------------------------------------------------
-    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 10,
-                content_type: str = "application/json") -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, *, timeout: float = 10, content_type: str = "application/json"
+    ) -> Any:
         """One API request as the test bed's admin; returns the decoded JSON (or text)."""
         import requests
 
-        r = requests.request(method, self.server + path, timeout=timeout,
-                             cert=(str(self.pki / "admin.crt"), str(self.pki / "admin.key")),
-                             verify=str(self.ca_file),
-                             data=None if body is None else (body if isinstance(body, str) else json.dumps(body)),
-                             headers={"Content-Type": content_type})
+        r = requests.request(
+            method,
+            self.server + path,
+            timeout=timeout,
+            cert=(str(self.pki / "admin.crt"), str(self.pki / "admin.key")),
+            verify=str(self.ca_file),
+            data=None if body is None else (body if isinstance(body, str) else json.dumps(body)),
+            headers={"Content-Type": content_type},
+        )
         if r.status_code >= 400:
             raise TestbedError(f"{method} {path} -> {r.status_code}: {r.text[:500]}")
         return r.json() if r.headers.get("Content-Type", "").startswith("application/json") else r.text
@@ -260,12 +330,15 @@ def _pid_alive(pid: int) -> bool:
 # ---------------------------------------------------------------------------
 # Up / down
 
+
 def build() -> Path:
     """The bin folder with etcd and the Kubernetes binaries (built once, then reused)."""
     proc = subprocess.run([str(REPO / "scripts" / "build-kube.sh")], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        raise TestbedError("scripts/build-kube.sh failed (see its output above): the test bed's binaries "
-                           "are built from Go modules and need Go >= 1.26 and the Go module proxy")
+        raise TestbedError(
+            "scripts/build-kube.sh failed (see its output above): the test bed's binaries "
+            "are built from Go modules and need Go >= 1.26 and the Go module proxy"
+        )
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
@@ -273,8 +346,15 @@ def _spawn(tb: Testbed, name: str, argv: list[str], env: dict[str, str] | None =
     logf = tb.log_file(name)
     logf.parent.mkdir(parents=True, exist_ok=True)
     with open(logf, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, **(env or {})}, cwd=tb.state_dir)
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            cwd=tb.state_dir,
+        )
     tb.pids[name] = proc.pid
     tb.save()
 
@@ -286,11 +366,15 @@ def _wait(what: str, check, timeout: float, tb: Testbed, component: str) -> None
             return
         pid = tb.pids.get(component)
         if pid and not _pid_alive(pid):
-            raise TestbedError(f"{component} exited while waiting for {what}; its log "
-                               f"{tb.log_file(component)} ends with:\n{_tail(tb.log_file(component))}")
+            raise TestbedError(
+                f"{component} exited while waiting for {what}; its log "
+                f"{tb.log_file(component)} ends with:\n{_tail(tb.log_file(component))}"
+            )
         time.sleep(0.3)
-    raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}; "
-                       f"see {tb.log_file(component)}:\n{_tail(tb.log_file(component))}")
+    raise TestbedError(
+        f"timed out after {timeout:.0f} s waiting for {what}; "
+        f"see {tb.log_file(component)}:\n{_tail(tb.log_file(component))}"
+    )
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -322,9 +406,14 @@ def up(address: str = ADDRESS, state_dir: Path = STATE_DIR) -> Testbed:
 def _up(address: str, state_dir: Path) -> Testbed:
     check_loopback(address)
     existing = Testbed.load(state_dir)
-    if existing and existing.address == address and all(existing.alive().values()) \
-            and set(existing.pids) == set(COMPONENTS) and existing.ready() \
-            and existing.versions.get("nodes") == _nodes_digest():
+    if (
+        existing
+        and existing.address == address
+        and all(existing.alive().values())
+        and set(existing.pids) == set(COMPONENTS)
+        and existing.ready()
+        and existing.versions.get("nodes") == _nodes_digest()
+    ):
         return existing
     if existing:
         log("a previous test bed is not (fully) running: stopping what is left of it")
@@ -335,8 +424,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
     versions = dict(line.split("=", 1) for line in (bin_dir / "VERSIONS").read_text().split())
     # A running test bed whose node list changed since it started is started afresh.
     versions["nodes"] = _nodes_digest()
-    ports = {name: free_port(address) for name in
-             ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
+    ports = {name: free_port(address) for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
     tb = Testbed(state_dir, address, ports, {}, versions)
     make_pki(tb.pki, address)
     pki = tb.pki
@@ -346,82 +434,156 @@ def _up(address: str, state_dir: Path) -> Testbed:
     # Audit every request a ServiceAccount makes (the hub's, the controllers'):
     # tests and benchmarks count a spawner's requests per user from this log.
     audit_policy = state_dir / "audit-policy.yaml"
-    _write_yaml(audit_policy, {
-        "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-        "rules": [
-            # The bodies of pod creates: tests assert on exactly what a spawner sent.
-            {"level": "Request", "userGroups": ["system:serviceaccounts"], "verbs": ["create"],
-             "resources": [{"group": "", "resources": ["pods"]}]},
-            {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
-            {"level": "None"}]})
+    _write_yaml(
+        audit_policy,
+        {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                # The bodies of pod creates: tests assert on exactly what a spawner sent.
+                {
+                    "level": "Request",
+                    "userGroups": ["system:serviceaccounts"],
+                    "verbs": ["create"],
+                    "resources": [{"group": "", "resources": ["pods"]}],
+                },
+                {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+                {"level": "None"},
+            ],
+        },
+    )
     tb.audit_log.unlink(missing_ok=True)
     etcd_data = state_dir / "etcd"
     shutil.rmtree(etcd_data, ignore_errors=True)
     etcd_url = f"http://{address}:{ports['etcd']}"
     peer_url = f"http://{address}:{ports['etcd-peer']}"
-    _spawn(tb, "etcd", [
-        str(bin_dir / "etcd"), "--name", "testbed", "--data-dir", str(etcd_data),
-        "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-        "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-        "--initial-cluster", f"testbed={peer_url}", "--log-level", "warn",
-        # Test data: losing it on a crash is fine, and fsync dominates on shared disks.
-        "--unsafe-no-fsync",
-    ])
-    _spawn(tb, "kube-apiserver", [
-        str(bin_dir / "kube-apiserver"),
-        f"--etcd-servers={etcd_url}",
-        f"--bind-address={address}", f"--advertise-address={address}", f"--secure-port={ports['apiserver']}",
-        # The `kubernetes` Service's endpoints would be this loopback address, which
-        # Endpoints validation refuses; nothing in the tests dials the Service.
-        "--endpoint-reconciler-type=none",
-        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        "--service-cluster-ip-range=10.96.0.0/16",
-        "--authorization-mode=Node,RBAC",
-        "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,LimitRanger,ResourceQuota,"
-        "Priority,DefaultTolerationSeconds,NodeRestriction",
-        "--allow-privileged=true",
-        "--profiling=false",
-        "--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
-        f"--audit-policy-file={audit_policy}", f"--audit-log-path={tb.audit_log}",
-        "--audit-log-maxsize=200", "--audit-log-maxbackup=1", "--audit-log-mode=blocking",
-    ])
+    _spawn(
+        tb,
+        "etcd",
+        [
+            str(bin_dir / "etcd"),
+            "--name",
+            "testbed",
+            "--data-dir",
+            str(etcd_data),
+            "--listen-client-urls",
+            etcd_url,
+            "--advertise-client-urls",
+            etcd_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            f"testbed={peer_url}",
+            "--log-level",
+            "warn",
+            # Test data: losing it on a crash is fine, and fsync dominates on shared disks.
+            "--unsafe-no-fsync",
+        ],
+    )
+    _spawn(
+        tb,
+        "kube-apiserver",
+        [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={address}",
+            f"--advertise-address={address}",
+            f"--secure-port={ports['apiserver']}",
+            # The `kubernetes` Service's endpoints would be this loopback address, which
+            # Endpoints validation refuses; nothing in the tests dials the Service.
+            "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,LimitRanger,ResourceQuota,"
+            "Priority,DefaultTolerationSeconds,NodeRestriction",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--max-requests-inflight=800",
+            "--max-mutating-requests-inflight=400",
+            f"--audit-policy-file={audit_policy}",
+            f"--audit-log-path={tb.audit_log}",
+            "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=1",
+            "--audit-log-mode=blocking",
+        ],
+    )
     _wait("kube-apiserver /readyz", tb.ready, 120, tb, "kube-apiserver")
-    _spawn(tb, "kube-controller-manager", [
-        str(bin_dir / "kube-controller-manager"),
-        f"--kubeconfig={state_dir / 'controller-manager.kubeconfig'}",
-        f"--authentication-kubeconfig={state_dir / 'controller-manager.kubeconfig'}",
-        f"--authorization-kubeconfig={state_dir / 'controller-manager.kubeconfig'}",
-        f"--bind-address={address}", f"--secure-port={ports['controller-manager']}",
-        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-        "--use-service-account-credentials=true", "--leader-elect=false",
-        "--kube-api-qps=200", "--kube-api-burst=400",
-        # Quota usage is what admission checks against: recompute it promptly.
-        "--resource-quota-sync-period=15s", "--concurrent-job-syncs=10",
-    ])
-    _spawn(tb, "kube-scheduler", [
-        str(bin_dir / "kube-scheduler"),
-        f"--kubeconfig={state_dir / 'scheduler.kubeconfig'}",
-        f"--authentication-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
-        f"--authorization-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
-        f"--bind-address={address}", f"--secure-port={ports['scheduler']}", "--leader-elect=false",
-        "--kube-api-qps=200", "--kube-api-burst=400",
-    ])
-    _spawn(tb, "node-agent", [
-        sys.executable, "-m", "tests.kube.node_agent",
-        "--kubeconfig", str(state_dir / "node-agent.kubeconfig"),
-        "--nodes", str(NODES_FILE), "--work-dir", str(state_dir / "pods"),
-        "--pod-ip-prefix", pod_ip_prefix(state_dir),
-    ], env={"PYTHONPATH": str(REPO),
+    _spawn(
+        tb,
+        "kube-controller-manager",
+        [
+            str(bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={state_dir / 'controller-manager.kubeconfig'}",
+            f"--authentication-kubeconfig={state_dir / 'controller-manager.kubeconfig'}",
+            f"--authorization-kubeconfig={state_dir / 'controller-manager.kubeconfig'}",
+            f"--bind-address={address}",
+            f"--secure-port={ports['controller-manager']}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            "--leader-elect=false",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            # Quota usage is what admission checks against: recompute it promptly.
+            "--resource-quota-sync-period=15s",
+            "--concurrent-job-syncs=10",
+        ],
+    )
+    _spawn(
+        tb,
+        "kube-scheduler",
+        [
+            str(bin_dir / "kube-scheduler"),
+            f"--kubeconfig={state_dir / 'scheduler.kubeconfig'}",
+            f"--authentication-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
+            f"--bind-address={address}",
+            f"--secure-port={ports['scheduler']}",
+            "--leader-elect=false",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+        ],
+    )
+    _spawn(
+        tb,
+        "node-agent",
+        [
+            sys.executable,
+            "-m",
+            "tests.kube.node_agent",
+            "--kubeconfig",
+            str(state_dir / "node-agent.kubeconfig"),
+            "--nodes",
+            str(NODES_FILE),
+            "--work-dir",
+            str(state_dir / "pods"),
+            "--pod-ip-prefix",
+            pod_ip_prefix(state_dir),
+        ],
+        env={
+            "PYTHONPATH": str(REPO),
             # The agent runs pods' jupyterhub-singleuser from this virtualenv.
-            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"})
-    _wait("the default ServiceAccount (controller manager up)",
-          lambda: _exists(tb, "/api/v1/namespaces/default/serviceaccounts/default"), 120, tb,
-          "kube-controller-manager")
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        },
+    )
+    _wait(
+        "the default ServiceAccount (controller manager up)",
+        lambda: _exists(tb, "/api/v1/namespaces/default/serviceaccounts/default"),
+        120,
+        tb,
+        "kube-controller-manager",
+    )
     _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
     from tests.kube import kueue
@@ -454,8 +616,11 @@ def _nodes_ready(tb: Testbed) -> bool:
         nodes = tb.request("GET", "/api/v1/nodes", timeout=3)["items"]
     except Exception:
         return False
-    ready = {n["metadata"]["name"] for n in nodes
-             if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))}
+    ready = {
+        n["metadata"]["name"]
+        for n in nodes
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+    }
     return want <= ready
 
 
@@ -504,8 +669,10 @@ def status(state_dir: Path = STATE_DIR) -> int:
         return 1
     alive = tb.alive()
     for name in COMPONENTS:
-        print(f"{name:26} {'running' if alive.get(name) else 'stopped'}  pid {tb.pids.get(name, '-')}  "
-              f"log {tb.log_file(name)}")
+        print(
+            f"{name:26} {'running' if alive.get(name) else 'stopped'}  pid {tb.pids.get(name, '-')}  "
+            f"log {tb.log_file(name)}"
+        )
     ready = tb.ready()
     print(f"{'api server':26} {tb.server}  {'ready' if ready else 'NOT ready'}")
     for k, v in tb.versions.items():

@@ -24,14 +24,13 @@ import asyncio
 import json
 from typing import Any
 
+from hub_config.jobs.backends.base import JobBackend, config_value, log
+from hub_config.jobs.models import JobRecord
 from spawner import jobspec
 from spawner.kube_conventions import expand_user_template
 from spawner.labels import workload_annotations, workload_labels
 from spawner.ledger import Workload
 from spawner.sharing import SharingError, pod_gpu_spec
-
-from hub_config.jobs.models import JobRecord
-from hub_config.jobs.backends.base import JobBackend, config_value, log
 
 #: Seconds a job may go without its Job object after creation before it is failed
 #: (a list can race a create on a real API server).
@@ -85,8 +84,11 @@ class KubeJobBackend(JobBackend):
         choice = profile.image_for(image_slug) if profile is not None else None
         if choice is not None:
             return choice.image
-        return (self.settings.kube_image or config_value(self.service.config, "KubeSpawner", "image")
-                or "quay.io/jupyter/scipy-notebook:latest")
+        return (
+            self.settings.kube_image
+            or config_value(self.service.config, "KubeSpawner", "image")
+            or "quay.io/jupyter/scipy-notebook:latest"
+        )
 
     def _spawner_config(self, key: str) -> Any:
         """A KubeSpawner setting as the hub's config gives it (GPUKubeSpawner's own first)."""
@@ -119,8 +121,9 @@ class KubeJobBackend(JobBackend):
         profile = catalog.profile(rec.profile)
         team = catalog.teams.get(rec.team)
         gpu = pod_gpu_spec(profile, catalog.sharing, team) if profile is not None and profile.is_gpu else None
-        w = Workload(jobspec.workload_key(rec.id), rec.team, rec.user, rec.gpu_milli, rec.profile, "job",
-                     rec.over_quota)
+        w = Workload(
+            jobspec.workload_key(rec.id), rec.team, rec.user, rec.gpu_milli, rec.profile, "job", rec.over_quota
+        )
         s = self.settings
         pull_secrets = self._spawner_config("image_pull_secrets") or []
         if isinstance(pull_secrets, str):
@@ -128,11 +131,21 @@ class KubeJobBackend(JobBackend):
         uid = self._spawner_config("uid")
         fs_gid = self._spawner_config("fs_gid")
         req = jobspec.KubeJobRequest(
-            job_id=rec.id, name=rec.name, user=rec.user, namespace=self.namespace(rec.team),
-            image=self.image(profile, None), job_class=rec.job_class, over_quota=rec.over_quota,
-            notebook=rec.notebook, output_path=rec.output_path, log_path=rec.log_path,
-            parameters=rec.parameters, time_limit_seconds=rec.time_limit_seconds,
-            labels=workload_labels(w), annotations=workload_annotations(w), gpu=gpu,
+            job_id=rec.id,
+            name=rec.name,
+            user=rec.user,
+            namespace=self.namespace(rec.team),
+            image=self.image(profile, None),
+            job_class=rec.job_class,
+            over_quota=rec.over_quota,
+            notebook=rec.notebook,
+            output_path=rec.output_path,
+            log_path=rec.log_path,
+            parameters=rec.parameters,
+            time_limit_seconds=rec.time_limit_seconds,
+            labels=workload_labels(w),
+            annotations=workload_annotations(w),
+            gpu=gpu,
             home_claim=self.home_claim(rec.user),
             home_mount_path=s.kube_home_mount_path,
             home_sub_path=expand_user_template(s.kube_home_sub_path, rec.user) if s.kube_home_sub_path else "",
@@ -174,8 +187,13 @@ class KubeJobBackend(JobBackend):
             try:
                 await self.api().delete_namespaced_job(name, ns, propagation_policy="Background")
             except Exception as e:
-                log.warning("gpulab jobs: cannot delete Job %s/%s of cancelled job %d: %s",
-                            ns, name, rec.id, self._api_message(e))
+                log.warning(
+                    "gpulab jobs: cannot delete Job %s/%s of cancelled job %d: %s",
+                    ns,
+                    name,
+                    rec.id,
+                    self._api_message(e),
+                )
             return
         log.info("gpulab jobs: created Job %s/%s for job %d", ns, name, rec.id)
         self.service.wake()
@@ -183,8 +201,9 @@ class KubeJobBackend(JobBackend):
     async def cancel(self, rec: JobRecord, reason: str) -> None:
         if rec.kube_name:
             try:
-                await self.api().delete_namespaced_job(rec.kube_name, rec.kube_namespace,
-                                                        propagation_policy="Background")
+                await self.api().delete_namespaced_job(
+                    rec.kube_name, rec.kube_namespace, propagation_policy="Background"
+                )
             except Exception as e:
                 if getattr(e, "status", None) != 404:
                     raise jobspec.JobSpecError(f"cannot delete the Job: {self._api_message(e)}", 502) from None
@@ -213,8 +232,9 @@ class KubeJobBackend(JobBackend):
                 if job is None:
                     first = self._missing_since.setdefault(rec.id, loop.time())
                     if loop.time() - first > MISSING_GRACE_SECONDS or rec.state == jobspec.RUNNING:
-                        self.service.transition(rec.id, jobspec.FAILED,
-                                                f"Job {ns}/{rec.kube_name} disappeared from the cluster")
+                        self.service.transition(
+                            rec.id, jobspec.FAILED, f"Job {ns}/{rec.kube_name} disappeared from the cluster"
+                        )
                     continue
                 self._missing_since.pop(rec.id, None)
                 self._apply(rec, job)
@@ -228,8 +248,9 @@ class KubeJobBackend(JobBackend):
                 # A pod that started and finished between two polls: it did run.
                 self.service.transition(rec.id, jobspec.RUNNING, "ran between two reads of the cluster")
             # e.g. Kueue evicting a running Job suspends it: running -> preempted -> queued.
-            elif jobspec.may_transition(rec.state, jobspec.PREEMPTED) and \
-                    jobspec.may_transition(jobspec.PREEMPTED, state):
+            elif jobspec.may_transition(rec.state, jobspec.PREEMPTED) and jobspec.may_transition(
+                jobspec.PREEMPTED, state
+            ):
                 self.service.transition(rec.id, jobspec.PREEMPTED, "the cluster took the pod away")
             else:
                 return

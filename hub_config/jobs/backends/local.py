@@ -35,16 +35,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hub_config.jobs.backends.base import JobBackend, log
+from hub_config.jobs.models import JobRecord
+from hub_config.storage.db import as_utc, utcnow
 from spawner import jobspec
 from spawner.accounts import Account, AccountError, demote_kwargs, lookup
 from spawner.env import gpu_env
 from spawner.local import ensure_packer
 from spawner.packer import FULL
 from spawner.sudo import SudoError, process_alive
-
-from hub_config.jobs.models import JobRecord
-from hub_config.storage.db import as_utc, utcnow
-from hub_config.jobs.backends.base import JobBackend, log
 
 RUNNER_MODULE = "hub_config.jobs.runner"
 
@@ -102,7 +101,9 @@ class LocalJobBackend(JobBackend):
             if len(devices) < need:
                 raise jobspec.JobSpecError(
                     f"this server has {len(devices)} {profile.gpu_model or 'GPU'}(s); "
-                    f"profile {profile.slug} needs {need}", 409)
+                    f"profile {profile.slug} needs {need}",
+                    409,
+                )
         return milli
 
     def submitted(self, rec: JobRecord) -> None:
@@ -158,9 +159,13 @@ class LocalJobBackend(JobBackend):
                 self.pids[rec.id] = rec.pid  # the ledger adopted it in JobService.start()
                 log.info("gpulab jobs: re-adopted running job %d (pid %d)", rec.id, rec.pid)
             else:
-                self._finish_from_status(rec, gone_reason=(
-                    "its process was gone when the hub restarted and left no exit status "
-                    "(killed together with the hub?)"))
+                self._finish_from_status(
+                    rec,
+                    gone_reason=(
+                        "its process was gone when the hub restarted and left no exit status "
+                        "(killed together with the hub?)"
+                    ),
+                )
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -206,8 +211,9 @@ class LocalJobBackend(JobBackend):
         elif status.get("returncode") == 0:
             self.service.transition(rec.id, jobspec.SUCCEEDED, "the notebook ran to the end")
         else:
-            self.service.transition(rec.id, jobspec.FAILED, status.get("error") or
-                                    f"papermill exited with {status.get('returncode')}")
+            self.service.transition(
+                rec.id, jobspec.FAILED, status.get("error") or f"papermill exited with {status.get('returncode')}"
+            )
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
@@ -215,8 +221,7 @@ class LocalJobBackend(JobBackend):
             if rec.state != jobspec.RUNNING or rec.id in self.stopping or rec.started_at is None:
                 continue
             if (now - as_utc(rec.started_at)).total_seconds() > rec.time_limit_seconds:
-                self.service.transition(rec.id, jobspec.TIMED_OUT,
-                                        f"time limit of {rec.time_limit_seconds} s reached")
+                self.service.transition(rec.id, jobspec.TIMED_OUT, f"time limit of {rec.time_limit_seconds} s reached")
                 self._terminate(rec.id, None)
 
     def _schedule(self) -> None:
@@ -245,9 +250,15 @@ class LocalJobBackend(JobBackend):
         """Stop just enough running batch jobs for ``rec`` to fit, if that can make it fit."""
         if rec.id in self.preempting.values():
             return  # victims are on their way out
-        running = [r for r in self.service.active(self.name)
-                   if r.state == jobspec.RUNNING and r.job_class == "batch" and r.id in self.pids
-                   and r.id not in self.stopping and r.gpu_milli]
+        running = [
+            r
+            for r in self.service.active(self.name)
+            if r.state == jobspec.RUNNING
+            and r.job_class == "batch"
+            and r.id in self.pids
+            and r.id not in self.stopping
+            and r.gpu_milli
+        ]
         # Over-quota work first, then the youngest: the least work lost.
         running.sort(key=lambda r: (not r.over_quota, -(r.started_at.timestamp() if r.started_at else 0)))
         victims: list[tuple[int, Any]] = []
@@ -264,14 +275,15 @@ class LocalJobBackend(JobBackend):
                         fits = True
                         break
             finally:  # a what-if: put everything back, the processes still run
-                for victim_id, placement in victims:
+                for _, placement in victims:
                     packer.adopt(placement.key, placement.shares)
         if not fits:
             return
         for victim_id, _ in victims:
             self.preempting[victim_id] = rec.id
-            self.service.transition(victim_id, jobspec.PREEMPTED,
-                                    f"preempted by training job {rec.id}, which needs its GPU")
+            self.service.transition(
+                victim_id, jobspec.PREEMPTED, f"preempted by training job {rec.id}, which needs its GPU"
+            )
             self._terminate(victim_id, jobspec.QUEUED)
 
     # -- processes -------------------------------------------------------------------------
@@ -304,29 +316,48 @@ class LocalJobBackend(JobBackend):
             return
         env = {k: os.environ[k] for k in self.settings.env_keep if k in os.environ}
         env.update(gpu_env(rec.team, rec.profile, rec.gpu_milli, rec.over_quota, shares, self.packer.devices))
-        env.update({
-            "HOME": str(home),
-            "GPULAB_JOB_ID": str(rec.id),
-            "GPULAB_JOB_CLASS": rec.job_class,
-            "GPULAB_JOB_PARAMETERS": json.dumps(rec.parameters),
-            # A batch job is always preemptible here, whatever its quota.
-            "GPULAB_PREEMPTIBLE": "1" if rec.job_class == "batch" or rec.over_quota else "0",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "HOME": str(home),
+                "GPULAB_JOB_ID": str(rec.id),
+                "GPULAB_JOB_CLASS": rec.job_class,
+                "GPULAB_JOB_PARAMETERS": json.dumps(rec.parameters),
+                # A batch job is always preemptible here, whatever its quota.
+                "GPULAB_PREEMPTIBLE": "1" if rec.job_class == "batch" or rec.over_quota else "0",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if account is not None:
             env.update({"USER": account.name, "LOGNAME": account.name, "SHELL": account.shell})
-        files = {"input": str(source), "output": str(output), "cwd": str(source.parent),
-                 "status": str(status), "log": str(log_file)}
+        files = {
+            "input": str(source),
+            "output": str(output),
+            "cwd": str(source.parent),
+            "status": str(status),
+            "log": str(log_file),
+        }
         try:
             if self.sudo and account is not None:  # the mediator starts it in a session of its own
                 pid = self.service.accounts.launcher.start_job(account.name, env, attempt=attempt, **files)
             else:
-                cmd = [sys.executable, "-m", RUNNER_MODULE, *(a for k, v in files.items() for a in (f"--{k}", v)),
-                       "--attempt", str(attempt)]
-                proc = subprocess.Popen(cmd, cwd=str(source.parent), env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                        start_new_session=True,  # own group: SIGTERM reaches the kernel too
-                                        **(demote_kwargs(account) if account is not None else {}))
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    RUNNER_MODULE,
+                    *(a for k, v in files.items() for a in (f"--{k}", v)),
+                    "--attempt",
+                    str(attempt),
+                ]
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=str(source.parent),
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # own group: SIGTERM reaches the kernel too
+                    **(demote_kwargs(account) if account is not None else {}),
+                )
                 self.procs[rec.id] = proc
                 pid = proc.pid
         except (OSError, subprocess.SubprocessError, SudoError) as e:
@@ -334,11 +365,22 @@ class LocalJobBackend(JobBackend):
             self.service.transition(rec.id, jobspec.FAILED, f"cannot start papermill: {e}")
             return
         self.pids[rec.id] = pid
-        self.service.transition(rec.id, jobspec.RUNNING,
-                                f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
-                                pid=pid, shares_json=json.dumps(shares), attempts=attempt)
-        log.info("gpulab jobs: started job %d (%s) pid %d as %s, %s", rec.id, key, pid,
-                 account.name if account is not None else "the hub's account", env.get("CUDA_VISIBLE_DEVICES"))
+        self.service.transition(
+            rec.id,
+            jobspec.RUNNING,
+            f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
+            pid=pid,
+            shares_json=json.dumps(shares),
+            attempts=attempt,
+        )
+        log.info(
+            "gpulab jobs: started job %d (%s) pid %d as %s, %s",
+            rec.id,
+            key,
+            pid,
+            account.name if account is not None else "the hub's account",
+            env.get("CUDA_VISIBLE_DEVICES"),
+        )
 
     @staticmethod
     def _create_status_file(path: Path, account: Account | None) -> None:
@@ -382,5 +424,3 @@ class LocalJobBackend(JobBackend):
     def _release_devices(self, job_id: int) -> None:
         with self.runtime.lock:
             self.packer.release(jobspec.workload_key(job_id))
-
-

@@ -28,9 +28,14 @@ def upgrade() -> None:
         batch.add_column(sa.Column("session", sa.String(length=64), nullable=False, server_default=""))
         batch.add_column(sa.Column("action", sa.String(length=32), nullable=False, server_default=""))
         batch.add_column(sa.Column("idle_gpu_hours", sa.Float(), nullable=False, server_default="0"))
-    events = sa.table("gpulab_idle_events", sa.column("id", sa.Integer), sa.column("evidence", sa.Text),
-                      sa.column("action", sa.String), sa.column("idle_gpu_hours", sa.Float),
-                      sa.column("gpu_hours_reclaimed", sa.Float))
+    events = sa.table(
+        "gpulab_idle_events",
+        sa.column("id", sa.Integer),
+        sa.column("evidence", sa.Text),
+        sa.column("action", sa.String),
+        sa.column("idle_gpu_hours", sa.Float),
+        sa.column("gpu_hours_reclaimed", sa.Float),
+    )
     conn = op.get_bind()
     conn.execute(events.update().values(idle_gpu_hours=events.c.gpu_hours_reclaimed))
     for row_id, evidence in conn.execute(sa.select(events.c.id, events.c.evidence)).all():
@@ -47,8 +52,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table("gpulab_idle_events") as batch:
         batch.add_column(sa.Column("gpu_hours_reclaimed", sa.Float(), nullable=False, server_default="0"))
-    events = sa.table("gpulab_idle_events", sa.column("idle_gpu_hours", sa.Float),
-                      sa.column("gpu_hours_reclaimed", sa.Float))
+    events = sa.table(
+        "gpulab_idle_events", sa.column("idle_gpu_hours", sa.Float), sa.column("gpu_hours_reclaimed", sa.Float)
+    )
     op.get_bind().execute(events.update().values(gpu_hours_reclaimed=events.c.idle_gpu_hours))
     with op.batch_alter_table("gpulab_idle_events") as batch:
         batch.drop_column("idle_gpu_hours")

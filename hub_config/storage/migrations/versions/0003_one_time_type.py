@@ -23,8 +23,12 @@ def upgrade() -> None:
         return
     with op.batch_alter_table("gpulab_jobs") as batch:
         for name in COLUMNS:
-            batch.alter_column(name, type_=sa.DateTime(), existing_type=sa.DateTime(timezone=True),
-                               postgresql_using=f"{name} AT TIME ZONE 'UTC'")
+            batch.alter_column(
+                name,
+                type_=sa.DateTime(),
+                existing_type=sa.DateTime(timezone=True),
+                postgresql_using=f"{name} AT TIME ZONE 'UTC'",
+            )
 
 
 def downgrade() -> None:
@@ -32,5 +36,9 @@ def downgrade() -> None:
         return
     with op.batch_alter_table("gpulab_jobs") as batch:
         for name in COLUMNS:
-            batch.alter_column(name, type_=sa.DateTime(timezone=True), existing_type=sa.DateTime(),
-                               postgresql_using=f"{name} AT TIME ZONE 'UTC'")
+            batch.alter_column(
+                name,
+                type_=sa.DateTime(timezone=True),
+                existing_type=sa.DateTime(),
+                postgresql_using=f"{name} AT TIME ZONE 'UTC'",
+            )
