@@ -249,7 +249,7 @@ class StopHandler(APIHandler):
             response = None
             reason = f"the hub is not reachable: {e}"
         else:
-            reason = response.body.decode(errors="replace") if response.body else ""
+            reason = response.body.decode(errors="replace") if response is not None and response.body else ""
         if response is not None and response.code in (202, 204):
             return
         status = response.code if response is not None else 502

@@ -31,6 +31,7 @@ ADAPTERS = frozenset(
         "spawner.accounts",
         "spawner.sudo",
         "spawner.mediator",
+        "spawner.account_spawner",
         "spawner.config",
         "spawner",
     }

@@ -126,6 +126,20 @@ def workload_from_pod(pod: dict) -> Workload | None:
 class GPUKubeSpawner(KubeSpawner):
     """KubeSpawner with GPU profiles per team, quota admission and GPU sharing backends."""
 
+    # KubeSpawner's traits and state this class sets per spawn (it ships no type information).
+    namespace: str
+    pvc_name: str
+    environment: dict[str, Any]
+    extra_labels: dict[str, str]
+    extra_annotations: dict[str, str]
+    extra_resource_limits: dict[str, Any]
+    extra_resource_guarantees: dict[str, Any]
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+    node_affinity_required: list[dict[str, Any]]
+    node_affinity_preferred: list[dict[str, Any]]
+    _pvc_exists: bool
+
     ledger_namespaces = List(
         Unicode(),
         config=True,
@@ -183,12 +197,13 @@ class GPUKubeSpawner(KubeSpawner):
     # -- accounting from the cluster ------------------------------------------
 
     def _watched_namespaces(self) -> list[str | None]:
+        """The namespaces whose pods count; ``[None]``: every namespace."""
         if self.enable_user_namespaces or "*" in self.ledger_namespaces:
             return [None]
         if self.ledger_namespaces:
-            return sorted(set(self.ledger_namespaces))
+            return list(sorted(set(self.ledger_namespaces)))
         teams = self.runtime.catalog.teams.values()
-        return sorted({self._hub_namespace, *(t.namespace for t in teams if t.namespace)})
+        return list(sorted({self._hub_namespace, *(t.namespace for t in teams if t.namespace)}))
 
     #: Namespace -> loop time its pods last failed to list (a missing Role or namespace).
     _failed_namespaces: dict[str | None, float] = {}
@@ -655,7 +670,7 @@ class GPUKubeSpawner(KubeSpawner):
 
 def _api_message(e: ApiException) -> str:
     try:
-        return json.loads(e.body).get("message") or e.reason or str(e)
+        return str(json.loads(e.body or b"").get("message") or e.reason or e)
     except (TypeError, ValueError, AttributeError):
         return e.reason or str(e)
 

@@ -24,16 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, set_user_setuid
-from jupyterhub.utils import random_port
+from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado import web
 from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
-from .accounts import Account, AccountError, UserAccounts
+from .account_spawner import AccountProcessSpawner
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import find_choice, options_from_formdata, refusal_sentence, render_options_form
@@ -51,7 +49,6 @@ from .policy import (
     what_to_do,
 )
 from .progress import setup_messages
-from .sudo import SudoError, process_alive
 from .units import format_gpus
 
 
@@ -106,7 +103,14 @@ class SpawnRefused(web.HTTPError):
 _PROFILE_LIMIT_TRAITS = ("cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit")
 
 
-class GPULocalMixin(LoggingConfigurable):
+if TYPE_CHECKING:
+    # The mixin always sits in front of a JupyterHub Spawner (user, name, hub, get_env ...).
+    from jupyterhub.spawner import Spawner as _SpawnerBase
+else:
+    _SpawnerBase = LoggingConfigurable
+
+
+class GPULocalMixin(_SpawnerBase):
     """GPU profiles, quota and device placement for local-process spawners."""
 
     #: What this server holds (team, profile, milli, devices); saved in the hub's state.
@@ -144,6 +148,11 @@ class GPULocalMixin(LoggingConfigurable):
     def _init_packer(self, runtime: GPULabRuntime) -> None:
         ensure_packer(runtime, self.log)
 
+    @property
+    def packer(self) -> DevicePacker:
+        """The runtime's device packer (created with the runtime: never ``None`` here)."""
+        return ensure_packer(self.gpulab, self.log)
+
     def _groups(self) -> list[str]:
         return [g.name for g in getattr(self.user, "groups", [])]
 
@@ -154,11 +163,11 @@ class GPULocalMixin(LoggingConfigurable):
     # -- the spawn page -----------------------------------------------------
 
     def _capacity(self, profile) -> Capacity:
-        return device_capacity(self.gpulab.packer, profile)
+        return device_capacity(self.packer, profile)
 
     def inventory_note(self) -> tuple[str, bool]:
         runtime = self.gpulab
-        packer = runtime.packer
+        packer = self.packer
         counts: dict[str, int] = {}
         for d in packer.devices.values():
             counts[d.model] = counts.get(d.model, 0) + 1
@@ -416,7 +425,7 @@ class GPULocalMixin(LoggingConfigurable):
         runtime = self.gpulab
         key = self._key
         with runtime.lock:
-            runtime.packer.release(key)
+            self.packer.release(key)
         if runtime.ledger.release(key) is not None:
             self.log.info("gpulab: released %s", key)
         self._gpulab_state = None
@@ -451,7 +460,7 @@ class GPULocalMixin(LoggingConfigurable):
             state["milli"],
             state["over_quota"],
             state.get("shares") or [],
-            self.gpulab.packer.devices,
+            self.packer.devices,
         )
 
     def runs_as_root(self) -> bool:
@@ -494,7 +503,7 @@ class GPULocalMixin(LoggingConfigurable):
         if saved.get("shares"):
             with runtime.lock:
                 try:
-                    runtime.packer.adopt(key, saved["shares"])
+                    self.packer.adopt(key, saved["shares"])
                 except Exception as e:
                     self.log.error("gpulab: cannot re-adopt devices of %s: %s", key, e)
         self._gpulab_state = saved
@@ -502,106 +511,6 @@ class GPULocalMixin(LoggingConfigurable):
 
     def clear_state(self) -> None:
         super().clear_state()
-
-
-class AccountProcessSpawner(LocalProcessSpawner):
-    """``LocalProcessSpawner`` for ``c.UserAccounts``: each server runs as its user's account.
-
-    A root hub switches user itself in the child before ``exec`` (JupyterHub's
-    own user switching). A hub that is not root starts, signals and stops the
-    server through the mediator over ``sudo -n`` (:mod:`spawner.sudo`), and
-    polls it from ``/proc``; ``c.Spawner.cmd`` is then the mediator's own
-    ``jupyterhub-singleuser``, as with sudospawner.
-    """
-
-    _account: Account | None = None
-
-    @property
-    def accounts(self) -> UserAccounts:
-        return UserAccounts(parent=self)
-
-    @property
-    def account(self) -> Account:
-        """The system account this user's servers run as (created on first use)."""
-        if self._account is None:
-            self._account = self.accounts.account_for(self.user.name)
-        return self._account
-
-    @property
-    def _sudo(self) -> bool:
-        return self.accounts.uses_sudo()
-
-    async def start(self):
-        try:
-            self._account = await asyncio.to_thread(self.accounts.account_for, self.user.name)
-        except AccountError as e:
-            self.log.error("gpulab: %s", e)
-            raise web.HTTPError(500, f"cannot prepare the system account of {self.user.name}: {e}") from None
-        if not self._sudo:
-            return await super().start()
-        if self.port == 0:
-            self.port = random_port()
-        env, args = self.get_env(), self.get_args()
-        launcher = self.accounts.launcher
-        if self.cmd and Path(self.cmd[0]).name != "jupyterhub-singleuser":
-            self.log.warning(
-                "gpulab: c.Spawner.cmd %s is not used through sudo: %s starts the "
-                "jupyterhub-singleuser of its own virtualenv",
-                self.cmd[0],
-                launcher.mediator,
-            )
-        self.log.info(
-            "gpulab: spawning jupyterhub-singleuser %s as %s through %s",
-            " ".join(args),
-            self._account.name,
-            launcher.mediator,
-        )
-        try:
-            self.pid = await asyncio.to_thread(launcher.start_server, self._account.name, args, env)
-        except SudoError as e:
-            self.log.error("gpulab: %s", e)
-            raise web.HTTPError(500, f"cannot start the server of {self.user.name}: {e}") from None
-        self.proc = None
-        return (self.ip or "127.0.0.1", self.port)
-
-    def _alive(self) -> bool:
-        try:
-            uid = self.account.uid
-        except AccountError:
-            return False
-        return process_alive(self.pid, uid)
-
-    async def poll(self):
-        if not self._sudo:
-            return await super().poll()
-        if self.pid and self._alive():
-            return None
-        self.clear_state()
-        return 0
-
-    async def _signal(self, sig):
-        if not self._sudo:
-            return await super()._signal(sig)
-        if sig == 0 or not self._alive():
-            return self._alive()
-        try:
-            return await asyncio.to_thread(self.accounts.launcher.signal, self.account.name, self.pid, sig)
-        except SudoError as e:
-            self.log.error("gpulab: cannot signal the server of %s: %s", self.user.name, e)
-            return self._alive()
-
-    def runs_as_words(self) -> str:
-        return f"as system account {self.account.name}"
-
-    def make_preexec_fn(self, name):
-        return set_user_setuid(self.account.name)
-
-    def user_env(self, env: dict[str, str]) -> dict[str, str]:
-        account = self.account
-        env["USER"] = account.name
-        env["HOME"] = str(account.home)
-        env["SHELL"] = account.shell
-        return env
 
 
 class GPULocalSpawner(GPULocalMixin, AccountProcessSpawner):

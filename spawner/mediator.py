@@ -149,9 +149,11 @@ def start_server(req: dict) -> dict:
 
 
 def start_job(req: dict) -> dict:
-    fields = {k: req.get(k) for k in ("input", "output", "cwd", "status", "log")}
-    for key, value in fields.items():
+    fields: dict[str, str] = {}
+    for key in ("input", "output", "cwd", "status", "log"):
+        value: Any = req.get(key)
         inside_home(value, must_exist=key in ("input", "cwd"))
+        fields[key] = value  # a string: inside_home refused anything else
     attempt = req.get("attempt")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or not 0 < attempt < 1_000_000:
         raise Refused("attempt must be a positive integer")

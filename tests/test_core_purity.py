@@ -8,7 +8,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 #: Adapters (allowed to import the frameworks); everything else in spawner/ is core.
-ADAPTERS = {"local", "kube", "kube_conventions", "nvml", "config", "accounts", "sudo", "mediator", "__init__"}
+ADAPTERS = {
+    "local",
+    "kube",
+    "kube_conventions",
+    "nvml",
+    "config",
+    "accounts",
+    "sudo",
+    "mediator",
+    "account_spawner",
+    "__init__",
+}
 
 
 def test_core_modules_import_no_framework():

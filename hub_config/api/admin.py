@@ -110,8 +110,26 @@ def team_view(runtime, name: str) -> dict[str, Any]:
     }
 
 
+def _team_json(catalog: Catalog, name: str) -> dict[str, Any]:
+    """A team of ``catalog`` as the admin API shows it (404 when it does not exist)."""
+    team = catalog.team(name)
+    if team is None:
+        raise web.HTTPError(404, f"no team {name!r}")
+    return team_to_dict(team)
+
+
+def _profile_json(catalog: Catalog, slug: str) -> dict[str, Any]:
+    """A profile of ``catalog`` as the admin API shows it (404 when it does not exist)."""
+    profile = catalog.profile(slug)
+    if profile is None:
+        raise web.HTTPError(404, f"no profile {slug!r}")
+    return profile_to_dict(profile)
+
+
 def profile_view(catalog: Catalog, slug: str) -> dict[str, Any]:
     p = catalog.profile(slug)
+    if p is None:
+        raise web.HTTPError(404, f"no profile {slug!r}")
     d = profile_to_dict(p)
     d["retired"] = p.retired
     d["gpus"] = format_gpus(p.gpu_milli)
@@ -257,7 +275,7 @@ class TeamsHandler(AdminAPIHandler):
         def mutate(_current, data):
             data["teams"].append(body)
 
-        self.edit("team.create", name, mutate, lambda c: None, lambda c: team_to_dict(c.team(name)))
+        self.edit("team.create", name, mutate, lambda c: None, lambda c: _team_json(c, name))
         self.write_json(team_view(self.gpulab, name), status=201)
 
 
@@ -300,9 +318,7 @@ class TeamHandler(AdminAPIHandler):
 
         action = "team.rename" if new_name != name else "team.update"
         target = f"{name} -> {new_name}" if new_name != name else name
-        self.edit(
-            action, target, mutate, lambda c: team_to_dict(c.team(name)), lambda c: team_to_dict(c.team(new_name))
-        )
+        self.edit(action, target, mutate, lambda c: _team_json(c, name), lambda c: _team_json(c, new_name))
         self.write_json(team_view(runtime, new_name))
 
     async def delete(self, name: str) -> None:
@@ -323,7 +339,7 @@ class TeamHandler(AdminAPIHandler):
         def mutate(_current, data):
             data["teams"] = [t for t in data["teams"] if t["name"] != name]
 
-        self.edit("team.delete", name, mutate, lambda c: team_to_dict(c.team(name)), lambda c: None)
+        self.edit("team.delete", name, mutate, lambda c: _team_json(c, name), lambda c: None)
         self.set_status(204)
         self.finish()
 
@@ -350,7 +366,7 @@ class ProfilesHandler(AdminAPIHandler):
         def mutate(_current, data):
             data["profiles"].append(body)
 
-        catalog = self.edit("profile.create", slug, mutate, lambda c: None, lambda c: profile_to_dict(c.profile(slug)))
+        catalog = self.edit("profile.create", slug, mutate, lambda c: None, lambda c: _profile_json(c, slug))
         self.write_json(profile_view(catalog, slug), status=201)
 
 
@@ -370,9 +386,7 @@ class _ProfileBase(AdminAPIHandler):
                 merged.pop("gpu_milli", None)
             profiles[i] = {k: v for k, v in merged.items() if v is not None}
 
-        catalog = self.edit(
-            action, slug, mutate, lambda c: profile_to_dict(c.profile(slug)), lambda c: profile_to_dict(c.profile(slug))
-        )
+        catalog = self.edit(action, slug, mutate, lambda c: _profile_json(c, slug), lambda c: _profile_json(c, slug))
         self.write_json(profile_view(catalog, slug))
 
 

@@ -460,16 +460,17 @@ class CycleHandler(IdleBase):
         if unknown:
             raise web.HTTPError(404, f"no such user(s): {', '.join(unknown[:10])}")
         now = time.time()
+        reclaims: list[dict[str, Any]] = []
         with self.idle_db() as session:
             out = {
                 "clears": sum(self.apply_clear(session, d, now) for d in clears),
                 "warnings": sum(self.apply_warning(session, d, now) for d in warnings),
                 "holds": sum(self.apply_hold(session, d, now) for d in holds),
-                "reclaims": [],
+                "reclaims": reclaims,
             }
             for d in claims:
                 refused = self.apply_reclaim(session, d, now)
-                out["reclaims"].append(
+                reclaims.append(
                     {
                         "user": d["user"],
                         "server": d["server"],

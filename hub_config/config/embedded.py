@@ -201,7 +201,7 @@ def configure_embedded(c) -> None:
             c.UserAccounts.group = os.environ.get("GPULAB_ACCOUNT_GROUP", "jupyterhub-users")
         if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
             prepare_dir(home_root, 0o711)
-        reach = {
+        reach: dict[str, Path | str] = {
             "the Python interpreter": sys.executable,
             "the single-user server": singleuser,
             "gpulab's code": REPO_ROOT,
