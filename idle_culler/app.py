@@ -255,7 +255,8 @@ class GPUIdleCuller(Application):
             now = self._cycle_now = self.clock()
             if isinstance(self.utilisation, PrometheusSource):
                 prefetch = asyncio.ensure_future(
-                    self.utilisation.fetch(now, self.candidate_windows(profiles, teams)))
+                    self.utilisation.fetch(now, self.candidate_windows(profiles, teams),
+                                           threshold_percent=self.threshold_percent))
                 prefetch.add_done_callback(_retrieve)
             users = await users_task
         except (HubAPIError, OSError) as e:
@@ -293,7 +294,8 @@ class GPUIdleCuller(Application):
                     answer = dict(await prefetch)
                     asked = set(self.candidate_windows(profiles, teams))
                     if set(windows.values()) - asked:  # cannot happen with one catalog; ask again if it does
-                        answer.update(await self.utilisation.fetch(now, set(windows.values()) - asked))
+                        answer.update(await self.utilisation.fetch(now, set(windows.values()) - asked,
+                                                                threshold_percent=self.threshold_percent))
                     data = self.utilisation.join(answer, targets, windows)
                 else:
                     data = await self.utilisation.collect(targets, now, windows)

@@ -3,8 +3,13 @@
 The history is written into Prometheus' TSDB with ``promtool`` (backfill), so a
 test asks about any moment of an hour of 30 s scrapes at once, without waiting:
 short holes, long holes, stale series, NaN, MIG ratios, busy samples, and an
-answer too large to accept. Every case is also judged from the raw samples;
-Prometheus' few numbers per GPU must lead to the same verdict.
+answer too large to accept. The culler's recording rules are evaluated over
+that history by Prometheus' own engine (``promtool tsdb create-blocks-from
+rules``), on a grid 7 s after the scrapes, as a rule group with its own offset
+would be. Every case is also judged from the raw samples; Prometheus' few
+numbers per GPU must lead to the same verdict, with the rule, without it (the
+subquery), and with a rule that is not there (the subquery for the servers
+that look idle only).
 """
 
 from __future__ import annotations
@@ -75,9 +80,10 @@ TARGETS = [ServerTarget(user=name, server="", team="t", profile="p", gpu_milli=1
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    p = RunningPrometheus(tmp_path_factory.mktemp("prom-history"), [])
+    p = RunningPrometheus(tmp_path_factory.mktemp("prom-history"), [], rule_interval=f"{STEP:g}s")
     p.backfill([(metric, labels(name, metric), samples) for name, (metric, samples, _) in CASES.items()])
     p.start()
+    p.backfill_rules(START + 7, T + 1)
     yield p
     p.stop()
 
@@ -87,10 +93,21 @@ def judge(series, now=T):
                           expected_devices=1)
 
 
-async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(prometheus):
-    source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP)
-    data = await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS})
-    assert source.queries == 1
+#: How holes are measured: the recording rule; no rule (the subquery for every series); a rule
+#: Prometheus does not have (the rule part answers nothing, the subquery asks for the idle-looking ones).
+HOLES = {"rule": {}, "subquery": {"sample_age_rule": ""}, "missing-rule": {"sample_age_rule": "nope:{metric}:age"}}
+#: Series measured by the subquery: those the rule does not cover (its own hole), or all idle-looking ones.
+UNCOVERED = {"hour-hole"}
+IDLE_LOOKING = {name for name, (_, _, status) in CASES.items() if status not in (BUSY, SHORT)} - {"nan"}
+
+
+@pytest.mark.parametrize("holes", list(HOLES))
+async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(prometheus, holes):
+    source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP, **HOLES[holes])
+    data = await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS}, threshold_percent=1.0)
+    assert source.queries == (1 if holes == "subquery" else 2)
+    assert source.last_subquery_series == {"rule": len(UNCOVERED), "subquery": 0,
+                                           "missing-rule": len(IDLE_LOOKING)}[holes]
     got = {t.user: judge(data[t.key]).status for t in TARGETS}
     assert got == {name: expected for name, (_, _, expected) in CASES.items()}
     # The same rules on the raw samples agree case by case.
@@ -99,7 +116,7 @@ async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(promethe
         raw = DeviceSeries("node-1/gpu0", tuple((t, v * scale) for t, v in samples))
         assert judge([raw]).status == expected, name
     # A few numbers per GPU: one element per stat, not one per sample.
-    assert source.last_answer_bytes < 1200 * 5 * len(CASES)
+    assert source.last_answer_bytes < 1200 * 6 * len(CASES)
     idle = data["idle/"][0]
     assert idle.samples == WINDOW / STEP + 1 and idle.peak == 0.0 and idle.max_gap <= STEP
     assert data["mig-busy/"][0].peak == pytest.approx(30.0)
@@ -112,7 +129,7 @@ async def test_each_server_is_judged_over_its_own_window(prometheus):
     windows = {"busy-once/": WINDOW, "three-missed/": 600.0, "idle/": 1800.0}
     targets = [t for t in TARGETS if t.key in windows]
     data = await source.collect(targets, T, windows)
-    assert source.queries == 1
+    assert source.queries == 2  # the rule does not cover hour-hole (its hole): one subquery for it
     assert judge(data["busy-once/"]).status == BUSY
     assert judge_gpu_idle(data["three-missed/"], now=T, window_seconds=600, threshold_percent=1.0,
                           max_gap_seconds=GAP).status == IDLE  # its hole is outside the short window
