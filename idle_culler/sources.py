@@ -132,10 +132,12 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
 KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
 #: Per series and window, what Prometheus computes (the ``stat`` part of each answer element's tag).
-STATS = ("peak", "samples", "start", "tail", "hole", "max_age")
-#: The recording rules the culler reads when they exist (one per metric; rules file in
-#: helm/gpulab/rules/, loaded by the tests' Prometheus too): the age of the newest sample.
+STATS = ("peak", "samples", "start", "tail", "hole", "evaluations", "max_age")
+#: The recording rules the culler reads when they exist (rules file in helm/gpulab/rules/, loaded
+#: by the tests' Prometheus too): per GPU series, the age of its newest sample; per metric, how
+#: many series that rule recorded (one series: its samples are the rule group's evaluations).
 SAMPLE_AGE_RULE = "gpulab:{metric}:sample_age_seconds"
+SAMPLE_AGE_COUNT_RULE = "gpulab:{metric}:sample_age_series"
 #: Label carrying ``stat/metric/window`` on each answer element (one label_replace per element).
 TAG = "gpulab_stat"
 #: Most series whose holes are measured with the subquery by name (a ``UUID=~`` set) rather
@@ -158,13 +160,18 @@ class PrometheusSource(UtilisationSource):
       than the lookback);
     - ``tail``: the age of the newest sample now;
     - ``hole``: from the recording rule :data:`SAMPLE_AGE_RULE` (the newest
-      raw sample's age, recorded at every rule evaluation): the largest minus
-      the smallest recorded age over the window. With regular scrapes the
-      smallest age is the scrapes' phase against the rule's evaluations and
-      the largest grows by one interval per missed scrape, so the widest hole
-      is ``hole + rule_interval``. Only when the rule has an evaluation in
-      every ``rule_interval`` of the window (a newly installed rule or a
-      Prometheus restart leaves fewer): else the element is ``+Inf``/NaN.
+      raw sample's age, recorded at every rule evaluation): the largest
+      recorded age over the window minus the newest one modulo the rule
+      interval. With regular scrapes the age at every evaluation repeats the
+      scrapes' phase against the rule's evaluations and grows by one
+      interval per missed scrape, so the widest hole is ``hole +
+      rule_interval``. A hole longer than Prometheus' lookback still shows:
+      the age grows to the lookback before the rule stops recording it.
+    - ``evaluations`` (one per metric, not per series): how many times the
+      rule group ran over the window (:data:`SAMPLE_AGE_COUNT_RULE`). The
+      ``hole`` numbers count only when it ran at every ``rule_interval`` of
+      the window: a newly installed rule or a Prometheus that was down leaves
+      fewer, and then the subquery measures holes instead.
 
     Series that look idle (peak at or below the threshold, with a sample
     before the window) but have no usable ``hole`` (no rule, or the rule does
@@ -257,10 +264,9 @@ class PrometheusSource(UtilisationSource):
                 }
                 if use_rule:
                     age = self._selector(self.sample_age_rule.format(metric=metric))
-                    # +Inf (or NaN) unless the rule has one evaluation per interval of the window.
-                    evaluations = math.floor(window / self.evaluation_step + 1e-9)
-                    exprs["hole"] = (f"(max_over_time({age}[{w}]) - min_over_time({age}[{w}])) "
-                                     f"/ (count_over_time({age}[{w}]) >= bool {evaluations})")
+                    runs = SAMPLE_AGE_COUNT_RULE.format(metric=metric)
+                    exprs["hole"] = f"max_over_time({age}[{w}]) - {age} % {_seconds(self.evaluation_step)}"
+                    exprs["evaluations"] = f"count_over_time({runs}[{w}])"
                 else:
                     exprs["max_age"] = self._max_age(sel, w)
                 parts.extend(self._element(e, stat, metric, w) for stat, e in exprs.items())
@@ -368,6 +374,7 @@ class PrometheusSource(UtilisationSource):
         self.last_answer_bytes = 0
         stats, label_sets = await self._ask(self.query(windows), at)
         if self.sample_age_rule:
+            self._keep_covered_holes(stats, windows)
             await self._measure_uncovered_holes(stats, windows, at, threshold_percent)
         seconds = {_duration(w): w for w in windows}
         by_window: dict[str, list] = {w: [] for w in seconds}
@@ -378,6 +385,16 @@ class PrometheusSource(UtilisationSource):
         self.log.debug("Prometheus: %d series x windows, %d bytes, %d holes by subquery", len(stats),
                        self.last_answer_bytes, self.last_subquery_series)
         return {w: index_series(rows) for w, rows in by_window.items()}
+
+    def _keep_covered_holes(self, stats: dict, windows: list[float]) -> None:
+        """Drop the ``hole`` numbers of windows the rule group did not run over at every interval."""
+        runs: dict[tuple[str, str], float] = {}
+        for key in [k for k, st in stats.items() if "evaluations" in st]:
+            runs[key[:2]] = stats.pop(key)["evaluations"]
+        needed = {_duration(w): math.floor(w / self.evaluation_step + 1e-9) for w in windows}
+        for key, st in stats.items():
+            if "hole" in st and not runs.get(key[:2], 0.0) >= needed.get(key[0], math.inf):
+                del st["hole"]
 
     async def _measure_uncovered_holes(self, stats: dict, windows: list[float], at: float,
                                        threshold_percent: float | None) -> None:
@@ -408,7 +425,7 @@ class PrometheusSource(UtilisationSource):
         if not self._warned_no_rule:
             self._warned_no_rule = True
             self.log.warning(
-                "Prometheus has no complete %s series for %d GPU series: measuring their holes with a "
+                "Prometheus' recording rule %s does not cover the window for %d GPU series: measuring their holes with a "
                 "subquery (slower; it grows with window / scrape interval). Install the recording rules "
                 "(helm/gpulab/rules/idle-culler.rules.yaml, docs/idle-culler.md) with an evaluation "
                 "interval of %gs; a rule newer than the idle timeout covers the window only later.",

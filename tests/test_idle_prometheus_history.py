@@ -96,8 +96,7 @@ def judge(series, now=T):
 #: How holes are measured: the recording rule; no rule (the subquery for every series); a rule
 #: Prometheus does not have (the rule part answers nothing, the subquery asks for the idle-looking ones).
 HOLES = {"rule": {}, "subquery": {"sample_age_rule": ""}, "missing-rule": {"sample_age_rule": "nope:{metric}:age"}}
-#: Series measured by the subquery: those the rule does not cover (its own hole), or all idle-looking ones.
-UNCOVERED = {"hour-hole"}
+#: Without the rule, the subquery measures the holes of the idle-looking series (only).
 IDLE_LOOKING = {name for name, (_, _, status) in CASES.items() if status not in (BUSY, SHORT)} - {"nan"}
 
 
@@ -105,9 +104,8 @@ IDLE_LOOKING = {name for name, (_, _, status) in CASES.items() if status not in 
 async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(prometheus, holes):
     source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP, **HOLES[holes])
     data = await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS}, threshold_percent=1.0)
-    assert source.queries == (1 if holes == "subquery" else 2)
-    assert source.last_subquery_series == {"rule": len(UNCOVERED), "subquery": 0,
-                                           "missing-rule": len(IDLE_LOOKING)}[holes]
+    assert source.queries == (2 if holes == "missing-rule" else 1)
+    assert source.last_subquery_series == (len(IDLE_LOOKING) if holes == "missing-rule" else 0)
     got = {t.user: judge(data[t.key]).status for t in TARGETS}
     assert got == {name: expected for name, (_, _, expected) in CASES.items()}
     # The same rules on the raw samples agree case by case.
@@ -129,7 +127,7 @@ async def test_each_server_is_judged_over_its_own_window(prometheus):
     windows = {"busy-once/": WINDOW, "three-missed/": 600.0, "idle/": 1800.0}
     targets = [t for t in TARGETS if t.key in windows]
     data = await source.collect(targets, T, windows)
-    assert source.queries == 2  # the rule does not cover hour-hole (its hole): one subquery for it
+    assert source.queries == 1
     assert judge(data["busy-once/"]).status == BUSY
     assert judge_gpu_idle(data["three-missed/"], now=T, window_seconds=600, threshold_percent=1.0,
                           max_gap_seconds=GAP).status == IDLE  # its hole is outside the short window
@@ -141,3 +139,34 @@ async def test_an_answer_larger_than_the_cap_reclaims_nothing_and_says_what_to_c
     with pytest.raises(AnswerTooLarge, match="series_selector.*max_answer_bytes"):
         await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS})
     assert source.last_answer_bytes > 2048
+
+
+@pytest.fixture(scope="module")
+def new_rule_prometheus(tmp_path_factory):
+    """The same history, but the recording rules were installed only 40 minutes before T."""
+    p = RunningPrometheus(tmp_path_factory.mktemp("prom-new-rule"), [], rule_interval=f"{STEP:g}s")
+    p.backfill([(GPU_UTIL, labels(name, GPU_UTIL), CASES[name][1]) for name in NEW_RULE_CASES])
+    p.start()
+    p.backfill_rules(T - 2400 + 7, T + 1)
+    yield p
+    p.stop()
+
+
+NEW_RULE_CASES = ("idle", "three-missed", "busy-once")
+
+
+async def test_a_rule_younger_than_the_window_leaves_the_holes_to_the_subquery(new_rule_prometheus):
+    targets = [t for t in TARGETS if t.user in NEW_RULE_CASES]
+    source = PrometheusSource(prometheus_url=new_rule_prometheus.url, scrape_interval=STEP)
+    # An hour: the rule ran for 40 minutes of it, so the idle-looking series are measured by the subquery.
+    data = await source.collect(targets, T, {t.key: WINDOW for t in targets}, threshold_percent=1.0)
+    assert (source.queries, source.last_subquery_series) == (2, 2)
+    assert {t.user: judge(data[t.key]).status for t in targets} == {"idle": IDLE, "three-missed": PARTIAL,
+                                                                    "busy-once": BUSY}
+    # Twenty minutes: the rule covers it (three-missed's hole is older), one query.
+    source = PrometheusSource(prometheus_url=new_rule_prometheus.url, scrape_interval=STEP)
+    data = await source.collect(targets, T, {t.key: 1200.0 for t in targets}, threshold_percent=1.0)
+    assert (source.queries, source.last_subquery_series) == (1, 0)
+    assert {t.user: judge_gpu_idle(data[t.key], now=T, window_seconds=1200, threshold_percent=1.0,
+                                   max_gap_seconds=GAP).status for t in targets} == {
+        "idle": IDLE, "three-missed": IDLE, "busy-once": BUSY}
