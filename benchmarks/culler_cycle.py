@@ -293,6 +293,8 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                                             if kind_of(i).startswith("idle") and i not in idx),
                 })
     finally:
+        if ours.hub is not None:
+            await ours.hub.close()
         proc.terminate()
         proc.join(10)
     out: dict[str, Any] = {"rows": rows, "cycles": {}}

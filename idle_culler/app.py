@@ -170,6 +170,8 @@ class GPUIdleCuller(Application):
         "max-sample-gap": "GPUIdleCuller.max_sample_gap",
         "max-missed-samples": "GPUIdleCuller.max_missed_samples",
         "scrape-interval": "PrometheusSource.scrape_interval",
+        "rule-interval": "PrometheusSource.rule_interval",
+        "sample-age-rule": "PrometheusSource.sample_age_rule",
         "node-name": "GPUIdleCuller.node_name",
         "metrics-url": "GPUIdleCuller.metrics_url",
         "prometheus-url": "PrometheusSource.prometheus_url",
@@ -476,15 +478,19 @@ class GPUIdleCuller(Application):
         self.start_metrics_server()
         self.log.info("GPU idle culler: source %s, every %ss, threshold %g%%, default timeout %ss, grace %ss",
                       self.source, self.cull_every, self.threshold_percent, self.default_timeout, self.grace_seconds)
-        while True:
-            try:
-                await self.cycle()
-            except Exception:  # a bug in one cycle must not end the service
-                self.metrics.errors.labels("cycle").inc()
-                self.log.exception("Cull cycle failed")
-            if self.once:
-                return
-            await asyncio.sleep(self.cull_every)
+        try:
+            while True:
+                try:
+                    await self.cycle()
+                except Exception:  # a bug in one cycle must not end the service
+                    self.metrics.errors.labels("cycle").inc()
+                    self.log.exception("Cull cycle failed")
+                if self.once:
+                    return
+                await asyncio.sleep(self.cull_every)
+        finally:
+            if self.hub is not None:
+                await self.hub.close()
 
     def start(self) -> None:
         asyncio.run(self.run())
