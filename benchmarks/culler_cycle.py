@@ -16,6 +16,10 @@ the tab open -- and each pair of cycles starts from the same fresh population:
   (it stops every server whose hub activity is older than the limit: the
   closed tabs, busy or not).
 
+Both limit themselves to ``--concurrency`` hub requests in flight. gpulab's go
+over a pool of keep-alive connections; the peer's over tornado's simple client,
+a new connection per request (``cull_idle`` configures that client itself).
+
 **Real and stand-in parts (named in the output):** Prometheus is the real
 Debian ``prometheus`` binary, its TSDB filled with one window of 30 s
 dcgm-exporter history per server by ``promtool tsdb create-blocks-from
