@@ -5,7 +5,9 @@
   ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (0..1, the only utilisation MIG instances
   have). Prometheus aggregates each idle window itself (peak, sample count,
   widest hole, newest sample's age) and answers a few numbers per GPU,
-  whatever the window and scrape interval.
+  whatever the window and scrape interval. The widest hole comes from the
+  culler's recording rules; where they do not cover the window, a second
+  query measures it for the GPUs that look idle.
 - :class:`DCGMExporterSource`: scrapes dcgm-exporter ``/metrics`` endpoints
   directly (no Prometheus) and keeps the samples it saw over the window.
 - ``NVMLSource`` (:mod:`idle_culler.nvml_source`): per-process use on a single server.
@@ -182,6 +184,8 @@ class PrometheusSource(UtilisationSource):
     the age at every step repeats the scrapes' phase against the step grid
     (``tail`` modulo the interval) and grows by one interval per missed
     scrape, so the widest hole is ``max_age - phase + scrape_interval``.
+    With ``sample_age_rule`` empty, the one query asks ``max_age`` for every
+    series instead of ``hole``.
 
     The queries are evaluated at a multiple of ``scrape_interval`` so the
     subquery's last step is the evaluation time. ``max_answer_bytes`` caps
