@@ -41,7 +41,8 @@ VARIANTS = {
     "hami": [CHART / "ci" / "hami-values.yaml"],
 }
 #: Kinds kubernetes-validate has no schema for; each has a structural check below.
-CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue"}
+CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue",
+             "PrometheusRule"}
 #: Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|m|k)?$")
@@ -411,6 +412,8 @@ def test_idle_culler_recording_rules_are_the_shipped_file_at_the_scrape_interval
     (group,) = rule["spec"]["groups"]
     assert group["interval"] == "15s"
     assert group["rules"] == shipped["groups"][0]["rules"]
+    (in_kueue,) = of_kind(render("kueue"), "PrometheusRule")  # the kube-prometheus-stack variant
+    assert in_kueue["spec"]["groups"][0]["interval"] == chart_values()["monitoring"]["dcgmExporter"]["interval"]
 
 
 def test_grafana_dashboard_queries_are_valid_promql(tmp_path):
