@@ -6,7 +6,8 @@ closed, idle GPU with the tab open, busy GPU with the tab closed, busy GPU with
 the tab open -- and each pair of cycles starts from the same fresh population:
 
 * ``gpulab-idle-culler``: :meth:`idle_culler.app.GPUIdleCuller.cycle` (hub user
-  list + gpulab idle state + ONE Prometheus query + the decision per server +
+  list + gpulab idle state + ONE Prometheus query, asked while the list is read,
+  reading the culler's recording rule for holes + the decision per server +
   ONE request recording the cycle + one stop per reclaimed server), timed in
   three kinds of cycle: **warn** (no warnings yet: the idle half is warned),
   **reclaim** (their grace is over: the idle half is claimed and stopped) and
@@ -15,10 +16,17 @@ the tab open -- and each pair of cycles starts from the same fresh population:
   (it stops every server whose hub activity is older than the limit: the
   closed tabs, busy or not).
 
+Both limit themselves to ``--concurrency`` hub requests in flight. gpulab's go
+over a pool of keep-alive connections; the peer's over tornado's simple client,
+a new connection per request (``cull_idle`` configures that client itself).
+
 **Real and stand-in parts (named in the output):** Prometheus is the real
 Debian ``prometheus`` binary, its TSDB filled with one window of 30 s
 dcgm-exporter history per server by ``promtool tsdb create-blocks-from
-openmetrics``; the culler's clock is set to the end of that history. The hub
+openmetrics``, and the culler's recording rules evaluated over that history by
+Prometheus' engine (``promtool tsdb create-blocks-from rules``; ``--holes
+subquery`` leaves them out and measures holes with the subquery instead); the
+culler's clock is set to the end of that history. The hub
 REST API is a stand-in process (tornado) serving JupyterHub's paginated
 ``GET /hub/api/users?state=ready`` (page size 200, like JupyterHub's) with
 KubeSpawner-like server state, ``DELETE .../server`` (204), and gpulab's idle
@@ -43,6 +51,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import shutil
 import statistics
 import sys
@@ -181,10 +190,10 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
 # -- the real Prometheus, with one window of history per server --------------------
 
 
-def start_prometheus(workdir: Path, n_servers: int, at: float, window: int, interval: int):
+def start_prometheus(workdir: Path, n_servers: int, at: float, window: int, interval: int, rules: bool = True):
     from tests.dcgm_fake_exporter import RunningPrometheus
 
-    prom = RunningPrometheus(workdir, [])
+    prom = RunningPrometheus(workdir, [], rules=rules, rule_interval=f"{interval}s")
     stamps = [at - k * interval for k in range(window // interval + 2, -1, -1)]
     series = []
     for i in range(n_servers):
@@ -196,9 +205,10 @@ def start_prometheus(workdir: Path, n_servers: int, at: float, window: int, inte
             [(t, value) for t in stamps]))
     t0 = time.perf_counter()
     prom.backfill(series)
-    backfill_s = time.perf_counter() - t0
     prom.start(timeout=120)
-    return prom, backfill_s
+    if rules:  # a rule group's evaluations, 7 s after the scrapes (its own offset)
+        prom.backfill_rules(stamps[0] + 7, at + 1)
+    return prom, time.perf_counter() - t0
 
 
 # -- the two cullers ---------------------------------------------------------------
@@ -242,6 +252,8 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                                 concurrency=args.concurrency, api_page_size=PAGE_MAX, config_file="",
                                 grace_seconds=900, log_level=logging.ERROR)
     config.PrometheusSource.update(prometheus_url=prom_url, scrape_interval=float(args.interval))
+    if args.holes == "subquery":
+        config.PrometheusSource.sample_age_rule = ""
     ours = GPUIdleCuller(config=config)
     ours.initialize([])
     ours.clock = lambda: at
@@ -263,11 +275,12 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                 # What each culler did, checked every time (a benchmark of wrong work means nothing).
                 expected = {"warn": (half, 0), "reclaim": (0, half), "steady": (0, 0)}[kind]
                 assert (len(summary["warned"]), len(summary["reclaimed"])) == expected, (kind, summary["warned"][:3])
-                assert summary["queries"] == 1 and summary["gpu_servers"] == args.servers
+                assert summary["queries"] == 1 and summary["gpu_servers"] == args.servers, summary["queries"]
+                assert ours.utilisation.last_subquery_series == 0
                 assert ours_req.get("POST gpulab/idle/cycle", 0) == (1 if kind != "steady" else 0)
                 idx = {int(n[4:]) for n in peer_stopped}
                 rows.append({
-                    "repeat": rep + 1, "cycle": kind,
+                    "repeat": rep + 1, "cycle": kind, "load_avg_1m": os.getloadavg()[0],
                     "gpulab_wall_s": ours_wall, "gpulab_cpu_s": ours_cpu,
                     "peer_wall_s": peer_wall, "peer_cpu_s": peer_cpu,
                     "wall_ratio": ours_wall / peer_wall, "cpu_ratio": ours_cpu / peer_cpu,
@@ -284,6 +297,8 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                                             if kind_of(i).startswith("idle") and i not in idx),
                 })
     finally:
+        if ours.hub is not None:
+            await ours.hub.close()
         proc.terminate()
         proc.join(10)
     out: dict[str, Any] = {"rows": rows, "cycles": {}}
@@ -304,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=3600, help="idle timeout in seconds (default 3600)")
     ap.add_argument("--interval", type=int, default=30, help="dcgm-exporter scrape interval (default 30)")
     ap.add_argument("--concurrency", type=int, default=10, help="hub requests in flight, both cullers (default 10)")
+    ap.add_argument("--holes", choices=("rule", "subquery"), default="rule",
+                    help="how gpulab measures holes: the recording rule (default) or, without it, the subquery")
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
     args.servers = args.servers or (40 if args.smoke else 5000)
@@ -315,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 
     at = math.floor((time.time() - 6 * 3600) / args.interval) * args.interval  # history ends 6 h ago
     with tempfile.TemporaryDirectory(prefix="culler-bench-") as tmp:
-        prom, backfill_s = start_prometheus(Path(tmp), args.servers, at, args.window, args.interval)
+        prom, backfill_s = start_prometheus(Path(tmp), args.servers, at, args.window, args.interval,
+                                            rules=args.holes == "rule")
         try:
             result = asyncio.run(run(args, prom.url, at))
         finally:
@@ -339,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result("culler_cycle", {
         "smoke": args.smoke,
         "parts": "real Prometheus (backfilled with promtool); stand-in hub REST API process (see the docstring)",
-        "parameters": {"servers": args.servers, "repeat": args.repeat, "window_s": args.window,
+        "parameters": {"servers": args.servers, "repeat": args.repeat, "window_s": args.window, "holes": args.holes,
                        "interval_s": args.interval, "concurrency": args.concurrency, "page_size": PAGE_MAX},
         "prometheus_backfill_s": backfill_s,
         **result,

@@ -170,6 +170,8 @@ class GPUIdleCuller(Application):
         "max-sample-gap": "GPUIdleCuller.max_sample_gap",
         "max-missed-samples": "GPUIdleCuller.max_missed_samples",
         "scrape-interval": "PrometheusSource.scrape_interval",
+        "rule-interval": "PrometheusSource.rule_interval",
+        "sample-age-rule": "PrometheusSource.sample_age_rule",
         "node-name": "GPUIdleCuller.node_name",
         "metrics-url": "GPUIdleCuller.metrics_url",
         "prometheus-url": "PrometheusSource.prometheus_url",
@@ -255,7 +257,8 @@ class GPUIdleCuller(Application):
             now = self._cycle_now = self.clock()
             if isinstance(self.utilisation, PrometheusSource):
                 prefetch = asyncio.ensure_future(
-                    self.utilisation.fetch(now, self.candidate_windows(profiles, teams)))
+                    self.utilisation.fetch(now, self.candidate_windows(profiles, teams),
+                                           threshold_percent=self.threshold_percent))
                 prefetch.add_done_callback(_retrieve)
             users = await users_task
         except (HubAPIError, OSError) as e:
@@ -293,7 +296,8 @@ class GPUIdleCuller(Application):
                     answer = dict(await prefetch)
                     asked = set(self.candidate_windows(profiles, teams))
                     if set(windows.values()) - asked:  # cannot happen with one catalog; ask again if it does
-                        answer.update(await self.utilisation.fetch(now, set(windows.values()) - asked))
+                        answer.update(await self.utilisation.fetch(now, set(windows.values()) - asked,
+                                                                threshold_percent=self.threshold_percent))
                     data = self.utilisation.join(answer, targets, windows)
                 else:
                     data = await self.utilisation.collect(targets, now, windows)
@@ -474,15 +478,19 @@ class GPUIdleCuller(Application):
         self.start_metrics_server()
         self.log.info("GPU idle culler: source %s, every %ss, threshold %g%%, default timeout %ss, grace %ss",
                       self.source, self.cull_every, self.threshold_percent, self.default_timeout, self.grace_seconds)
-        while True:
-            try:
-                await self.cycle()
-            except Exception:  # a bug in one cycle must not end the service
-                self.metrics.errors.labels("cycle").inc()
-                self.log.exception("Cull cycle failed")
-            if self.once:
-                return
-            await asyncio.sleep(self.cull_every)
+        try:
+            while True:
+                try:
+                    await self.cycle()
+                except Exception:  # a bug in one cycle must not end the service
+                    self.metrics.errors.labels("cycle").inc()
+                    self.log.exception("Cull cycle failed")
+                if self.once:
+                    return
+                await asyncio.sleep(self.cull_every)
+        finally:
+            if self.hub is not None:
+                await self.hub.close()
 
     def start(self) -> None:
         asyncio.run(self.run())

@@ -5,7 +5,9 @@
   ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (0..1, the only utilisation MIG instances
   have). Prometheus aggregates each idle window itself (peak, sample count,
   widest hole, newest sample's age) and answers a few numbers per GPU,
-  whatever the window and scrape interval.
+  whatever the window and scrape interval. The widest hole comes from the
+  culler's recording rules; where they do not cover the window, a second
+  query measures it for the GPUs that look idle.
 - :class:`DCGMExporterSource`: scrapes dcgm-exporter ``/metrics`` endpoints
   directly (no Prometheus) and keeps the samples it saw over the window.
 - ``NVMLSource`` (:mod:`idle_culler.nvml_source`): per-process use on a single server.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
@@ -130,33 +133,61 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 #: Labels kept in Prometheus' answer: enough to join a series to a server and to name the GPU in the
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
 KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
-#: Per series and window, what Prometheus computes (``stat`` label of each answer element).
-STATS = ("peak", "samples", "max_age", "start", "tail")
+#: Per series and window, what Prometheus computes (the ``stat`` part of each answer element's tag).
+STATS = ("peak", "samples", "start", "tail", "hole", "evaluations", "max_age")
+#: The recording rules the culler reads when they exist (rules file in helm/gpulab/rules/, loaded
+#: by the tests' Prometheus too): per GPU series, the age of its newest sample; per metric, how
+#: many series that rule recorded (one series: its samples are the rule group's evaluations).
+SAMPLE_AGE_RULE = "gpulab:{metric}:sample_age_seconds"
+SAMPLE_AGE_COUNT_RULE = "gpulab:{metric}:sample_age_series"
+#: Label carrying ``stat/metric/window`` on each answer element (one label_replace per element).
+TAG = "gpulab_stat"
+#: Most series whose holes are measured with the subquery by name (a ``UUID=~`` set) rather
+#: than for the whole selector.
+MAX_NAMED_SERIES = 1000
 
 
 class PrometheusSource(UtilisationSource):
     """dcgm-exporter metrics through Prometheus: one query per cycle, aggregated in Prometheus.
 
     For each idle window in use (one per distinct timeout) and each metric,
-    Prometheus answers five numbers per GPU:
+    Prometheus answers a few numbers per GPU:
 
     - ``peak``: ``max_over_time`` of the raw samples in the window, plus
       ``0 * sum_over_time``, so a single NaN sample makes it NaN (unusable);
     - ``samples``: ``count_over_time``;
-    - ``max_age``: over the steps of a ``[window:scrape_interval]`` subquery
-      (the query's only subquery: its cost grows with window / interval), the
-      largest age of the newest sample. With regular scrapes the age at every
-      step repeats the scrapes' phase against the step grid (``tail`` modulo
-      the interval) and grows by one interval per missed scrape, so the widest
-      hole is ``max_age - phase + scrape_interval`` (to within scrape jitter);
     - ``start``: the age of the newest sample at the window's start (absent
       when the series has no sample in Prometheus' lookback before it: a
       series that began inside the window, or a hole across its start longer
-      than the lookback). A hole longer than the lookback that starts inside
-      the window shows in ``spread`` (the age grows to the lookback first);
-    - ``tail``: the age of the newest sample now.
+      than the lookback);
+    - ``tail``: the age of the newest sample now;
+    - ``hole``: from the recording rule :data:`SAMPLE_AGE_RULE` (the newest
+      raw sample's age, recorded at every rule evaluation): the largest
+      recorded age over the window minus the newest one modulo the rule
+      interval. With regular scrapes the age at every evaluation repeats the
+      scrapes' phase against the rule's evaluations and grows by one
+      interval per missed scrape, so the widest hole is ``hole +
+      rule_interval``. A hole longer than Prometheus' lookback still shows:
+      the age grows to the lookback before the rule stops recording it.
+    - ``evaluations`` (one per metric, not per series): how many times the
+      rule group ran over the window (:data:`SAMPLE_AGE_COUNT_RULE`). The
+      ``hole`` numbers count only when it ran at every ``rule_interval`` of
+      the window: a newly installed rule or a Prometheus that was down leaves
+      fewer, and then the subquery measures holes instead.
 
-    The query is evaluated at a multiple of ``scrape_interval`` so the
+    Series that look idle (peak at or below the threshold, with a sample
+    before the window) but have no usable ``hole`` (no rule, or the rule does
+    not cover the window) get their holes measured by a second query, for
+    them only: ``max_age``, the largest age of the newest sample over the
+    steps of a ``[window:scrape_interval]`` subquery (its cost grows with
+    window / interval, which is why the rule exists). With regular scrapes
+    the age at every step repeats the scrapes' phase against the step grid
+    (``tail`` modulo the interval) and grows by one interval per missed
+    scrape, so the widest hole is ``max_age - phase + scrape_interval``.
+    With ``sample_age_rule`` empty, the one query asks ``max_age`` for every
+    series instead of ``hole``.
+
+    The queries are evaluated at a multiple of ``scrape_interval`` so the
     subquery's last step is the evaluation time. ``max_answer_bytes`` caps
     the answer: larger, or refused by Prometheus, the cycle reclaims nothing
     and the log line and ``gpulab_culler_source_failures`` say what to change.
@@ -180,6 +211,20 @@ class PrometheusSource(UtilisationSource):
         help="""How often Prometheus scrapes dcgm-exporter, in seconds (the subquery step that
         measures holes). Match your scrape config.""",
     )
+    sample_age_rule = Unicode(
+        SAMPLE_AGE_RULE, config=True,
+        help="""Name of the recording rule that records the age of each series' newest sample,
+        with `{metric}` for the metric name (helm/gpulab/rules/idle-culler.rules.yaml; see
+        docs/idle-culler.md). With the rule, holes cost Prometheus one `max_over_time` instead of
+        a subquery over every scrape of the window. Where the rule is missing or does not cover
+        the window yet, the subquery measures the holes of the servers that look idle.
+        Empty: never read the rule.""",
+    )
+    rule_interval = Float(
+        0.0, min=0.0, config=True,
+        help="""Evaluation interval of the rule group with `sample_age_rule`, in seconds
+        (0: the scrape interval, as the shipped rules file sets it). Match your rule group.""",
+    )
     max_answer_bytes = Integer(
         64 * 1024 * 1024, min=1024, config=True,
         help="""Largest Prometheus answer accepted, in bytes. The answer holds about 1 KiB per GPU
@@ -187,29 +232,61 @@ class PrometheusSource(UtilisationSource):
     )
 
     last_answer_bytes = 0
+    #: Series whose holes the last fetch measured with the subquery (the rule did not cover them).
+    last_subquery_series = 0
+    _warned_no_rule = False
 
-    def query(self, windows: Iterable[float]) -> str:
-        """One PromQL expression: every stat, for every metric and window, joined with ``or``."""
-        extra = self.series_selector.strip()
-        step = _duration(self.scrape_interval)
+    @property
+    def evaluation_step(self) -> float:
+        return self.rule_interval or self.scrape_interval
+
+    def _selector(self, metric: str, extra: str = "") -> str:
+        matchers = ",".join(m for m in (self.series_selector.strip(), extra) if m)
+        return f"{metric}{{{matchers}}}" if matchers else metric
+
+    def _element(self, expr: str, stat: str, metric: str, window: str) -> str:
         by = ",".join(KEEP_LABELS)
+        return f'label_replace(max by ({by}) ({expr}), "{TAG}", "{stat}/{metric}/{window}", "", "")'
+
+    def query(self, windows: Iterable[float], *, rule: bool | None = None) -> str:
+        """One PromQL expression: every stat, for every metric and window, joined with ``or``.
+
+        With the rule (``sample_age_rule`` set, unless ``rule=False``) holes come from it;
+        without, from the subquery (``max_age``), as :meth:`hole_query` asks for.
+        """
+        use_rule = bool(self.sample_age_rule) if rule is None else rule
         parts = []
         for window in sorted(set(windows)):
             w = _duration(window)
             for metric in METRICS:
-                sel = f"{metric}{{{extra}}}" if extra else metric
+                sel = self._selector(metric)
                 exprs = {
                     "peak": f"max_over_time({sel}[{w}]) + 0 * sum_over_time({sel}[{w}])",
                     "samples": f"count_over_time({sel}[{w}])",
-                    "max_age": f"max_over_time((time() - timestamp({sel}))[{w}:{step}])",
                     "start": f"time() - {_seconds(window)} - timestamp({sel} offset {w})",
                     "tail": f"time() - timestamp({sel})",
                 }
-                for stat in STATS:
-                    e = f"max by ({by}) ({exprs[stat]})"
-                    for label, value in (("stat", stat), ("metric", metric), ("window", w)):
-                        e = f'label_replace({e}, "{label}", "{value}", "", "")'
-                    parts.append(e)
+                if use_rule:
+                    age = self._selector(self.sample_age_rule.format(metric=metric))
+                    runs = SAMPLE_AGE_COUNT_RULE.format(metric=metric)
+                    exprs["hole"] = f"max_over_time({age}[{w}]) - {age} % {_seconds(self.evaluation_step)}"
+                    exprs["evaluations"] = f"count_over_time({runs}[{w}])"
+                else:
+                    exprs["max_age"] = self._max_age(sel, w)
+                parts.extend(self._element(e, stat, metric, w) for stat, e in exprs.items())
+        return " or ".join(parts)
+
+    def _max_age(self, sel: str, w: str) -> str:
+        return f"max_over_time((time() - timestamp({sel}))[{w}:{_duration(self.scrape_interval)}])"
+
+    def hole_query(self, wanted: Mapping[tuple[str, str], set[str] | None]) -> str:
+        """The subquery stat (``max_age``) for ``{(window, metric): UUIDs or None for all}``."""
+        parts = []
+        for (w, metric), uuids in sorted(wanted.items(), key=lambda kv: kv[0]):
+            extra = ""
+            if uuids is not None:
+                extra = f'UUID=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
+            parts.append(self._element(self._max_age(self._selector(metric, extra), w), "max_age", metric, w))
         return " or ".join(parts)
 
     def evaluation_time(self, now: float) -> float:
@@ -249,7 +326,7 @@ class PrometheusSource(UtilisationSource):
             error = f"Prometheus at {url}: {e}"
         finally:
             client.close()
-        self.last_answer_bytes = received[0]
+        self.last_answer_bytes += received[0]
         if received[0] > limit:
             raise AnswerTooLarge(
                 f"Prometheus' answer exceeded {limit} bytes (c.PrometheusSource.max_answer_bytes): "
@@ -258,21 +335,9 @@ class PrometheusSource(UtilisationSource):
             raise SourceUnavailable(error)
         return b"".join(chunks)
 
-    async def collect(self, targets, now, windows):
-        if not targets:
-            return {}
-        return self.join(await self.fetch(now, set(windows.values())), targets, windows)
-
-    async def fetch(self, now: float, windows: Iterable[float]) -> dict[str, tuple]:
-        """Ask Prometheus once for every window; ``{window: (by_pod, by_device)}``.
-
-        Separate from :meth:`join` so the culler can ask while it is still listing
-        the hub's servers (it knows the possible timeouts from the catalog).
-        """
-        windows = sorted(set(windows))
-        at = self.evaluation_time(now)
-        body = urlencode({"query": self.query(windows), "time": f"{at:.3f}"})
-        raw = await self._fetch(body)
+    async def _ask(self, query: str, at: float) -> tuple[dict[tuple, dict[str, float]], dict[tuple, dict]]:
+        """Run one query; ``(stats, labels)`` keyed by ``(window, metric, *KEEP_LABELS)``."""
+        raw = await self._fetch(urlencode({"query": query, "time": f"{at:.3f}"}))
         try:
             doc = json.loads(raw)
         except ValueError:
@@ -283,21 +348,96 @@ class PrometheusSource(UtilisationSource):
         label_sets: dict[tuple, dict[str, str]] = {}
         for item in doc["data"]["result"]:
             labels = item.get("metric") or {}
-            key = (labels.get("window", ""), labels.get("metric", ""),
-                   *(labels.get(k, "") for k in KEEP_LABELS))
+            stat, _, rest = labels.pop(TAG, "").partition("/")
+            metric, _, window = rest.partition("/")
+            key = (window, metric, *(labels.get(k, "") for k in KEEP_LABELS))
             label_sets[key] = labels
             try:
-                stats[key][labels.get("stat", "")] = float(item["value"][1])
+                stats[key][stat] = float(item["value"][1])
             except (KeyError, IndexError, TypeError, ValueError):
-                stats[key][labels.get("stat", "")] = math.nan
+                stats[key][stat] = math.nan
+        return stats, label_sets
+
+    async def collect(self, targets, now, windows, threshold_percent: float | None = None):
+        if not targets:
+            return {}
+        answer = await self.fetch(now, set(windows.values()), threshold_percent=threshold_percent)
+        return self.join(answer, targets, windows)
+
+    async def fetch(self, now: float, windows: Iterable[float],
+                    threshold_percent: float | None = None) -> dict[str, tuple]:
+        """Ask Prometheus for every window; ``{window: (by_pod, by_device)}``.
+
+        Separate from :meth:`join` so the culler can ask while it is still listing
+        the hub's servers (it knows the possible timeouts from the catalog).
+        ``threshold_percent``: series peaking above it are busy whatever their holes,
+        so the second query (holes the rule does not cover) skips them.
+        """
+        windows = sorted(set(windows))
+        at = self.evaluation_time(now)
+        self.last_answer_bytes = 0
+        stats, label_sets = await self._ask(self.query(windows), at)
+        if self.sample_age_rule:
+            self._keep_covered_holes(stats, windows)
+            await self._measure_uncovered_holes(stats, windows, at, threshold_percent)
         seconds = {_duration(w): w for w in windows}
         by_window: dict[str, list] = {w: [] for w in seconds}
         for key, st in stats.items():
             if key[0] in seconds:
                 labels = dict(label_sets[key], __name__=key[1])
                 by_window[key[0]].append((labels, self._summary(st, seconds[key[0]])))
-        self.log.debug("Prometheus: %d series x windows, %d bytes", len(stats), self.last_answer_bytes)
+        self.log.debug("Prometheus: %d series x windows, %d bytes, %d holes by subquery", len(stats),
+                       self.last_answer_bytes, self.last_subquery_series)
         return {w: index_series(rows) for w, rows in by_window.items()}
+
+    def _keep_covered_holes(self, stats: dict, windows: list[float]) -> None:
+        """Drop the ``hole`` numbers of windows the rule group did not run over at every interval."""
+        runs: dict[tuple[str, str], float] = {}
+        for key in [k for k, st in stats.items() if "evaluations" in st]:
+            runs[key[:2]] = stats.pop(key)["evaluations"]
+        needed = {_duration(w): math.floor(w / self.evaluation_step + 1e-9) for w in windows}
+        for key, st in stats.items():
+            if "hole" in st and not runs.get(key[:2], 0.0) >= needed.get(key[0], math.inf):
+                del st["hole"]
+
+    async def _measure_uncovered_holes(self, stats: dict, windows: list[float], at: float,
+                                       threshold_percent: float | None) -> None:
+        """Second query: the subquery's ``max_age`` for idle-looking series the rule does not cover."""
+        wanted: dict[tuple[str, str], set[str] | None] = {}
+        keys = []
+        for key, st in stats.items():
+            window, metric = key[0], key[1]
+            peak, hole = st.get("peak", math.nan), st.get("hole", math.nan)
+            if math.isfinite(hole) or not math.isfinite(peak) or "start" not in st:
+                continue  # covered by the rule, or not idle whatever its holes
+            if threshold_percent is not None and percent(metric, peak) > threshold_percent:
+                continue
+            keys.append(key)
+            uuid = key[2 + KEEP_LABELS.index("UUID")]
+            group = wanted.setdefault((window, metric), set())
+            if group is not None:
+                if uuid and _regex_literal(uuid):
+                    group.add(uuid)
+                else:
+                    wanted[(window, metric)] = None
+        self.last_subquery_series = len(keys)
+        if not keys:
+            return
+        for k, uuids in wanted.items():
+            if uuids is not None and len(uuids) > MAX_NAMED_SERIES:
+                wanted[k] = None
+        if not self._warned_no_rule:
+            self._warned_no_rule = True
+            self.log.warning(
+                "Prometheus' recording rule %s does not cover the window for %d GPU series: measuring their holes with a "
+                "subquery (slower; it grows with window / scrape interval). Install the recording rules "
+                "(helm/gpulab/rules/idle-culler.rules.yaml, docs/idle-culler.md) with an evaluation "
+                "interval of %gs; a rule newer than the idle timeout covers the window only later.",
+                self.sample_age_rule.format(metric="<metric>"), len(keys), self.evaluation_step)
+        more, _ = await self._ask(self.hole_query(wanted), at)
+        for key in keys:
+            if "max_age" in more.get(key, {}):
+                stats[key]["max_age"] = more[key]["max_age"]
 
     def join(self, answer: Mapping[str, tuple], targets: list[ServerTarget],
              windows: Mapping[str, float]) -> dict[str, list]:
@@ -314,8 +454,12 @@ class PrometheusSource(UtilisationSource):
         n = st.get("samples", 0.0)
         peak = st.get("peak", math.nan)
         tail = st.get("tail", math.inf)
-        phase = tail % self.scrape_interval if math.isfinite(tail) else 0.0
-        widest = st.get("max_age", math.inf) - phase + self.scrape_interval
+        hole = st.get("hole", math.nan)
+        if math.isfinite(hole):
+            widest = hole + self.evaluation_step
+        else:
+            phase = tail % self.scrape_interval if math.isfinite(tail) else 0.0
+            widest = st.get("max_age", math.inf) - phase + self.scrape_interval
         finite = math.isfinite(peak)
         return DeviceSummary(
             device="", samples=int(n) if math.isfinite(n) else 0, peak=peak if finite else math.nan,
@@ -336,6 +480,13 @@ def _duration(seconds: float) -> str:
 
 def _seconds(seconds: float) -> str:
     return f"{seconds:g}"
+
+
+def _regex_literal(value: str) -> str:
+    """``value`` as an RE2 literal inside a PromQL string, or "" when it holds unusual characters."""
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]+", value):
+        return ""
+    return value.replace(".", "\\\\.")
 
 
 def _prometheus_error(body: str) -> str:

@@ -6,7 +6,9 @@ fake GPUs / MIG instances / pods whose values the test sets. It is clearly a
 stand-in for the *hardware*: no GPU exists on the test machines.
 
 :class:`RunningPrometheus` starts the real Debian ``prometheus`` binary on a
-loopback port, scraping the exporter every second.
+loopback port, scraping the exporter every second, with the idle culler's
+recording rules (helm/gpulab/rules/idle-culler.rules.yaml, evaluated every
+second too) unless told otherwise.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import requests
+import yaml
 
 from tests.hub_harness import free_port
 
 MODEL = "NVIDIA H100 80GB HBM3"
+#: The recording rules the chart installs and the culler reads.
+RULES_FILE = Path(__file__).resolve().parent.parent / "helm" / "gpulab" / "rules" / "idle-culler.rules.yaml"
 
 
 def _labels(d: dict[str, str]) -> str:
@@ -124,18 +129,26 @@ class FakeDCGMExporter:
 class RunningPrometheus:
     """The real ``prometheus`` binary, scraping ``targets`` (host:port) every second."""
 
-    def __init__(self, workdir: Path, targets: list[str], port: int | None = None):
+    def __init__(self, workdir: Path, targets: list[str], port: int | None = None, *,
+                 rules: bool = True, rule_interval: str = "1s"):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.binary = shutil.which("prometheus") or "/usr/bin/prometheus"
         self.config = self.workdir / "prometheus.yml"
+        self.rules = self.workdir / "idle-culler.rules.yaml"
+        doc = yaml.safe_load(RULES_FILE.read_text())
+        for group in doc["groups"]:
+            group["interval"] = rule_interval
+        self.rules.write_text(yaml.safe_dump(doc))
+        rule_files = [str(self.rules)] if rules else []
         self.config.write_text(textwrap.dedent(f"""
             global:
               scrape_interval: 1s
               scrape_timeout: 900ms
               evaluation_interval: 1s
+            rule_files: {rule_files!r}
             scrape_configs:
               - job_name: dcgm
                 honor_labels: true
@@ -180,6 +193,20 @@ class RunningPrometheus:
         promtool = shutil.which("promtool") or "/usr/bin/promtool"
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.workdir / "data")],
                        check=True, capture_output=True, timeout=300)
+
+    def backfill_rules(self, start: float, end: float) -> None:
+        """Evaluate the recording rules over ``[start, end]`` of the history already in the TSDB, as
+        Prometheus would have while it happened (``promtool tsdb create-blocks-from rules``, which
+        asks this running Prometheus), then restart so the new blocks are read."""
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        out = self.workdir / "rule-blocks"
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--url={self.url}", f"--start={start:.3f}",
+                        f"--end={end:.3f}", f"--output-dir={out}", str(self.rules)],
+                       check=True, capture_output=True, timeout=300)
+        self.stop()
+        for block in out.iterdir():
+            shutil.move(str(block), str(self.workdir / "data" / block.name))
+        self.start()
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

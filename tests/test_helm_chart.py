@@ -41,7 +41,8 @@ VARIANTS = {
     "hami": [CHART / "ci" / "hami-values.yaml"],
 }
 #: Kinds kubernetes-validate has no schema for; each has a structural check below.
-CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue"}
+CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue",
+             "PrometheusRule"}
 #: Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|m|k)?$")
@@ -389,6 +390,30 @@ def test_culler_metrics_service_monitor():
     assert spec["selector"] == {"matchLabels": {"app": "jupyterhub", "component": "hub"}}
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert spec["endpoints"] == [{"port": "gpulab-metrics", "path": "/metrics", "interval": "30s"}]
+
+
+def test_idle_culler_recording_rules_are_the_shipped_file_at_the_scrape_interval():
+    from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
+
+    rules_file = CHART / "rules" / "idle-culler.rules.yaml"
+    check = subprocess.run([shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(rules_file)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    shipped = yaml.safe_load(rules_file.read_text())
+    records = {r["record"] for g in shipped["groups"] for r in g["rules"]}
+    assert records == {t.format(metric=m) for m in METRICS for t in (SAMPLE_AGE_RULE, SAMPLE_AGE_COUNT_RULE)}
+    assert len(shipped["groups"]) == 1, "one group: the count rules vouch for the age rules' evaluations"
+    assert not any(d["kind"] == "PrometheusRule" for d in render("default"))
+    (rule,) = of_kind(render("default", ("monitoring.idleRules.enabled=true", "monitoring.dcgmExporter.interval=15s",
+                                         "monitoring.idleRules.labels.release=kube-prometheus-stack")),
+                      "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["name"] == "gpulab-idle-culler-rules"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (group,) = rule["spec"]["groups"]
+    assert group["interval"] == "15s"
+    assert group["rules"] == shipped["groups"][0]["rules"]
+    (in_kueue,) = of_kind(render("kueue"), "PrometheusRule")  # the kube-prometheus-stack variant
+    assert in_kueue["spec"]["groups"][0]["interval"] == chart_values()["monitoring"]["dcgmExporter"]["interval"]
 
 
 def test_grafana_dashboard_queries_are_valid_promql(tmp_path):

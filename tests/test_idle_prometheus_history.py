@@ -3,8 +3,13 @@
 The history is written into Prometheus' TSDB with ``promtool`` (backfill), so a
 test asks about any moment of an hour of 30 s scrapes at once, without waiting:
 short holes, long holes, stale series, NaN, MIG ratios, busy samples, and an
-answer too large to accept. Every case is also judged from the raw samples;
-Prometheus' few numbers per GPU must lead to the same verdict.
+answer too large to accept. The culler's recording rules are evaluated over
+that history by Prometheus' own engine (``promtool tsdb create-blocks-from
+rules``), on a grid 7 s after the scrapes, as a rule group with its own offset
+would be. Every case is also judged from the raw samples; Prometheus' few
+numbers per GPU must lead to the same verdict, with the rule, without it (the
+subquery), and with a rule that is not there (the subquery for the servers
+that look idle only).
 """
 
 from __future__ import annotations
@@ -75,9 +80,10 @@ TARGETS = [ServerTarget(user=name, server="", team="t", profile="p", gpu_milli=1
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    p = RunningPrometheus(tmp_path_factory.mktemp("prom-history"), [])
+    p = RunningPrometheus(tmp_path_factory.mktemp("prom-history"), [], rule_interval=f"{STEP:g}s")
     p.backfill([(metric, labels(name, metric), samples) for name, (metric, samples, _) in CASES.items()])
     p.start()
+    p.backfill_rules(START + 7, T + 1)
     yield p
     p.stop()
 
@@ -87,10 +93,19 @@ def judge(series, now=T):
                           expected_devices=1)
 
 
-async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(prometheus):
-    source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP)
-    data = await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS})
-    assert source.queries == 1
+#: How holes are measured: the recording rule; no rule (the subquery for every series); a rule
+#: Prometheus does not have (the rule part answers nothing, the subquery asks for the idle-looking ones).
+HOLES = {"rule": {}, "subquery": {"sample_age_rule": ""}, "missing-rule": {"sample_age_rule": "nope:{metric}:age"}}
+#: Without the rule, the subquery measures the holes of the idle-looking series (only).
+IDLE_LOOKING = {name for name, (_, _, status) in CASES.items() if status not in (BUSY, SHORT)} - {"nan"}
+
+
+@pytest.mark.parametrize("holes", list(HOLES))
+async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(prometheus, holes):
+    source = PrometheusSource(prometheus_url=prometheus.url, scrape_interval=STEP, **HOLES[holes])
+    data = await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS}, threshold_percent=1.0)
+    assert source.queries == (2 if holes == "missing-rule" else 1)
+    assert source.last_subquery_series == (len(IDLE_LOOKING) if holes == "missing-rule" else 0)
     got = {t.user: judge(data[t.key]).status for t in TARGETS}
     assert got == {name: expected for name, (_, _, expected) in CASES.items()}
     # The same rules on the raw samples agree case by case.
@@ -99,7 +114,7 @@ async def test_few_numbers_per_gpu_give_the_verdicts_of_the_raw_samples(promethe
         raw = DeviceSeries("node-1/gpu0", tuple((t, v * scale) for t, v in samples))
         assert judge([raw]).status == expected, name
     # A few numbers per GPU: one element per stat, not one per sample.
-    assert source.last_answer_bytes < 1200 * 5 * len(CASES)
+    assert source.last_answer_bytes < 1200 * 6 * len(CASES)
     idle = data["idle/"][0]
     assert idle.samples == WINDOW / STEP + 1 and idle.peak == 0.0 and idle.max_gap <= STEP
     assert data["mig-busy/"][0].peak == pytest.approx(30.0)
@@ -124,3 +139,34 @@ async def test_an_answer_larger_than_the_cap_reclaims_nothing_and_says_what_to_c
     with pytest.raises(AnswerTooLarge, match="series_selector.*max_answer_bytes"):
         await source.collect(TARGETS, T, {t.key: WINDOW for t in TARGETS})
     assert source.last_answer_bytes > 2048
+
+
+@pytest.fixture(scope="module")
+def new_rule_prometheus(tmp_path_factory):
+    """The same history, but the recording rules were installed only 40 minutes before T."""
+    p = RunningPrometheus(tmp_path_factory.mktemp("prom-new-rule"), [], rule_interval=f"{STEP:g}s")
+    p.backfill([(GPU_UTIL, labels(name, GPU_UTIL), CASES[name][1]) for name in NEW_RULE_CASES])
+    p.start()
+    p.backfill_rules(T - 2400 + 7, T + 1)
+    yield p
+    p.stop()
+
+
+NEW_RULE_CASES = ("idle", "three-missed", "busy-once")
+
+
+async def test_a_rule_younger_than_the_window_leaves_the_holes_to_the_subquery(new_rule_prometheus):
+    targets = [t for t in TARGETS if t.user in NEW_RULE_CASES]
+    source = PrometheusSource(prometheus_url=new_rule_prometheus.url, scrape_interval=STEP)
+    # An hour: the rule ran for 40 minutes of it, so the idle-looking series are measured by the subquery.
+    data = await source.collect(targets, T, {t.key: WINDOW for t in targets}, threshold_percent=1.0)
+    assert (source.queries, source.last_subquery_series) == (2, 2)
+    assert {t.user: judge(data[t.key]).status for t in targets} == {"idle": IDLE, "three-missed": PARTIAL,
+                                                                    "busy-once": BUSY}
+    # Twenty minutes: the rule covers it (three-missed's hole is older), one query.
+    source = PrometheusSource(prometheus_url=new_rule_prometheus.url, scrape_interval=STEP)
+    data = await source.collect(targets, T, {t.key: 1200.0 for t in targets}, threshold_percent=1.0)
+    assert (source.queries, source.last_subquery_series) == (1, 0)
+    assert {t.user: judge_gpu_idle(data[t.key], now=T, window_seconds=1200, threshold_percent=1.0,
+                                   max_gap_seconds=GAP).status for t in targets} == {
+        "idle": IDLE, "three-missed": IDLE, "busy-once": BUSY}
