@@ -96,16 +96,35 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
         # The tab decides what the hub sees: an open tab keeps last_activity fresh.
         seen = iso(time.time() - (30 if kind_of(i).endswith("open") else 2 * 86400))
         return {
-            "kind": "user", "name": name, "admin": False, "groups": [], "roles": ["user"],
-            "created": started, "last_activity": seen, "pending": None,
-            "servers": {"": {
-                "name": "", "full_name": f"{name}/", "last_activity": seen, "started": started,
-                "pending": None, "ready": True, "stopped": False, "url": f"/user/{name}/",
-                "user_options": {"team": "vision", "profile": "h100-1"},
-                "progress_url": f"/hub/api/users/{name}/server/progress", "full_url": None,
-                "state": {"pod_name": f"jupyter-{name}", "namespace": "jhub", "dns_name": "",
-                          "gpulab": {"team": "vision", "profile": "h100-1", "milli": 1000}},
-            }},
+            "kind": "user",
+            "name": name,
+            "admin": False,
+            "groups": [],
+            "roles": ["user"],
+            "created": started,
+            "last_activity": seen,
+            "pending": None,
+            "servers": {
+                "": {
+                    "name": "",
+                    "full_name": f"{name}/",
+                    "last_activity": seen,
+                    "started": started,
+                    "pending": None,
+                    "ready": True,
+                    "stopped": False,
+                    "url": f"/user/{name}/",
+                    "user_options": {"team": "vision", "profile": "h100-1"},
+                    "progress_url": f"/hub/api/users/{name}/server/progress",
+                    "full_url": None,
+                    "state": {
+                        "pod_name": f"jupyter-{name}",
+                        "namespace": "jhub",
+                        "dns_name": "",
+                        "gpulab": {"team": "vision", "profile": "h100-1", "milli": 1000},
+                    },
+                }
+            },
         }
 
     models = [user_model(i) for i in range(n_servers)]
@@ -123,16 +142,25 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
             offset = int(self.get_argument("offset", "0"))
             limit = min(int(self.get_argument("limit", str(PAGE_MAX))), PAGE_MAX)
             live = [m for m in models if m["name"] not in state["stopped"]]
-            page = live[offset:offset + limit]
+            page = live[offset : offset + limit]
             nxt = None
             if offset + limit < len(live):
                 base = f"{self.request.protocol}://{self.request.host}/hub/api/users"
-                nxt = {"offset": offset + limit, "limit": limit,
-                       "url": f"{base}?state=ready&offset={offset + limit}&limit={limit}"}
+                nxt = {
+                    "offset": offset + limit,
+                    "limit": limit,
+                    "url": f"{base}?state=ready&offset={offset + limit}&limit={limit}",
+                }
             self.set_header("Content-Type", "application/json")
             if "pagination" in self.request.headers.get("Accept", ""):
-                self.finish(json.dumps({"items": page, "_pagination": {
-                    "offset": offset, "limit": limit, "total": len(live), "next": nxt}}))
+                self.finish(
+                    json.dumps(
+                        {
+                            "items": page,
+                            "_pagination": {"offset": offset, "limit": limit, "total": len(live), "next": nxt},
+                        }
+                    )
+                )
             else:
                 self.finish(json.dumps(page))
 
@@ -149,12 +177,27 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
             warnings = []
             if state["scenario"] in ("reclaim", "steady"):
                 reclaim_at = at - 60 if state["scenario"] == "reclaim" else at + 600
-                warnings = [{"user": f"user{i:05d}", "server": "", "warned_at": at - 900, "reclaim_at": reclaim_at,
-                             "session": started, "held": False}
-                            for i in range(n_servers) if kind_of(i).startswith("idle")]
-            self.finish({"now": at, "warnings": warnings, "keepalives": [],
-                         "profiles": {"h100-1": {"gpu_milli": 1000, "idle_timeout_seconds": window}},
-                         "teams": {"vision": {"idle_timeout_seconds": None}}})
+                warnings = [
+                    {
+                        "user": f"user{i:05d}",
+                        "server": "",
+                        "warned_at": at - 900,
+                        "reclaim_at": reclaim_at,
+                        "session": started,
+                        "held": False,
+                    }
+                    for i in range(n_servers)
+                    if kind_of(i).startswith("idle")
+                ]
+            self.finish(
+                {
+                    "now": at,
+                    "warnings": warnings,
+                    "keepalives": [],
+                    "profiles": {"h100-1": {"gpu_milli": 1000, "idle_timeout_seconds": window}},
+                    "teams": {"vision": {"idle_timeout_seconds": None}},
+                }
+            )
 
     class Cycle(web.RequestHandler):
         def post(self):
@@ -162,9 +205,17 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
             doc = json.loads(self.request.body)
             for key in ("warnings", "holds", "clears", "reclaims"):
                 count(f"recorded {key}", len(doc.get(key, [])))
-            self.finish({"warnings": len(doc.get("warnings", [])), "holds": 0, "clears": 0,
-                         "reclaims": [{"user": r["user"], "server": r["server"], "accepted": True,
-                                       "message": "recorded"} for r in doc.get("reclaims", [])]})
+            self.finish(
+                {
+                    "warnings": len(doc.get("warnings", [])),
+                    "holds": 0,
+                    "clears": 0,
+                    "reclaims": [
+                        {"user": r["user"], "server": r["server"], "accepted": True, "message": "recorded"}
+                        for r in doc.get("reclaims", [])
+                    ],
+                }
+            )
 
     class Control(web.RequestHandler):
         def get(self):
@@ -177,11 +228,16 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
             self.set_status(204)
             self.finish()
 
-    app = web.Application([
-        (r"/hub/api/?", Root), (r"/hub/api/users", Users), (r"/hub/api/users/([^/]+)/server", Server),
-        (r"/hub/api/gpulab/idle/state", IdleState), (r"/hub/api/gpulab/idle/cycle", Cycle),
-        (r"/control", Control),
-    ])
+    app = web.Application(
+        [
+            (r"/hub/api/?", Root),
+            (r"/hub/api/users", Users),
+            (r"/hub/api/users/([^/]+)/server", Server),
+            (r"/hub/api/gpulab/idle/state", IdleState),
+            (r"/hub/api/gpulab/idle/cycle", Cycle),
+            (r"/control", Control),
+        ]
+    )
     app.listen(port, "127.0.0.1")
     ready.set()
     ioloop.IOLoop.current().start()
@@ -199,10 +255,21 @@ def start_prometheus(workdir: Path, n_servers: int, at: float, window: int, inte
     for i in range(n_servers):
         name = f"user{i:05d}"
         value = 0.0 if kind_of(i).startswith("idle") else 97.0
-        series.append(("DCGM_FI_DEV_GPU_UTIL", {
-            "gpu": "0", "UUID": f"GPU-{name}", "Hostname": "node-1", "modelName": "NVIDIA H100 80GB HBM3",
-            "namespace": "jhub", "pod": f"jupyter-{name}", "container": "notebook"},
-            [(t, value) for t in stamps]))
+        series.append(
+            (
+                "DCGM_FI_DEV_GPU_UTIL",
+                {
+                    "gpu": "0",
+                    "UUID": f"GPU-{name}",
+                    "Hostname": "node-1",
+                    "modelName": "NVIDIA H100 80GB HBM3",
+                    "namespace": "jhub",
+                    "pod": f"jupyter-{name}",
+                    "container": "notebook",
+                },
+                [(t, value) for t in stamps],
+            )
+        )
     t0 = time.perf_counter()
     prom.backfill(series)
     prom.start(timeout=120)
@@ -248,9 +315,16 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
     quiet = logging.getLogger("benchmark-culler")
     quiet.setLevel(logging.WARNING)
     config = Config()
-    config.GPUIdleCuller.update(url=base + "/hub/api", api_token=TOKEN, source="prometheus",
-                                concurrency=args.concurrency, api_page_size=PAGE_MAX, config_file="",
-                                grace_seconds=900, log_level=logging.ERROR)
+    config.GPUIdleCuller.update(
+        url=base + "/hub/api",
+        api_token=TOKEN,
+        source="prometheus",
+        concurrency=args.concurrency,
+        api_page_size=PAGE_MAX,
+        config_file="",
+        grace_seconds=900,
+        log_level=logging.ERROR,
+    )
     config.PrometheusSource.update(prometheus_url=prom_url, scrape_interval=float(args.interval))
     if args.holes == "subquery":
         config.PrometheusSource.sample_age_rule = ""
@@ -267,9 +341,16 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                 summary, ours_wall, ours_cpu = await timed(ours.cycle)
                 ours_req = (await control(base))["requests"]
                 await control(base, kind)
-                _, peer_wall, peer_cpu = await timed(lambda: cull_idle(
-                    url=base + "/hub/api", api_token=TOKEN, inactive_limit=args.window, logger=quiet,
-                    concurrency=args.concurrency, api_page_size=PAGE_MAX))
+                _, peer_wall, peer_cpu = await timed(
+                    lambda: cull_idle(
+                        url=base + "/hub/api",
+                        api_token=TOKEN,
+                        inactive_limit=args.window,
+                        logger=quiet,
+                        concurrency=args.concurrency,
+                        api_page_size=PAGE_MAX,
+                    )
+                )
                 peer = await control(base)
                 peer_stopped = peer["stopped"]
                 # What each culler did, checked every time (a benchmark of wrong work means nothing).
@@ -279,23 +360,32 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                 assert ours.utilisation.last_subquery_series == 0
                 assert ours_req.get("POST gpulab/idle/cycle", 0) == (1 if kind != "steady" else 0)
                 idx = {int(n[4:]) for n in peer_stopped}
-                rows.append({
-                    "repeat": rep + 1, "cycle": kind, "load_avg_1m": os.getloadavg()[0],
-                    "gpulab_wall_s": ours_wall, "gpulab_cpu_s": ours_cpu,
-                    "peer_wall_s": peer_wall, "peer_cpu_s": peer_cpu,
-                    "wall_ratio": ours_wall / peer_wall, "cpu_ratio": ours_cpu / peer_cpu,
-                    "gpulab_hub_requests": sum(ours_req.values()) - sum(v for k, v in ours_req.items()
-                                                                     if k.startswith("recorded")),
-                    "peer_hub_requests": sum(peer["requests"].values()),
-                    "gpulab_answer_bytes": ours.utilisation.last_answer_bytes,
-                    # Waiting for Prometheus once the hub's list was read (it was asked at the start).
-                    "gpulab_prometheus_wait_s": summary.get("source_wait_seconds", 0.0),
-                    "gpulab_warned": len(summary["warned"]), "gpulab_reclaimed": len(summary["reclaimed"]),
-                    "peer_stopped": len(idx),
-                    "peer_wrong_stops": sum(1 for i in idx if kind_of(i).startswith("busy")),
-                    "peer_missed_idle": sum(1 for i in range(args.servers)
-                                            if kind_of(i).startswith("idle") and i not in idx),
-                })
+                rows.append(
+                    {
+                        "repeat": rep + 1,
+                        "cycle": kind,
+                        "load_avg_1m": os.getloadavg()[0],
+                        "gpulab_wall_s": ours_wall,
+                        "gpulab_cpu_s": ours_cpu,
+                        "peer_wall_s": peer_wall,
+                        "peer_cpu_s": peer_cpu,
+                        "wall_ratio": ours_wall / peer_wall,
+                        "cpu_ratio": ours_cpu / peer_cpu,
+                        "gpulab_hub_requests": sum(ours_req.values())
+                        - sum(v for k, v in ours_req.items() if k.startswith("recorded")),
+                        "peer_hub_requests": sum(peer["requests"].values()),
+                        "gpulab_answer_bytes": ours.utilisation.last_answer_bytes,
+                        # Waiting for Prometheus once the hub's list was read (it was asked at the start).
+                        "gpulab_prometheus_wait_s": summary.get("source_wait_seconds", 0.0),
+                        "gpulab_warned": len(summary["warned"]),
+                        "gpulab_reclaimed": len(summary["reclaimed"]),
+                        "peer_stopped": len(idx),
+                        "peer_wrong_stops": sum(1 for i in idx if kind_of(i).startswith("busy")),
+                        "peer_missed_idle": sum(
+                            1 for i in range(args.servers) if kind_of(i).startswith("idle") and i not in idx
+                        ),
+                    }
+                )
     finally:
         if ours.hub is not None:
             await ours.hub.close()
@@ -304,10 +394,15 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": rows, "cycles": {}}
     for kind in CYCLES:
         rs = [r for r in rows if r["cycle"] == kind]
-        med = {k: statistics.median(r[k] for r in rs) for k in ("gpulab_wall_s", "gpulab_cpu_s", "peer_wall_s",
-                                                                 "peer_cpu_s")}
-        out["cycles"][kind] = {**med, "wall_ratio": med["gpulab_wall_s"] / med["peer_wall_s"],
-                               "cpu_ratio": med["gpulab_cpu_s"] / med["peer_cpu_s"]}
+        med = {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("gpulab_wall_s", "gpulab_cpu_s", "peer_wall_s", "peer_cpu_s")
+        }
+        out["cycles"][kind] = {
+            **med,
+            "wall_ratio": med["gpulab_wall_s"] / med["peer_wall_s"],
+            "cpu_ratio": med["gpulab_cpu_s"] / med["peer_cpu_s"],
+        }
     return out
 
 
@@ -319,8 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=3600, help="idle timeout in seconds (default 3600)")
     ap.add_argument("--interval", type=int, default=30, help="dcgm-exporter scrape interval (default 30)")
     ap.add_argument("--concurrency", type=int, default=10, help="hub requests in flight, both cullers (default 10)")
-    ap.add_argument("--holes", choices=("rule", "subquery"), default="rule",
-                    help="how gpulab measures holes: the recording rule (default) or, without it, the subquery")
+    ap.add_argument(
+        "--holes",
+        choices=("rule", "subquery"),
+        default="rule",
+        help="how gpulab measures holes: the recording rule (default) or, without it, the subquery",
+    )
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
     args.servers = args.servers or (40 if args.smoke else 5000)
@@ -332,39 +431,93 @@ def main(argv: list[str] | None = None) -> int:
 
     at = math.floor((time.time() - 6 * 3600) / args.interval) * args.interval  # history ends 6 h ago
     with tempfile.TemporaryDirectory(prefix="culler-bench-") as tmp:
-        prom, backfill_s = start_prometheus(Path(tmp), args.servers, at, args.window, args.interval,
-                                            rules=args.holes == "rule")
+        prom, backfill_s = start_prometheus(
+            Path(tmp), args.servers, at, args.window, args.interval, rules=args.holes == "rule"
+        )
         try:
             result = asyncio.run(run(args, prom.url, at))
         finally:
             prom.stop()
-    print(table(
-        ["cycle", "repeat", "gpulab wall (s)", "peer wall (s)", "wall ratio", "gpulab CPU (s)", "peer CPU (s)",
-         "CPU ratio", "gpulab hub req", "peer hub req", "answer bytes", "Prometheus wait (s)"],
-        [[r["cycle"], r["repeat"], r["gpulab_wall_s"], r["peer_wall_s"], r["wall_ratio"], r["gpulab_cpu_s"],
-          r["peer_cpu_s"], r["cpu_ratio"], r["gpulab_hub_requests"], r["peer_hub_requests"],
-          r["gpulab_answer_bytes"], r["gpulab_prometheus_wait_s"]] for r in result["rows"]],
-        title=(f"Cull cycles over {args.servers:,} GPU servers in four kinds (real Prometheus, "
-               f"stand-in hub API), window {args.window}s, scrape {args.interval}s"),
-    ))
+    print(
+        table(
+            [
+                "cycle",
+                "repeat",
+                "gpulab wall (s)",
+                "peer wall (s)",
+                "wall ratio",
+                "gpulab CPU (s)",
+                "peer CPU (s)",
+                "CPU ratio",
+                "gpulab hub req",
+                "peer hub req",
+                "answer bytes",
+                "Prometheus wait (s)",
+            ],
+            [
+                [
+                    r["cycle"],
+                    r["repeat"],
+                    r["gpulab_wall_s"],
+                    r["peer_wall_s"],
+                    r["wall_ratio"],
+                    r["gpulab_cpu_s"],
+                    r["peer_cpu_s"],
+                    r["cpu_ratio"],
+                    r["gpulab_hub_requests"],
+                    r["peer_hub_requests"],
+                    r["gpulab_answer_bytes"],
+                    r["gpulab_prometheus_wait_s"],
+                ]
+                for r in result["rows"]
+            ],
+            title=(
+                f"Cull cycles over {args.servers:,} GPU servers in four kinds (real Prometheus, "
+                f"stand-in hub API), window {args.window}s, scrape {args.interval}s"
+            ),
+        )
+    )
     for kind, c in result["cycles"].items():
-        print(f"median {kind:8s} cycle: wall ratio {c['wall_ratio']:.2f}, CPU ratio {c['cpu_ratio']:.2f} "
-              f"(gpulab {c['gpulab_wall_s']:.3f}s / {c['gpulab_cpu_s']:.3f}s CPU; "
-              f"jupyterhub-idle-culler {c['peer_wall_s']:.3f}s / {c['peer_cpu_s']:.3f}s CPU)")
+        print(
+            f"median {kind:8s} cycle: wall ratio {c['wall_ratio']:.2f}, CPU ratio {c['cpu_ratio']:.2f} "
+            f"(gpulab {c['gpulab_wall_s']:.3f}s / {c['gpulab_cpu_s']:.3f}s CPU; "
+            f"jupyterhub-idle-culler {c['peer_wall_s']:.3f}s / {c['peer_cpu_s']:.3f}s CPU)"
+        )
     last = result["rows"][-1]
-    print(f"jupyterhub-idle-culler per cycle: {last['peer_stopped']} stopped, {last['peer_wrong_stops']} of them "
-          f"busy; {last['peer_missed_idle']} idle GPUs left running. Prometheus backfill took {backfill_s:.1f}s.")
-    path = write_result("culler_cycle", {
-        "smoke": args.smoke,
-        "parts": "real Prometheus (backfilled with promtool); stand-in hub REST API process (see the docstring)",
-        "parameters": {"servers": args.servers, "repeat": args.repeat, "window_s": args.window, "holes": args.holes,
-                       "interval_s": args.interval, "concurrency": args.concurrency, "page_size": PAGE_MAX},
-        "prometheus_backfill_s": backfill_s,
-        **result,
-    }, args.out)
-    print(json.dumps({"result": str(path), **{k: {"wall_ratio": round(c["wall_ratio"], 3),
-                                                  "cpu_ratio": round(c["cpu_ratio"], 3)}
-                                              for k, c in result["cycles"].items()}}))
+    print(
+        f"jupyterhub-idle-culler per cycle: {last['peer_stopped']} stopped, {last['peer_wrong_stops']} of them "
+        f"busy; {last['peer_missed_idle']} idle GPUs left running. Prometheus backfill took {backfill_s:.1f}s."
+    )
+    path = write_result(
+        "culler_cycle",
+        {
+            "smoke": args.smoke,
+            "parts": "real Prometheus (backfilled with promtool); stand-in hub REST API process (see the docstring)",
+            "parameters": {
+                "servers": args.servers,
+                "repeat": args.repeat,
+                "window_s": args.window,
+                "holes": args.holes,
+                "interval_s": args.interval,
+                "concurrency": args.concurrency,
+                "page_size": PAGE_MAX,
+            },
+            "prometheus_backfill_s": backfill_s,
+            **result,
+        },
+        args.out,
+    )
+    print(
+        json.dumps(
+            {
+                "result": str(path),
+                **{
+                    k: {"wall_ratio": round(c["wall_ratio"], 3), "cpu_ratio": round(c["cpu_ratio"], 3)}
+                    for k, c in result["cycles"].items()
+                },
+            }
+        )
+    )
     return 0
 
 

@@ -33,8 +33,17 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode, default
 from traitlets.config import Application
 
 from spawner.idle import (
-    BUSY, SHORT, STATUSES, IdleVerdict, IdleWarning, Step, idle_gpu_hours_observed, idle_timeout_for,
-    judge_gpu_idle, max_gap_for, next_step,
+    BUSY,
+    SHORT,
+    STATUSES,
+    IdleVerdict,
+    IdleWarning,
+    Step,
+    idle_gpu_hours_observed,
+    idle_timeout_for,
+    judge_gpu_idle,
+    max_gap_for,
+    next_step,
 )
 from spawner.model import Profile, Team
 
@@ -52,11 +61,13 @@ class GPUIdleCuller(Application):
     description = "Reclaim GPUs from JupyterHub servers whose GPUs sat idle (DCGM / NVML), after a warning."
 
     url = Unicode(
-        os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"), config=True,
+        os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
+        config=True,
         help="The JupyterHub API URL (default: $JUPYTERHUB_API_URL).",
     )
     api_token = Unicode(
-        config=True, help="The service's API token (default: $JUPYTERHUB_API_TOKEN).",
+        config=True,
+        help="The service's API token (default: $JUPYTERHUB_API_TOKEN).",
     )
 
     @default("api_token")
@@ -64,7 +75,8 @@ class GPUIdleCuller(Application):
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
     public_url = Unicode(
-        "", config=True,
+        "",
+        config=True,
         help="""Public URL of the hub's proxy (e.g. http://127.0.0.1:8000), used to reach
         single-user servers when shutting down one kernel. Not needed when the hub sets
         `c.JupyterHub.public_url` (server models then carry full URLs).""",
@@ -72,42 +84,57 @@ class GPUIdleCuller(Application):
     config_file = Unicode("gpulab_idle_culler_config.py", config=True, help="Config file to load (if it exists).")
     cull_every = Integer(60, min=1, config=True, help="Seconds between cull cycles.")
     concurrency = Integer(10, min=0, config=True, help="Most hub API requests in flight at once (0 = no limit).")
-    api_page_size = Integer(0, min=0, config=True, help="Users per page from the hub's paginated user list (0: hub default).")
+    api_page_size = Integer(
+        0, min=0, config=True, help="Users per page from the hub's paginated user list (0: hub default)."
+    )
     ssl_enabled = Bool(False, config=True, help="Whether the hub API uses internal SSL.")
     internal_certs_location = Unicode(
-        "internal-ssl", config=True,
+        "internal-ssl",
+        config=True,
         help="Where the internal-ssl certificates are (only with --ssl-enabled).",
     )
     cull_default_servers = Bool(True, config=True, help="Whether default (unnamed) GPU servers are culled.")
     cull_named_servers = Bool(True, config=True, help="Whether named GPU servers are culled.")
 
     source = CaselessStrEnum(
-        list(SOURCES), default_value="prometheus", config=True,
+        list(SOURCES),
+        default_value="prometheus",
+        config=True,
         help="""Where GPU utilisation comes from: `prometheus` (dcgm-exporter through Prometheus,
         one query per cycle), `dcgm-exporter` (scrape exporters directly) or `nvml`
         (per-process, on the hub's own machine; single server only).""",
     )
     threshold_percent = Float(
-        1.0, min=0.0, max=100.0, config=True,
+        1.0,
+        min=0.0,
+        max=100.0,
+        config=True,
         help="A GPU is idle when every sample is at or below this utilisation (percent).",
     )
     default_timeout = Integer(
-        3600, min=1, config=True,
+        3600,
+        min=1,
+        config=True,
         help="""Idle timeout in seconds when neither the server's profile nor its team sets
         `idle_timeout` (if both do, the shorter wins; see docs/idle-culler.md).""",
     )
     grace_seconds = Integer(
-        900, min=0, config=True,
+        900,
+        min=0,
+        config=True,
         help="Seconds between the warning the user sees and the reclaim.",
     )
     max_missed_samples = Integer(
-        2, min=0, config=True,
+        2,
+        min=0,
+        config=True,
         help="""How many samples in a row may be missing inside an idle run and still count as
         *unknown* rather than as a break: one or two lost scrapes do not restart the idle clock.
         Longer holes, stale series and partial data still mean "not idle".""",
     )
     max_sample_gap = Float(
-        min=0.1, config=True,
+        min=0.1,
+        config=True,
         help="""Largest allowed hole between samples (and age of the newest one), in seconds.
         Default: (max_missed_samples + 1.5) x the sample interval -- Prometheus' scrape interval
         (c.PrometheusSource.scrape_interval) with `prometheus`, --cull-every with `dcgm-exporter`
@@ -116,7 +143,7 @@ class GPUIdleCuller(Application):
 
     @default("max_sample_gap")
     def _default_max_sample_gap(self) -> float:
-        interval = self.cull_every
+        interval: float = self.cull_every
         if self.source == "prometheus":
             interval = PrometheusSource(parent=self).scrape_interval
         return max_gap_for(interval, self.max_missed_samples)
@@ -136,7 +163,8 @@ class GPUIdleCuller(Application):
         return socket.gethostname()
 
     kernel_shutdown = Bool(
-        True, config=True,
+        True,
+        config=True,
         help="""With per-process data (nvml), shut down just the idle kernels holding GPU memory
         instead of stopping the server. The server is stopped later if it stays idle.""",
     )
@@ -186,7 +214,8 @@ class GPUIdleCuller(Application):
     }
     classes = [PrometheusSource, DCGMExporterSource, NVMLSource]
 
-    _log_formatter_cls = LogFormatter
+    # tornado's coloured formatter, as JupyterHub's own log uses (traitlets declares a narrower type).
+    _log_formatter_cls = LogFormatter  # type: ignore[assignment]
     _cycle_now = 0.0
 
     @default("log_level")
@@ -211,10 +240,19 @@ class GPUIdleCuller(Application):
         ctx = None
         if self.ssl_enabled:
             loc = self.internal_certs_location
-            ctx = make_ssl_context(f"{loc}/hub-internal/hub-internal.key", f"{loc}/hub-internal/hub-internal.crt",
-                                   f"{loc}/hub-ca/hub-ca.crt")
-        return HubClient(self.url, self.api_token, concurrency=self.concurrency, page_size=self.api_page_size,
-                         ssl_context=ctx, public_url=self.public_url)
+            ctx = make_ssl_context(
+                f"{loc}/hub-internal/hub-internal.key",
+                f"{loc}/hub-internal/hub-internal.crt",
+                f"{loc}/hub-ca/hub-ca.crt",
+            )
+        return HubClient(
+            self.url,
+            self.api_token,
+            concurrency=self.concurrency,
+            page_size=self.api_page_size,
+            ssl_context=ctx,
+            public_url=self.public_url,
+        )
 
     # -- one cycle ----------------------------------------------------------
 
@@ -225,8 +263,9 @@ class GPUIdleCuller(Application):
     def _timeout(self, slug: str, team_name: str, profiles: dict, teams: dict) -> tuple[int, str]:
         p = profiles.get(slug) or {}
         t = teams.get(team_name) or {}
-        profile = Profile(slug=slug, display_name=slug, idle_timeout_seconds=p.get("idle_timeout_seconds")) \
-            if slug else None
+        profile = (
+            Profile(slug=slug, display_name=slug, idle_timeout_seconds=p.get("idle_timeout_seconds")) if slug else None
+        )
         team = Team(name=team_name, idle_timeout_seconds=t.get("idle_timeout_seconds")) if team_name else None
         return idle_timeout_for(profile, team, self.default_timeout)
 
@@ -236,16 +275,31 @@ class GPUIdleCuller(Application):
         names = [""] + list(teams)
         return {self._timeout(s, n, profiles, teams)[0] for s in slugs for n in names}
 
+    @property
+    def hub_client(self) -> HubClient:
+        """The hub API client, made on first use."""
+        if self.hub is None:
+            self.hub = self.make_hub_client()
+        return self.hub
+
     async def cycle(self) -> dict[str, Any]:
         """One pass over every GPU server; returns what it did (for logs, tests and the benchmark)."""
         started = time.monotonic()
-        if self.hub is None:
-            self.hub = self.make_hub_client()
-        hub = self.hub
+        hub = self.hub_client
         queries_before = self.utilisation.queries
-        summary: dict[str, Any] = {"servers": 0, "gpu_servers": 0, "non_gpu": 0, "warned": [], "cleared": [],
-                                   "reclaimed": [], "kernels": [], "skipped": [], "verdicts": {}, "held": [],
-                                   "source_error": None}
+        summary: dict[str, Any] = {
+            "servers": 0,
+            "gpu_servers": 0,
+            "non_gpu": 0,
+            "warned": [],
+            "cleared": [],
+            "reclaimed": [],
+            "kernels": [],
+            "skipped": [],
+            "verdicts": {},
+            "held": [],
+            "source_error": None,
+        }
         self.metrics.cycles.inc()
         # The server list is the slow part (pages of users): Prometheus is asked meanwhile,
         # for every timeout the catalog allows, so the cycle waits for the slower of the two.
@@ -257,8 +311,10 @@ class GPUIdleCuller(Application):
             now = self._cycle_now = self.clock()
             if isinstance(self.utilisation, PrometheusSource):
                 prefetch = asyncio.ensure_future(
-                    self.utilisation.fetch(now, self.candidate_windows(profiles, teams),
-                                           threshold_percent=self.threshold_percent))
+                    self.utilisation.fetch(
+                        now, self.candidate_windows(profiles, teams), threshold_percent=self.threshold_percent
+                    )
+                )
                 prefetch.add_done_callback(_retrieve)
             users = await users_task
         except (HubAPIError, OSError) as e:
@@ -280,9 +336,12 @@ class GPUIdleCuller(Application):
         summary["skipped"].extend(unmapped)
         self.metrics.skipped.inc(len(unmapped))
 
-        warnings = {(w["user"], w["server"]): IdleWarning(w["warned_at"], w["reclaim_at"], w.get("session", ""),
-                                                           bool(w.get("held")))
-                    for w in idle_state.get("warnings", [])}
+        warnings = {
+            (w["user"], w["server"]): IdleWarning(
+                w["warned_at"], w["reclaim_at"], w.get("session", ""), bool(w.get("held"))
+            )
+            for w in idle_state.get("warnings", [])
+        }
         keepalives = {(k["user"], k["server"]): k["until"] for k in idle_state.get("keepalives", [])}
         timeouts = {t.key: self.timeout_for(t, profiles, teams) for t in targets}
         windows = {k: sec for k, (sec, _) in timeouts.items()}
@@ -292,12 +351,15 @@ class GPUIdleCuller(Application):
         elif targets:
             source_started = time.monotonic()
             try:
-                if prefetch is not None:
+                if prefetch is not None and isinstance(self.utilisation, PrometheusSource):
                     answer = dict(await prefetch)
                     asked = set(self.candidate_windows(profiles, teams))
                     if set(windows.values()) - asked:  # cannot happen with one catalog; ask again if it does
-                        answer.update(await self.utilisation.fetch(now, set(windows.values()) - asked,
-                                                                threshold_percent=self.threshold_percent))
+                        answer.update(
+                            await self.utilisation.fetch(
+                                now, set(windows.values()) - asked, threshold_percent=self.threshold_percent
+                            )
+                        )
                     data = self.utilisation.join(answer, targets, windows)
                 else:
                     data = await self.utilisation.collect(targets, now, windows)
@@ -319,9 +381,13 @@ class GPUIdleCuller(Application):
         batch = CycleBatch()
         # A warning for a server that is no longer running (stopped by its user) is void.
         running = {(t.user, t.server) for t in targets}
-        running.update((u["name"], name) for u in users for name, srv in (u.get("servers") or {}).items()
-                       if srv.get("ready") or srv.get("pending"))
-        for (user, server) in warnings:
+        running.update(
+            (u["name"], name)
+            for u in users
+            for name, srv in (u.get("servers") or {}).items()
+            if srv.get("ready") or srv.get("pending")
+        )
+        for user, server in warnings:
             if (user, server) not in running:
                 batch.clear(user, server, "server not running")
                 summary["cleared"].append(f"{user}/{server}")
@@ -329,9 +395,15 @@ class GPUIdleCuller(Application):
         for t in targets:
             seconds, origin = timeouts[t.key]
             who = (t.user, t.server)
-            verdict = judge_gpu_idle(data.get(t.key, ()), now=now, window_seconds=seconds,
-                                     threshold_percent=threshold, max_gap_seconds=gap,
-                                     expected_devices=t.expected_devices, started_at=t.started_at)
+            verdict = judge_gpu_idle(
+                data.get(t.key, ()),
+                now=now,
+                window_seconds=seconds,
+                threshold_percent=threshold,
+                max_gap_seconds=gap,
+                expected_devices=t.expected_devices,
+                started_at=t.started_at,
+            )
             counts[verdict.status] = counts.get(verdict.status, 0) + 1
             summary["verdicts"][t.key] = verdict.status
             if verdict.missing_data and not (verdict.status == SHORT and "session_started_at" in verdict.evidence):
@@ -343,11 +415,19 @@ class GPUIdleCuller(Application):
             if step is Step.NOTHING or step is Step.WAIT:
                 continue
             if step is Step.WARN or step is Step.REWARN:
-                self.log.warning("%s %s: GPU idle for %ss (%s); reclaim in %ss",
-                                 "Warning" if step is Step.WARN else "Re-announcing the warning of", t.key,
-                                 seconds, origin, self.grace_seconds)
-                batch.warn(self._record(t, verdict, seconds, origin, grace_seconds=self.grace_seconds,
-                                        renew=step is Step.REWARN))
+                self.log.warning(
+                    "%s %s: GPU idle for %ss (%s); reclaim in %ss",
+                    "Warning" if step is Step.WARN else "Re-announcing the warning of",
+                    t.key,
+                    seconds,
+                    origin,
+                    self.grace_seconds,
+                )
+                batch.warn(
+                    self._record(
+                        t, verdict, seconds, origin, grace_seconds=self.grace_seconds, renew=step is Step.REWARN
+                    )
+                )
                 self.metrics.warnings.labels(t.team).inc()
                 summary["warned"].append(t.key)
             elif step is Step.HOLD:
@@ -355,8 +435,13 @@ class GPUIdleCuller(Application):
                 batch.hold(t.user, t.server, t.started, verdict.reason)
                 summary["held"].append(t.key)
             elif step is Step.CLEAR or step is Step.VOID:
-                reason = ("server restarted: the new session gets its full timeout and grace" if step is Step.VOID
-                          else "kept alive by the user" if verdict.status != BUSY else verdict.reason)
+                reason = (
+                    "server restarted: the new session gets its full timeout and grace"
+                    if step is Step.VOID
+                    else "kept alive by the user"
+                    if verdict.status != BUSY
+                    else verdict.reason
+                )
                 self.log.info("Clearing the warning of %s: %s", t.key, reason)
                 batch.clear(t.user, t.server, reason)
                 summary["cleared"].append(t.key)
@@ -376,44 +461,92 @@ class GPUIdleCuller(Application):
         self.metrics.queries.set(summary["queries"])
         self.log.info(
             "Cycle: %d servers, %d on GPUs, %d warned, %d held, %d cleared, %d reclaimed, %d kernels, "
-            "%d skipped, %d metric queries, %.3fs", summary["servers"], summary["gpu_servers"],
-            len(summary["warned"]), len(summary["held"]), len(summary["cleared"]), len(summary["reclaimed"]),
-            len(summary["kernels"]), len(summary["skipped"]), summary["queries"], summary["seconds"])
+            "%d skipped, %d metric queries, %.3fs",
+            summary["servers"],
+            summary["gpu_servers"],
+            len(summary["warned"]),
+            len(summary["held"]),
+            len(summary["cleared"]),
+            len(summary["reclaimed"]),
+            len(summary["kernels"]),
+            len(summary["skipped"]),
+            summary["queries"],
+            summary["seconds"],
+        )
 
-    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str,
-                **extra: Any) -> dict[str, Any]:
+    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str, **extra: Any) -> dict[str, Any]:
         evidence = verdict.evidence
         evidence["idle_timeout_seconds"] = seconds
         evidence["idle_timeout_from"] = origin
         evidence["hub_last_activity"] = t.last_activity  # kept to show activity is not utilisation
         evidence["decided_at"] = self._cycle_now
         evidence["source"] = self.source
-        return {"user": t.user, "server": t.server, "session": t.started, "team": t.team, "profile": t.profile,
-                "gpu_milli": t.gpu_milli, "reason": verdict.reason, "evidence": evidence, **extra}
+        return {
+            "user": t.user,
+            "server": t.server,
+            "session": t.started,
+            "team": t.team,
+            "profile": t.profile,
+            "gpu_milli": t.gpu_milli,
+            "reason": verdict.reason,
+            "evidence": evidence,
+            **extra,
+        }
 
-    def _plan_reclaim(self, batch: CycleBatch, t: ServerTarget, verdict: IdleVerdict, warning: IdleWarning | None,
-                      seconds: int, origin: str, now: float) -> None:
+    def _plan_reclaim(
+        self,
+        batch: CycleBatch,
+        t: ServerTarget,
+        verdict: IdleVerdict,
+        warning: IdleWarning | None,
+        seconds: int,
+        origin: str,
+        now: float,
+    ) -> None:
         holders = self.utilisation.kernel_holders(t)
-        base = self.hub.server_base(t.url, t.full_url)
+        base = self.hub_client.server_base(t.url, t.full_url)
         idle_since = (warning.warned_at if warning else now) - seconds
         # Per kernel, only its own samples count: a process younger than the window is not proven idle.
         young = [h for h in holders if (h.get("started_at") or 0) > now - seconds]
         if young:
-            self.log.info("Not reclaiming %s yet: GPU process %s started %ds ago, the idle timeout is %ss",
-                          t.key, young[0]["pid"], now - young[0]["started_at"], seconds)
+            self.log.info(
+                "Not reclaiming %s yet: GPU process %s started %ds ago, the idle timeout is %ss",
+                t.key,
+                young[0]["pid"],
+                now - young[0]["started_at"],
+                seconds,
+            )
             return
         if self.kernel_shutdown and holders and base and all(h["kernel_id"] for h in holders):
             kernel_ids = sorted({h["kernel_id"] for h in holders})
             self.log.warning("Reclaiming GPU of %s: shutting down idle kernel(s) %s", t.key, ", ".join(kernel_ids))
             # The server keeps its GPU allocation; only the kernels' GPU memory is freed.
-            batch.reclaim(self._record(t, verdict, seconds, origin, action="shutdown-kernel", kernel_ids=kernel_ids,
-                                       idle_since=idle_since, idle_gpu_hours=0.0), t, base)
+            batch.reclaim(
+                self._record(
+                    t,
+                    verdict,
+                    seconds,
+                    origin,
+                    action="shutdown-kernel",
+                    kernel_ids=kernel_ids,
+                    idle_since=idle_since,
+                    idle_gpu_hours=0.0,
+                ),
+                t,
+                base,
+            )
             return
         hours = idle_gpu_hours_observed(t.gpu_milli, idle_since, now)
-        self.log.warning("Reclaiming GPU of %s: stopping the server (%.4f idle GPU-hours observed): %s", t.key,
-                         hours, verdict.reason)
-        batch.reclaim(self._record(t, verdict, seconds, origin, action="stop-server", idle_since=idle_since,
-                                   idle_gpu_hours=hours), t, base)
+        self.log.warning(
+            "Reclaiming GPU of %s: stopping the server (%.4f idle GPU-hours observed): %s", t.key, hours, verdict.reason
+        )
+        batch.reclaim(
+            self._record(
+                t, verdict, seconds, origin, action="stop-server", idle_since=idle_since, idle_gpu_hours=hours
+            ),
+            t,
+            base,
+        )
 
     async def _apply(self, batch: CycleBatch, summary: dict) -> None:
         """Record the whole cycle in ONE hub request, then stop what the hub let us reclaim.
@@ -422,13 +555,14 @@ class GPUIdleCuller(Application):
         GPU after this cycle read the idle state, and nothing is stopped for it.
         """
         try:
-            result = await self.hub.record_cycle(batch.body())
+            result = await self.hub_client.record_cycle(batch.body())
         except (HubAPIError, OSError) as e:
             self.metrics.errors.labels("record").inc()
             self.log.error("Recording this cycle's warnings and reclaims failed; stopping nothing: %s", e)
             return
         stops = []
-        for outcome, (body, t, base) in zip(result.get("reclaims", []), batch.claims):
+        # One outcome per claim, in order; a shorter answer leaves the rest unreclaimed.
+        for outcome, (body, t, base) in zip(result.get("reclaims", []), batch.claims, strict=False):
             if not outcome.get("accepted"):
                 self.log.info("Not reclaiming %s: %s", t.key, outcome.get("message", "refused by the hub"))
                 continue
@@ -437,9 +571,10 @@ class GPUIdleCuller(Application):
             await asyncio.gather(*stops)
 
     async def _carry_out(self, body: dict, t: ServerTarget, base: str | None, summary: dict) -> None:
-        hub = self.hub
+        hub = self.hub_client
         try:
             if body["action"] == "shutdown-kernel":
+                assert base is not None, "kernel reclaims are claimed only for servers with a URL"
                 for kid in body["kernel_ids"]:
                     await hub.shutdown_kernel(base, kid)
                     summary["kernels"].append(f"{t.key}:{kid}")
@@ -474,10 +609,18 @@ class GPUIdleCuller(Application):
 
     async def run(self) -> None:
         if not self.api_token:
-            raise SystemExit("gpulab-idle-culler: no API token (set $JUPYTERHUB_API_TOKEN or --GPUIdleCuller.api_token)")
+            raise SystemExit(
+                "gpulab-idle-culler: no API token (set $JUPYTERHUB_API_TOKEN or --GPUIdleCuller.api_token)"
+            )
         self.start_metrics_server()
-        self.log.info("GPU idle culler: source %s, every %ss, threshold %g%%, default timeout %ss, grace %ss",
-                      self.source, self.cull_every, self.threshold_percent, self.default_timeout, self.grace_seconds)
+        self.log.info(
+            "GPU idle culler: source %s, every %ss, threshold %g%%, default timeout %ss, grace %ss",
+            self.source,
+            self.cull_every,
+            self.threshold_percent,
+            self.default_timeout,
+            self.grace_seconds,
+        )
         try:
             while True:
                 try:
@@ -528,8 +671,12 @@ class CycleBatch:
         self.claims.append((body, target, base))
 
     def body(self) -> dict[str, list]:
-        return {"warnings": self.warnings, "holds": self.holds, "clears": self.clears,
-                "reclaims": [b for b, _, _ in self.claims]}
+        return {
+            "warnings": self.warnings,
+            "holds": self.holds,
+            "clears": self.clears,
+            "reclaims": [b for b, _, _ in self.claims],
+        }
 
 
 def main(argv: list[str] | None = None) -> None:

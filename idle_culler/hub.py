@@ -34,9 +34,17 @@ class HubClient:
     more than the request itself.
     """
 
-    def __init__(self, url: str, token: str, *, concurrency: int = 10, page_size: int = 0,
-                 ssl_context: ssl.SSLContext | None = None, request_timeout: float = 60.0,
-                 public_url: str = ""):
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        concurrency: int = 10,
+        page_size: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+        request_timeout: float = 60.0,
+        public_url: str = "",
+    ):
         self.url = url.rstrip("/")
         self.token = token
         self.page_size = page_size
@@ -55,7 +63,8 @@ class HubClient:
         if self._session is None or self._session.closed or self._session_loop is not loop:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.concurrency or 100),
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout))
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout),
+            )
             self._session_loop = loop
         return self._session
 
@@ -63,8 +72,14 @@ class HubClient:
         if self._session is not None and not self._session.closed:
             await self._session.close()
 
-    async def request(self, method: str, path_or_url: str, body: Any = None,
-                      params: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async def request(
+        self,
+        method: str,
+        path_or_url: str,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
         url = path_or_url if "://" in path_or_url else self.url + path_or_url
         if params:
             url = url_concat(url, params)
@@ -100,8 +115,14 @@ class HubClient:
         return code, json.loads(raw)
 
     @staticmethod
-    async def _send(client: aiohttp.ClientSession, method: str, url: str, headers: dict[str, str],
-                    data: str | None, kwargs: dict[str, Any]) -> tuple[int, bytes]:
+    async def _send(
+        client: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        data: str | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[int, bytes]:
         async with client.request(method, url, headers=headers, data=data, **kwargs) as resp:
             return resp.status, await resp.read()
 
@@ -132,8 +153,7 @@ class HubClient:
         return doc
 
     async def clear(self, user: str, server: str, reason: str) -> None:
-        await self.request("DELETE", "/gpulab/idle/warnings", params={"user": user, "server": server,
-                                                                       "reason": reason})
+        await self.request("DELETE", "/gpulab/idle/warnings", params={"user": user, "server": server, "reason": reason})
 
     async def record_cycle(self, body: dict[str, Any]) -> dict[str, Any]:
         """One cycle's warnings, holds, clears and reclaim claims in one request."""

@@ -11,36 +11,54 @@ class CullerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.cycles = Counter("gpulab_culler_cycles", "Cull cycles run.", registry=r)
-        self.errors = Counter("gpulab_culler_errors", "Errors, by stage (source, hub, stop, record).",
-                              ["stage"], registry=r)
+        self.errors = Counter(
+            "gpulab_culler_errors", "Errors, by stage (source, hub, stop, record).", ["stage"], registry=r
+        )
         self.skipped = Counter(
             "gpulab_culler_skipped_missing_data",
             "GPU servers left alone in a cycle because their utilisation data was missing, stale or partial.",
-            registry=r)
+            registry=r,
+        )
         self.warnings = Counter("gpulab_culler_warnings", "Idle warnings recorded.", ["team"], registry=r)
-        self.reclaims = Counter("gpulab_culler_reclaims", "Reclaims, by action (stop-server, shutdown-kernel).",
-                                ["team", "action"], registry=r)
+        self.reclaims = Counter(
+            "gpulab_culler_reclaims",
+            "Reclaims, by action (stop-server, shutdown-kernel).",
+            ["team", "action"],
+            registry=r,
+        )
         self.idle_gpu_hours = Counter(
             "gpulab_culler_idle_gpu_hours_before_reclaim",
             "Idle GPU-hours observed before reclaims (GPUs held x proven idle time up to the reclaim). "
             "The GPU-hours freed after reclaims are on the hub's /hub/metrics "
             "(gpulab_idle_gpu_hours_freed).",
-            ["team"], registry=r)
+            ["team"],
+            registry=r,
+        )
         self.reclaimed_gpus = Counter(
-            "gpulab_culler_reclaimed_gpus", "GPUs taken back from idle servers (sum of their GPU amounts).",
-            ["team"], registry=r)
+            "gpulab_culler_reclaimed_gpus",
+            "GPUs taken back from idle servers (sum of their GPU amounts).",
+            ["team"],
+            registry=r,
+        )
         self.source_failures = Counter(
             "gpulab_culler_source_failures",
             "Cycles that culled nothing because the utilisation source failed, by reason "
-            "(unavailable, too-large: see the log line for what to change).", ["reason"], registry=r)
-        self.answer_bytes = Gauge("gpulab_culler_last_answer_bytes",
-                                  "Size of the utilisation source's last answer, in bytes.", registry=r)
-        self.gpu_servers = Gauge("gpulab_culler_gpu_servers", "GPU servers seen in the last cycle, by verdict.",
-                                 ["verdict"], registry=r)
-        self.cycle_seconds = Gauge("gpulab_culler_last_cycle_seconds", "Wall time of the last cycle.",
-                                   registry=r)
-        self.queries = Gauge("gpulab_culler_last_cycle_metric_queries",
-                             "Requests made to the metrics source in the last cycle.", registry=r)
+            "(unavailable, too-large: see the log line for what to change).",
+            ["reason"],
+            registry=r,
+        )
+        self.answer_bytes = Gauge(
+            "gpulab_culler_last_answer_bytes", "Size of the utilisation source's last answer, in bytes.", registry=r
+        )
+        self.gpu_servers = Gauge(
+            "gpulab_culler_gpu_servers", "GPU servers seen in the last cycle, by verdict.", ["verdict"], registry=r
+        )
+        self.cycle_seconds = Gauge("gpulab_culler_last_cycle_seconds", "Wall time of the last cycle.", registry=r)
+        self.queries = Gauge(
+            "gpulab_culler_last_cycle_metric_queries",
+            "Requests made to the metrics source in the last cycle.",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

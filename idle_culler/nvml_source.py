@@ -38,7 +38,9 @@ class NVMLAdapter:
 
     def __init__(self, nvml: Any = None):
         if nvml is None:
-            import pynvml as nvml
+            import pynvml  # only where NVML is used: the culler runs without it elsewhere
+
+            nvml = pynvml
         self.nvml = nvml
         self._handles: dict[int, Any] = {}
 
@@ -91,8 +93,11 @@ def process_started_at(pid: int, proc_root: str = "/proc") -> float | None:
     """When ``pid`` started (seconds since the epoch), from ``/proc/<pid>/stat`` and the boot time."""
     try:
         stat = Path(proc_root, str(pid), "stat").read_text()
-        boot = next(float(line.split()[1]) for line in Path(proc_root, "stat").read_text().splitlines()
-                    if line.startswith("btime "))
+        boot = next(
+            float(line.split()[1])
+            for line in Path(proc_root, "stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
     except (OSError, StopIteration, ValueError, IndexError):
         return None
     fields = stat.rsplit(")", 1)[-1].split()
@@ -134,7 +139,9 @@ class NVMLSource(UtilisationSource):
 
     proc_root = Unicode("/proc", config=True, help="Where the process table is (for tests and containers).")
     nvml_module = AnyTrait(
-        None, allow_none=True, config=True,
+        None,
+        allow_none=True,
+        config=True,
         help="The NVML module to use (default: `pynvml` from nvidia-ml-py). For tests and recordings.",
     )
 
@@ -183,9 +190,15 @@ class NVMLSource(UtilisationSource):
             for pid, used in procs:
                 key = owner_of(pid, parents, roots)
                 if key is not None:
-                    holders[key].append({"pid": pid, "device": index, "used_memory_bytes": used,
-                                         "kernel_id": kernel_id_of(pid, parents, self.proc_root),
-                                         "started_at": process_started_at(pid, self.proc_root)})
+                    holders[key].append(
+                        {
+                            "pid": pid,
+                            "device": index,
+                            "used_memory_bytes": used,
+                            "kernel_id": kernel_id_of(pid, parents, self.proc_root),
+                            "started_at": process_started_at(pid, self.proc_root),
+                        }
+                    )
         if devices and not answered:
             raise SourceUnavailable("NVML answered for none of the devices")
         self._holders = holders
@@ -195,17 +208,20 @@ class NVMLSource(UtilisationSource):
             series = []
             for index in target.devices:
                 # Keyed by session: a restarted server never inherits the samples of the one before.
-                hist = self._history.setdefault((key, target.started, device_id(target.hostname, str(index))),
-                                                deque())
+                hist = self._history.setdefault((key, target.started, device_id(target.hostname, str(index))), deque())
                 if index in answered:
                     hist.append((now, float(busiest.get((key, index), 0))))
                 while hist and hist[0][0] < horizon:
                     hist.popleft()
                 if hist:
-                    series.append(DeviceSeries(device_id(target.hostname, str(index)), tuple(hist),
-                                               metric="nvml:process_sm_util",
-                                               labels={"gpu_processes": str(sum(1 for h in holders[key]
-                                                                                if h["device"] == index))}))
+                    series.append(
+                        DeviceSeries(
+                            device_id(target.hostname, str(index)),
+                            tuple(hist),
+                            metric="nvml:process_sm_util",
+                            labels={"gpu_processes": str(sum(1 for h in holders[key] if h["device"] == index))},
+                        )
+                    )
             out[key] = series
         # Servers that went away: forget their history.
         for hk in [hk for hk in self._history if hk[0] not in by_key or hk[1] != by_key[hk[0]].started]:

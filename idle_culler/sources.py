@@ -27,6 +27,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -54,8 +55,9 @@ class UtilisationSource(LoggingConfigurable):
     #: Requests made to the metrics backend since start (the benchmark reads it).
     queries = 0
 
-    async def collect(self, targets: list[ServerTarget], now: float,
-                      windows: Mapping[str, float]) -> dict[str, list[DeviceSeries | DeviceSummary]]:
+    async def collect(
+        self, targets: list[ServerTarget], now: float, windows: Mapping[str, float]
+    ) -> dict[str, list[DeviceSeries | DeviceSummary]]:
         """Samples (or summaries) per server key; ``windows`` maps each key to its idle window."""
         raise NotImplementedError
 
@@ -83,8 +85,8 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
     ``GR_ENGINE_ACTIVE``; on a whole GPU, ``GR_ENGINE_ACTIVE`` (when profiling
     metrics are on) duplicates ``GPU_UTIL`` and is dropped when both exist.
     """
-    by_pod: dict[tuple[str, str], list[DeviceSeries]] = defaultdict(list)
-    by_device: dict[tuple[str, str], list[DeviceSeries]] = defaultdict(list)
+    by_pod: dict[tuple[str, str], list[DeviceSeries | DeviceSummary]] = defaultdict(list)
+    by_device: dict[tuple[str, str], list[DeviceSeries | DeviceSummary]] = defaultdict(list)
     entries = []
     has_util: set[tuple[str, str, str, str, str]] = set()
     for labels, samples in raw:
@@ -100,11 +102,14 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
         namespace, pod, host, gpu, mig = ident
         if metric == GR_ENGINE_ACTIVE and not mig and ident in has_util:
             continue
-        common = dict(device=device_id(host, gpu, mig), metric=metric,
-                      labels={k: labels[k] for k in EVIDENCE_LABELS if labels.get(k)})
+        common: dict[str, Any] = dict(
+            device=device_id(host, gpu, mig),
+            metric=metric,
+            labels={k: labels[k] for k in EVIDENCE_LABELS if labels.get(k)},
+        )
+        series: DeviceSeries | DeviceSummary
         if isinstance(samples, DeviceSummary):
-            series = replace(samples, peak=percent(metric, samples.peak), mean=percent(metric, samples.mean),
-                             **common)
+            series = replace(samples, peak=percent(metric, samples.peak), mean=percent(metric, samples.mean), **common)
         else:
             series = DeviceSeries(samples=tuple((t, percent(metric, v)) for t, v in samples), **common)
         if pod:
@@ -194,25 +199,32 @@ class PrometheusSource(UtilisationSource):
     """
 
     prometheus_url = Unicode(
-        "http://prometheus-server", config=True,
+        "http://prometheus-server",
+        config=True,
         help="Base URL of the Prometheus HTTP API (without /api/v1).",
     )
     series_selector = Unicode(
-        "", config=True,
+        "",
+        config=True,
         help="""Extra PromQL label matchers added to the query, e.g.
         `namespace=~"jhub|team-.*"`, to limit it to the hub's pods.""",
     )
     bearer_token_file = Unicode(
-        "", config=True, help="File with a bearer token for Prometheus (empty: no Authorization header).",
+        "",
+        config=True,
+        help="File with a bearer token for Prometheus (empty: no Authorization header).",
     )
     request_timeout = Float(30.0, config=True, help="Seconds to wait for Prometheus.")
     scrape_interval = Float(
-        30.0, min=0.001, config=True,
+        30.0,
+        min=0.001,
+        config=True,
         help="""How often Prometheus scrapes dcgm-exporter, in seconds (the subquery step that
         measures holes). Match your scrape config.""",
     )
     sample_age_rule = Unicode(
-        SAMPLE_AGE_RULE, config=True,
+        SAMPLE_AGE_RULE,
+        config=True,
         help="""Name of the recording rule that records the age of each series' newest sample,
         with `{metric}` for the metric name (helm/gpulab/rules/idle-culler.rules.yaml; see
         docs/idle-culler.md). With the rule, holes cost Prometheus one `max_over_time` instead of
@@ -221,12 +233,16 @@ class PrometheusSource(UtilisationSource):
         Empty: never read the rule.""",
     )
     rule_interval = Float(
-        0.0, min=0.0, config=True,
+        0.0,
+        min=0.0,
+        config=True,
         help="""Evaluation interval of the rule group with `sample_age_rule`, in seconds
         (0: the scrape interval, as the shipped rules file sets it). Match your rule group.""",
     )
     max_answer_bytes = Integer(
-        64 * 1024 * 1024, min=1024, config=True,
+        64 * 1024 * 1024,
+        min=1024,
+        config=True,
         help="""Largest Prometheus answer accepted, in bytes. The answer holds about 1 KiB per GPU
         series and distinct idle timeout; above the cap the cycle reclaims nothing.""",
     )
@@ -255,7 +271,7 @@ class PrometheusSource(UtilisationSource):
         without, from the subquery (``max_age``), as :meth:`hole_query` asks for.
         """
         use_rule = bool(self.sample_age_rule) if rule is None else rule
-        parts = []
+        parts: list[str] = []
         for window in sorted(set(windows)):
             w = _duration(window)
             for metric in METRICS:
@@ -314,14 +330,24 @@ class PrometheusSource(UtilisationSource):
         self.queries += 1
         error = None
         try:
-            await client.fetch(HTTPRequest(url, method="POST", body=body, headers=headers,
-                                           request_timeout=self.request_timeout, streaming_callback=on_chunk))
+            await client.fetch(
+                HTTPRequest(
+                    url,
+                    method="POST",
+                    body=body,
+                    headers=headers,
+                    request_timeout=self.request_timeout,
+                    streaming_callback=on_chunk,
+                )
+            )
         except HTTPClientError as e:
             detail = b"".join(chunks)[:500].decode(errors="replace")
             error = f"Prometheus at {url} answered {e.code}: {_prometheus_error(detail) or e}"
             if "too many samples" in detail or "exceeded" in detail:
-                error += (" -- narrow c.PrometheusSource.series_selector, shorten the idle timeouts, or raise "
-                          "Prometheus' --query.max-samples")
+                error += (
+                    " -- narrow c.PrometheusSource.series_selector, shorten the idle timeouts, or raise "
+                    "Prometheus' --query.max-samples"
+                )
         except (OSError, ValueError, asyncio.TimeoutError, Exception) as e:  # noqa: B014 (tornado raises many kinds)
             error = f"Prometheus at {url}: {e}"
         finally:
@@ -330,7 +356,8 @@ class PrometheusSource(UtilisationSource):
         if received[0] > limit:
             raise AnswerTooLarge(
                 f"Prometheus' answer exceeded {limit} bytes (c.PrometheusSource.max_answer_bytes): "
-                "narrow c.PrometheusSource.series_selector to the hub's pods or raise max_answer_bytes")
+                "narrow c.PrometheusSource.series_selector to the hub's pods or raise max_answer_bytes"
+            )
         if error:
             raise SourceUnavailable(error)
         return b"".join(chunks)
@@ -364,8 +391,9 @@ class PrometheusSource(UtilisationSource):
         answer = await self.fetch(now, set(windows.values()), threshold_percent=threshold_percent)
         return self.join(answer, targets, windows)
 
-    async def fetch(self, now: float, windows: Iterable[float],
-                    threshold_percent: float | None = None) -> dict[str, tuple]:
+    async def fetch(
+        self, now: float, windows: Iterable[float], threshold_percent: float | None = None
+    ) -> dict[str, tuple]:
         """Ask Prometheus for every window; ``{window: (by_pod, by_device)}``.
 
         Separate from :meth:`join` so the culler can ask while it is still listing
@@ -386,8 +414,12 @@ class PrometheusSource(UtilisationSource):
             if key[0] in seconds:
                 labels = dict(label_sets[key], __name__=key[1])
                 by_window[key[0]].append((labels, self._summary(st, seconds[key[0]])))
-        self.log.debug("Prometheus: %d series x windows, %d bytes, %d holes by subquery", len(stats),
-                       self.last_answer_bytes, self.last_subquery_series)
+        self.log.debug(
+            "Prometheus: %d series x windows, %d bytes, %d holes by subquery",
+            len(stats),
+            self.last_answer_bytes,
+            self.last_subquery_series,
+        )
         return {w: index_series(rows) for w, rows in by_window.items()}
 
     def _keep_covered_holes(self, stats: dict, windows: list[float]) -> None:
@@ -400,8 +432,9 @@ class PrometheusSource(UtilisationSource):
             if "hole" in st and not runs.get(key[:2], 0.0) >= needed.get(key[0], math.inf):
                 del st["hole"]
 
-    async def _measure_uncovered_holes(self, stats: dict, windows: list[float], at: float,
-                                       threshold_percent: float | None) -> None:
+    async def _measure_uncovered_holes(
+        self, stats: dict, windows: list[float], at: float, threshold_percent: float | None
+    ) -> None:
         """Second query: the subquery's ``max_age`` for idle-looking series the rule does not cover."""
         wanted: dict[tuple[str, str], set[str] | None] = {}
         keys = []
@@ -433,14 +466,18 @@ class PrometheusSource(UtilisationSource):
                 "subquery (slower; it grows with window / scrape interval). Install the recording rules "
                 "(helm/gpulab/rules/idle-culler.rules.yaml, docs/idle-culler.md) with an evaluation "
                 "interval of %gs; a rule newer than the idle timeout covers the window only later.",
-                self.sample_age_rule.format(metric="<metric>"), len(keys), self.evaluation_step)
+                self.sample_age_rule.format(metric="<metric>"),
+                len(keys),
+                self.evaluation_step,
+            )
         more, _ = await self._ask(self.hole_query(wanted), at)
         for key in keys:
             if "max_age" in more.get(key, {}):
                 stats[key]["max_age"] = more[key]["max_age"]
 
-    def join(self, answer: Mapping[str, tuple], targets: list[ServerTarget],
-             windows: Mapping[str, float]) -> dict[str, list]:
+    def join(
+        self, answer: Mapping[str, tuple], targets: list[ServerTarget], windows: Mapping[str, float]
+    ) -> dict[str, list]:
         """Each server's summaries over its own window (none when its window was not asked for)."""
         out: dict[str, list] = {}
         for w, (by_pod, by_device) in answer.items():
@@ -462,9 +499,14 @@ class PrometheusSource(UtilisationSource):
             widest = st.get("max_age", math.inf) - phase + self.scrape_interval
         finite = math.isfinite(peak)
         return DeviceSummary(
-            device="", samples=int(n) if math.isfinite(n) else 0, peak=peak if finite else math.nan,
-            mean=math.nan, lead=0.0 if "start" in st else math.inf,
-            tail=tail, max_gap=widest, finite=finite,
+            device="",
+            samples=int(n) if math.isfinite(n) else 0,
+            peak=peak if finite else math.nan,
+            mean=math.nan,
+            lead=0.0 if "start" in st else math.inf,
+            tail=tail,
+            max_gap=widest,
+            finite=finite,
         )
 
 
@@ -503,8 +545,9 @@ class DCGMExporterSource(UtilisationSource):
     """Scrape dcgm-exporter ``/metrics`` (one request per exporter per cycle) and remember the window."""
 
     exporter_urls = List(
-        Unicode(), config=True,
-        help="dcgm-exporter metrics URLs, e.g. `[\"http://10.0.0.5:9400/metrics\"]` (one per GPU node).",
+        Unicode(),
+        config=True,
+        help='dcgm-exporter metrics URLs, e.g. `["http://10.0.0.5:9400/metrics"]` (one per GPU node).',
     )
     request_timeout = Float(10.0, config=True, help="Seconds to wait for one exporter.")
     max_series = Integer(200_000, config=True, help="Most series remembered (protects memory).")
@@ -518,8 +561,9 @@ class DCGMExporterSource(UtilisationSource):
         from prometheus_client.parser import text_string_to_metric_families
 
         self.queries += 1
-        resp = await AsyncHTTPClient().fetch(HTTPRequest(url, headers=dict(self.extra_headers),
-                                                         request_timeout=self.request_timeout))
+        resp = await AsyncHTTPClient().fetch(
+            HTTPRequest(url, headers=dict(self.extra_headers), request_timeout=self.request_timeout)
+        )
         scraped_at = time.time()
         out = []
         for family in text_string_to_metric_families(resp.body.decode("utf-8", "replace")):
@@ -538,7 +582,7 @@ class DCGMExporterSource(UtilisationSource):
             raise SourceUnavailable("no dcgm-exporter URLs configured (c.DCGMExporterSource.exporter_urls)")
         results = await asyncio.gather(*(self._scrape(u) for u in self.exporter_urls), return_exceptions=True)
         ok = 0
-        for url, result in zip(self.exporter_urls, results):
+        for url, result in zip(self.exporter_urls, results, strict=True):
             if isinstance(result, BaseException):
                 self.log.error("dcgm-exporter %s: %s", url, result)
                 continue

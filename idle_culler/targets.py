@@ -87,8 +87,9 @@ def parse_time(value: Any) -> float | None:
     return dt.timestamp()
 
 
-def targets_from_users(users: list[dict[str, Any]], profiles: Mapping[str, Mapping[str, Any]],
-                       hostname: str) -> tuple[list[ServerTarget], list[str], list[str]]:
+def targets_from_users(
+    users: list[dict[str, Any]], profiles: Mapping[str, Mapping[str, Any]], hostname: str
+) -> tuple[list[ServerTarget], list[str], list[str]]:
     """``(gpu_targets, non_gpu_keys, unmapped_keys)`` from hub user models.
 
     Servers that are pending or not ready are left out (never cull a server
@@ -104,18 +105,20 @@ def targets_from_users(users: list[dict[str, Any]], profiles: Mapping[str, Mappi
                 continue
             key = f"{user['name']}/{name}"
             state = server.get("state") or {}
-            info = state.get("gpulab") if isinstance(state.get("gpulab"), dict) else {}
+            raw_info = state.get("gpulab")
+            info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
             options = server.get("user_options") or {}
             profile = str(info.get("profile") or options.get("profile") or "")
             team = str(info.get("team") or options.get("team") or "")
             if ":" in profile and not info.get("profile"):  # the spawn form's "team:profile" choice value
                 form_team, _, profile = profile.partition(":")
                 team = team or form_team
-            milli = info.get("milli")
-            if milli is None:
-                milli = (profiles.get(profile) or {}).get("gpu_milli")
+            raw_milli: Any = info.get("milli")
+            if raw_milli is None:
+                raw_milli = (profiles.get(profile) or {}).get("gpu_milli")
+            milli: int | None
             try:
-                milli = int(milli)
+                milli = int(raw_milli)
             except (TypeError, ValueError):
                 milli = None
             if milli is None:
@@ -124,13 +127,24 @@ def targets_from_users(users: list[dict[str, Any]], profiles: Mapping[str, Mappi
             if milli <= 0:
                 non_gpu.append(key)
                 continue
-            common = dict(user=user["name"], server=name, team=team, profile=profile, gpu_milli=milli,
-                          url=server.get("url") or "", full_url=server.get("full_url"),
-                          last_activity=server.get("last_activity"), started=server.get("started") or "",
-                          started_at=parse_time(server.get("started")))
+            common = dict(
+                user=user["name"],
+                server=name,
+                team=team,
+                profile=profile,
+                gpu_milli=milli,
+                url=server.get("url") or "",
+                full_url=server.get("full_url"),
+                last_activity=server.get("last_activity"),
+                started=server.get("started") or "",
+                started_at=parse_time(server.get("started")),
+            )
             if state.get("pod_name"):
-                targets.append(ServerTarget(mapping=POD, pod=str(state["pod_name"]),
-                                            namespace=str(state.get("namespace") or ""), **common))
+                targets.append(
+                    ServerTarget(
+                        mapping=POD, pod=str(state["pod_name"]), namespace=str(state.get("namespace") or ""), **common
+                    )
+                )
             elif info.get("shares"):
                 try:
                     devices = tuple(sorted({int(d) for d, _ in info["shares"]}))
@@ -138,8 +152,15 @@ def targets_from_users(users: list[dict[str, Any]], profiles: Mapping[str, Mappi
                     unmapped.append(key)
                     continue
                 pid = state.get("pid")
-                targets.append(ServerTarget(mapping=DEVICE, hostname=hostname, devices=devices,
-                                            pid=int(pid) if isinstance(pid, int) else None, **common))
+                targets.append(
+                    ServerTarget(
+                        mapping=DEVICE,
+                        hostname=hostname,
+                        devices=devices,
+                        pid=int(pid) if isinstance(pid, int) else None,
+                        **common,
+                    )
+                )
             else:
                 unmapped.append(key)
     return targets, non_gpu, unmapped

@@ -27,6 +27,9 @@ class AccountProcessSpawner(LocalProcessSpawner):
     """
 
     _account: Account | None = None
+    # LocalProcessSpawner's state this class sets (JupyterHub ships no type information).
+    port: int
+    pid: int
 
     @property
     def accounts(self) -> UserAccounts:

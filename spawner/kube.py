@@ -139,6 +139,7 @@ class GPUKubeSpawner(KubeSpawner):
     node_affinity_required: list[dict[str, Any]]
     node_affinity_preferred: list[dict[str, Any]]
     _pvc_exists: bool
+    start_timeout: int
 
     ledger_namespaces = List(
         Unicode(),

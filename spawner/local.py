@@ -332,7 +332,7 @@ class GPULocalMixin(_SpawnerBase):
         placement: Placement | None = None
         if request.milli:
             with runtime.lock:
-                placement = runtime.packer.place(key, request.milli, {profile.gpu_model} if profile.gpu_model else None)
+                placement = self.packer.place(key, request.milli, {profile.gpu_model} if profile.gpu_model else None)
             if placement is None:
                 runtime.ledger.release(key)
                 self._refused()
@@ -408,7 +408,7 @@ class GPULocalMixin(_SpawnerBase):
             int(state["milli"]),
             bool(state["over_quota"]),
             state.get("shares") or [],
-            runtime.packer.devices,
+            self.packer.devices,
             self.runs_as_words(),
         )
         for i, message in enumerate(messages):

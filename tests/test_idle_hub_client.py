@@ -41,8 +41,11 @@ async def api():
             self.finish({})
 
     port = free_port()
-    server = HTTPServer(web.Application([(r"/hub/api/users/([^/]+)/server", Ok), (r"/hub/api/refused", Refused),
-                                         (r"/hub/api/slow", Slow)]))
+    server = HTTPServer(
+        web.Application(
+            [(r"/hub/api/users/([^/]+)/server", Ok), (r"/hub/api/refused", Refused), (r"/hub/api/slow", Slow)]
+        )
+    )
     server.listen(port, "127.0.0.1")
     yield f"http://127.0.0.1:{port}/hub/api", seen
     server.stop()

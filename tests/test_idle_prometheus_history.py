@@ -67,15 +67,33 @@ CASES = {
 
 
 def labels(name: str, metric: str) -> dict[str, str]:
-    out = {"gpu": "0", "UUID": f"GPU-{name}", "Hostname": "node-1", "namespace": "jhub", "pod": f"jupyter-{name}",
-           "modelName": "NVIDIA H100 80GB HBM3", "container": "notebook"}
+    out = {
+        "gpu": "0",
+        "UUID": f"GPU-{name}",
+        "Hostname": "node-1",
+        "namespace": "jhub",
+        "pod": f"jupyter-{name}",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "container": "notebook",
+    }
     if metric == GR_ENGINE_ACTIVE:
         out.update(GPU_I_ID="1", GPU_I_PROFILE="1g.10gb")
     return out
 
 
-TARGETS = [ServerTarget(user=name, server="", team="t", profile="p", gpu_milli=1000, mapping=POD,
-                        pod=f"jupyter-{name}", namespace="jhub") for name in CASES]
+TARGETS = [
+    ServerTarget(
+        user=name,
+        server="",
+        team="t",
+        profile="p",
+        gpu_milli=1000,
+        mapping=POD,
+        pod=f"jupyter-{name}",
+        namespace="jhub",
+    )
+    for name in CASES
+]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +107,9 @@ def prometheus(tmp_path_factory):
 
 
 def judge(series, now=T):
-    return judge_gpu_idle(series, now=now, window_seconds=WINDOW, threshold_percent=1.0, max_gap_seconds=GAP,
-                          expected_devices=1)
+    return judge_gpu_idle(
+        series, now=now, window_seconds=WINDOW, threshold_percent=1.0, max_gap_seconds=GAP, expected_devices=1
+    )
 
 
 #: How holes are measured: the recording rule; no rule (the subquery for every series); a rule
@@ -129,8 +148,12 @@ async def test_each_server_is_judged_over_its_own_window(prometheus):
     data = await source.collect(targets, T, windows)
     assert source.queries == 1
     assert judge(data["busy-once/"]).status == BUSY
-    assert judge_gpu_idle(data["three-missed/"], now=T, window_seconds=600, threshold_percent=1.0,
-                          max_gap_seconds=GAP).status == IDLE  # its hole is outside the short window
+    assert (
+        judge_gpu_idle(
+            data["three-missed/"], now=T, window_seconds=600, threshold_percent=1.0, max_gap_seconds=GAP
+        ).status
+        == IDLE
+    )  # its hole is outside the short window
     assert data["idle/"][0].samples == 1800 / STEP + 1  # both ends of the range count
 
 
@@ -161,12 +184,18 @@ async def test_a_rule_younger_than_the_window_leaves_the_holes_to_the_subquery(n
     # An hour: the rule ran for 40 minutes of it, so the idle-looking series are measured by the subquery.
     data = await source.collect(targets, T, {t.key: WINDOW for t in targets}, threshold_percent=1.0)
     assert (source.queries, source.last_subquery_series) == (2, 2)
-    assert {t.user: judge(data[t.key]).status for t in targets} == {"idle": IDLE, "three-missed": PARTIAL,
-                                                                    "busy-once": BUSY}
+    assert {t.user: judge(data[t.key]).status for t in targets} == {
+        "idle": IDLE,
+        "three-missed": PARTIAL,
+        "busy-once": BUSY,
+    }
     # Twenty minutes: the rule covers it (three-missed's hole is older), one query.
     source = PrometheusSource(prometheus_url=new_rule_prometheus.url, scrape_interval=STEP)
     data = await source.collect(targets, T, {t.key: 1200.0 for t in targets}, threshold_percent=1.0)
     assert (source.queries, source.last_subquery_series) == (1, 0)
-    assert {t.user: judge_gpu_idle(data[t.key], now=T, window_seconds=1200, threshold_percent=1.0,
-                                   max_gap_seconds=GAP).status for t in targets} == {
-        "idle": IDLE, "three-missed": IDLE, "busy-once": BUSY}
+    assert {
+        t.user: judge_gpu_idle(
+            data[t.key], now=T, window_seconds=1200, threshold_percent=1.0, max_gap_seconds=GAP
+        ).status
+        for t in targets
+    } == {"idle": IDLE, "three-missed": IDLE, "busy-once": BUSY}

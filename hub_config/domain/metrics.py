@@ -82,8 +82,8 @@ class GPULabCollector:
                 burst.add_metric([name], team.burst_milli)
                 if team.per_user_cap_milli is not None:
                     cap.add_metric([name], team.per_user_cap_milli)
-        for (team, user), milli in sorted(users.items()):
-            per_user.add_metric([team, user], milli)
+        for (team_name, user), milli in sorted(users.items()):
+            per_user.add_metric([team_name, user], milli)
         for slug, p in catalog.profiles.items():
             retired.add_metric([slug], 1 if p.retired else 0)
         yield from (held, guarantee, burst, cap, count, per_user, retired)
