@@ -127,7 +127,7 @@ const connectionLost: JupyterFrontEndPlugin<IConnectionLost> = {
       if (model.stop?.state === 'requested' || model.stop?.state === 'stopping') {
         return announceStopped(model); // the user stopped it from the sidebar
       }
-      const info = reclaimFromWarning(model.idle, Date.now());
+      const info = reclaimFromWarning(model.idle, model.lostAt ?? Date.now());
       if (!info) {
         return ConnectionLost(manager, err, translator);
       }

@@ -143,6 +143,10 @@ export class GpuStatusModel {
   get errors(): IPartErrors {
     return this._errors;
   }
+  /** When this server stopped answering (ms since the epoch); null while it answers. */
+  get lostAt(): number | null {
+    return this._lostAt;
+  }
   /** Mean utilisation of the session's devices, oldest first. */
   get history(): number[] {
     return this._history;
@@ -206,7 +210,9 @@ export class GpuStatusModel {
         this._history = [...this._history.slice(-(this._historySize - 1)), mean];
       }
       this._sessionChanged.emit(s);
+      this._lostAt = null;
     } catch (e) {
+      this._lostAt = this._lostAt ?? Date.now();
       if (this._stop?.state === 'requested') {
         return this._followStop(); // asked to stop, and the server no longer answers
       }
@@ -352,4 +358,5 @@ export class GpuStatusModel {
   private _stopChanged = new Signal<this, IStopState | null>(this);
   private _ticked = new Signal<this, number>(this);
   private _now = Date.now();
+  private _lostAt: number | null = null;
 }

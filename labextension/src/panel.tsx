@@ -14,7 +14,9 @@ import { absenceSentence, message } from './errors';
 import { gpuIcon } from './icons';
 import { JobsList, IJobActions } from './jobs';
 import { formatCountdown, formatGPUs, keepAliveState, quotaSegments, sparklinePath } from './logic';
+import { reclaimedMessage, reclaimFromWarning } from './idleLogic';
 import { GpuStatusModel } from './model';
+import { hubHome } from './stopped';
 import { IIdleState, ITeamView } from './types';
 import { idlePolicyText, sessionProfile, sessionTeam } from './viewLogic';
 
@@ -198,6 +200,25 @@ function GPUPanelView({
         <p className="gpulab-absent" role="note">
           {absenceSentence(hub)}
         </p>
+      </div>
+    );
+  }
+  // The server stopped answering after its warning's reclaim time: the culler took the GPU back.
+  const reclaimed = model.lostAt === null ? null : reclaimFromWarning(idle, model.lostAt);
+  if (reclaimed) {
+    return (
+      <div className="gpulab-panel">
+        <header className="gpulab-header">
+          <gpuIcon.react tag="span" className="gpulab-header-icon" />
+          <h2>GPU</h2>
+        </header>
+        <section className="gpulab-section gpulab-reclaimed" role="alert">
+          <h3>This session</h3>
+          <p>{reclaimedMessage(reclaimed)}</p>
+          <a className="jp-mod-styled jp-mod-accept gpulab-start-again" href={hubHome()}>
+            Start again
+          </a>
+        </section>
       </div>
     );
   }
