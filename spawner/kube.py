@@ -374,7 +374,8 @@ class GPUKubeSpawner(KubeSpawner):
     def _gpulab_options_from_form(self, formdata: dict[str, list]) -> dict[str, Any]:
         """Form fields -> ``{"team", "profile", "image"}``; anything else is kept so it is refused."""
         options: dict[str, Any] = {}
-        choice = formdata.get("profile", [None])
+        # "choice": the hub home's one-click "Start again" link, shared with the single-server form.
+        choice = formdata.get("profile", formdata.get("choice", [None]))
         choice = choice[0] if isinstance(choice, list) and len(choice) == 1 else choice
         prefix = None
         if isinstance(choice, str) and ":" in choice:
@@ -383,7 +384,7 @@ class GPUKubeSpawner(KubeSpawner):
         elif choice is not None:
             options["profile"] = choice
         for key, value in formdata.items():
-            if key in ("profile", "_xsrf"):
+            if key in ("profile", "choice", "_xsrf"):
                 continue
             if key.startswith("profile-option-"):
                 if prefix and key.startswith(prefix):
@@ -598,6 +599,7 @@ class GPUKubeSpawner(KubeSpawner):
             raise
         finally:
             self._starting = False
+        self._remember_choice()
         # Running: the reservation becomes a running workload once the ledger's
         # own reflector has seen the pod (a local wait, no API request); until
         # then it stays counted as reserved and poll() confirms it later.
@@ -607,6 +609,15 @@ class GPUKubeSpawner(KubeSpawner):
                 break
             await asyncio.sleep(0.1)
         return url
+
+    def _remember_choice(self) -> None:
+        """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
+        try:
+            request = self._resolve(self.user_options or {})
+            image = request.image.slug if request.image else ""
+            self.runtime.remember_choice(self.user.name, request.team.name, request.profile.slug, image)
+        except Exception as e:
+            self.log.warning("gpulab: cannot record the last choice of %s: %s", self.user.name, e)
 
     async def _confirm_if_seen(self) -> bool:
         live = self._live_workloads((await self._ledger_reflectors())[0])

@@ -662,3 +662,26 @@ async def test_form_says_when_the_idle_culler_reclaimed_the_last_server(api, tmp
     assert 'id="gpulab-reclaimed"' in html
     assert "Your GPU was reclaimed at" in html and "after 75 minutes at 0 %" in html and "start again" in html
     assert 'id="kubespawner-profiles-list"' in html  # KubeSpawner's form follows
+
+
+async def test_a_started_choice_is_remembered_for_start_again(api, tmp_path):
+    """The hub home's "Start again" link (``?opt-choice=team:profile``) works on Kubernetes too:
+    the form accepts the choice, and a started server records it in gpulab's database."""
+    from hub_config.config.runtime import HOOK
+
+    config = make_config(api)
+    config.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
+    config.GPULab.runtime_hooks = [HOOK]
+    s = spawner_for(api, "alice", config=config)
+    runtime = get_runtime(config=config)
+    assert runtime.last_choice("alice") is None
+    s.user_options = s.options_from_form({"choice": ["vision:h100-half"]})
+    assert (s.user_options["team"], s.user_options["profile"]) == ("vision", "h100-half")
+    with pytest.raises(HTTPError):  # still one way to choose: an unknown field is refused
+        s.options_from_form({"choice": ["vision:h100-half"], "gpus": ["8"]})
+    await s.start()
+    try:
+        # the image that started: the profile's default, as resolved at start
+        assert runtime.last_choice("alice") == {"team": "vision", "profile": "h100-half", "image": "torch"}
+    finally:
+        await s.stop()
