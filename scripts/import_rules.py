@@ -32,6 +32,7 @@ ADAPTERS = frozenset(
         "spawner.sudo",
         "spawner.mediator",
         "spawner.account_spawner",
+        "spawner.kube_ledger",
         "spawner.config",
         "spawner",
     }

@@ -18,6 +18,7 @@ ADAPTERS = {
     "sudo",
     "mediator",
     "account_spawner",
+    "kube_ledger",
     "__init__",
 }
 
