@@ -65,23 +65,27 @@ Z2JH_HUB_RULES = [
 SESSION_ANNOTATION = "gpulab.io/test-session"
 
 
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from /proc), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # field 22, counted after the command name
+
+
 def session_id() -> str:
-    """This test process, as ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This test process, as ``host:pid:start``: the start time tells a reused pid apart."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_started(os.getpid())}"
 
 
 def session_alive(owner: str) -> bool:
-    """Is the test process ``host:pid`` still running here?"""
-    host, _, pid = owner.rpartition(":")
+    """Is the test process ``host:pid:start`` still running here (the same process, not a reused pid)?"""
+    host, pid, started = (owner.split(":") + ["", "", ""])[:3]
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    now = _started(int(pid))
+    return now is not None and (not started or now == started)
 
 
 @dataclass
