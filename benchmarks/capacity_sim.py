@@ -19,7 +19,7 @@ from typing import Any
 from _common import percentile
 from trace_loader import TraceTask
 
-from spawner.catalog import catalog_from_yaml
+from spawner.catalog_yaml import catalog_from_yaml
 from spawner.fragmentation import TaskClass
 from spawner.ledger import Ledger
 from spawner.model import Team

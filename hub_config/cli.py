@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from spawner.catalog import Catalog, CatalogError, catalog_from_dict, catalog_from_yaml, gpu_model_issues
+from spawner.catalog import Catalog, CatalogError, catalog_from_dict
+from spawner.catalog_yaml import catalog_from_yaml, gpu_model_issues
 from spawner.kube_conventions import prepuller_extra_images
 from spawner.nvml import detect_gpus
 from spawner.sharing import known_gpu_models as sharing_known_models

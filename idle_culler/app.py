@@ -47,7 +47,7 @@ from spawner.idle import (
 )
 from spawner.model import Profile, Team
 
-from .hub import HubAPIError, HubClient, make_ssl_context
+from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, MetricsHandler
 from .nvml_source import NVMLSource
 from .sources import AnswerTooLarge, DCGMExporterSource, PrometheusSource, SourceUnavailable, UtilisationSource
@@ -643,40 +643,6 @@ def _retrieve(future: asyncio.Future) -> None:
     """Mark a prefetch's exception as seen when the cycle ended before awaiting it."""
     if not future.cancelled():
         future.exception()
-
-
-class CycleBatch:
-    """Everything one cycle records in the hub, sent as one request."""
-
-    def __init__(self) -> None:
-        self.warnings: list[dict] = []
-        self.holds: list[dict] = []
-        self.clears: list[dict] = []
-        self.claims: list[tuple[dict, ServerTarget, str | None]] = []
-
-    @property
-    def empty(self) -> bool:
-        return not (self.warnings or self.holds or self.clears or self.claims)
-
-    def warn(self, body: dict) -> None:
-        self.warnings.append(body)
-
-    def hold(self, user: str, server: str, session: str, reason: str) -> None:
-        self.holds.append({"user": user, "server": server, "session": session, "reason": reason[:500]})
-
-    def clear(self, user: str, server: str, reason: str) -> None:
-        self.clears.append({"user": user, "server": server, "reason": reason[:500]})
-
-    def reclaim(self, body: dict, target: ServerTarget, base: str | None) -> None:
-        self.claims.append((body, target, base))
-
-    def body(self) -> dict[str, list]:
-        return {
-            "warnings": self.warnings,
-            "holds": self.holds,
-            "clears": self.clears,
-            "reclaims": [b for b, _, _ in self.claims],
-        }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,8 @@ from urllib.parse import quote
 import aiohttp
 from tornado.httputil import url_concat
 
+from .targets import ServerTarget
+
 
 def make_ssl_context(keyfile: str, certfile: str, cafile: str | None = None) -> ssl.SSLContext:
     """Client context for a hub with internal SSL (as jupyterhub-idle-culler makes it)."""
@@ -180,3 +182,37 @@ class HubClient:
         """Shut down one kernel through the proxy (the token needs ``access:servers``)."""
         code, _ = await self.request("DELETE", f"{server_base}/api/kernels/{quote(kernel_id, safe='')}")
         return code
+
+
+class CycleBatch:
+    """Everything one cycle records in the hub, sent as one request."""
+
+    def __init__(self) -> None:
+        self.warnings: list[dict] = []
+        self.holds: list[dict] = []
+        self.clears: list[dict] = []
+        self.claims: list[tuple[dict, ServerTarget, str | None]] = []
+
+    @property
+    def empty(self) -> bool:
+        return not (self.warnings or self.holds or self.clears or self.claims)
+
+    def warn(self, body: dict) -> None:
+        self.warnings.append(body)
+
+    def hold(self, user: str, server: str, session: str, reason: str) -> None:
+        self.holds.append({"user": user, "server": server, "session": session, "reason": reason[:500]})
+
+    def clear(self, user: str, server: str, reason: str) -> None:
+        self.clears.append({"user": user, "server": server, "reason": reason[:500]})
+
+    def reclaim(self, body: dict, target: ServerTarget, base: str | None) -> None:
+        self.claims.append((body, target, base))
+
+    def body(self) -> dict[str, list]:
+        return {
+            "warnings": self.warnings,
+            "holds": self.holds,
+            "clears": self.clears,
+            "reclaims": [b for b, _, _ in self.claims],
+        }

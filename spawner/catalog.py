@@ -13,8 +13,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
-import yaml
-
 from .catalog_kube import (
     NODE_TERM_KEYS,
     PREFERRED_TERM_KEYS,
@@ -159,7 +157,7 @@ class _Reader:
             return None
         for key in value:
             if not isinstance(key, str) or key not in allowed:
-                hint = _closest(key, allowed)
+                hint = closest_match(key, allowed)
                 self.error(
                     path + (key,),
                     "unknown key"
@@ -225,7 +223,7 @@ def _kind(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _closest(key: Any, allowed: set[str]) -> str | None:
+def closest_match(key: Any, allowed: set[str]) -> str | None:
     import difflib
 
     if not isinstance(key, str):
@@ -515,7 +513,7 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
         if isinstance(spec, Mapping) and isinstance(spec.get("allowed_profiles"), list):
             for j, slug in enumerate(spec["allowed_profiles"]):
                 if isinstance(slug, str) and slug not in written_slugs:
-                    hint = _closest(slug, {x for x in written_slugs if isinstance(x, str)})
+                    hint = closest_match(slug, {x for x in written_slugs if isinstance(x, str)})
                     r.error(
                         path + ("allowed_profiles", j),
                         f"unknown profile {slug!r}" + (f" (did you mean '{hint}'?)" if hint else ""),
@@ -587,66 +585,6 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[Path, 
     return Catalog(teams=teams, profiles=profiles, sharing=sharing, inventory=tuple(inventory), prices=prices)
 
 
-def _line_map(node: yaml.Node, path: Path = (), out: dict[Path, int] | None = None) -> dict[Path, int]:
-    out = {} if out is None else out
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value
-            out[path + (key,)] = key_node.start_mark.line + 1
-            _line_map(value_node, path + (key,), out)
-            out[path + (key,)] = key_node.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _line_map(item, path + (i,), out)
-    return out
-
-
-def catalog_from_yaml(text: str, source: str = "<yaml>") -> Catalog:
-    """Parse and validate YAML text; errors carry ``source`` and line numbers."""
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise CatalogError(source, [ConfigIssue((), f"not valid YAML: {getattr(e, 'problem', e)}", line)]) from None
-    lines = _line_map(node) if node is not None else {}
-    return catalog_from_dict(data, source, lines)
-
-
-def gpu_model_issues(text: str, known_models: Iterable[str]) -> list[ConfigIssue]:
-    """Profiles (in catalog YAML ``text``) whose ``gpu_model`` is not one of ``known_models``.
-
-    With their line numbers; the caller decides whether that is an error (a
-    single server can only offer the GPUs it has) or a warning (a cluster
-    may gain nodes of another model).
-    """
-    known = sorted(set(known_models))
-    data = yaml.safe_load(text) or {}
-    node = yaml.compose(text, Loader=yaml.SafeLoader)
-    lines = _line_map(node) if node is not None else {}
-    out = []
-    for i, p in enumerate(data.get("profiles") or [] if isinstance(data, Mapping) else []):
-        model = p.get("gpu_model") if isinstance(p, Mapping) else None
-        if isinstance(model, str) and model not in known:
-            path: Path = ("profiles", i, "gpu_model")
-            out.append(ConfigIssue(path, unknown_gpu_model(model, known), lines.get(path)))
-    return out
-
-
-def unknown_gpu_model(model: str, known_models: Iterable[str]) -> str:
-    """ "GPU model 'H100-80G' is not known here (did you mean 'H100-80GB'?); known: ..."."""
-    known = sorted(set(known_models))
-    hint = _closest(model, set(known))
-    return (
-        f"GPU model {model!r} is not known here"
-        + (f" (did you mean '{hint}'?)" if hint else "")
-        + "; known: "
-        + (", ".join(known) or "none")
-    )
-
-
 __all__ = [
     "SHARING_BACKENDS",
     "SLUG_RE",
@@ -655,7 +593,4 @@ __all__ = [
     "ConfigIssue",
     "DeviceSpec",
     "catalog_from_dict",
-    "catalog_from_yaml",
-    "gpu_model_issues",
-    "unknown_gpu_model",
 ]

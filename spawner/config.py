@@ -18,8 +18,9 @@ from traitlets import CaselessStrEnum, Dict, List, Unicode, Union
 from traitlets.config import Configurable
 from traitlets.utils.importstring import import_item
 
-from .catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict, catalog_from_yaml
+from .catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict
 from .catalog_write import catalog_to_dict
+from .catalog_yaml import catalog_from_yaml
 from .ledger import Ledger
 from .packer import DevicePacker
 

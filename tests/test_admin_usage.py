@@ -13,7 +13,8 @@ from hub_config.domain.catalog_store import AuditEntry, CatalogStore, GPULabCata
 from hub_config.domain.usage import jobs_by_state, period_report
 from hub_config.domain.usage_records import GPULabUsage, UsageInterval, UsageRecorder
 from hub_config.storage.db import session_factory, utcnow
-from spawner.catalog import catalog_from_dict, catalog_from_yaml
+from spawner.catalog import catalog_from_dict
+from spawner.catalog_yaml import catalog_from_yaml
 from spawner.config import GPULabRuntime
 from spawner.ledger import Ledger, Workload
 from spawner.model import Team

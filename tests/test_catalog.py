@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.catalog import CatalogError, catalog_from_dict, catalog_from_yaml
+from spawner.catalog import CatalogError, catalog_from_dict
 from spawner.catalog_write import catalog_to_dict
+from spawner.catalog_yaml import catalog_from_yaml
 from spawner.config import GPULab
 from spawner.ledger import Ledger
 from spawner.policy import PolicyError, choices_for_user, resolve_request

@@ -26,7 +26,7 @@ import yaml
 
 from spawner import catalog as catalog_mod
 from spawner import labels, priority, sharing
-from spawner.catalog import catalog_from_yaml
+from spawner.catalog_yaml import catalog_from_yaml
 from spawner.config import GPULab
 
 REPO = Path(__file__).resolve().parent.parent

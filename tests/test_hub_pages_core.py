@@ -12,7 +12,8 @@ from traitlets import TraitError
 
 from hub_config.domain.usage import bucket_edges, period_report
 from hub_config.domain.usage_records import GPULabUsage, UsageInterval
-from spawner.catalog import catalog_from_dict, unknown_gpu_model
+from spawner.catalog import catalog_from_dict
+from spawner.catalog_yaml import unknown_gpu_model
 from spawner.config import GPULabRuntime
 from spawner.form import refusal_sentence, render_options_form
 from spawner.idle import idle_policy_text

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.catalog import CatalogError, catalog_from_dict, catalog_from_yaml
+from spawner.catalog import CatalogError, catalog_from_dict
+from spawner.catalog_yaml import catalog_from_yaml
 from spawner.model import Profile, Team
 from spawner.sharing import (
     DEFAULT_MIG_PROFILES,

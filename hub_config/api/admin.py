@@ -31,8 +31,9 @@ from hub_config.config.scopes import ADMIN
 from hub_config.domain.catalog_store import CatalogStore, StaleCatalogError
 from hub_config.domain.usage import current_report, period_report
 from hub_config.storage.db import utcnow
-from spawner.catalog import Catalog, CatalogError, catalog_from_dict, unknown_gpu_model
+from spawner.catalog import Catalog, CatalogError, catalog_from_dict
 from spawner.catalog_write import catalog_to_dict, profile_to_dict, team_to_dict
+from spawner.catalog_yaml import unknown_gpu_model
 from spawner.model import is_slug
 from spawner.sharing import known_gpu_models
 from spawner.units import UnitError, format_gpus, parse_duration
