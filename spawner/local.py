@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
@@ -374,7 +375,33 @@ class GPULocalMixin(_SpawnerBase):
         runtime.ledger.confirm(key)
         self._fresh_record = False
         self._remember_choice(request)
+        await self._wait_until_answering(result)
         return result
+
+    async def _wait_until_answering(self, address: Any) -> None:
+        """Return once the new server answers HTTP (or has died, or ``http_timeout`` passed).
+
+        JupyterHub then checks the server itself, with an exponential back-off (0.2,
+        0.4, 0.8 … s, jittered): a server that comes up just after one of its checks
+        waits, measured here, up to 1-2 s for the next. Asking every 50 ms from
+        here makes the hub's first check succeed. Any answer counts (the server's
+        own authentication may refuse this request); a refused connection does not.
+        """
+        if not (isinstance(address, tuple) and len(address) == 2):
+            return
+        ip, port = address
+        url = f"http://{ip or '127.0.0.1'}:{port}{self.server.base_url if self.server else '/'}api"
+        client = AsyncHTTPClient()
+        deadline = asyncio.get_running_loop().time() + self.http_timeout
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                await client.fetch(url, request_timeout=2, raise_error=False)
+                return
+            except (OSError, HTTPClientError):
+                pass  # not listening yet (refused), or not answering yet (timed out)
+            if await self.poll() is not None:
+                return  # it died: JupyterHub's own check reports that
+            await asyncio.sleep(0.05)
 
     def _remember_choice(self, request: SpawnRequest) -> None:
         """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
