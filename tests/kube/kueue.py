@@ -46,42 +46,11 @@ def build() -> Path:
 
 
 def _serving_cert(pki: Path, name: str, address: str) -> tuple[Path, Path]:
-    from tests.kube.testbed import _openssl
+    from tests.kube.testbed import issue_cert
 
-    key, crt = pki / f"{name}.key", pki / f"{name}.crt"
+    crt, key = pki / f"{name}.crt", pki / f"{name}.key"
     if not crt.exists():
-        (pki / f"{name}.ext").write_text(f"subjectAltName=IP:{address},DNS:localhost\nextendedKeyUsage=serverAuth\n")
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            key.name,
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-            cwd=pki,
-        )
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            crt.name,
-            "-days",
-            "3650",
-            "-extfile",
-            f"{name}.ext",
-            cwd=pki,
-        )
+        issue_cert(pki, name, f"/CN={name}", f"subjectAltName=IP:{address},DNS:localhost\nextendedKeyUsage=serverAuth")
     return crt, key
 
 

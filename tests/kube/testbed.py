@@ -96,6 +96,16 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def issue_cert(pki: Path, name: str, subject: str, extensions: str) -> tuple[Path, Path]:
+    """``<name>.crt`` and ``<name>.key`` in ``pki``, signed by its CA, with ``extensions`` (openssl syntax)."""
+    (pki / f"{name}.ext").write_text(extensions + "\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", subject, cwd=pki)  # fmt: skip
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", f"{name}.crt", "-days", "3650", "-extfile", f"{name}.ext", cwd=pki)  # fmt: skip
+    return pki / f"{name}.crt", pki / f"{name}.key"
+
+
 def make_pki(pki: Path, address: str) -> None:
     if (pki / "done").exists():
         return
@@ -134,38 +144,7 @@ def make_pki(pki: Path, address: str) -> None:
         "node-agent": ("/O=system:masters/CN=gpulab-testbed-node-agent", "extendedKeyUsage=clientAuth"),
     }
     for name, (subject, ext) in certs.items():
-        (pki / f"{name}.ext").write_text(ext + "\n")
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            subject,
-            cwd=pki,
-        )
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "3650",
-            "-extfile",
-            f"{name}.ext",
-            cwd=pki,
-        )
+        issue_cert(pki, name, subject, ext)
     (pki / "done").write_text("ok\n")
 
 
