@@ -56,7 +56,8 @@ from spawner.kube import GPUKubeSpawner  # noqa: E402
 from spawner.priority import ALL_PRIORITY_CLASSES, effective_priority_class  # noqa: E402
 from spawner.sharing import pod_gpu_spec  # noqa: E402
 from tests.kube.chart import Z2JH_HUB_RULES  # noqa: E402
-from tests.kube.testbed import Testbed, token_kubeconfig, up  # noqa: E402
+from tests.kube.pki import token_kubeconfig  # noqa: E402
+from tests.kube.testbed import Testbed, up  # noqa: E402
 
 IMAGE = "quay.io/jupyter/base-notebook:2024-10-07"
 TEAM = "bench"

@@ -23,10 +23,7 @@ import os
 import socket
 import time
 from typing import Any
-from urllib.parse import urlparse
 
-from tornado import web
-from tornado.httpserver import HTTPServer
 from tornado.log import LogFormatter
 from traitlets import Any as AnyTrait
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode, default
@@ -47,10 +44,12 @@ from spawner.idle import (
 )
 from spawner.model import Profile, Team
 
+from .dcgm_exporter_source import DCGMExporterSource
 from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
-from .metrics import CullerMetrics, MetricsHandler
+from .metrics import CullerMetrics, serve_metrics
 from .nvml_source import NVMLSource
-from .sources import AnswerTooLarge, DCGMExporterSource, PrometheusSource, SourceUnavailable, UtilisationSource
+from .reclaim import record_and_reclaim
+from .sources import AnswerTooLarge, PrometheusSource, SourceUnavailable, UtilisationSource
 from .targets import ServerTarget, targets_from_users
 
 SOURCES = {"prometheus": PrometheusSource, "dcgm-exporter": DCGMExporterSource, "nvml": NVMLSource}
@@ -450,7 +449,7 @@ class GPUIdleCuller(Application):
         for status in STATUSES:
             self.metrics.gpu_servers.labels(status).set(counts.get(status, 0))
         if not batch.empty and not self.dry_run:
-            await self._apply(batch, summary)
+            await record_and_reclaim(self.hub_client, batch, summary, self.metrics, self.log)
         self._finish(summary, started, queries_before)
         return summary
 
@@ -548,71 +547,15 @@ class GPUIdleCuller(Application):
             base,
         )
 
-    async def _apply(self, batch: CycleBatch, summary: dict) -> None:
-        """Record the whole cycle in ONE hub request, then stop what the hub let us reclaim.
-
-        Claims go first: the hub refuses a claim (that item only) when the user kept the
-        GPU after this cycle read the idle state, and nothing is stopped for it.
-        """
-        try:
-            result = await self.hub_client.record_cycle(batch.body())
-        except (HubAPIError, OSError) as e:
-            self.metrics.errors.labels("record").inc()
-            self.log.error("Recording this cycle's warnings and reclaims failed; stopping nothing: %s", e)
-            return
-        stops = []
-        # One outcome per claim, in order; a shorter answer leaves the rest unreclaimed.
-        for outcome, (body, t, base) in zip(result.get("reclaims", []), batch.claims, strict=False):
-            if not outcome.get("accepted"):
-                self.log.info("Not reclaiming %s: %s", t.key, outcome.get("message", "refused by the hub"))
-                continue
-            stops.append(self._carry_out(body, t, base, summary))
-        if stops:
-            await asyncio.gather(*stops)
-
-    async def _carry_out(self, body: dict, t: ServerTarget, base: str | None, summary: dict) -> None:
-        hub = self.hub_client
-        try:
-            if body["action"] == "shutdown-kernel":
-                assert base is not None, "kernel reclaims are claimed only for servers with a URL"
-                for kid in body["kernel_ids"]:
-                    await hub.shutdown_kernel(base, kid)
-                    summary["kernels"].append(f"{t.key}:{kid}")
-                self.metrics.reclaims.labels(t.team, "shutdown-kernel").inc()
-                return
-            code = await hub.stop_server(t.user, t.server)
-        except (HubAPIError, OSError) as e:
-            self.metrics.errors.labels("stop").inc()
-            self.log.error("Stopping %s failed after the reclaim was recorded: %s", t.key, e)
-            return
-        if code == 202:
-            self.log.info("Server %s is slow to stop", t.key)
-        self.metrics.reclaims.labels(t.team, "stop-server").inc()
-        self.metrics.idle_gpu_hours.labels(t.team).inc(body["idle_gpu_hours"])
-        self.metrics.reclaimed_gpus.labels(t.team).inc(t.gpu_milli / 1000)
-        summary["reclaimed"].append(t.key)
-
     # -- service loop -------------------------------------------------------
-
-    def start_metrics_server(self) -> HTTPServer | None:
-        if not self.metrics_url:
-            return None
-        parsed = urlparse(self.metrics_url)
-        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/").rstrip("/")
-        routes = [(r"/metrics", MetricsHandler, {"metrics": self.metrics})]
-        if prefix:
-            routes.append((prefix + r"/metrics", MetricsHandler, {"metrics": self.metrics}))
-        server = HTTPServer(web.Application(routes))
-        server.listen(parsed.port or 80, parsed.hostname or "127.0.0.1")
-        self.log.info("Serving metrics at %s/metrics", self.metrics_url.rstrip("/"))
-        return server
 
     async def run(self) -> None:
         if not self.api_token:
             raise SystemExit(
                 "gpulab-idle-culler: no API token (set $JUPYTERHUB_API_TOKEN or --GPUIdleCuller.api_token)"
             )
-        self.start_metrics_server()
+        if self.metrics_url:
+            serve_metrics(self.metrics, self.metrics_url, self.log)
         self.log.info(
             "GPU idle culler: source %s, every %ss, threshold %g%%, default timeout %ss, grace %ss",
             self.source,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import os
+from urllib.parse import urlparse
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
+from tornado.httpserver import HTTPServer
 
 
 class CullerMetrics:
@@ -71,3 +76,16 @@ class MetricsHandler(web.RequestHandler):
     def get(self) -> None:
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(self.metrics.render())
+
+
+def serve_metrics(metrics: CullerMetrics, url: str, log: logging.Logger) -> HTTPServer:
+    """Serve ``metrics`` at ``<url>/metrics`` (and under the service prefix when run by the hub)."""
+    parsed = urlparse(url)
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/").rstrip("/")
+    routes = [(r"/metrics", MetricsHandler, {"metrics": metrics})]
+    if prefix:
+        routes.append((prefix + r"/metrics", MetricsHandler, {"metrics": metrics}))
+    server = HTTPServer(web.Application(routes))
+    server.listen(parsed.port or 80, parsed.hostname or "127.0.0.1")
+    log.info("Serving metrics at %s/metrics", url.rstrip("/"))
+    return server

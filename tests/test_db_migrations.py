@@ -4,7 +4,7 @@ schema the models declare, with every row kept. Real SQLite files, real Alembic.
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -84,8 +84,12 @@ def test_an_older_release_database_is_upgraded_with_its_rows(tmp_path, release):
         assert job.created_at == datetime(2026, 6, 1, 9, 0) and job.finished_at == datetime(2026, 6, 1, 9, 30)
         warning = s.get(IdleWarningRow, ("bob", ""))
         assert warning.reason == "GPU idle for 60 min" and warning.held_at is None
-        assert s.get(KeepaliveRow, ("bob", "")).used == 1
+        # The culler's epoch seconds became the one time type (naive UTC).
+        assert (warning.warned_at, warning.reclaim_at) == (datetime(2026, 6, 1, 9), datetime(2026, 6, 1, 9, 15))
+        keepalive = s.get(KeepaliveRow, ("bob", ""))
+        assert (keepalive.used, keepalive.until) == (1, datetime(2026, 6, 1, 10))
         event = s.scalars(select(IdleEventRow)).one()
+        assert event.at == datetime(2026, 6, 1, 9, 16, 40)
         # 0.1.0's "gpu_hours_reclaimed" was the idle time before the reclaim; its action was in the evidence.
         assert (event.kind, event.action, event.idle_gpu_hours) == ("reclaim", "stop-server", 0.5)
 
@@ -117,5 +121,10 @@ def test_downgrade_to_the_first_release_and_back(tmp_path):
         cols = {r[1] for r in conn.execute("PRAGMA table_info(gpulab_idle_events)")}
         assert "gpu_hours_reclaimed" in cols and "idle_gpu_hours" not in cols
         assert conn.execute("SELECT gpu_hours_reclaimed FROM gpulab_idle_events").fetchone() == (0.5,)
+        # Epoch seconds again, to the second they were.
+        epoch = datetime(2026, 6, 1, 9, tzinfo=timezone.utc).timestamp()
+        assert conn.execute("SELECT at FROM gpulab_idle_events").fetchone() == (epoch + 1000,)
+        assert conn.execute("SELECT warned_at, reclaim_at FROM gpulab_idle_warnings").fetchone() == (epoch, epoch + 900)
+        assert conn.execute("SELECT until FROM gpulab_idle_keepalives").fetchone() == (epoch + 3600,)
     migrate.upgrade(engine)
     assert schema_differences(engine) == []

@@ -138,7 +138,7 @@ def test_kueue_objects(variant):
         assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta1"
         assert lq["metadata"]["namespace"] == ns
         assert lq["spec"] == {"clusterQueue": cq["metadata"]["name"]}
-    from hub_config.jobs.service import GPULabJobs
+    from hub_config.jobs.settings import GPULabJobs
 
     assert GPULabJobs().kueue_queue_template.format(team="x") == labels.kueue_local_queue("x")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from jupyterhub import orm
@@ -49,10 +49,11 @@ from hub_config.domain.idle_records import (
     KeepaliveRow,
     audit_json,
     evidence_peak,
-    iso,
+    exact_iso,
+    idle_minutes,
     reclaim_message,
 )
-from hub_config.storage.db import session_factory
+from hub_config.storage.db import from_epoch, iso, session_factory, to_epoch, utcnow
 from spawner.idle import KeepaliveRefused, grant_keepalive
 
 # -- handlers -------------------------------------------------------------
@@ -117,7 +118,7 @@ class IdleBase(GPULabAPIHandler):
         used = until = None
         if k is not None and k.session == current:
             used, until = k.used, k.until
-        now = time.time()
+        now = utcnow()
         if w is not None and w.session and w.session != current:
             w = None  # an earlier session's warning: void for this one
         return {
@@ -127,8 +128,8 @@ class IdleBase(GPULabAPIHandler):
             "warning": None
             if w is None
             else {
-                "warned_at": iso(w.warned_at),
-                "reclaim_at": iso(w.reclaim_at),
+                "warned_at": exact_iso(w.warned_at),
+                "reclaim_at": exact_iso(w.reclaim_at),
                 "reason": w.reason,
                 "held": w.held_at is not None,
                 "evidence": json.loads(w.evidence or "{}"),
@@ -137,7 +138,7 @@ class IdleBase(GPULabAPIHandler):
                 "used": used or 0,
                 "max": policy.max_uses,
                 "extends_seconds": policy.extends_seconds,
-                "until": iso(until) if until and until > now else None,
+                "until": exact_iso(until) if until and until > now else None,
             },
             "reclaimed": None if current else self._last_reclaim(session, user, server),
         }
@@ -158,11 +159,10 @@ class IdleBase(GPULabAPIHandler):
         if e is None:
             return None
         evidence = json.loads(e.evidence or "{}")
-        idle_since = evidence.get("idle_since")
-        minutes = int(round((e.at - idle_since) / 60)) if isinstance(idle_since, (int, float)) else None
+        minutes = idle_minutes(e.at, evidence)
         peak = evidence_peak(evidence)
         return {
-            "at": iso(e.at),
+            "at": exact_iso(e.at),
             "idle_minutes": minutes,
             "peak_percent": peak,
             "threshold_percent": evidence.get("threshold_percent"),
@@ -179,11 +179,11 @@ class IdleBase(GPULabAPIHandler):
         data: dict[str, Any],
         reason: str,
         evidence: Any = None,
-        at: float | None = None,
+        at: datetime | None = None,
     ) -> None:
         session.add(
             IdleEventRow(
-                at=time.time() if at is None else at,
+                at=utcnow() if at is None else at,
                 kind=kind,
                 user=user,
                 server=server,
@@ -241,7 +241,7 @@ class IdleBase(GPULabAPIHandler):
                 raise web.HTTPError(400, "kernel_ids must be a list of kernel id strings")
         return d
 
-    def apply_warning(self, session, d: dict[str, Any], now: float) -> bool:
+    def apply_warning(self, session, d: dict[str, Any], now: datetime) -> bool:
         """Record a warning (or re-announce a held one); False when it already stands."""
         user, server = d["user"], d["server"]
         w = session.get(IdleWarningRow, (user, server))
@@ -253,13 +253,13 @@ class IdleBase(GPULabAPIHandler):
         if w is None:
             w = IdleWarningRow(user=user, server=server)
             session.add(w)
-        w.warned_at, w.reclaim_at, w.held_at = now, now + d["grace_seconds"], None
+        w.warned_at, w.reclaim_at, w.held_at = now, now + timedelta(seconds=d["grace_seconds"]), None
         w.reason, w.evidence, w.session = d["reason"], json.dumps(d["evidence"]), d["session"]
         self.record(session, "warning", user, server, d, reason, d["evidence"], now)
         self.log.info("gpulab idle: warned %s/%s, reclaim at %s: %s", user, server, iso(w.reclaim_at), reason)
         return True
 
-    def apply_hold(self, session, d: dict[str, Any], now: float) -> bool:
+    def apply_hold(self, session, d: dict[str, Any], now: datetime) -> bool:
         w = session.get(IdleWarningRow, (d["user"], d["server"]))
         if w is None or w.held_at is not None or w.session != d["session"]:
             return False
@@ -275,7 +275,7 @@ class IdleBase(GPULabAPIHandler):
         )
         return True
 
-    def apply_clear(self, session, d: dict[str, Any], now: float) -> bool:
+    def apply_clear(self, session, d: dict[str, Any], now: datetime) -> bool:
         w = session.get(IdleWarningRow, (d["user"], d["server"]))
         if w is None:
             return False
@@ -286,7 +286,7 @@ class IdleBase(GPULabAPIHandler):
         self.log.info("gpulab idle: cleared warning of %s/%s: %s", d["user"], d["server"], d["reason"])
         return True
 
-    def apply_reclaim(self, session, d: dict[str, Any], now: float) -> str | None:
+    def apply_reclaim(self, session, d: dict[str, Any], now: datetime) -> str | None:
         """Claim a reclaim before the culler acts; the reason it is refused, or None when granted.
 
         A "keep my GPU" pressed after the culler read the idle state, a held or
@@ -364,7 +364,7 @@ class KeepaliveHandler(IdleBase):
             raise web.HTTPError(409, f"server {user}/{server} holds no GPU; the GPU idle culler leaves it alone")
         policy = self.settings_idle.policy
         session_id = self._session_id(user, server)
-        now = time.time()
+        now = utcnow()
         with self.idle_db() as session:
             k = session.get(KeepaliveRow, (user, server))
             if k is None:
@@ -373,9 +373,12 @@ class KeepaliveHandler(IdleBase):
             elif k.session != session_id:  # a new server session starts with a fresh allowance
                 k.used, k.until, k.session = 0, None, session_id
             try:
-                k.used, k.until = grant_keepalive(policy, k.used, k.until, now)
+                k.used, until = grant_keepalive(
+                    policy, k.used, None if k.until is None else to_epoch(k.until), to_epoch(now)
+                )
             except KeepaliveRefused as e:
                 raise web.HTTPError(409, str(e)) from None
+            k.until = from_epoch(until)
             warning = session.get(IdleWarningRow, (user, server))
             if warning is not None:
                 session.delete(warning)
@@ -406,27 +409,34 @@ class StateHandler(IdleBase):
     async def get(self) -> None:
         self._require_culler()
         catalog = self.gpulab.catalog
-        now = time.time()
+        now = utcnow()
         with self.idle_db() as session:
             warnings = session.scalars(select(IdleWarningRow)).all()
             keepalives = session.scalars(select(KeepaliveRow).where(KeepaliveRow.until > now)).all()
             self.write_json(
                 {
-                    "now": now,
+                    "now": to_epoch(now),
                     "warnings": [
                         {
                             "user": w.user,
                             "server": w.server,
-                            "warned_at": w.warned_at,
-                            "reclaim_at": w.reclaim_at,
+                            "warned_at": to_epoch(w.warned_at),
+                            "reclaim_at": to_epoch(w.reclaim_at),
                             "session": w.session,
                             "held": w.held_at is not None,
                         }
                         for w in warnings
                     ],
                     "keepalives": [
-                        {"user": k.user, "server": k.server, "until": k.until, "used": k.used, "session": k.session}
+                        {
+                            "user": k.user,
+                            "server": k.server,
+                            "until": to_epoch(k.until),
+                            "used": k.used,
+                            "session": k.session,
+                        }
                         for k in keepalives
+                        if k.until is not None
                     ],
                     "profiles": {
                         p.slug: {"gpu_milli": p.gpu_milli, "idle_timeout_seconds": p.idle_timeout_seconds}
@@ -459,7 +469,7 @@ class CycleHandler(IdleBase):
         unknown = sorted(names - known)
         if unknown:
             raise web.HTTPError(404, f"no such user(s): {', '.join(unknown[:10])}")
-        now = time.time()
+        now = utcnow()
         reclaims: list[dict[str, Any]] = []
         with self.idle_db() as session:
             out = {
@@ -489,7 +499,7 @@ class WarningsHandler(IdleBase):
         if self.find_user(d["user"]) is None:
             raise web.HTTPError(404, f"no such user {d['user']!r}")
         with self.idle_db() as session:
-            created = self.apply_warning(session, d, time.time())
+            created = self.apply_warning(session, d, utcnow())
             session.commit()
             self.write_json(self.view(session, d["user"], d["server"]), 201 if created else 200)
 
@@ -498,7 +508,7 @@ class WarningsHandler(IdleBase):
         user, server = self._target()
         reason = self.get_argument("reason", "GPU busy again")[:MAX_REASON]
         with self.idle_db() as session:
-            self.apply_clear(session, {"user": user, "server": server, "reason": reason}, time.time())
+            self.apply_clear(session, {"user": user, "server": server, "reason": reason}, utcnow())
             session.commit()
             self.write_json(self.view(session, user, server))
 
@@ -508,7 +518,7 @@ class ReclaimsHandler(IdleBase):
         self._require_culler()
         d = self.check_reclaim(self.read_json())
         with self.idle_db() as session:
-            refused = self.apply_reclaim(session, d, time.time())
+            refused = self.apply_reclaim(session, d, utcnow())
             if refused:
                 raise web.HTTPError(409, refused)
             session.commit()

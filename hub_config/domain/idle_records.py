@@ -9,19 +9,18 @@ writes them; the admin page, the usage report and the spawn page read them.
 from __future__ import annotations
 
 import json
-import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, Integer, String, Text, select
+from sqlalchemy import DateTime, Float, Integer, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 from traitlets import Bool, Unicode
 from traitlets import Integer as IntTrait
 from traitlets.config import Configurable
 
 from hub_config.domain.usage_records import freed_until, next_gpu_holds
-from hub_config.storage.db import Base, GPULabDB, session_factory
+from hub_config.storage.db import Base, GPULabDB, iso, session_factory, to_epoch, utcnow
 from spawner.idle import KeepalivePolicy, gpu_hours_freed
 
 #: The culler's service name in the hub's configuration.
@@ -79,14 +78,14 @@ class IdleWarningRow(Base):
     __tablename__ = "gpulab_idle_warnings"
     user: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
     server: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
-    warned_at: Mapped[float] = mapped_column(Float)
-    reclaim_at: Mapped[float] = mapped_column(Float)
+    warned_at: Mapped[datetime] = mapped_column(DateTime)
+    reclaim_at: Mapped[datetime] = mapped_column(DateTime)
     reason: Mapped[str] = mapped_column(Text, default="")
     evidence: Mapped[str] = mapped_column(Text, default="{}")
     #: The server session warned (the spawner's start time, as the hub's REST API writes it).
     session: Mapped[str] = mapped_column(String(MAX_SESSION), default="")
     #: Set when data went missing after the warning: no reclaim until data returns and a new grace ends.
-    held_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    held_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class KeepaliveRow(Base):
@@ -94,7 +93,7 @@ class KeepaliveRow(Base):
     user: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
     server: Mapped[str] = mapped_column(String(MAX_NAME), primary_key=True)
     used: Mapped[int] = mapped_column(Integer, default=0)
-    until: Mapped[float | None] = mapped_column(Float, nullable=True)
+    until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     #: The server session the count belongs to (the spawner's ``started``); a new session starts at 0.
     session: Mapped[str] = mapped_column(String(64), default="")
 
@@ -102,7 +101,7 @@ class KeepaliveRow(Base):
 class IdleEventRow(Base):
     __tablename__ = "gpulab_idle_events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[float] = mapped_column(Float, index=True)
+    at: Mapped[datetime] = mapped_column(DateTime, index=True)
     kind: Mapped[str] = mapped_column(String(16))
     user: Mapped[str] = mapped_column(String(MAX_NAME), index=True)
     server: Mapped[str] = mapped_column(String(MAX_NAME))
@@ -118,15 +117,14 @@ class IdleEventRow(Base):
     idle_gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)
 
 
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+def exact_iso(dt: datetime | None) -> str | None:
+    """A culler record's time to the microsecond: idle windows and graces may be seconds long."""
+    return iso(dt, timespec="microseconds")
 
 
 def event_json(e: IdleEventRow, freed: float | None = None) -> dict[str, Any]:
     out = {
-        "at": iso(e.at),
+        "at": exact_iso(e.at),
         "kind": e.kind,
         "user": e.user,
         "server": e.server,
@@ -142,9 +140,9 @@ def event_json(e: IdleEventRow, freed: float | None = None) -> dict[str, Any]:
     return out
 
 
-def reclaim_message(at: float, idle_minutes: int | None, peak_percent: float) -> str:
+def reclaim_message(at: datetime, idle_minutes: int | None, peak_percent: float) -> str:
     """The sentence a user reads after a reclaim (UTC clock time; the lab shows local time)."""
-    when = datetime.fromtimestamp(at, timezone.utc).strftime("%H:%M UTC")
+    when = at.strftime("%H:%M UTC")
     idle = f" after {idle_minutes} minutes at {peak_percent:g} %" if idle_minutes is not None else ""
     return f"Your GPU was reclaimed at {when}{idle} \u2014 start again when you need it."
 
@@ -154,19 +152,16 @@ def audit_json(sessions, events: list[IdleEventRow]) -> list[dict[str, Any]]:
     reclaims = [e for e in events if e.kind == "reclaim"]
     holds = {}
     if reclaims:
-        first = datetime.fromtimestamp(min(e.at for e in reclaims), timezone.utc).replace(tzinfo=None)
-        holds = next_gpu_holds(sessions, {e.user for e in reclaims}, first)
-    now = time.time()
+        holds = next_gpu_holds(sessions, {e.user for e in reclaims}, min(e.at for e in reclaims))
+    now = to_epoch(utcnow())
     out = []
     for e in events:
         freed = None
         if e.kind == "reclaim":
             freed = 0.0
             if e.action == "stop-server":
-                nxt = freed_until(holds, e.user, datetime.fromtimestamp(e.at, timezone.utc).replace(tzinfo=None))
-                freed = gpu_hours_freed(
-                    e.gpu_milli, e.at, None if nxt is None else nxt.replace(tzinfo=timezone.utc).timestamp(), now
-                )
+                nxt = freed_until(holds, e.user, e.at)
+                freed = gpu_hours_freed(e.gpu_milli, to_epoch(e.at), None if nxt is None else to_epoch(nxt), now)
         out.append(event_json(e, freed))
     return out
 
@@ -216,13 +211,18 @@ def reclaim_notice(config, user: str, server: str) -> str:
         ).first()
     if e is None or e.kind != "reclaim" or e.action != "stop-server":
         return ""
-    at = datetime.fromtimestamp(e.at, timezone.utc).replace(tzinfo=None)
-    if freed_until(next_gpu_holds(sessions, {user}, at), user, at) is not None:
+    if freed_until(next_gpu_holds(sessions, {user}, e.at), user, e.at) is not None:
         return ""  # they came back since: old news
     evidence = json.loads(e.evidence or "{}")
+    return reclaim_message(e.at, idle_minutes(e.at, evidence), evidence_peak(evidence))
+
+
+def idle_minutes(reclaimed_at: datetime, evidence: dict) -> int | None:
+    """How long a reclaimed GPU had been idle, in minutes (None: the evidence does not say)."""
     idle_since = evidence.get("idle_since")
-    minutes = int(round((e.at - idle_since) / 60)) if isinstance(idle_since, (int, float)) else None
-    return reclaim_message(e.at, minutes, evidence_peak(evidence))
+    if isinstance(idle_since, bool) or not isinstance(idle_since, (int, float)):
+        return None
+    return int(round((to_epoch(reclaimed_at) - idle_since) / 60))
 
 
 def evidence_peak(evidence: dict) -> float:

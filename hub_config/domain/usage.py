@@ -28,7 +28,7 @@ from hub_config.domain.usage_records import (
     next_gpu_holds,
 )
 from hub_config.jobs.models import JobRecord
-from hub_config.storage.db import from_epoch, iso, to_epoch, utcnow
+from hub_config.storage.db import as_utc, iso, to_epoch, utcnow
 from spawner.catalog import Catalog
 from spawner.idle import gpu_hours_freed
 
@@ -93,20 +93,20 @@ def reclaim_figures(
         with sessions() as s:
             rows = s.execute(
                 select(e.at, e.team, e.user, e.gpu_milli, e.action, e.idle_gpu_hours).where(
-                    e.kind == "reclaim", e.at >= to_epoch(start), e.at < to_epoch(end)
+                    e.kind == "reclaim", e.at >= as_utc(start), e.at < as_utc(end)
                 )
             ).all()
     except SQLAlchemyError as err:
         log.warning("gpulab: cannot read the idle culler's reclaims: %s", err)
         return None
-    holds = next_gpu_holds(sessions, {r.user for r in rows}, from_epoch(min(r.at for r in rows))) if rows else {}
+    holds = next_gpu_holds(sessions, {r.user for r in rows}, min(r.at for r in rows)) if rows else {}
     epoch = to_epoch(now)
     out: dict[tuple[str, str], tuple[float, float]] = {}
     for at, team, user, milli, action, idle_hours in rows:
         freed = 0.0
         if action == "stop-server":
-            nxt = freed_until(holds, user, from_epoch(at))
-            freed = gpu_hours_freed(int(milli or 0), at, None if nxt is None else to_epoch(nxt), epoch)
+            nxt = freed_until(holds, user, at)
+            freed = gpu_hours_freed(int(milli or 0), to_epoch(at), None if nxt is None else to_epoch(nxt), epoch)
         idle0, freed0 = out.get((team or "", user or ""), (0.0, 0.0))
         out[(team or "", user or "")] = (idle0 + float(idle_hours or 0), freed0 + freed)
     return out

@@ -25,17 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from traitlets import Bool, Float, Int, List, Type, Unicode, default
-from traitlets.config import Configurable
 
 from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
+from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import session_factory, utcnow
 from spawner import jobspec
 from spawner.accounts import UserAccounts, lookup
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
-from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
 from spawner.ledger import RESERVED, RUNNING, Workload
 from spawner.policy import PolicyError, resolve_request
 from spawner.sudo import SudoError
@@ -44,143 +42,6 @@ from spawner.sudo import SudoError
 SUBMIT_KEYS = frozenset(
     {"notebook", "job_class", "profile", "team", "image", "parameters", "time_limit_seconds", "name", "idempotency_key"}
 )
-
-
-class GPULabJobs(Configurable):
-    """Settings of gpulab's notebook jobs (``c.GPULabJobs.*``)."""
-
-    backend_class = Type(
-        default_value="hub_config.jobs.backends.local.LocalJobBackend",
-        klass="hub_config.jobs.backends.base.JobBackend",
-        config=True,
-        help="""Where jobs run: a :class:`JobBackend` class or its import string.
-        `hub_config.jobs.backends.local.LocalJobBackend` (the default): papermill
-        processes on this server's GPUs, as their owners. On Kubernetes
-        `hub_config.jobs.backends.kube.KubeJobBackend`: one batch/v1 Job per
-        submission (the Helm overlay sets it).""",
-    )
-    home_dir_template = Unicode(
-        "",
-        config=True,
-        help="""Where a user's home is, as the hub sees it; `{username}` is replaced.
-        Notebook paths are relative to it. Default: the home of the user's system
-        account when servers run as such accounts (`c.UserAccounts`), else the
-        spawner's `c.SimpleLocalProcessSpawner.home_dir_template` when set, else
-        the user's system home (`~username`).""",
-    )
-    max_parameters_bytes = Int(
-        16 * 1024,
-        config=True,
-        help="Largest papermill parameters object accepted, in bytes of JSON.",
-    )
-    default_time_limit_seconds = Int(
-        3600,
-        config=True,
-        help="Time limit of a job that names none, in seconds.",
-    )
-    max_time_limit_seconds = Int(
-        7 * 24 * 3600,
-        config=True,
-        help="Longest time limit a job may ask for, in seconds.",
-    )
-    poll_interval = Float(
-        2.0,
-        config=True,
-        help="Seconds between checks of running jobs (exits, time limits, queue, Kubernetes status).",
-    )
-    stop_grace_seconds = Float(
-        10.0,
-        config=True,
-        help="""Seconds between SIGTERM and SIGKILL when a local job is cancelled,
-        preempted or timed out.""",
-    )
-    state_dir = Unicode(
-        config=True,
-        help="""Folder for the single-server runner's exit-status files. Default:
-        `jobs/` in `$GPULAB_DATA_DIR`.""",
-    )
-    env_keep = List(
-        Unicode(),
-        default_value=[
-            "PATH",
-            "PYTHONPATH",
-            "VIRTUAL_ENV",
-            "CONDA_PREFIX",
-            "CONDA_DEFAULT_ENV",
-            "LANG",
-            "LC_ALL",
-            "LD_LIBRARY_PATH",
-            "TZ",
-        ],
-        config=True,
-        help="""Variables a local job inherits from the hub's environment (everything else,
-        such as CONFIGPROXY_AUTH_TOKEN, is not passed on).""",
-    )
-    kube_namespace = Unicode(
-        config=True,
-        help="Namespace of teams that name none (default: the hub's, from POD_NAMESPACE, else `default`).",
-    )
-    kube_image = Unicode(
-        config=True,
-        help="""Image a Kubernetes job runs in when its profile names none. Default: the
-        spawner's `c.KubeSpawner.image`, so a job runs in the same image as the
-        user's server. It must contain papermill.""",
-    )
-    kube_home_claim_template = Unicode(
-        None,
-        allow_none=True,
-        config=True,
-        help="""PersistentVolumeClaim holding the user's home, mounted into the job's pod, in
-        KubeSpawner's template syntax ({username} and {user_server} are KubeSpawner's safe
-        slugs of the user name). Default: KubeSpawner's own `pvc_name_template`, so the job
-        mounts the claim the user's server mounts. With a ReadWriteOnce claim, a job can
-        only start on the node of the user's running server (see docs/kubernetes.md).
-        Empty: no home volume.""",
-    )
-    kube_home_mount_path = Unicode(
-        "/home/jovyan",
-        config=True,
-        help="Where the home volume is mounted in the job's pod.",
-    )
-    kube_home_sub_path = Unicode(
-        "",
-        config=True,
-        help="subPath of the home volume ({username}: KubeSpawner's safe slug), if homes share a claim.",
-    )
-    kube_ttl_seconds_after_finished = Int(
-        86400,
-        config=True,
-        help="`ttlSecondsAfterFinished` of the Jobs: finished Jobs are removed after this.",
-    )
-    kube_backoff_limit = Int(
-        2,
-        config=True,
-        help="""`backoffLimit`: pod failures (an OOM kill, a node failure) before the Job fails.
-        A notebook that raised fails the Job at once; preemptions do not count.""",
-    )
-    kube_service_account = Unicode(
-        "", config=True, help="Service account of the job pods (empty: the namespace default)."
-    )
-    kueue_enabled = Bool(
-        False,
-        config=True,
-        help="""Put jobs on Kueue: each Job carries `kueue.x-k8s.io/queue-name` and is created
-        suspended; Kueue admits it against the team's ClusterQueue.""",
-    )
-    kueue_queue_template = Unicode(
-        KUEUE_LOCAL_QUEUE_TEMPLATE,
-        config=True,
-        help="""The team's Kueue LocalQueue name; `{team}` is replaced. The default is the
-        name the Helm chart gives the LocalQueue it creates in each team namespace.""",
-    )
-
-    @default("state_dir")
-    def _default_state_dir(self) -> str:
-        return str(Path(os.environ.get("GPULAB_DATA_DIR", ".")).resolve() / "jobs")
-
-    @default("kube_namespace")
-    def _default_namespace(self) -> str:
-        return os.environ.get("POD_NAMESPACE", "default")
 
 
 class JobService:

@@ -52,9 +52,9 @@ def to_epoch(dt: datetime) -> float:
     return as_utc(dt).replace(tzinfo=timezone.utc).timestamp()
 
 
-def iso(dt: datetime | None) -> str | None:
-    """ISO 8601 with a ``Z`` (``None`` stays ``None``)."""
-    return as_utc(dt).isoformat(timespec="seconds") + "Z" if dt is not None else None
+def iso(dt: datetime | None, timespec: str = "seconds") -> str | None:
+    """ISO 8601 with a ``Z`` (``None`` stays ``None``), to the second unless ``timespec`` says otherwise."""
+    return as_utc(dt).isoformat(timespec=timespec) + "Z" if dt is not None else None
 
 
 class GPULabDB(Configurable):

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.testbed import Testbed, TestbedError, down, token_kubeconfig, up
+from tests.kube.pki import token_kubeconfig
+from tests.kube.testbed import Testbed, TestbedError, down, up
 
 
 class Cluster:

@@ -46,7 +46,7 @@ def build() -> Path:
 
 
 def _serving_cert(pki: Path, name: str, address: str) -> tuple[Path, Path]:
-    from tests.kube.testbed import issue_cert
+    from tests.kube.pki import issue_cert
 
     crt, key = pki / f"{name}.crt", pki / f"{name}.key"
     if not crt.exists():
