@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube.pki import kubeconfig_for, make_pki
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(
@@ -82,12 +82,6 @@ def pod_ip_prefix(state_dir: Path) -> str:
 
     n = int(hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:4], 16)
     return f"127.{100 + n % 150}."
-
-
-def free_port(address: str = ADDRESS) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------
