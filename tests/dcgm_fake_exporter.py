@@ -13,6 +13,7 @@ second too) unless told otherwise.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from pathlib import Path
 import requests
 import yaml
 
+from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE
 from tests.hub_harness import free_port
 
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -170,6 +172,7 @@ class RunningPrometheus:
         self.binary = shutil.which("prometheus") or "/usr/bin/prometheus"
         self.config = self.workdir / "prometheus.yml"
         self.rules = self.workdir / "idle-culler.rules.yaml"
+        self.rule_interval = rule_interval
         doc = yaml.safe_load(RULES_FILE.read_text())
         for group in doc["groups"]:
             group["interval"] = rule_interval
@@ -265,6 +268,22 @@ class RunningPrometheus:
         for block in out.iterdir():
             shutil.move(str(block), str(self.workdir / "data" / block.name))
         self.start()
+        # The rule blocks overlap the history's, which Prometheus merges in the background
+        # after it starts: wait until each series-count rule shows every evaluation.
+        interval = float(str(self.rule_interval).rstrip("s"))
+        expected = math.floor((end - start) / interval)
+        counts: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for metric in METRICS:
+                query = f"count_over_time({SAMPLE_AGE_COUNT_RULE.format(metric=metric)}[{end - start:.0f}s])"
+                r = requests.get(self.url + "/api/v1/query", params={"query": query, "time": end}, timeout=10)
+                result = r.json().get("data", {}).get("result", [])
+                counts[metric] = float(result[0]["value"][1]) if result else 0.0
+            if any(counts.values()) and all(c >= expected for c in counts.values() if c):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the recording rules did not show all {expected} evaluations: {counts}")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
