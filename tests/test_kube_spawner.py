@@ -33,6 +33,7 @@ from spawner.kube import GPUKubeSpawner
 from tests.kube.chart import Release
 from tests.kube.cluster import Cluster
 from tests.kube.spawner_api import ClusterView, Hub, User
+from tests.kube.testbed import TestbedError
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 K8S_VERSION = "1.36"
@@ -97,6 +98,16 @@ async def api(release: Release, kube: Cluster, monkeypatch):
         for q in view.list("resourcequotas", ns):
             if q["metadata"]["name"] != "gpulab-gpus":
                 kube.request("DELETE", f"/api/v1/namespaces/{ns}/resourcequotas/{q['metadata']['name']}")
+        # The next test's ledger is rebuilt from the labelled pods: none of this test's may linger
+        # (a stopped server's pod can still be terminating on a loaded machine).
+        for pod in view.list("pods", ns):
+            try:
+                kube.request(
+                    "DELETE", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}", {"gracePeriodSeconds": 0}
+                )
+            except TestbedError:
+                pass  # gone meanwhile
+    kube.wait(lambda: not any(view.list("pods", ns) for ns in release.teams.values()), "this test's pods to be gone")
 
 
 def ns(api: ClusterView, team: str) -> str:

@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 from tornado.web import HTTPError
 
+from spawner.config import get_runtime
 from spawner.kube import expand_user_template, qualified_hub_connect_url
 from tests.test_kube_spawner import (  # noqa: F401 - the api fixture
     CATALOG,
@@ -154,6 +155,12 @@ async def test_profile_tolerations_affinity_and_start_timeout(api):
     ] == ["zone-a"]
     assert na["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 10
     await s.stop()
+    # The cancelled start's pod may still be terminating on a loaded machine; its hold ends with it.
+    for _ in range(300):
+        if get_runtime().ledger.get("notebook:bob/") is None:
+            break
+        await asyncio.sleep(0.1)
+    assert get_runtime().ledger.get("notebook:bob/") is None
     # The next spawn of another profile starts from the configured values again.
     t = spawner_for(api, "bob", {"team": "vision", "profile": "cpu"}, config=config)
     t.load_state(s.get_state())
