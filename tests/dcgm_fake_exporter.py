@@ -219,6 +219,7 @@ class RunningPrometheus:
             except requests.RequestException:
                 pass
             time.sleep(0.2)
+        self.stop()
         raise RuntimeError(f"prometheus did not become ready: {self.log_path.read_text()[-2000:]}")
 
     def backfill(self, series: list[tuple[str, dict[str, str], list[tuple[float, float]]]]) -> None:
@@ -283,6 +284,7 @@ class RunningPrometheus:
             if any(counts.values()) and all(c >= expected for c in counts.values() if c):
                 return
             time.sleep(0.2)
+        self.stop()  # the fixture never reaches its teardown
         raise RuntimeError(f"the recording rules did not show all {expected} evaluations: {counts}")
 
     def stop(self) -> None:

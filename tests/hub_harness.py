@@ -140,14 +140,18 @@ class RunningHub:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+                code = self.proc.returncode
+                self.stop()  # its proxy may outlive it
+                raise RuntimeError(f"hub exited with {code}:\n{self.log_tail()}")
             try:
                 if requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
                     return self
             except requests.RequestException:
                 pass
             time.sleep(0.3)
-        raise RuntimeError(f"hub did not come up in {timeout}s:\n{self.log_tail()}")
+        tail = self.log_tail()
+        self.stop()  # never leave a half-started hub (and its proxy and services) behind
+        raise RuntimeError(f"hub did not come up in {timeout}s:\n{tail}")
 
     def stop(self, kill_servers: bool = False) -> None:
         """Stop the hub (and its proxy). Single-user servers keep running unless ``kill_servers``."""
