@@ -108,10 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
     which pytest 9.2 no longer reads (pytest-dev/pytest-xdist#1386): the integration
     tests would then share hubs and the test bed across workers.
     """
-    if getattr(config.option, "dist", "no") == "loadgroup" and tuple(map(int, pytest.__version__.split(".")[:2])) >= (
-        9,
-        2,
-    ):
+    if getattr(config.option, "dist", "no") == "loadgroup" and pytest.version_tuple[:2] >= (9, 2):
         raise pytest.UsageError(
             f"pytest {pytest.__version__} ignores pytest-xdist's test groups; "
             "install the pytest that pyproject.toml pins (scripts/bootstrap.sh --test)"

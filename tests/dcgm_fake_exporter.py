@@ -271,7 +271,7 @@ class RunningPrometheus:
         self.start()
         # The rule blocks overlap the history's, which Prometheus merges in the background
         # after it starts: wait until each series-count rule shows every evaluation.
-        interval = float(str(self.rule_interval).rstrip("s"))
+        interval = float(self.rule_interval.removesuffix("s"))
         expected = math.floor((end - start) / interval)
         counts: dict[str, float] = {}
         deadline = time.monotonic() + 60

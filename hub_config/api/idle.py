@@ -436,7 +436,6 @@ class StateHandler(IdleBase):
                             "session": k.session,
                         }
                         for k in keepalives
-                        if k.until is not None
                     ],
                     "profiles": {
                         p.slug: {"gpu_milli": p.gpu_milli, "idle_timeout_seconds": p.idle_timeout_seconds}
