@@ -5,8 +5,8 @@ A JupyterHub service (hub-managed or external). Each cycle it:
 1. lists the hub's ready servers (paginated, with their spawner state) and
    gpulab's idle state (warnings, keep-alives, per-profile/team timeouts);
 2. asks the utilisation source ONCE for every GPU server's samples;
-3. judges each server with :func:`spawner.idle.judge_gpu_idle` and steps the
-   warn -> grace -> reclaim machine (:func:`spawner.idle.next_step`);
+3. judges each server with :func:`spawner.core.idle.judge_gpu_idle` and steps the
+   warn -> grace -> reclaim machine (:func:`spawner.core.idle.next_step`);
 4. records warnings / clears / reclaims through the hub API, stops idle
    servers (or, with per-process NVML data, shuts down just the idle kernels).
 
@@ -29,7 +29,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode, default
 from traitlets.config import Application
 
-from spawner.idle import (
+from spawner.core.idle import (
     BUSY,
     SHORT,
     STATUSES,
@@ -42,7 +42,7 @@ from spawner.idle import (
     max_gap_for,
     next_step,
 )
-from spawner.model import Profile, Team
+from spawner.core.model import Profile, Team
 
 from .dcgm_exporter_source import DCGMExporterSource
 from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context

@@ -25,7 +25,7 @@ from typing import Any
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
-from spawner.idle import DeviceSeries
+from spawner.core.idle import DeviceSeries
 
 from .sources import SourceUnavailable, UtilisationSource
 from .targets import DEVICE, ServerTarget, device_id

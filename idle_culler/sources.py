@@ -13,8 +13,8 @@
   samples it saw over the window.
 - ``NVMLSource`` (:mod:`idle_culler.nvml_source`): per-process use on a single server.
 
-``collect()`` returns, per server key, the :class:`~spawner.idle.DeviceSeries`
-(raw samples) or :class:`~spawner.idle.DeviceSummary` (aggregates) of its GPUs; a source that cannot answer at all raises
+``collect()`` returns, per server key, the :class:`~spawner.core.idle.DeviceSeries`
+(raw samples) or :class:`~spawner.core.idle.DeviceSummary` (aggregates) of its GPUs; a source that cannot answer at all raises
 :class:`SourceUnavailable`, and then nothing is culled that cycle.
 """
 
@@ -34,7 +34,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
-from spawner.idle import DeviceSeries, DeviceSummary
+from spawner.core.idle import DeviceSeries, DeviceSummary
 
 from .targets import DEVICE, ServerTarget, device_id
 

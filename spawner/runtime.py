@@ -18,11 +18,11 @@ from traitlets import CaselessStrEnum, Dict, List, Unicode, Union
 from traitlets.config import Configurable
 from traitlets.utils.importstring import import_item
 
-from .catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict
-from .catalog_write import catalog_to_dict
-from .catalog_yaml import catalog_from_yaml
-from .ledger import Ledger
-from .packer import DevicePacker
+from spawner.core.catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict
+from spawner.core.catalog.write import catalog_to_dict
+from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.core.ledger import Ledger
+from spawner.core.packer import DevicePacker
 
 
 class GPULab(Configurable):

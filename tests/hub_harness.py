@@ -30,7 +30,7 @@ from typing import Any
 
 import requests
 
-from spawner.accounts import UserAccounts, can_switch_users, delete_account, lookup
+from spawner.local.accounts import UserAccounts, can_switch_users, delete_account, lookup
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spawner.accounts import (
+from spawner.local.accounts import (
     MAX_ACCOUNT_LEN,
     AccountError,
     UserAccounts,

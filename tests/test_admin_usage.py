@@ -13,11 +13,11 @@ from hub_config.domain.catalog_store import AuditEntry, CatalogStore, GPULabCata
 from hub_config.domain.usage import jobs_by_state, period_report
 from hub_config.domain.usage_records import GPULabUsage, UsageInterval, UsageRecorder
 from hub_config.storage.db import session_factory, utcnow
-from spawner.catalog import catalog_from_dict
-from spawner.catalog_yaml import catalog_from_yaml
-from spawner.config import GPULabRuntime
-from spawner.ledger import Ledger, Workload
-from spawner.model import Team
+from spawner.core.catalog import catalog_from_dict
+from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.core.ledger import Ledger, Workload
+from spawner.core.model import Team
+from spawner.runtime import GPULabRuntime
 
 CATALOG = catalog_from_yaml("""
 prices: {H100-80GB: 2.5, "*": 1.0}
@@ -113,7 +113,7 @@ def test_reconcile_closes_intervals_of_workloads_that_vanished(sessions):
 
 def test_no_utilisation_samples_without_nvml(sessions):
     from hub_config.domain.usage import UtilisationSample
-    from spawner.packer import DevicePacker, devices_from_inventory
+    from spawner.core.packer import DevicePacker, devices_from_inventory
 
     runtime = GPULabRuntime(
         catalog_from_yaml("""

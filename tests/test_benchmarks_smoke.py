@@ -93,7 +93,7 @@ def test_policies_round_up_to_offered_sizes():
     assert [frac(m) for m in (50, 250, 260, 810, 3000, 8000)] == [250, 250, 500, 1000, 4000, 8000]
     assert frac(16000) is None  # larger than any profile: not offered
     assert [ts(m) for m in (50, 250, 260, 760, 1000, 2000)] == [250, 250, 500, 1000, 1000, 2000]
-    # spawner.sharing's A100-40GB table: the larger of compute (k/7) and memory (GB/40) share
+    # spawner.core.sharing's A100-40GB table: the larger of compute (k/7) and memory (GB/40) share
     assert [mig(m) for m in (100, 142, 143, 320, 460, 810, 2000)] == [143, 250, 286, 500, 572, 1000, 2000]
     with pytest.raises(ValueError):
         capacity.fractional_policy([1500])
@@ -234,9 +234,9 @@ def test_capacity_smoke_on_the_alibaba_trace(tmp_path):
 
 
 def test_the_advisors_fill_measure_agrees_with_the_benchmarks(tmp_path):
-    """spawner.advisor.fill_work (the advisor's evaluator) and the benchmark's ledger+packer fill
+    """spawner.core.advisor.fill_work (the advisor's evaluator) and the benchmark's ledger+packer fill
     place the same work on the same trace."""
-    from spawner.advisor import fill_work
+    from spawner.core.advisor import fill_work
 
     pods, nodes = write_small_trace(tmp_path)
     tasks = trace_loader.load_pods(pods).tasks

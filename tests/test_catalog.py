@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.catalog import CatalogError, catalog_from_dict
-from spawner.catalog_write import catalog_to_dict
-from spawner.catalog_yaml import catalog_from_yaml
-from spawner.config import GPULab
-from spawner.ledger import Ledger
-from spawner.policy import PolicyError, choices_for_user, resolve_request
-from spawner.units import UnitError, format_gpus, parse_duration, parse_gpus, parse_memory
+from spawner.core.catalog import CatalogError, catalog_from_dict
+from spawner.core.catalog.write import catalog_to_dict
+from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.core.ledger import Ledger
+from spawner.core.policy import PolicyError, choices_for_user, resolve_request
+from spawner.core.units import UnitError, format_gpus, parse_duration, parse_gpus, parse_memory
+from spawner.runtime import GPULab
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "hub_config" / "demo-teams.yaml"
@@ -144,7 +144,7 @@ def test_teams_for_follows_the_member_index_exactly():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from spawner.catalog import catalog_from_dict
+    from spawner.core.catalog import catalog_from_dict
 
     names = st.sampled_from(["ann", "bo", "cy", "dee"])
     groups = st.sampled_from(["g1", "g2", "g3"])

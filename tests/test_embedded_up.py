@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from spawner.accounts import can_switch_users, delete_account, ensure_account
+from spawner.local.accounts import can_switch_users, delete_account, ensure_account
 from tests.hub_harness import REPO, free_port
 
 pytestmark = pytest.mark.integration

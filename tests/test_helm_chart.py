@@ -24,10 +24,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from spawner import catalog as catalog_mod
-from spawner import labels, priority, sharing
-from spawner.catalog_yaml import catalog_from_yaml
-from spawner.config import GPULab
+from spawner.core import labels, priority, sharing
+from spawner.core.catalog import read as catalog_mod
+from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.runtime import GPULab
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "gpulab"

@@ -258,7 +258,7 @@ def test_image_builds_gpulab_from_what_it_copies(image, extra, tmp_path):
     (wheel,) = (tmp_path / "dist").glob("gpulab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {
-        "spawner/kube.py",
+        "spawner/kube/spawner.py",
         "hub_config/config/setup.py",
         "labextension/__init__.py",
         # the database migrations run at the hub's start: every file Alembic reads

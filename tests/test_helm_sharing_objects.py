@@ -15,7 +15,7 @@ from fractions import Fraction
 import pytest
 import yaml
 
-from spawner import labels, sharing
+from spawner.core import labels, sharing
 
 from .test_helm_chart import (
     NAMESPACE,
@@ -133,7 +133,7 @@ def test_kueue_objects(variant):
             assert nominal + borrow == math.ceil(team.burst_milli / 1000)
             if hard is not None:
                 assert int(hard[f"requests.{r['name']}"]) == nominal + borrow, "Kueue and quota agree"
-        # The jobs backend labels its Jobs with this name (one source: spawner/labels.py).
+        # The jobs backend labels its Jobs with this name (one source: spawner/core/labels.py).
         (lq,) = [q for q in lqs if q["metadata"]["name"] == labels.kueue_local_queue(team.name)]
         assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta1"
         assert lq["metadata"]["namespace"] == ns

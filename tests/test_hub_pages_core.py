@@ -12,16 +12,16 @@ from traitlets import TraitError
 
 from hub_config.domain.usage import bucket_edges, period_report
 from hub_config.domain.usage_records import GPULabUsage, UsageInterval
-from spawner.catalog import catalog_from_dict
-from spawner.catalog_yaml import unknown_gpu_model
-from spawner.config import GPULabRuntime
-from spawner.form import refusal_sentence, render_options_form
-from spawner.idle import idle_policy_text
-from spawner.ledger import Ledger
-from spawner.packer import GPUDevice
-from spawner.policy import choices_for_user, what_to_do
-from spawner.progress import setup_messages
-from spawner.sharing import known_gpu_models
+from spawner.core.catalog import catalog_from_dict
+from spawner.core.catalog.yaml_text import unknown_gpu_model
+from spawner.core.form import refusal_sentence, render_options_form
+from spawner.core.idle import idle_policy_text
+from spawner.core.ledger import Ledger
+from spawner.core.packer import GPUDevice
+from spawner.core.policy import choices_for_user, what_to_do
+from spawner.core.progress import setup_messages
+from spawner.core.sharing import known_gpu_models
+from spawner.runtime import GPULabRuntime
 
 CATALOG = catalog_from_dict(
     {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spawner.idle import DeviceSeries, judge_gpu_idle, max_gap_for, summarize
+from spawner.core.idle import DeviceSeries, judge_gpu_idle, max_gap_for, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,4 +1,4 @@
-"""The cull decision (spawner/idle.py): pure functions, checked directly."""
+"""The cull decision (spawner/core/idle.py): pure functions, checked directly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.idle import (
+from spawner.core.idle import (
     BUSY,
     IDLE,
     MISSING,
@@ -30,7 +30,7 @@ from spawner.idle import (
     next_step,
     summarize,
 )
-from spawner.model import Profile, Team
+from spawner.core.model import Profile, Team
 
 NOW = 10_000.0
 

@@ -11,7 +11,7 @@ from traitlets.config import Config
 from hub_config.config.idle_service import SERVICE, configure_idle_culler
 from hub_config.config.scopes import CULLER_SERVICE_SCOPES
 from hub_config.domain.idle_records import GPULabIdle
-from spawner.packer import GPUDevice
+from spawner.core.packer import GPUDevice
 from tests.hub_harness import RunningHub
 
 

@@ -27,7 +27,7 @@ from idle_culler.app import GPUIdleCuller
 from idle_culler.nvml_source import NVMLAdapter, NVMLSource
 from idle_culler.sources import SourceUnavailable
 from idle_culler.targets import DEVICE, ServerTarget
-from spawner.idle import BUSY, IDLE, judge_gpu_idle
+from spawner.core.idle import BUSY, IDLE, judge_gpu_idle
 from tests.hub_harness import RunningHub
 
 

@@ -71,7 +71,7 @@ def test_a_kernel_younger_than_the_idle_timeout_is_not_reclaimed():
     from idle_culler.app import CycleBatch, GPUIdleCuller
     from idle_culler.nvml_source import process_started_at
     from idle_culler.targets import DEVICE, ServerTarget
-    from spawner.idle import IdleVerdict, IdleWarning
+    from spawner.core.idle import IdleVerdict, IdleWarning
 
     culler = GPUIdleCuller(config_file="", source="nvml", api_token="x")
     culler.initialize([])

@@ -47,10 +47,17 @@ def test_a_cycle_hidden_inside_a_function_is_caught(tree: Path):
 
 
 def test_a_relative_import_cycle_in_the_core_is_caught(tree: Path):
-    units = tree / "spawner" / "units.py"
-    units.write_text(units.read_text() + "\nfrom . import catalog  # noqa\n")
+    units = tree / "spawner" / "core" / "units.py"
+    units.write_text(units.read_text() + "\nfrom .catalog import read  # noqa\n")
     problems = import_rules.violations(tree)
-    assert any("spawner.catalog" in p and "spawner.units" in p for p in problems), problems
+    assert any("spawner.core.catalog.read" in p and "spawner.core.units" in p for p in problems), problems
+
+
+def test_a_new_core_module_is_checked_by_its_path(tree: Path):
+    """Nothing lists the core's modules: a file added under spawner/core/ is held to its rules."""
+    (tree / "spawner" / "core" / "quotas.py").write_text("from jupyterhub.spawner import SpawnException  # noqa\n")
+    problems = import_rules.violations(tree)
+    assert any(p.startswith("spawner.core.quotas: the policy core imports the framework jupyterhub") for p in problems)
 
 
 def test_annotation_only_imports_do_not_count(tree: Path):
@@ -65,9 +72,23 @@ def test_annotation_only_imports_do_not_count(tree: Path):
 @pytest.mark.parametrize(
     ("path", "line", "words"),
     [
-        ("spawner/ledger.py", "import tornado.web", "imports the framework tornado.web"),
-        ("spawner/packer.py", "from .nvml import detect_gpus", "imports the adapter spawner.nvml"),
-        ("spawner/local.py", "from hub_config.storage.db import utcnow", "spawner/ imports hub_config"),
+        ("spawner/core/ledger.py", "import tornado.web", "imports the framework tornado.web"),
+        (
+            "spawner/core/packer.py",
+            "from spawner.local.nvml import detect_gpus",
+            "imports the adapter spawner.local.nvml",
+        ),
+        ("spawner/core/policy.py", "from spawner.kube import spawner", "imports the adapter spawner.kube.spawner"),
+        ("spawner/core/policy.py", "from spawner.runtime import get_runtime", "imports the adapter spawner.runtime"),
+        ("spawner/core/sharing.py", "import requests", "neither spawner.core nor the standard library"),
+        ("spawner/local/spawner.py", "from hub_config.storage.db import utcnow", "spawner/ imports hub_config"),
+        (
+            "spawner/kube/spawner.py",
+            "from spawner.local.spawner import ensure_packer",
+            "adapters never import each other",
+        ),
+        ("spawner/local/sudo.py", "from spawner.kube.conventions import safe_slug", "adapters never import each other"),
+        ("spawner/runtime.py", "from spawner.local.nvml import detect_gpus", "spawner may import only spawner.core"),
         ("idle_culler/hub.py", "from hub_config.config import scopes", "idle_culler imports hub_config"),
     ],
 )

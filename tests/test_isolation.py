@@ -25,7 +25,7 @@ import nbformat
 import pytest
 import requests
 
-from spawner.accounts import can_switch_users
+from spawner.local.accounts import can_switch_users
 from tests.hub_harness import RunningHub, process_env
 from tests.jobs_fixtures import kill_job_runners, submit, user_token, wait_state, write_notebook
 

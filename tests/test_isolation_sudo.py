@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from spawner.accounts import Account, can_switch_users, delete_account, ensure_account, lookup
-from spawner.sudo import process_alive, useradd_argv
+from spawner.local.accounts import Account, can_switch_users, delete_account, ensure_account, lookup
+from spawner.local.sudo import process_alive, useradd_argv
 from tests.hub_harness import VENV_BIN, RunningHub, process_env
 from tests.jobs_fixtures import kill_job_runners, submit, wait_state, write_notebook
 from tests.test_isolation import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from spawner.config import set_runtime
+from spawner.runtime import set_runtime
 
 NS = "team-vision"
 
@@ -57,7 +57,7 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     """Kueue evicts a running Job by suspending it: its pods go, so a ledger
     rebuilt from pods drops it, but the job is queued again and still holds its share."""
     from hub_config.jobs.service import JobService
-    from spawner import jobspec
+    from spawner.core import jobspec
 
     c = kube_jobs_config(tmp_path, monkeypatch, kueue=True)
     service = JobService(config=c)
@@ -88,7 +88,7 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
 )
 def test_the_job_mounts_the_home_claim_kubespawner_named(tmp_path, monkeypatch, user, claim):
     from hub_config.jobs.service import JobService
-    from spawner.kube import expand_user_template
+    from spawner.kube.conventions import expand_user_template
 
     c = kube_jobs_config(tmp_path, monkeypatch)
     backend = JobService(config=c).backend
@@ -103,7 +103,7 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     import kubernetes_validate
 
     from hub_config.jobs.service import JobService
-    from spawner.labels import kueue_local_queue
+    from spawner.core.labels import kueue_local_queue
 
     c = kube_jobs_config(tmp_path, monkeypatch, kueue=True)
     # What z2jh sets for its single-user pods (singleuser.uid, fsGid, image.pullSecrets).
@@ -116,7 +116,7 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     job = service.backend.manifest(service.get(rec.id))
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
     md, spec = job["metadata"], job["spec"]
-    # The LocalQueue the Helm chart creates in the team namespace (one name, spawner/labels.py).
+    # The LocalQueue the Helm chart creates in the team namespace (one name, spawner/core/labels.py).
     assert md["labels"]["kueue.x-k8s.io/queue-name"] == kueue_local_queue("vision") == "gpulab-vision"
     assert spec["suspend"] is True
     # A notebook that raised fails the Job at once; preemption requeues it.

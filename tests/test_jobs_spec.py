@@ -1,4 +1,4 @@
-"""The pure part of notebook jobs (spawner/jobspec.py): validation, the Job manifest, Job states."""
+"""The pure part of notebook jobs (spawner/core/jobspec.py): validation, the Job manifest, Job states."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner import jobspec
-from spawner.catalog import catalog_from_dict
-from spawner.jobspec import JobSpecError
-from spawner.labels import workload_annotations, workload_labels
-from spawner.ledger import Workload
-from spawner.priority import BATCH, TRAINING
-from spawner.sharing import pod_gpu_spec
+from spawner.core import jobspec
+from spawner.core.catalog import catalog_from_dict
+from spawner.core.jobspec import JobSpecError
+from spawner.core.labels import workload_annotations, workload_labels
+from spawner.core.ledger import Workload
+from spawner.core.priority import BATCH, TRAINING
+from spawner.core.sharing import pod_gpu_spec
 
 
 def test_job_classes_map_to_priority_classes():

@@ -181,8 +181,8 @@ def test_the_hub_identity_has_only_the_charts_rights(release: Release, kube: Clu
 
 
 def test_the_spawn_page_counts_labelled_pods_and_refuses_tampered_forms(tmp_path, release: Release, kube: Cluster):
-    from spawner import labels as gl
-    from spawner.ledger import Workload
+    from spawner.core import labels as gl
+    from spawner.core.ledger import Workload
 
     vision = team(release, "vision")
     ns = release.team_ns(vision)

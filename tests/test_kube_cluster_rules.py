@@ -15,11 +15,11 @@ import pytest
 import yaml
 from kubespawner import KubeSpawner
 
-from spawner import jobspec
-from spawner.catalog import catalog_from_dict
-from spawner.config import get_runtime, set_runtime
-from spawner.kube import GPUKubeSpawner
-from spawner.sharing import pod_gpu_spec
+from spawner.core import jobspec
+from spawner.core.catalog import catalog_from_dict
+from spawner.core.sharing import pod_gpu_spec
+from spawner.kube.spawner import GPUKubeSpawner
+from spawner.runtime import get_runtime, set_runtime
 from tests.kube.chart import REPO, Release
 from tests.kube.cluster import Cluster
 from tests.test_helm_sharing_objects import device_plugin_advertises
@@ -293,7 +293,7 @@ def test_kueue_admits_a_cpu_only_job_without_the_gpu_flavor(hub_identity: Releas
     """Kueue writes the node labels of every flavor it assigns into the pods. With CPU
     and memory in the GPU flavor's resource group, a CPU-only job got the GPU flavor
     (and its GPU node labels); the chart gives CPU and memory a flavor of their own."""
-    from spawner.labels import kueue_local_queue
+    from spawner.core.labels import kueue_local_queue
 
     release = hub_identity
     name = team(release, "vision")

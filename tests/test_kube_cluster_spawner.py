@@ -18,8 +18,8 @@ from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
-from spawner.config import get_runtime, set_runtime
-from spawner.kube import GPUKubeSpawner
+from spawner.kube.spawner import GPUKubeSpawner
+from spawner.runtime import get_runtime, set_runtime
 from tests.kube.chart import Release
 from tests.kube.cluster import Cluster
 from tests.kube.spawner_api import Hub, User

@@ -26,10 +26,10 @@ from kubespawner import KubeSpawner
 from tornado.web import HTTPError
 from traitlets.config import Config
 
-from spawner import labels as gl
-from spawner.catalog import catalog_from_dict
-from spawner.config import GPULabRuntime, get_runtime, set_runtime
-from spawner.kube import GPUKubeSpawner
+from spawner.core import labels as gl
+from spawner.core.catalog import catalog_from_dict
+from spawner.kube.spawner import GPUKubeSpawner
+from spawner.runtime import GPULabRuntime, get_runtime, set_runtime
 from tests.kube.chart import Release
 from tests.kube.cluster import Cluster
 from tests.kube.spawner_api import ClusterView, Hub, User
@@ -518,7 +518,7 @@ def regenerate_docs(examples: dict[str, str]) -> None:
 
 def test_docs_hub_configs_load(tmp_path):
     """Every jupyterhub_config.py example in docs/kubernetes.md loads with the docs' catalog."""
-    from spawner.config import GPULab
+    from spawner.runtime import GPULab
 
     docs = DOCS.read_text()
     catalog_yaml = re.search(r"```yaml\n(teams:\n.*?)```", docs, re.S).group(1)

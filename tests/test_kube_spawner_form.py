@@ -11,7 +11,7 @@ import pytest
 from jupyterhub.utils import maybe_future
 from tornado.web import HTTPError
 
-from spawner.config import get_runtime
+from spawner.runtime import get_runtime
 from tests.test_kube_spawner import api, make_config, spawner_for  # noqa: F401 - the api fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]

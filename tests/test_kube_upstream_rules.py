@@ -17,8 +17,8 @@ import kubernetes_validate
 import pytest
 from tornado.web import HTTPError
 
-from spawner.config import get_runtime
 from spawner.kube import expand_user_template, qualified_hub_connect_url
+from spawner.runtime import get_runtime
 from tests.test_kube_spawner import (  # noqa: F401 - the api fixture
     CATALOG,
     K8S_VERSION,

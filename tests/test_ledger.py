@@ -7,8 +7,8 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spawner.ledger import RESERVED, RUNNING, Ledger, Workload
-from spawner.model import Team
+from spawner.core.ledger import RESERVED, RUNNING, Ledger, Workload
+from spawner.core.model import Team
 
 SIZES = st.sampled_from([0, 250, 500, 1000, 2000, 4000, 8000, 125, 1])
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spawner.catalog import DeviceSpec
-from spawner.fragmentation import WEIGHT_SCALE, FragmentationWeights, TaskClass, node_fragmentation
-from spawner.packer import DevicePacker, GPUDevice, devices_from_inventory
+from spawner.core.catalog import DeviceSpec
+from spawner.core.fragmentation import WEIGHT_SCALE, FragmentationWeights, TaskClass, node_fragmentation
+from spawner.core.packer import DevicePacker, GPUDevice, devices_from_inventory
 
 
 def packer(n=4, model="H100-80GB", nodes=1):

@@ -1,11 +1,11 @@
-"""The scheduler's FailedScheduling messages, in words (spawner/scheduling.py)."""
+"""The scheduler's FailedScheduling messages, in words (spawner/core/scheduling.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.scheduling import explain_unschedulable, parse_unschedulable
+from spawner.core.scheduling import explain_unschedulable, parse_unschedulable
 
 # Messages as kube-scheduler v1.36 writes them (seen on the test bed).
 BUSY = (

@@ -1,4 +1,4 @@
-"""The pure GPU-sharing mappings (spawner/sharing.py)."""
+"""The pure GPU-sharing mappings (spawner/core/sharing.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.catalog import CatalogError, catalog_from_dict
-from spawner.catalog_yaml import catalog_from_yaml
-from spawner.model import Profile, Team
-from spawner.sharing import (
+from spawner.core.catalog import CatalogError, catalog_from_dict
+from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.core.model import Profile, Team
+from spawner.core.sharing import (
     DEFAULT_MIG_PROFILES,
     MAPPERS,
     SharingError,

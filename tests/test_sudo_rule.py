@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hub_config.config.embedded import choose_isolation
-from spawner import mediator
-from spawner.sudo import ROOT, sudoers_rule
+from spawner.local import mediator
+from spawner.local.sudo import ROOT, sudoers_rule
 from tests.hub_harness import VENV_BIN
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spawner.advisor import AdvisorError, demand_from, efficiency_of, givable_sizes, recommend
-from spawner.model import Team
-from spawner.packer import GPUDevice
-from spawner.whatif import Proposal, RecordedSession, replay
+from spawner.core.advisor import AdvisorError, demand_from, efficiency_of, givable_sizes, recommend
+from spawner.core.model import Team
+from spawner.core.packer import GPUDevice
+from spawner.core.whatif import Proposal, RecordedSession, replay
 
 H = 3600
 

@@ -16,7 +16,7 @@ from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import Scope
 from tornado import web
 
-from spawner.config import GPULabRuntime, get_runtime
+from spawner.runtime import GPULabRuntime, get_runtime
 
 #: Largest JSON body any gpulab endpoint accepts.
 MAX_BODY_BYTES = 256 * 1024

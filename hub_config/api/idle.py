@@ -54,7 +54,7 @@ from hub_config.domain.idle_records import (
     reclaim_message,
 )
 from hub_config.storage.db import from_epoch, iso, session_factory, to_epoch, utcnow
-from spawner.idle import KeepaliveRefused, grant_keepalive
+from spawner.core.idle import KeepaliveRefused, grant_keepalive
 
 # -- handlers -------------------------------------------------------------
 

@@ -7,7 +7,7 @@ a backend (:mod:`.local` or :mod:`.kube`), which reports state changes back
 through :meth:`JobService.transition`.
 
 Quota: a job is admitted at submission by :meth:`Ledger.reserve
-<spawner.ledger.Ledger.reserve>` -- the same ledger, the same rules as a
+<spawner.core.ledger.Ledger.reserve>` -- the same ledger, the same rules as a
 notebook spawn (``batch`` may burst above the guarantee as preemptible work,
 ``training`` never goes over quota) -- and holds its share until it reaches a
 final state. A refusal says why and stores nothing.
@@ -30,13 +30,13 @@ from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import session_factory, utcnow
-from spawner import jobspec
-from spawner.accounts import UserAccounts, lookup
-from spawner.config import GPULabRuntime, get_runtime
-from spawner.jobspec import FINAL_STATES, JobSpecError
-from spawner.ledger import RESERVED, RUNNING, Workload
-from spawner.policy import PolicyError, resolve_request
-from spawner.sudo import SudoError
+from spawner.core import jobspec
+from spawner.core.jobspec import FINAL_STATES, JobSpecError
+from spawner.core.ledger import RESERVED, RUNNING, Workload
+from spawner.core.policy import PolicyError, resolve_request
+from spawner.local.accounts import UserAccounts, lookup
+from spawner.local.sudo import SudoError
+from spawner.runtime import GPULabRuntime, get_runtime
 
 #: Keys a submission may carry; anything else is refused (never silently ignored).
 SUBMIT_KEYS = frozenset(

@@ -9,7 +9,7 @@ from pathlib import Path
 from traitlets import Bool, Float, Int, List, Type, Unicode, default
 from traitlets.config import Configurable
 
-from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
+from spawner.core.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
 
 
 class GPULabJobs(Configurable):

@@ -48,7 +48,7 @@ def givable_sizes(
 
     ``whole``: whole GPUs only; ``timeslice``: ``k/R`` of a GPU for the
     configured replicas ``R``; ``mig``: the slices of ``model`` (each counted as
-    :func:`spawner.sharing.pick_mig_slice` counts it); ``hami``: whole percent;
+    :func:`spawner.core.sharing.pick_mig_slice` counts it); ``hami``: whole percent;
     ``kai``: any milli-GPU.
     """
     opts = options or {}
@@ -392,7 +392,7 @@ def fill_work(
     The measure of the paper that published the Alibaba trace: requests in
     their order (cycling through them again if they run out), nothing
     leaves, until ``max_failures`` placements in a row fail. A request no
-    size holds is skipped. ``devices`` are :class:`spawner.packer.GPUDevice`.
+    size holds is skipped. ``devices`` are :class:`spawner.core.packer.GPUDevice`.
     """
     ordered = sorted(sizes)
     packer = DevicePacker(devices, scoring=scoring)

@@ -200,10 +200,10 @@ class KubeJobRequest:
     log_path: str
     parameters: Mapping[str, Any]
     time_limit_seconds: int
-    #: ``gpulab.io/*`` labels and annotations from :mod:`spawner.labels`.
+    #: ``gpulab.io/*`` labels and annotations from :mod:`spawner.core.labels`.
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
-    #: The profile's GPU mapping (:class:`spawner.sharing.PodGPUSpec`); ``None`` = CPU only.
+    #: The profile's GPU mapping (:class:`spawner.core.sharing.PodGPUSpec`); ``None`` = CPU only.
     gpu: Any = None
     home_claim: str = ""
     home_mount_path: str = "/home/jovyan"

@@ -30,6 +30,11 @@ RUNNING = "running"
 LedgerObserver = Callable[[str, "Workload"], None]
 
 
+def notebook_key(username: str, server_name: str) -> str:
+    """Ledger key of a notebook server (one per user and named server), on either platform."""
+    return f"notebook:{username}/{server_name}"
+
+
 @dataclass(frozen=True)
 class Workload:
     """One GPU holder: a notebook server or a job."""

@@ -5,7 +5,7 @@ share fits it most tightly, so partially used devices fill up before fresh
 ones are touched; when it needs a fresh device, or N whole GPUs (N completely
 free devices of one model on one node), it goes to the node left with the
 least free GPU (best fit at node level), so empty nodes stay empty for large
-requests. FGD (fragmentation gradient descent, :mod:`spawner.fragmentation`):
+requests. FGD (fragmentation gradient descent, :mod:`spawner.core.fragmentation`):
 the candidate that grows the fragmentation of the expected workload least,
 ties broken by best fit. No device ever holds more than 1000 milli-GPUs.
 
@@ -133,7 +133,7 @@ class DevicePacker:
     ``scoring="bestfit"``: the device whose free share fits most tightly, and
     for a fresh device (or whole GPUs) the node left with the least free GPU.
     ``scoring="fgd"``: the placement that grows the fragmentation of the
-    target ``workload`` least (:mod:`spawner.fragmentation`), ties broken by
+    target ``workload`` least (:mod:`spawner.core.fragmentation`), ties broken by
     best fit. Without a ``workload`` the packer learns it from the requests
     it is asked to place.
     """

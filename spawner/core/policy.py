@@ -1,7 +1,7 @@
 """Spawn-time policy: what a user may start, what is available, and why not.
 
-Pure functions over a :class:`~spawner.catalog.Catalog` and a
-:class:`~spawner.ledger.Ledger`. The spawn pages of both spawners, the jobs
+Pure functions over a :class:`~spawner.core.catalog.Catalog` and a
+:class:`~spawner.core.ledger.Ledger`. The spawn pages of both spawners, the jobs
 API and the lab extension all build their choices and validate requests here,
 so the form and the server can never disagree.
 """

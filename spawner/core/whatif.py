@@ -6,12 +6,12 @@ session asks again at its recorded start, under the proposal:
 
 1. its size is rounded up to the smallest size of the proposed catalog
    (none large enough: *not offered*);
-2. the proposed team quotas admit it or not (:class:`spawner.ledger.Ledger`,
+2. the proposed team quotas admit it or not (:class:`spawner.core.ledger.Ledger`,
    the hub's own admission: guarantee, burst, per-user cap);
-3. with a device list, the packer must find room (:class:`spawner.packer.DevicePacker`);
+3. with a device list, the packer must find room (:class:`spawner.core.packer.DevicePacker`);
 4. with an idle timeout, it is reclaimed at the first moment its samples
    prove it idle for the timeout plus the warning's grace period, decided
-   by :func:`spawner.idle.judge_gpu_idle` (the culler's own rule: no
+   by :func:`spawner.core.idle.judge_gpu_idle` (the culler's own rule: no
    samples, no reclaim).
 
 Figures, in GPU-hours of the proposal's (rounded) sizes: *served* (held
@@ -136,7 +136,7 @@ def reclaim_time(session: RecordedSession, proposal: Proposal) -> float | None:
 
     The first sample time at which every sample of the last ``timeout + grace``
     seconds is at or below the threshold; confirmed with the culler's own
-    :func:`spawner.idle.judge_gpu_idle` (gaps, coverage, bad values).
+    :func:`spawner.core.idle.judge_gpu_idle` (gaps, coverage, bad values).
     """
     timeout = timeout_for(session, proposal)
     if timeout is None or not session.samples:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner.spawner import PodReflector
 
-from . import labels as gl
-from .ledger import Workload
+from spawner.core import labels as gl
+from spawner.core.ledger import Workload
 
 if TYPE_CHECKING:
-    from .config import GPULabRuntime
+    from spawner.runtime import GPULabRuntime
 
 #: Runtimes whose ledger has been rebuilt from the cluster at least once.
 _LOADED_RUNTIMES: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -30,24 +30,29 @@ from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import List, Unicode, default
 
-from . import labels as gl
-from .config import GPULabRuntime, get_runtime
-from .env import gpu_env
-from .form import choice_value, limit_notes, notice_html
-from .kube_conventions import (
-    expand_user_template,
-    privileged_containers,
-    qualified_hub_connect_url,
-    user_template_fields,
+from spawner.core import labels as gl
+from spawner.core.env import gpu_env
+from spawner.core.form import choice_value, limit_notes, notice_html
+from spawner.core.ledger import Workload, notebook_key
+from spawner.core.policy import (
+    Capacity,
+    PolicyError,
+    ProfileChoice,
+    SpawnRequest,
+    choices_for_user,
+    resolve_request,
+    what_to_do,
 )
-from .kube_ledger import _LOADED_RUNTIMES, ClusterLedger, GPUPodReflector, api_message, workload_from_pod
-from .ledger import Workload
-from .local import workload_key
-from .policy import Capacity, PolicyError, ProfileChoice, SpawnRequest, choices_for_user, resolve_request, what_to_do
-from .priority import effective_priority_class
-from .scheduling import explain_unschedulable
-from .sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
-from .units import format_gpus
+from spawner.core.priority import effective_priority_class
+from spawner.core.scheduling import explain_unschedulable
+from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
+from spawner.core.units import format_gpus
+from spawner.runtime import GPULabRuntime, get_runtime
+
+from .conventions import (
+    privileged_containers,
+)
+from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 _QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
@@ -165,7 +170,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
 
     @property
     def workload_key(self) -> str:
-        return workload_key(self.user.name, self.name)  # the same key as on a single server
+        return notebook_key(self.user.name, self.name)  # the same key as on a single server
 
     def _user_groups(self) -> list[str]:
         return [getattr(g, "name", g) for g in (getattr(self.user, "groups", None) or [])]
@@ -560,15 +565,3 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             if not self._starting:
                 self.runtime.ledger.release(self.workload_key)
                 self._reserved_key = None
-
-
-__all__ = [
-    "GPUKubeSpawner",
-    "GPUPodReflector",
-    "expand_user_template",
-    "privileged_containers",
-    "qualified_hub_connect_url",
-    "quota_refusal_message",
-    "user_template_fields",
-    "workload_from_pod",
-]

@@ -21,7 +21,7 @@ class AccountProcessSpawner(LocalProcessSpawner):
 
     A root hub switches user itself in the child before ``exec`` (JupyterHub's
     own user switching). A hub that is not root starts, signals and stops the
-    server through the mediator over ``sudo -n`` (:mod:`spawner.sudo`), and
+    server through the mediator over ``sudo -n`` (:mod:`spawner.local.sudo`), and
     polls it from ``/proc``; ``c.Spawner.cmd`` is then the mediator's own
     ``jupyterhub-singleuser``, as with sudospawner.
     """

@@ -9,7 +9,7 @@ signals.
 
 Switching users needs root, or a sudoers rule: a root hub switches itself
 (:func:`demote_kwargs`); a hub that is not root runs the mediator
-``gpulab-launch`` as the account through ``sudo -n`` (:mod:`spawner.sudo`,
+``gpulab-launch`` as the account through ``sudo -n`` (:mod:`spawner.local.sudo`,
 ``c.UserAccounts.switch``). A hub that can do neither cannot isolate users and
 says so; see docs/single-server.md.
 

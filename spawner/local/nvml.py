@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from .packer import GPUDevice
+from spawner.core.packer import GPUDevice
 
 log = logging.getLogger("gpulab.nvml")
 

@@ -3,7 +3,7 @@
 ``GPULocalSpawner`` (entry point ``gpu-local``, the embedded default when the
 hub runs as root or has the sudoers rule) runs each server as the user's own
 system account (``jupyter-<name>``, created on first spawn, home 0700: see
-:mod:`spawner.accounts`), like ``LocalProcessSpawner`` with The Littlest
+:mod:`spawner.local.accounts`), like ``LocalProcessSpawner`` with The Littlest
 JupyterHub's account creation, or like sudospawner for a hub that is not root. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``)
 runs every server as the hub's own account with a home per user, like
 ``SimpleLocalProcessSpawner``: users are not isolated from each other, so the
@@ -32,14 +32,11 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
-from .account_spawner import AccountProcessSpawner
-from .config import GPULabRuntime, get_runtime
-from .env import gpu_env
-from .form import find_choice, options_from_formdata, refusal_sentence, render_options_form
-from .ledger import Workload
-from .nvml import detect_gpus
-from .packer import DevicePacker, Placement, devices_from_inventory
-from .policy import (
+from spawner.core.env import gpu_env
+from spawner.core.form import find_choice, options_from_formdata, refusal_sentence, render_options_form
+from spawner.core.ledger import Workload, notebook_key
+from spawner.core.packer import DevicePacker, Placement, devices_from_inventory
+from spawner.core.policy import (
     Capacity,
     PolicyError,
     ProfileChoice,
@@ -49,13 +46,12 @@ from .policy import (
     resolve_request,
     what_to_do,
 )
-from .progress import setup_messages
-from .units import format_gpus
+from spawner.core.progress import setup_messages
+from spawner.core.units import format_gpus
+from spawner.runtime import GPULabRuntime, get_runtime
 
-
-def workload_key(username: str, server_name: str) -> str:
-    """Ledger key of a notebook server (one per user and named server)."""
-    return f"notebook:{username}/{server_name}"
+from .account_spawner import AccountProcessSpawner
+from .nvml import detect_gpus
 
 
 def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
@@ -159,7 +155,7 @@ class GPULocalMixin(_SpawnerBase):
 
     @property
     def _key(self) -> str:
-        return workload_key(self.user.name, self.name or "")
+        return notebook_key(self.user.name, self.name or "")
 
     # -- the spawn page -----------------------------------------------------
 

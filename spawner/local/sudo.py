@@ -1,7 +1,7 @@
 """A non-root hub acts as users' accounts through sudo and ``gpulab-launch``.
 
 The design is sudospawner's: the hub's account may run one program, the
-mediator (:mod:`spawner.mediator`), as the members of one group, without a
+mediator (:mod:`spawner.local.mediator`), as the members of one group, without a
 password (``scripts/gpulab.sudoers``). Every action on a user's behalf --
 start a server or a job runner, signal it, read a job's log -- is one
 ``sudo -n -u <account> -- <mediator>`` with a fixed argument list and one

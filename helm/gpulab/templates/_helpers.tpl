@@ -1,5 +1,5 @@
 {{/*
-Shared helpers. GPU amounts are handled the way spawner/units.py does it:
+Shared helpers. GPU amounts are handled the way spawner/core/units.py does it:
 as integer milli-GPUs, never as floats, and quota units are rounded UP, so
 the cluster never refuses a pod that gpulab's exact ledger admitted.
 */}}
@@ -53,7 +53,7 @@ burst: {{ $b }}
 {{/*
 The GPU resources the catalog's profiles make pods request, as YAML
 {resource: {per: units per GPU}} or {resource: {share: milli-GPUs per unit}}.
-It follows spawner/sharing.py (the spawner's mapping), profile by profile:
+It follows spawner/core/sharing.py (the spawner's mapping), profile by profile:
   1 GPU or more, any backend   whole resource (whole.resource, hami.resource,
                                else <backend>.whole_resource; nvidia.com/gpu)  per 1
   fraction, timeslice          timeslice.resource (nvidia.com/gpu.shared)     per replicas (4)

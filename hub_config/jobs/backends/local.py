@@ -1,6 +1,6 @@
 """The single-server job backend: papermill processes on this machine's GPUs.
 
-- Placement goes through the runtime's :class:`~spawner.packer.DevicePacker`
+- Placement goes through the runtime's :class:`~spawner.core.packer.DevicePacker`
   -- the one the notebook spawner uses -- so jobs and notebooks never share
   more of a GPU than it has.
 - The queue is ordered by priority (training before batch), then age. A job
@@ -15,7 +15,7 @@
   owner's and the hub never writes into a home as root. Its exit-status file is
   created by the hub, owned by the owner, in a folder others cannot list.
   A hub that is not root does all of this through the mediator over sudo
-  (:mod:`spawner.sudo`): the runner starts as the owner, signals go through
+  (:mod:`spawner.local.sudo`): the runner starts as the owner, signals go through
   the mediator, and the exit-status file lives in the owner's home
   (``~/.gpulab/jobs/``), where the hub reads it, like the log, as the owner.
 - Hub restarts: runners live in their own session and outlive the hub; on start
@@ -38,12 +38,12 @@ from typing import Any
 from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, utcnow
-from spawner import jobspec
-from spawner.accounts import Account, AccountError, demote_kwargs, lookup
-from spawner.env import gpu_env
-from spawner.local import ensure_packer
-from spawner.packer import FULL
-from spawner.sudo import SudoError, process_alive
+from spawner.core import jobspec
+from spawner.core.env import gpu_env
+from spawner.core.packer import FULL
+from spawner.local.accounts import Account, AccountError, demote_kwargs, lookup
+from spawner.local.spawner import ensure_packer
+from spawner.local.sudo import SudoError, process_alive
 
 RUNNER_MODULE = "hub_config.jobs.runner"
 

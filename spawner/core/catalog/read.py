@@ -13,18 +13,10 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
-from .catalog_kube import (
-    NODE_TERM_KEYS,
-    PREFERRED_TERM_KEYS,
-    TOLERATION_KEYS,
-    check_node_term,
-    check_preferred_term,
-    check_toleration,
-)
-from .model import SLUG_RE, ImageChoice, Profile, Team, is_slug
-from .priority import BY_SHORT_NAME, get_priority_class
-from .sharing import SHARING_BACKENDS, sharing_config_issues
-from .units import (
+from spawner.core.model import SLUG_RE, ImageChoice, Profile, Team, is_slug
+from spawner.core.priority import BY_SHORT_NAME, get_priority_class
+from spawner.core.sharing import SHARING_BACKENDS, sharing_config_issues
+from spawner.core.units import (
     UnitError,
     format_gpus,
     parse_cpu,
@@ -32,6 +24,15 @@ from .units import (
     parse_gpus,
     parse_memory,
     parse_milli,
+)
+
+from .kube_fields import (
+    NODE_TERM_KEYS,
+    PREFERRED_TERM_KEYS,
+    TOLERATION_KEYS,
+    check_node_term,
+    check_preferred_term,
+    check_toleration,
 )
 
 Path = tuple[Any, ...]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .catalog import Catalog
-from .model import Profile, Team
-from .priority import short_name
-from .units import format_duration, format_gpus, format_memory
+from spawner.core.model import Profile, Team
+from spawner.core.priority import short_name
+from spawner.core.units import format_duration, format_gpus, format_memory
+
+from .read import Catalog
 
 
 def profile_to_dict(p: Profile) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Catalogs from YAML text, with each problem pointing at its file line; GPU model checks.
 
-The validation itself is :func:`spawner.catalog.catalog_from_dict`; this module
-maps YAML nodes to line numbers so that every :class:`~spawner.catalog.ConfigIssue`
+The validation itself is :func:`spawner.core.catalog.catalog_from_dict`; this module
+maps YAML nodes to line numbers so that every :class:`~spawner.core.catalog.ConfigIssue`
 names the line an operator has to fix.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from .catalog import Catalog, CatalogError, ConfigIssue, Path, catalog_from_dict, closest_match
+from .read import Catalog, CatalogError, ConfigIssue, Path, catalog_from_dict, closest_match
 
 
 def _line_map(node: yaml.Node, path: Path = (), out: dict[Path, int] | None = None) -> dict[Path, int]:
