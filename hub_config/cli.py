@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 
 from spawner.core.catalog import Catalog, CatalogError, catalog_from_dict
+from spawner.core.catalog.sharing import known_gpu_models as sharing_known_models
 from spawner.core.catalog.yaml_text import catalog_from_yaml, gpu_model_issues
-from spawner.core.sharing import known_gpu_models as sharing_known_models
 from spawner.core.units import format_gpus
 from spawner.kube.conventions import prepuller_extra_images
 from spawner.local.nvml import detect_gpus

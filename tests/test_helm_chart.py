@@ -24,9 +24,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from spawner.core import catalog as catalog_mod
 from spawner.core import labels, priority, sharing
-from spawner.core.catalog import read as catalog_mod
+from spawner.core.catalog import profiles as catalog_profiles
+from spawner.core.catalog import read as catalog_read
+from spawner.core.catalog import sharing as catalog_sharing
+from spawner.core.catalog import teams as catalog_teams
 from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.core.units import parse_gpus
 from spawner.runtime import GPULab
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,8 +172,8 @@ def test_rendered_catalog_loads_in_the_hub(variant, tmp_path):
     assert [p["slug"] for p in values["profiles"]] == list(catalog.profiles)
     for spec in values["teams"]:
         team = catalog.teams[spec["name"]]
-        assert team.burst_milli == catalog_mod.parse_gpus(spec.get("burst", spec.get("guarantee", 0)))
-        assert team.guarantee_milli == catalog_mod.parse_gpus(spec.get("guarantee", 0))
+        assert team.burst_milli == parse_gpus(spec.get("burst", spec.get("guarantee", 0)))
+        assert team.guarantee_milli == parse_gpus(spec.get("guarantee", 0))
     assert catalog.sharing.get("backend") == (values.get("sharing") or {}).get("backend", "whole")
     # Every catalog profile can be mapped to a pod by the spawner's sharing code.
     for p in catalog.profiles.values():
@@ -512,14 +517,14 @@ def test_schema_rejects_typos_with_a_clear_message(tmp_path, text, words):
 def test_schema_mirrors_the_catalog_schema():
     schema = json.loads((CHART / "values.schema.json").read_text())
     g = schema["properties"]["gpulab"]["properties"]
-    assert set(g) == catalog_mod._TOP_KEYS
-    assert set(g["teams"]["items"]["properties"]) == catalog_mod._TEAM_KEYS
-    assert set(g["profiles"]["items"]["properties"]) == catalog_mod._PROFILE_KEYS
+    assert set(g) == catalog_read.TOP_KEYS
+    assert set(g["teams"]["items"]["properties"]) == catalog_teams.TEAM_KEYS
+    assert set(g["profiles"]["items"]["properties"]) == catalog_profiles.PROFILE_KEYS
     backends = g["sharing"]["properties"]
-    assert set(backends) == {"backend", *catalog_mod.SHARING_BACKENDS}
-    assert backends["backend"]["enum"] == list(catalog_mod.SHARING_BACKENDS)
-    for b in catalog_mod.SHARING_BACKENDS:
-        assert set(backends[b]["properties"]) == {*sharing.BACKEND_OPTIONS[b], "node_selector"}, b
+    assert set(backends) == {"backend", *sharing.SHARING_BACKENDS}
+    assert backends["backend"]["enum"] == list(sharing.SHARING_BACKENDS)
+    for b in sharing.SHARING_BACKENDS:
+        assert set(backends[b]["properties"]) == {*catalog_sharing.BACKEND_OPTIONS[b], "node_selector"}, b
     pcs = g["profiles"]["items"]["properties"]["priority_class"]["enum"]
     assert pcs == list(priority.BY_SHORT_NAME)
 

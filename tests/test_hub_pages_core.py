@@ -13,6 +13,7 @@ from traitlets import TraitError
 from hub_config.domain.usage import bucket_edges, period_report
 from hub_config.domain.usage_records import GPULabUsage, UsageInterval
 from spawner.core.catalog import catalog_from_dict
+from spawner.core.catalog.sharing import known_gpu_models
 from spawner.core.catalog.yaml_text import unknown_gpu_model
 from spawner.core.form import refusal_sentence, render_options_form
 from spawner.core.idle import idle_policy_text
@@ -20,7 +21,6 @@ from spawner.core.ledger import Ledger
 from spawner.core.packer import GPUDevice
 from spawner.core.policy import choices_for_user, what_to_do
 from spawner.core.progress import setup_messages
-from spawner.core.sharing import known_gpu_models
 from spawner.runtime import GPULabRuntime
 
 CATALOG = catalog_from_dict(

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spawner.core.catalog import CatalogError, catalog_from_dict
+from spawner.core.catalog.sharing import sharing_config_issues, validate_sharing_config
 from spawner.core.catalog.yaml_text import catalog_from_yaml
 from spawner.core.model import Profile, Team
 from spawner.core.sharing import (
@@ -18,9 +19,7 @@ from spawner.core.sharing import (
     mig_table,
     pick_mig_slice,
     pod_gpu_spec,
-    sharing_config_issues,
     timeslice_effective_milli,
-    validate_sharing_config,
 )
 
 TEAM = Team(name="vision", guarantee_milli=2000, burst_milli=3000)

@@ -32,10 +32,10 @@ from hub_config.domain.catalog_store import CatalogStore, StaleCatalogError
 from hub_config.domain.usage import current_report, period_report
 from hub_config.storage.db import utcnow
 from spawner.core.catalog import Catalog, CatalogError, catalog_from_dict
+from spawner.core.catalog.sharing import known_gpu_models
 from spawner.core.catalog.write import catalog_to_dict, profile_to_dict, team_to_dict
 from spawner.core.catalog.yaml_text import unknown_gpu_model
 from spawner.core.model import is_slug
-from spawner.core.sharing import known_gpu_models
 from spawner.core.units import UnitError, format_gpus, parse_duration
 
 #: Admin bodies are small; anything bigger is refused before parsing.

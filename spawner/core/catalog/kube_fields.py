@@ -9,7 +9,10 @@ Pure code.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from .reader import KeyPath, Reader, kind
 
 #: Fields of a Toleration, a NodeSelectorTerm, a PreferredSchedulingTerm and a requirement.
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
@@ -59,3 +62,40 @@ def check_preferred_term(term: dict[str, Any]) -> str | None:
     if not isinstance(term.get("preference"), dict):
         return "preference must be a node selector term"
     return check_node_term(term["preference"])
+
+
+def read_kube_objects(
+    r: Reader, value: Any, path: KeyPath, allowed: set[str], check: Callable[[dict[str, Any]], str | None]
+) -> tuple[dict[str, Any], ...]:
+    """A list of Kubernetes objects (tolerations, affinity terms): known fields, checked shapes."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        r.error(path, f"expected a list, got {kind(value)}")
+        return ()
+    out = []
+    for i, item in enumerate(value):
+        d = r.mapping(item, path + (i,), allowed)
+        if d is None:
+            continue
+        problem = check(d)
+        if problem:
+            r.error(path + (i,), problem)
+        else:
+            out.append(dict(d))
+    return tuple(out)
+
+
+def read_scheduling(
+    r: Reader, spec: Mapping[str, Any], path: KeyPath
+) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+    """A profile's ``(tolerations, node_affinity_required, node_affinity_preferred)``."""
+    fields = (
+        ("tolerations", TOLERATION_KEYS, check_toleration),
+        ("node_affinity_required", NODE_TERM_KEYS, check_node_term),
+        ("node_affinity_preferred", PREFERRED_TERM_KEYS, check_preferred_term),
+    )
+    tolerations, required, preferred = (
+        read_kube_objects(r, spec.get(key), path + (key,), allowed, check) for key, allowed, check in fields
+    )
+    return tolerations, required, preferred

@@ -8,7 +8,7 @@ from spawner.core.model import Profile, Team
 from spawner.core.priority import short_name
 from spawner.core.units import format_duration, format_gpus, format_memory
 
-from .read import Catalog
+from .catalog import Catalog
 
 
 def profile_to_dict(p: Profile) -> dict[str, Any]:

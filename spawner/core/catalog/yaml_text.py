@@ -11,10 +11,12 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from .read import Catalog, CatalogError, ConfigIssue, Path, catalog_from_dict, closest_match
+from .catalog import Catalog
+from .read import catalog_from_dict
+from .reader import CatalogError, ConfigIssue, KeyPath, closest_match
 
 
-def _line_map(node: yaml.Node, path: Path = (), out: dict[Path, int] | None = None) -> dict[Path, int]:
+def _line_map(node: yaml.Node, path: KeyPath = (), out: dict[KeyPath, int] | None = None) -> dict[KeyPath, int]:
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
@@ -57,7 +59,7 @@ def gpu_model_issues(text: str, known_models: Iterable[str]) -> list[ConfigIssue
     for i, p in enumerate(data.get("profiles") or [] if isinstance(data, Mapping) else []):
         model = p.get("gpu_model") if isinstance(p, Mapping) else None
         if isinstance(model, str) and model not in known:
-            path: Path = ("profiles", i, "gpu_model")
+            path: KeyPath = ("profiles", i, "gpu_model")
             out.append(ConfigIssue(path, unknown_gpu_model(model, known), lines.get(path)))
     return out
 
