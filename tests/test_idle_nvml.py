@@ -24,10 +24,11 @@ import requests
 from traitlets.config import Config
 
 from idle_culler.app import GPUIdleCuller
-from idle_culler.nvml_source import NVMLAdapter, NVMLSource
+from idle_culler.nvml_source import NVMLSource
 from idle_culler.sources import SourceUnavailable
 from idle_culler.targets import DEVICE, ServerTarget
 from spawner.core.idle import BUSY, IDLE, judge_gpu_idle
+from spawner.local.nvml import NVML
 from tests.hub_harness import RunningHub
 
 
@@ -80,7 +81,8 @@ class ScriptedNVML:
 
 def test_adapter_turns_not_found_into_no_samples_and_keeps_other_errors():
     nvml = ScriptedNVML(1)
-    adapter = NVMLAdapter(nvml)
+    adapter = NVML(nvml)
+    assert adapter.start()
     assert adapter.process_utilization(0, 0) == []
     nvml.devices[0]["util"] = [(123, 40)]
     [(pid, ts, sm)] = adapter.process_utilization(0, 0)
