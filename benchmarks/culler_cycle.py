@@ -247,7 +247,7 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
 
 
 def start_prometheus(workdir: Path, n_servers: int, at: float, window: int, interval: int, rules: bool = True):
-    from tests.dcgm_fake_exporter import RunningPrometheus
+    from tests.support.dcgm_fake_exporter import RunningPrometheus
 
     prom = RunningPrometheus(workdir, [], rules=rules, rule_interval=f"{interval}s")
     stamps = [at - k * interval for k in range(window // interval + 2, -1, -1)]
@@ -302,7 +302,7 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
     from traitlets.config import Config
 
     from idle_culler.app import GPUIdleCuller
-    from tests.hub_harness import free_port
+    from tests.support.hub import free_port
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"

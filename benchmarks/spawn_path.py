@@ -55,9 +55,9 @@ from spawner.core.priority import ALL_PRIORITY_CLASSES, effective_priority_class
 from spawner.core.sharing import pod_gpu_spec  # noqa: E402
 from spawner.kube.spawner import GPUKubeSpawner  # noqa: E402
 from spawner.runtime import set_runtime  # noqa: E402
-from tests.kube.chart import Z2JH_HUB_RULES  # noqa: E402
-from tests.kube.pki import token_kubeconfig  # noqa: E402
-from tests.kube.testbed import Testbed, up  # noqa: E402
+from tests.kube.bed.chart import Z2JH_HUB_RULES  # noqa: E402
+from tests.kube.bed.pki import token_kubeconfig  # noqa: E402
+from tests.kube.bed.testbed import Testbed, up  # noqa: E402
 
 IMAGE = "quay.io/jupyter/base-notebook:2024-10-07"
 TEAM = "bench"

@@ -9,39 +9,24 @@ page and on the server. Screenshots: test-output/admin/.
 from __future__ import annotations
 
 import html
-import os
 
 import pytest
 
-from tests.conftest import CHROMIUM
-from tests.hub_harness import REPO, RunningHub
+from tests.support import REPO
+from tests.support.catalogs import H100_PROFILES, NLP_TEAM, VISION_TEAM, h100_inventory
+from tests.support.hub import RunningHub
 
 pytestmark = pytest.mark.integration
 
 SHOTS = REPO / "test-output" / "admin"
-CATALOG = """
-inventory:
-  - {model: H100-80GB, count: 2, memory_mib: 81559}
-prices: {H100-80GB: 2.5, "*": 1.0}
-profiles:
-  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB}
-  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}
-  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB}
-teams:
-  - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1,
-     allowed_profiles: [h100-quarter, h100-half, h100-1]}
-  - {name: nlp, display_name: Language models, users: [carol], guarantee: 1, burst: 2}
-"""
+CATALOG = (
+    h100_inventory(2) + 'prices: {H100-80GB: 2.5, "*": 1.0}\n' + H100_PROFILES + "teams:\n" + VISION_TEAM + NLP_TEAM
+)
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
-    h = RunningHub(tmp_path_factory.mktemp("admin-page"), CATALOG)
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG)
 
 
 def login(browser, hub: RunningHub, user: str):

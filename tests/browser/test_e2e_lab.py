@@ -12,54 +12,27 @@ test-output/e2e-lab/ (sidebar, dialog, finished job, output, dark theme).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CHROMIUM
-from tests.e2e_lab_helpers import write_notebook
-from tests.hub_harness import REPO, RunningHub
+from tests.support import REPO
+from tests.support.catalogs import H100_PROFILES, VISION_TEAM, h100_inventory
+from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
+from tests.support.lab import give_notebook
 
 pytestmark = pytest.mark.integration
 
 SHOTS = REPO / "test-output" / "e2e-lab"
-CATALOG = """
-inventory:
-  - {model: H100-80GB, count: 1, memory_mib: 81559}
-profiles:
-  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB}
-  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}
-  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB}
-teams:
-  - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1,
-     allowed_profiles: [h100-quarter, h100-half, h100-1]}
-"""
+CATALOG = h100_inventory(1) + H100_PROFILES + "teams:\n" + VISION_TEAM
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
-    admin_scopes = [
-        "admin:users",
-        "admin:servers",
-        "admin:server_state",
-        "list:users",
-        "read:users",
-        "read:servers",
-        "servers",
-        "tokens",
-        "custom:gpulab:admin",
-        "custom:gpulab:jobs",
-        "custom:gpulab:culler",
-    ]  # the test also plays the idle culler
-    h = RunningHub(tmp_path_factory.mktemp("e2e-lab"), CATALOG, admin_scopes=admin_scopes)
-    write_notebook(h.home("alice") / "greet.ipynb")
-    h.give("alice", h.home("alice") / "greet.ipynb")
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    # the test also plays the idle culler
+    return start_hub(
+        CATALOG, admin_scopes=ADMIN_AND_CULLER_SCOPES, prepare=lambda h: give_notebook(h, "alice", "greet.ipynb")
+    )
 
 
 def shot(page, name: str, locator=None) -> Path:

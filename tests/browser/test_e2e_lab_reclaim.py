@@ -18,9 +18,8 @@ import time
 import pytest
 import requests
 
-from tests.conftest import CHROMIUM
-from tests.e2e_lab_helpers import login_and_spawn, shot_docs
-from tests.hub_harness import RunningHub
+from tests.support.hub import RunningHub
+from tests.support.lab import login_and_spawn, shot_docs
 
 pytestmark = pytest.mark.integration
 
@@ -45,13 +44,8 @@ TIMEOUT = 45 * 60
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
-    h = RunningHub(tmp_path_factory.mktemp("e2e-lab-reclaim"), CATALOG, extra_config=EXTRA)
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG, extra_config=EXTRA)
 
 
 def as_culler(hub: RunningHub, method: str, path: str, body: dict | None = None) -> requests.Response:

@@ -19,9 +19,9 @@ import textwrap
 
 import pytest
 
-from tests.conftest import CHROMIUM
-from tests.e2e_lab_helpers import login_and_spawn, shot_docs, write_notebook
-from tests.hub_harness import VENV_BIN, RunningHub
+from tests.support import VENV_BIN
+from tests.support.hub import RunningHub
+from tests.support.lab import give_notebook, login_and_spawn, shot_docs
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +42,8 @@ c.GPULabJobs.poll_interval = 0.5
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
-    h = RunningHub(tmp_path_factory.mktemp("e2e-lab-sidebar"), CATALOG, extra_config=EXTRA)
-    write_notebook(h.home("alice") / "greet.ipynb")
-    h.give("alice", h.home("alice") / "greet.ipynb")
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG, extra_config=EXTRA, prepare=lambda h: give_notebook(h, "alice", "greet.ipynb"))
 
 
 def test_sidebar_dialog_jobs_list_and_stop(hub: RunningHub, browser):

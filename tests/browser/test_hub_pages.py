@@ -11,12 +11,10 @@ models from a list, and reads the page in dark mode. Screenshots: docs/img/.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.conftest import CHROMIUM
-from tests.hub_harness import REPO, RunningHub
+from tests.support import REPO
+from tests.support.hub import RunningHub
 
 pytestmark = pytest.mark.integration
 
@@ -47,13 +45,8 @@ c.Spawner.cmd = ["/bin/sh", "-c", 'sleep 6; exec "$0" "$@"'] + list(c.Spawner.cm
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
-    h = RunningHub(tmp_path_factory.mktemp("hub-pages"), CATALOG, extra_config=EXTRA)
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG, extra_config=EXTRA)
 
 
 def login(browser, hub: RunningHub, user: str, dark: bool = False):

@@ -9,29 +9,23 @@ Screenshot: docs/img/admin-whatif.png.
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from hub_config.domain.usage_records import UsageInterval, UtilisationSample
 from hub_config.storage.db import session_factory
-from tests.conftest import CHROMIUM
-from tests.hub_harness import REPO, RunningHub
+from tests.support import REPO
+from tests.support.catalogs import H100_PROFILES, NLP_TEAM, h100_inventory
 
 pytestmark = pytest.mark.integration
 
-CATALOG = """
-inventory:
-  - {model: H100-80GB, count: 2, memory_mib: 81559}
-profiles:
-  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB}
-  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}
-  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB}
-teams:
-  - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1}
-  - {name: nlp, display_name: Language models, users: [carol], guarantee: 1, burst: 2}
-"""
+CATALOG = (
+    h100_inventory(2)
+    + H100_PROFILES
+    + "teams:\n  - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1}\n"
+    + NLP_TEAM
+)
 H = 3600
 
 
@@ -90,12 +84,10 @@ def jp_server_cleanup():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("whatif"), CATALOG)
-    h.start()
+def hub(start_hub):
+    h = start_hub(CATALOG)
     seed_history(h.state_dir / "gpulab.sqlite")
-    yield h
-    h.close()
+    return h
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +174,6 @@ def test_only_admins(hub, alice_token):
 
 
 def test_the_whatif_page_in_chromium(hub, browser):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
     context = browser.new_context(viewport={"width": 1300, "height": 1100})
     page = context.new_page()
     page.set_default_timeout(60_000)

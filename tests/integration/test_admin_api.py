@@ -10,24 +10,25 @@ import time
 import pytest
 import requests
 
-from tests.hub_harness import RunningHub
+from tests.support.catalogs import CPU_PROFILE, H100_HALF, H100_ONE, H100_QUARTER, h100_inventory
+from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
 
 pytestmark = pytest.mark.integration
 
-CATALOG = """
-inventory:
-  - {model: H100-80GB, count: 2, memory_mib: 81559}
-prices: {H100-80GB: 2.5, "*": 1.0}
-profiles:
-  - {slug: cpu, display_name: CPU only, gpus: 0}
-  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB}
-  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}
-  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB}
-teams:
+CATALOG = (
+    h100_inventory(2)
+    + 'prices: {H100-80GB: 2.5, "*": 1.0}\n'
+    + "profiles:\n"
+    + CPU_PROFILE
+    + H100_QUARTER
+    + H100_HALF
+    + H100_ONE
+    + """teams:
   - {name: vision, users: [alice, bob], guarantee: 0.5, burst: 1, per_user_cap: 1,
      allowed_profiles: [cpu, h100-quarter, h100-half, h100-1]}
   - {name: nlp, users: [carol], guarantee: 1, burst: 2}
 """
+)
 
 OTHER_SERVICE_TOKEN = "other-service-token-0123456789abcdef"
 EXTRA = f"""
@@ -35,27 +36,11 @@ c.JupyterHub.services = list(c.JupyterHub.services) + [{{"name": "other-svc", "a
 c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [
     {{"name": "other-svc", "scopes": ["read:users", "list:users"], "services": ["other-svc"]}}]
 """
-ADMIN_SERVICE_SCOPES = [
-    "admin:users",
-    "admin:servers",
-    "admin:server_state",
-    "list:users",
-    "read:users",
-    "read:servers",
-    "servers",
-    "tokens",
-    "custom:gpulab:admin",
-    "custom:gpulab:jobs",
-    "custom:gpulab:culler",
-]
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("admin-api"), CATALOG, extra_config=EXTRA, admin_scopes=ADMIN_SERVICE_SCOPES)
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG, extra_config=EXTRA, admin_scopes=ADMIN_AND_CULLER_SCOPES)
 
 
 def user_token(hub: RunningHub, user: str, scopes: list[str] | None = None) -> str:

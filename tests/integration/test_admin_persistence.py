@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from tests.hub_harness import RunningHub
+from tests.support.hub import RunningHub
 
 pytestmark = pytest.mark.integration
 
@@ -23,11 +23,8 @@ teams:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("admin-persist"), CATALOG)
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG)
 
 
 def intervals(hub: RunningHub, key: str) -> list[tuple]:

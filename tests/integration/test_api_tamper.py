@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.hub_harness import RunningHub
-from tests.jobs_fixtures import user_token, write_notebook
+from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
+from tests.support.jobs import user_token, write_notebook
 
 pytestmark = pytest.mark.integration
 
@@ -34,19 +34,6 @@ teams:
   - {name: vision, users: [alice, bob], guarantee: 1, burst: 2, allowed_profiles: [cpu, h100-half]}
   - {name: nlp, users: [carol], guarantee: 1, burst: 1, allowed_profiles: [cpu, h100-2]}
 """
-SCOPES = [
-    "admin:users",
-    "admin:servers",
-    "admin:server_state",
-    "list:users",
-    "read:users",
-    "read:servers",
-    "servers",
-    "tokens",
-    "custom:gpulab:admin",
-    "custom:gpulab:jobs",
-    "custom:gpulab:culler",
-]
 
 DEEP = "[" * 100_000 + "]" * 100_000
 JUST_TOO_DEEP = '{"a": ' + "[" * 40 + "]" * 40 + "}"
@@ -71,13 +58,11 @@ def raw_body(template: dict[str, Any], field: str, number_text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("tamper"), CATALOG, admin_scopes=SCOPES)
-    h.start()
+def hub(start_hub):
+    h = start_hub(CATALOG, admin_scopes=ADMIN_AND_CULLER_SCOPES)
     h.give("alice", write_notebook(h.home("alice") / "exp" / "calc.ipynb"))
     (h.home("alice") / "exp" / "folder.ipynb").mkdir(exist_ok=True)
-    yield h
-    h.close()
+    return h
 
 
 @pytest.fixture(scope="module")

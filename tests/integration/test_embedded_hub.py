@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.hub_harness import RunningHub, process_env
+from tests.support.hub import RunningHub, process_env
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +28,8 @@ teams:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("embedded"), CATALOG)
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG)
 
 
 def held(hub: RunningHub, team: str = "vision") -> int:

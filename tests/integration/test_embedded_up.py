@@ -9,14 +9,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
 from spawner.local.accounts import can_switch_users, delete_account, ensure_account
-from tests.hub_harness import REPO, free_port
+from tests.support import REPO
+from tests.support.hub import free_port
+from tests.support.processes import NotReady, wait_ready
 
 pytestmark = pytest.mark.integration
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
@@ -55,17 +56,12 @@ class UpProcess:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gpulab up exited {self.proc.returncode}:\n{self.text()}")
-            try:
-                if requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"gpulab up never answered:\n{self.text()}")
+        try:
+            wait_ready(self.proc, self.url + "/hub/api/", timeout=timeout)
+        except NotReady as e:
+            if e.returncode is not None:
+                raise AssertionError(f"gpulab up exited {e.returncode}:\n{self.text()}") from None
+            raise AssertionError(f"gpulab up never answered:\n{self.text()}") from None
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -18,8 +18,8 @@ import time
 import pytest
 import requests
 
-from tests.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
-from tests.hub_harness import RunningHub, free_port
+from tests.support.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
+from tests.support.hub import RunningHub, free_port
 
 pytestmark = pytest.mark.integration
 

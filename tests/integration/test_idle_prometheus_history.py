@@ -21,7 +21,7 @@ import pytest
 from idle_culler.sources import GPU_UTIL, GR_ENGINE_ACTIVE, AnswerTooLarge, PrometheusSource
 from idle_culler.targets import POD, ServerTarget
 from spawner.core.idle import BUSY, IDLE, PARTIAL, SHORT, STALE, DeviceSeries, judge_gpu_idle, max_gap_for
-from tests.dcgm_fake_exporter import RunningPrometheus
+from tests.support.dcgm_fake_exporter import RunningPrometheus
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from idle_culler.dcgm_exporter_source import DCGMExporterSource
 from idle_culler.sources import PrometheusSource, SourceUnavailable
 from idle_culler.targets import DEVICE, POD, ServerTarget
 from spawner.core.idle import BUSY, IDLE, MISSING, judge_gpu_idle
-from tests.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
+from tests.support.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
 
 pytestmark = pytest.mark.integration
 

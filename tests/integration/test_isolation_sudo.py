@@ -31,15 +31,11 @@ import requests
 
 from spawner.local.accounts import Account, can_switch_users, delete_account, ensure_account, lookup
 from spawner.local.sudo import process_alive, useradd_argv
-from tests.hub_harness import VENV_BIN, RunningHub, process_env
-from tests.jobs_fixtures import kill_job_runners, submit, wait_state, write_notebook
-from tests.test_isolation import (
-    CATALOG,
-    probe_as_alice,
-    probe_from_alice_job,
-    server_pid,
-    world,  # noqa: F401 -- the same users, servers and job, on this hub
-)
+from tests.support import VENV_BIN
+from tests.support.hub import RunningHub, process_env
+from tests.support.isolation import CATALOG, make_world, probe_as_alice, probe_from_alice_job, server_pid
+from tests.support.jobs import kill_job_runners, submit, wait_state, write_notebook
+from tests.support.processes import kill_uids
 
 pytestmark = [
     pytest.mark.integration,
@@ -78,18 +74,6 @@ class SudoBed:
     @property
     def workdir(self) -> Path:
         return Path("/tmp") / f"gpulab-sudo-{self.tag}"
-
-
-def kill_uids(uids: set[int]) -> None:
-    for _ in range(3):
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if entry.stat().st_uid in uids:
-                        os.kill(int(entry.name), signal.SIGKILL)
-                except (OSError, ProcessLookupError):
-                    pass
-        time.sleep(0.2)
 
 
 def remove_bed(bed: SudoBed) -> None:
@@ -212,6 +196,12 @@ def hub(bed: SudoBed, hub_account: Account):
         h.close()
 
 
+@pytest.fixture(scope="module")
+def world(hub: RunningHub) -> dict:
+    """The same users, servers and job as tests/integration/test_isolation.py, on this hub."""
+    return make_world(hub)
+
+
 def uids_of(pid: int) -> list[int]:
     line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("Uid:"))
     return [int(v) for v in line.split()[1:]]
@@ -252,7 +242,7 @@ def test_the_hub_runs_as_its_account_in_sudo_mode(hub, hub_account):
     ), out.stderr
 
 
-def test_servers_and_jobs_run_as_accounts_the_hub_created_through_sudo(hub, world, bed):  # noqa: F811
+def test_servers_and_jobs_run_as_accounts_the_hub_created_through_sudo(hub, world, bed):
     for user in ("alice", "bob"):
         account = lookup(bed.prefix + user)
         assert account is not None, f"the hub did not create {bed.prefix}{user}"
@@ -284,14 +274,14 @@ def _group_name(gid: int) -> str:
     return grp.getgrgid(gid).gr_name
 
 
-def test_alice_cannot_reach_bob_or_the_hub(hub, world):  # noqa: F811
+def test_alice_cannot_reach_bob_or_the_hub(hub, world):
     probe_as_alice(hub, world)
     done = probe_from_alice_job(hub, world)
     alice = hub.account("alice")
     assert uids_of(hub.proc.pid)[0] != alice.uid and done["state"] == "succeeded"
 
 
-def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed, hub_account):  # noqa: F811
+def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed, hub_account):
     alice, bob = lookup(bed.prefix + "alice"), lookup(bed.prefix + "bob")
     refused = {
         "a shell as alice": ["sudo", "-n", "-u", alice.name, "/bin/sh", "-c", "id"],
@@ -347,7 +337,7 @@ def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed
     assert mediate(alice, {"action": "exec", "argv": ["/bin/sh"]})["ok"] is False
 
 
-def test_stopping_a_server_and_cancelling_a_job_end_their_processes(hub, world, bed):  # noqa: F811
+def test_stopping_a_server_and_cancelling_a_job_end_their_processes(hub, world, bed):
     alice = lookup(bed.prefix + "alice")
     home = alice.home
     write_notebook(home / "exp" / "slow.ipynb")
@@ -380,7 +370,7 @@ def test_stopping_a_server_and_cancelling_a_job_end_their_processes(hub, world, 
     assert hub.api("GET", "/users/alice").json()["servers"] == {}
 
 
-def test_alice_logs_in_and_spawns_from_the_form(hub, world, bed):  # noqa: F811
+def test_alice_logs_in_and_spawns_from_the_form(hub, world, bed):
     """The browser's way: the login form, the spawn form, the server reached through the proxy."""
     alice = lookup(bed.prefix + "alice")
     session = hub.login("alice")
@@ -399,7 +389,7 @@ def test_alice_logs_in_and_spawns_from_the_form(hub, world, bed):  # noqa: F811
     assert not process_alive(pid)
 
 
-def test_a_restarted_hub_polls_and_stops_the_server_it_left_running(hub, world, bed):  # noqa: F811
+def test_a_restarted_hub_polls_and_stops_the_server_it_left_running(hub, world, bed):
     bob = lookup(bed.prefix + "bob")
     pid = server_pid(hub, "bob")
     hub.restart()

@@ -1,6 +1,6 @@
 """Notebook jobs on the single-server backend, end to end over HTTP.
 
-A real JupyterHub (tests/hub_harness.py) runs real papermill processes on a
+A real JupyterHub (tests/support/hub.py) runs real papermill processes on a
 declared inventory of ONE GPU, so that a training job has to preempt a batch
 job to run.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hub_harness import RunningHub
-from tests.jobs_fixtures import get_job, kill_job_runners, submit, user_token, wait_state, write_notebook
+from tests.support.hub import RunningHub
+from tests.support.jobs import get_job, submit, user_token, wait_state, write_notebook
 
 pytestmark = pytest.mark.integration
 
@@ -40,15 +40,11 @@ c.GPULabJobs.stop_grace_seconds = 3
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("jobs-local"), CATALOG, extra_config=EXTRA)
-    h.start()
+def hub(start_hub):
+    h = start_hub(CATALOG, extra_config=EXTRA)
     for user in ("alice", "bob", "carol"):
         h.give(user, write_notebook(h.home(user) / "exp" / "calc.ipynb"))
-    yield h
-    h.stop()
-    kill_job_runners(h)
-    h.close()
+    return h
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from tests.hub_harness import RunningHub
-from tests.jobs_fixtures import kill_job_runners, submit, user_token, wait_state, write_notebook
+from tests.support.jobs import submit, user_token, wait_state, write_notebook
 
 pytestmark = pytest.mark.integration
 
@@ -35,14 +34,10 @@ c.GPULabJobs.stop_grace_seconds = 2
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("lab-quota"), CATALOG, extra_config=EXTRA)
-    h.start()
+def hub(start_hub):
+    h = start_hub(CATALOG, extra_config=EXTRA)
     h.give("alice", write_notebook(h.home("alice") / "calc.ipynb"))
-    yield h
-    h.stop()
-    kill_job_runners(h)
-    h.close()
+    return h
 
 
 def vision(me: dict) -> dict:

@@ -8,27 +8,25 @@ import re
 import pytest
 import requests
 
-from tests.hub_harness import RunningHub
+from tests.support.catalogs import H100_HALF, H100_QUARTER, h100_inventory
+from tests.support.hub import RunningHub
 
 pytestmark = pytest.mark.integration
 
-CATALOG = """
-inventory:
-  - {model: H100-80GB, count: 1, memory_mib: 81559}
-profiles:
-  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB}
-  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}
-teams:
+CATALOG = (
+    h100_inventory(1)
+    + "profiles:\n"
+    + H100_QUARTER
+    + H100_HALF
+    + """teams:
   - {name: vision, users: [alice, bob], guarantee: 0.5, burst: 1, allowed_profiles: [h100-quarter, h100-half]}
 """
+)
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("labext-hub"), CATALOG)
-    h.start()
-    yield h
-    h.close()
+def hub(start_hub):
+    return start_hub(CATALOG)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A real JupyterHub process with GPUKubeSpawner on the real control plane.
 
-The hub (tests/hub_harness.py, spawner switched to ``gpu-kube``) talks to the
+The hub (tests/support/hub.py, spawner switched to ``gpu-kube``) talks to the
 test bed's kube-apiserver with the hub ServiceAccount's token, bound only by
 the gpulab chart's Roles. The scheduler binds the pod to a fake GPU node;
 the node agent runs the pod's ``jupyterhub-singleuser`` as a local process
@@ -17,9 +17,10 @@ import pytest
 import requests
 import yaml
 
-from tests.hub_harness import RunningHub
-from tests.kube.chart import Release
-from tests.kube.cluster import Cluster
+from tests.kube.bed.chart import Release
+from tests.kube.bed.cluster import Cluster
+from tests.support.hub import RunningHub
+from tests.support.kube_spawner import chart_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
@@ -54,13 +55,8 @@ c.KubeSpawner.delete_grace_period = 1
     )
 
 
-def team(release: Release, name: str) -> str:
-    assert name in release.teams, release.teams
-    return name
-
-
 def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_path, release: Release, kube: Cluster):
-    vision = team(release, "vision")
+    vision = chart_team(release, "vision")
     ns = release.team_ns(vision)
     hub = kube_hub(tmp_path, release)
     try:
@@ -105,7 +101,7 @@ def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_pat
 
 
 def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube: Cluster):
-    nlp = team(release, "nlp")
+    nlp = chart_team(release, "nlp")
     hub = kube_hub(tmp_path, release)
     # A profile whose GPU model no node has: the pod stays Pending.
     catalog = yaml.safe_load(hub.catalog_path.read_text())
@@ -147,10 +143,10 @@ def test_the_hub_identity_has_only_the_charts_rights(release: Release, kube: Clu
     """What the hub's token may do: the chart's Roles and z2jh's, nothing cluster-wide."""
     import subprocess
 
-    from tests.kube.chart import REPO
+    from tests.support import REPO
 
     kubectl = str(REPO / ".tools" / "bin" / "kubectl")
-    ns = release.team_ns(team(release, "vision"))
+    ns = release.team_ns(chart_team(release, "vision"))
 
     def can(*args: str) -> str:
         return subprocess.run(
@@ -184,7 +180,7 @@ def test_the_spawn_page_counts_labelled_pods_and_refuses_tampered_forms(tmp_path
     from spawner.core import labels as gl
     from spawner.core.ledger import Workload
 
-    vision = team(release, "vision")
+    vision = chart_team(release, "vision")
     ns = release.team_ns(vision)
     # Someone else's server, started by another hub process: 2.5 of vision's 3 GPUs.
     outsider = Workload("notebook:carol/big", vision, "carol", 2500, "h100-1", "notebook")

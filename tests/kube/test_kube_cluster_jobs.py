@@ -16,24 +16,20 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.hub_harness import RunningHub
-from tests.jobs_fixtures import submit, user_token, wait_state
-from tests.kube.chart import Release
-from tests.kube.cluster import Cluster
+from tests.kube.bed.chart import Release
+from tests.kube.bed.cluster import Cluster
+from tests.support.hub import RunningHub
+from tests.support.jobs import submit, user_token, wait_state
+from tests.support.kube_spawner import chart_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
 A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 
-def team(release: Release, name: str) -> str:
-    assert name in release.teams, release.teams
-    return name
-
-
 def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -> RunningHub:
     """A hub running notebook jobs on the cluster as the chart-bound hub ServiceAccount."""
-    nlp = team(release, "nlp")
+    nlp = chart_team(release, "nlp")
     catalog = {
         "sharing": {"backend": "whole"},
         "profiles": [{"slug": "a100-1", "display_name": "1 × A100", "gpus": 1, "gpu_model": "A100-80GB"}],
@@ -102,7 +98,7 @@ def k8s_job(kube: Cluster, ns: str, job_id: int) -> dict:
 
 
 def test_a_job_runs_to_succeeded_by_the_job_controller(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     pod = running_pod(kube, ns, job["id"])
     assert pod["spec"]["nodeName"] == "gpu-a100-mig"  # the only node with a whole A100
@@ -117,7 +113,7 @@ def test_a_job_runs_to_succeeded_by_the_job_controller(jobs_hub, release, kube, 
 
 
 def test_an_evicted_pod_is_rerun_and_not_counted_as_a_failure(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     first = running_pod(kube, ns, job["id"])
     wait_state(jobs_hub, job["id"], "running", timeout=30)
@@ -133,8 +129,8 @@ def test_an_evicted_pod_is_rerun_and_not_counted_as_a_failure(jobs_hub, release,
 
 
 def test_over_quota_batch_work_is_preempted_by_the_scheduler_and_waits(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
-    other = release.team_ns(team(release, "vision"))
+    ns = release.team_ns(chart_team(release, "nlp"))
+    other = release.team_ns(chart_team(release, "vision"))
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     assert job["over_quota"] is True  # 1 GPU above nlp's 0.5 guarantee
     victim = running_pod(kube, ns, job["id"])
@@ -199,7 +195,7 @@ def kueue_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]
 
 
 def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, release, kube):
-    nlp = team(release, "nlp")
+    nlp = chart_team(release, "nlp")
     ns = release.team_ns(nlp)
     token = user_token(kueue_hub, "carol")
     # The chart made the LocalQueue and its ClusterQueue; Kueue reports them active.
@@ -225,7 +221,7 @@ def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, rele
 
 
 def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     job = submit(
         jobs_hub,
         carol,
@@ -259,7 +255,7 @@ def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels
 
 
 def test_the_time_limit_is_the_job_controllers_deadline(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1", time_limit_seconds=60)
     running_pod(kube, ns, job["id"])
     # Shorten the deadline the hub set, so the real Job controller enforces it within the test.
@@ -274,7 +270,7 @@ def test_the_time_limit_is_the_job_controllers_deadline(jobs_hub, release, kube,
 
 
 def test_training_over_the_guarantee_is_refused_before_any_job(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     offset = kube.tb.audit_offset()
     r = jobs_hub.api(
         "POST",
@@ -292,7 +288,7 @@ def test_training_over_the_guarantee_is_refused_before_any_job(jobs_hub, release
 
 
 def test_cancel_deletes_the_job_and_its_pod(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     running_pod(kube, ns, job["id"])
     r = jobs_hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=carol)
@@ -306,7 +302,7 @@ def test_cancel_deletes_the_job_and_its_pod(jobs_hub, release, kube, carol):
 
 
 def test_a_job_deleted_behind_the_hubs_back_fails_with_a_reason(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     running_pod(kube, ns, job["id"])
     wait_state(jobs_hub, job["id"], "running", timeout=30)
@@ -316,7 +312,7 @@ def test_a_job_deleted_behind_the_hubs_back_fails_with_a_reason(jobs_hub, releas
 
 
 def test_a_job_that_finished_while_the_hub_was_down_is_read_back(jobs_hub, release, kube, carol):
-    ns = release.team_ns(team(release, "nlp"))
+    ns = release.team_ns(chart_team(release, "nlp"))
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     pod = running_pod(kube, ns, job["id"])
     wait_state(jobs_hub, job["id"], "running", timeout=30)

@@ -2,8 +2,8 @@
 
 Each test here failed before its fix: the real kube-scheduler, the Job
 controller, the PersistentVolume binder and RBAC are what decide, not a
-stand-in. Helpers and the hub identity (bound by the chart's Roles) come
-from tests/test_kube_cluster_spawner.py.
+stand-in. The spawners come from tests/support/kube_spawner.py and the hub
+identity (bound by the chart's Roles) from tests/kube/conftest.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from spawner.core.catalog import catalog_from_dict
 from spawner.core.sharing import pod_gpu_spec
 from spawner.kube.spawner import GPUKubeSpawner
 from spawner.runtime import get_runtime, set_runtime
-from tests.kube.chart import REPO, Release
-from tests.kube.cluster import Cluster
-from tests.test_helm_sharing_objects import device_plugin_advertises
-from tests.test_kube_cluster_spawner import hub_config, hub_identity, spawner_for, team  # noqa: F401
+from tests.kube.bed.chart import Release
+from tests.kube.bed.cluster import Cluster
+from tests.support import REPO
+from tests.support.helm import device_plugin_advertises
+from tests.support.kube_spawner import chart_config, chart_team, spawner_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
@@ -36,8 +37,8 @@ async def test_poll_survives_a_team_namespace_the_hub_cannot_list(hub_identity: 
     """A namespace without the hub's Role (or not created yet) must not make every
     poll raise: JupyterHub would forget running servers whose pods keep their GPUs."""
     release = hub_identity
-    vision, nlp = team(release, "vision"), team(release, "nlp")
-    config = hub_config(release)
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
+    config = chart_config(release)
     a = spawner_for(config, "alice", {"team": vision, "profile": "h100-half"})
     await a.start()
     nlp_ns = release.team_ns(nlp)
@@ -79,7 +80,7 @@ async def test_a_user_in_two_teams_gets_a_home_in_each_team_namespace(hub_identi
     """KubeSpawner saves pvc_name and skips creating the claim once it exists; a claim
     is namespaced, so alice's server in team nlp waited for a claim only team vision had."""
     release = hub_identity
-    vision, nlp = team(release, "vision"), team(release, "nlp")
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
     storage_class = f"gpulab-homes-{kube.suffix}"
     for i in range(2):  # static volumes for the binder: no provisioner in the test bed
         kube.cluster_object(
@@ -95,7 +96,7 @@ async def test_a_user_in_two_teams_gets_a_home_in_each_team_namespace(hub_identi
                 },
             },
         )
-    config = hub_config(release)
+    config = chart_config(release)
     config.KubeSpawner.storage_pvc_ensure = True
     config.KubeSpawner.storage_class = storage_class
     config.KubeSpawner.storage_capacity = "10Gi"
@@ -144,8 +145,8 @@ async def test_time_sliced_and_whole_gpu_pools_coexist(hub_identity: Release, ku
         {"slug": "quarter", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
         {"slug": "one", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
     ]
-    nlp = team(release, "nlp")
-    config = hub_config(release, sharing=sharing, profiles=profiles)
+    nlp = chart_team(release, "nlp")
+    config = chart_config(release, sharing=sharing, profiles=profiles)
     placed = {}
     for slug in ("quarter", "one"):
         s = spawner_for(config, "carol", {"team": nlp, "profile": slug})
@@ -189,7 +190,7 @@ async def test_a_teams_guarantee_holds_against_other_teams_only_borrowed_work_is
     """The kube-scheduler preempts by priority value alone, across namespaces. Team B's
     in-quota batch job must survive team A's in-quota training; B's over-quota work not."""
     release = hub_identity
-    vision, nlp = team(release, "vision"), team(release, "nlp")
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
     a_ns, b_ns = release.team_ns(vision), release.team_ns(nlp)
     kube.create(f"/api/v1/namespaces/{b_ns}/pods", gpu_pod("b-batch", "gpulab-batch", nlp))
     kube.wait_pod(b_ns, "b-batch", "Running", 60)
@@ -258,7 +259,7 @@ async def test_a_notebook_that_raised_fails_the_job_at_once_a_preempted_one_runs
     hub_identity: Release, kube: Cluster
 ):
     release = hub_identity
-    ns = release.team_ns(team(release, "vision"))
+    ns = release.team_ns(chart_team(release, "vision"))
     jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
     kube.create(jobs, cpu_job(release, ns, 7001))
     (pod,) = kube.wait(lambda: job_pods(kube, ns, 7001), "the Job's pod", 60)
@@ -296,7 +297,7 @@ def test_kueue_admits_a_cpu_only_job_without_the_gpu_flavor(hub_identity: Releas
     from spawner.core.labels import kueue_local_queue
 
     release = hub_identity
-    name = team(release, "vision")
+    name = chart_team(release, "vision")
     ns = release.team_ns(name)
     values = yaml.safe_load((REPO / "helm" / "gpulab" / "values.yaml").read_text())["kueue"]
     body = cpu_job(release, ns, 7003)

@@ -2,77 +2,33 @@
 
 The spawners run in this process, built as KubeSpawner's own tests build
 them, and talk to the real kube-apiserver with the hub ServiceAccount's
-token, bound only by the Roles the gpulab chart installed (tests/kube/chart.py).
+token, bound only by the Roles the gpulab chart installed (tests/kube/bed/chart.py).
 The real kube-scheduler places the pods on the fake GPU nodes of
-tests/kube/nodes.yaml, the real quota controller keeps the chart's
+tests/kube/bed/nodes.yaml, the real quota controller keeps the chart's
 ResourceQuotas, and the node agent plays the kubelet.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
-from traitlets.config import Config
 
-from spawner.kube.spawner import GPUKubeSpawner
 from spawner.runtime import get_runtime, set_runtime
-from tests.kube.chart import Release
-from tests.kube.cluster import Cluster
-from tests.kube.spawner_api import Hub, User
-from tests.kube.testbed import pod_ip_prefix
+from tests.kube.bed.chart import Release
+from tests.kube.bed.cluster import Cluster
+from tests.kube.bed.testbed import pod_ip_prefix
+from tests.support.kube_spawner import GPU_TOLERATION, chart_config, chart_team, spawner_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
-
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def hub_config(release: Release, **catalog_overrides) -> Config:
-    c = Config()
-    g = release.values["gpulab"]
-    c.GPULab.teams = [{**t, "namespace": release.team_ns(t["name"])} for t in g["teams"]]
-    c.GPULab.profiles = catalog_overrides.get("profiles", g["profiles"])
-    c.GPULab.sharing = catalog_overrides.get("sharing", g["sharing"])
-    c.KubeSpawner.namespace = release.hub_namespace
-    c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-10-07"
-    c.KubeSpawner.start_timeout = 60
-    c.KubeSpawner.delete_grace_period = 1
-    c.KubeSpawner.tolerations = [GPU_TOLERATION]
-    return c
-
-
-@pytest.fixture
-async def hub_identity(release: Release, monkeypatch) -> AsyncIterator[Release]:
-    """KubeSpawner's client, as the hub ServiceAccount (never admin)."""
-    monkeypatch.setenv("KUBECONFIG", str(release.hub_kubeconfig))
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(release.hub_kubeconfig))
-    set_runtime(None)
-    yield release
-    await KubeSpawner._stop_all_reflectors()
-    set_runtime(None)
-
-
-def spawner_for(config: Config, user: str, options: dict, groups: tuple[str, ...] = ()) -> GPUKubeSpawner:
-    orm_spawner = type("ORMSpawner", (), {"name": "", "server": None, "user_options": {}})()
-    s = GPUKubeSpawner(config=config, user=User(user, groups), hub=Hub(), orm_spawner=orm_spawner)
-    s.api_token = "token-" + user
-    s.user_options = options
-    return s
-
-
-def team(release: Release, name: str) -> str:
-    assert name in release.teams, release.teams
-    return name
 
 
 async def test_start_poll_stop_on_a_time_sliced_node(hub_identity: Release, kube: Cluster):
     release = hub_identity
-    vision = team(release, "vision")
+    vision = chart_team(release, "vision")
     ns = release.team_ns(vision)
-    s = spawner_for(hub_config(release), "alice", {"team": vision, "profile": "h100-half"})
+    s = spawner_for(chart_config(release), "alice", {"team": vision, "profile": "h100-half"})
     url = await s.start()
     assert url.startswith("http://" + pod_ip_prefix(release.cluster.tb.state_dir))
     pod = kube.pod(ns, s.pod_name)
@@ -103,9 +59,9 @@ async def test_start_poll_stop_on_a_time_sliced_node(hub_identity: Release, kube
 
 async def test_100_concurrent_spawns_guarantee_4_burst_6(hub_identity: Release, kube: Cluster):
     release = hub_identity
-    crowd = team(release, "crowd")
+    crowd = chart_team(release, "crowd")
     ns = release.team_ns(crowd)
-    config = hub_config(release)
+    config = chart_config(release)
     spawners = [
         spawner_for(config, f"user{i:03d}", {"team": crowd, "profile": "h100-half"}, groups=("crowd",))
         for i in range(100)
@@ -140,7 +96,7 @@ async def test_100_concurrent_spawns_guarantee_4_burst_6(hub_identity: Release, 
 
 async def test_the_api_servers_own_quota_refusal_reads_as_a_sentence(hub_identity: Release, kube: Cluster):
     release = hub_identity
-    vision = team(release, "vision")
+    vision = chart_team(release, "vision")
     ns = release.team_ns(vision)
     # Someone else's pod, not labelled by gpulab, holds 11 of the 12 time-slices of the quota.
     kube.create(
@@ -166,7 +122,7 @@ async def test_the_api_servers_own_quota_refusal_reads_as_a_sentence(hub_identit
         30,
     )
     before = kube.request_counts().get(("POST", "pods", ""), 0)
-    s = spawner_for(hub_config(release), "bob", {"team": vision, "profile": "h100-half"})
+    s = spawner_for(chart_config(release), "bob", {"team": vision, "profile": "h100-half"})
     with pytest.raises(Exception) as refused:
         await s.start()
     message = getattr(refused.value, "jupyterhub_message", "")
@@ -182,8 +138,8 @@ async def test_the_api_servers_own_quota_refusal_reads_as_a_sentence(hub_identit
 
 async def test_a_new_hub_process_rebuilds_the_ledger_from_labelled_pods(hub_identity: Release, kube: Cluster):
     release = hub_identity
-    vision, nlp = team(release, "vision"), team(release, "nlp")
-    config = hub_config(release)
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
+    config = chart_config(release)
     a = spawner_for(config, "alice", {"team": vision, "profile": "h100-half"})
     c = spawner_for(config, "carol", {"team": nlp, "profile": "h100-1"})
     await a.start()
@@ -234,8 +190,8 @@ async def test_each_backend_lands_on_a_node_that_offers_its_resource(
     hub_identity: Release, kube: Cluster, sharing, profile, nodes
 ):
     release = hub_identity
-    nlp = team(release, "nlp")
-    config = hub_config(release, sharing=sharing, profiles=[profile])
+    nlp = chart_team(release, "nlp")
+    config = chart_config(release, sharing=sharing, profiles=[profile])
     s = spawner_for(config, "carol", {"team": nlp, "profile": "p"})
     await s.start()
     pod = kube.pod(release.team_ns(nlp), s.pod_name)
@@ -246,10 +202,10 @@ async def test_each_backend_lands_on_a_node_that_offers_its_resource(
 
 async def test_a_profile_no_node_offers_stays_pending_with_the_reason_in_words(hub_identity: Release, kube: Cluster):
     release = hub_identity
-    nlp = team(release, "nlp")
+    nlp = chart_team(release, "nlp")
     ns = release.team_ns(nlp)
     profile = {"slug": "h200", "display_name": "0.5 × H200", "gpus": 0.5, "gpu_model": "H200-141GB"}
-    config = hub_config(release, sharing={"backend": "mig"}, profiles=[profile])
+    config = chart_config(release, sharing={"backend": "mig"}, profiles=[profile])
     config.KubeSpawner.start_timeout = 600
     s = spawner_for(config, "carol", {"team": nlp, "profile": "h200"})
     start = asyncio.ensure_future(s.start())

@@ -21,7 +21,6 @@ from collections import Counter
 import kubernetes_validate
 import pytest
 import yaml
-from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from tornado.web import HTTPError
 from traitlets.config import Config
@@ -30,119 +29,16 @@ from spawner.core import labels as gl
 from spawner.core.catalog import catalog_from_dict
 from spawner.kube.spawner import GPUKubeSpawner
 from spawner.runtime import GPULabRuntime, get_runtime, set_runtime
-from tests.kube.chart import Release
-from tests.kube.cluster import Cluster
-from tests.kube.spawner_api import ClusterView, Hub, User
-from tests.kube.testbed import TestbedError
+from tests.support import REPO
+from tests.support.catalogs import KUBE_SPAWNER
+from tests.support.kube_spawner import K8S_VERSION, ClusterView, spawner_config, spawner_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
-K8S_VERSION = "1.36"
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-CATALOG = {
-    "profiles": [
-        {"slug": "cpu", "display_name": "CPU only", "gpus": 0},
-        {"slug": "h100-quarter", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
-        {
-            "slug": "h100-half",
-            "display_name": "0.5 × H100",
-            "gpus": 0.5,
-            "gpu_model": "H100-80GB",
-            "cpu": {"guarantee": 1, "limit": 4},
-            "memory": {"guarantee": "8G", "limit": "16G"},
-            "images": [
-                {"slug": "torch", "display_name": "PyTorch", "image": "quay.io/jupyter/pytorch-notebook:2024-10-07"},
-                {"slug": "base", "display_name": "Base", "image": "quay.io/jupyter/base-notebook:2024-10-07"},
-            ],
-        },
-        {"slug": "h100-third", "display_name": "0.3 × H100", "gpus": 0.3, "gpu_model": "H100-80GB"},
-        {"slug": "h100-1", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
-        {"slug": "h100-2-whole", "display_name": "2 × H100", "gpus": 2, "gpu_model": "H100-80GB", "sharing": "whole"},
-        {"slug": "nlp-only", "display_name": "NLP box", "gpus": 1, "gpu_model": "H100-80GB", "teams": ["nlp"]},
-    ],
-    "teams": [
-        {
-            "name": "vision",
-            "users": ["alice", "bob"],
-            "guarantee": 2,
-            "burst": 3,
-            "namespace": "team-vision",
-            "allowed_profiles": ["cpu", "h100-quarter", "h100-half", "h100-third", "h100-1", "h100-2-whole"],
-        },
-        {"name": "nlp", "users": ["carol", "alice"], "guarantee": 1, "burst": 2, "namespace": "team-nlp"},
-        {"name": "crowd", "groups": ["crowd"], "guarantee": 4, "burst": 6, "namespace": "team-crowd"},
-    ],
-    # k-of-R time-slices (0.5 = 2 of 4) only with the device plugin's
-    # failRequestsGreaterThanOne turned off; these tests exercise that rounding.
-    "sharing": {
-        "backend": "timeslice",
-        "timeslice": {"replicas": 4, "fail_requests_greater_than_one": False},
-        "kai": {"queue": "gpulab-{team}"},
-    },
-}
-
-
-@pytest.fixture
-async def api(release: Release, kube: Cluster, monkeypatch):
-    """The real cluster, as the hub ServiceAccount sees it and as the audit log counts it."""
-    monkeypatch.setenv("KUBECONFIG", str(release.hub_kubeconfig))
-    # kubernetes_asyncio reads $KUBECONFIG once, at import: point its default there too.
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(release.hub_kubeconfig))
-    set_runtime(None)
-    view = ClusterView(kube, f"system:serviceaccount:{release.hub_namespace}:hub")
-    view.release = release
-    yield view
-    await KubeSpawner._stop_all_reflectors()
-    set_runtime(None)
-    for ns in release.teams.values():
-        for q in view.list("resourcequotas", ns):
-            if q["metadata"]["name"] != "gpulab-gpus":
-                kube.request("DELETE", f"/api/v1/namespaces/{ns}/resourcequotas/{q['metadata']['name']}")
-        # The next test's ledger is rebuilt from the labelled pods: none of this test's may linger
-        # (a stopped server's pod can still be terminating on a loaded machine).
-        for pod in view.list("pods", ns):
-            try:
-                kube.request(
-                    "DELETE", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}", {"gracePeriodSeconds": 0}
-                )
-            except TestbedError:
-                pass  # gone meanwhile
-    kube.wait(lambda: not any(view.list("pods", ns) for ns in release.teams.values()), "this test's pods to be gone")
 
 
 def ns(api: ClusterView, team: str) -> str:
     """The namespace the chart made for ``team`` in this run."""
     return api.release.team_ns(team)
-
-
-def make_config(api: ClusterView, catalog: dict | None = None) -> Config:
-    c = Config()
-    data = catalog or CATALOG
-    c.GPULab.teams = [{**t, "namespace": ns(api, t["name"])} for t in data["teams"]]
-    c.GPULab.profiles = data["profiles"]
-    c.GPULab.sharing = data.get("sharing", {})
-    c.KubeSpawner.namespace = api.release.hub_namespace
-    c.KubeSpawner.tolerations = [GPU_TOLERATION]
-    c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-10-07"
-    c.KubeSpawner.start_timeout = 20
-    c.KubeSpawner.delete_grace_period = 1
-    return c
-
-
-def spawner_for(
-    api: ClusterView, user: str, options: dict | None = None, groups=(), config=None, cls=GPUKubeSpawner, name: str = ""
-) -> KubeSpawner:
-    # named servers: JupyterHub's orm row gives the server name
-    orm_spawner = type("ORMSpawner", (), {"name": name, "server": None, "user_options": {}})()
-    s = cls(config=config or make_config(api), user=User(user, groups), hub=Hub(), orm_spawner=orm_spawner)
-    s.api_token = "token-" + user
-    s.user_options = options or {}
-    return s
-
-
-def created_pods(api: ClusterView, namespace: str | None = None) -> list[dict]:
-    """The pod bodies the API server received from the hub in this test."""
-    return api.created_pods(namespace)
 
 
 def resources(pod: dict) -> dict:
@@ -157,11 +53,11 @@ def gpu_limits(pod: dict) -> dict:
 
 
 async def test_start_poll_stop(api):
-    s = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half", "image": "base"})
+    s = spawner_for(spawner_config(api.release), "alice", {"team": "vision", "profile": "h100-half", "image": "base"})
     url = await s.start()
     assert re.fullmatch(r"http://127\.\d+\.\d+\.\d+:8888", url)  # the node agent's pod IP
 
-    [pod] = created_pods(api, ns(api, "vision"))
+    [pod] = api.created_pods(ns(api, "vision"))
     md, spec = pod["metadata"], pod["spec"]
     assert md["labels"][gl.TEAM] == "vision" and md["labels"][gl.PROFILE] == "h100-half"
     assert md["labels"][gl.GPU_MILLI] == "500" and md["labels"][gl.QUOTA] == "in-quota"
@@ -218,8 +114,8 @@ async def test_start_poll_stop(api):
     ],
 )
 async def test_backend_manifest_is_valid_kubernetes(api, backend, slug, check):
-    catalog = {**CATALOG, "sharing": {**CATALOG["sharing"], "backend": backend}}
-    s = spawner_for(api, "bob", {"team": "vision", "profile": slug}, config=make_config(api, catalog))
+    catalog = {**KUBE_SPAWNER, "sharing": {**KUBE_SPAWNER["sharing"], "backend": backend}}
+    s = spawner_for(spawner_config(api.release, catalog), "bob", {"team": "vision", "profile": slug})
     # The pod KubeSpawner would send (KAI's and HAMi's schedulers do not run in the
     # test bed, so these pods would wait forever); the scheduled backends are placed
     # on real nodes in tests/test_kube_cluster_spawner.py.
@@ -234,8 +130,8 @@ async def test_backend_manifest_is_valid_kubernetes(api, backend, slug, check):
 
 
 async def test_whole_backend_refuses_fraction_before_creating_anything(api):
-    catalog = {**CATALOG, "sharing": {"backend": "whole"}}
-    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"}, config=make_config(api, catalog))
+    catalog = {**KUBE_SPAWNER, "sharing": {"backend": "whole"}}
+    s = spawner_for(spawner_config(api.release, catalog), "bob", {"team": "vision", "profile": "h100-half"})
     with pytest.raises(HTTPError) as e:
         await s.start()
     assert e.value.status_code == 403
@@ -245,9 +141,9 @@ async def test_whole_backend_refuses_fraction_before_creating_anything(api):
 
 
 async def test_timeslice_rounds_up_and_counts_the_rounded_size(api):
-    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-third"})
+    s = spawner_for(spawner_config(api.release), "bob", {"team": "vision", "profile": "h100-third"})
     await s.start()
-    [pod] = created_pods(api)
+    [pod] = api.created_pods()
     assert resources(pod)["limits"] == {"nvidia.com/gpu.shared": "2"}  # 0.3 -> 2/4
     assert pod["metadata"]["labels"][gl.GPU_MILLI] == "500"
     assert get_runtime().ledger.usage("vision").held_milli == 500
@@ -260,7 +156,7 @@ async def test_timeslice_rounds_up_and_counts_the_rounded_size(api):
 
 async def test_100_concurrent_spawns_guarantee_4_burst_6(api):
     users = [f"user{i:03d}" for i in range(100)]
-    spawners = [spawner_for(api, u, {"profile": "h100-half"}, groups=("crowd",)) for u in users]
+    spawners = [spawner_for(spawner_config(api.release), u, {"profile": "h100-half"}, groups=("crowd",)) for u in users]
     results = await asyncio.gather(*(s.start() for s in spawners), return_exceptions=True)
 
     started = [s for s, r in zip(spawners, results, strict=True) if isinstance(r, str)]
@@ -272,7 +168,7 @@ async def test_100_concurrent_spawns_guarantee_4_burst_6(api):
         "team crowd holds 6 of its 6 GPU burst limit; this request needs 0.5"
     }
 
-    pods = created_pods(api, ns(api, "crowd"))
+    pods = api.created_pods(ns(api, "crowd"))
     assert len(pods) == 12 and api.count("create", "pods") == 12
     quota = Counter(p["metadata"]["labels"][gl.QUOTA] for p in pods)
     assert quota == {"in-quota": 8, "over-quota": 4}
@@ -297,7 +193,7 @@ async def test_restart_rebuilds_the_same_ledger_from_the_cluster(api):
         ("carol", "nlp", "h100-1"),
     ]
     for user, team, slug in plan:
-        s = spawner_for(api, user, {"team": team, "profile": slug}, name=team)
+        s = spawner_for(spawner_config(api.release), user, {"team": team, "profile": slug}, name=team)
         await s.start()
     before = sorted(get_runtime().ledger.workloads(), key=lambda w: w.key)
     # by key: alice/nlp, alice/vision, bob/vision, carol/nlp (nlp's guarantee is 1 GPU)
@@ -306,7 +202,7 @@ async def test_restart_rebuilds_the_same_ledger_from_the_cluster(api):
     # "Restart": reflectors gone, a fresh runtime from the same config, a new spawner.
     await KubeSpawner._stop_all_reflectors()
     set_runtime(None)
-    fresh = spawner_for(api, "dave", {})
+    fresh = spawner_for(spawner_config(api.release), "dave", {})
     assert get_runtime(parent=fresh).ledger.workloads() == []
     await fresh.refresh_ledger()
     after = sorted(get_runtime().ledger.workloads(), key=lambda w: w.key)
@@ -338,7 +234,7 @@ async def test_stale_pod_of_the_same_name_is_replaced_and_the_reservation_kept(a
             "spec": {"containers": [{"name": "notebook", "image": "old"}]},
         },
     )
-    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"})
+    s = spawner_for(spawner_config(api.release), "bob", {"team": "vision", "profile": "h100-half"})
     await s.start()  # KubeSpawner: 409 Conflict -> stop(now=True) deletes the old pod -> create again
     assert api.count("create", "pods") == 2 and api.count("delete", "pods") >= 1
     assert api.get("pods", ns(api, "vision"), "jupyter-bob")["metadata"]["labels"][gl.GPU_MILLI] == "500"
@@ -353,30 +249,30 @@ async def test_resource_quota_refusal_becomes_a_clear_message(api):
         ns(api, "vision"),
         {"metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu.shared": "2"}}},
     )
-    first = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half"})
+    first = spawner_for(spawner_config(api.release), "alice", {"team": "vision", "profile": "h100-half"})
     await first.start()
-    second = spawner_for(api, "bob", {"team": "vision", "profile": "h100-quarter"})
+    second = spawner_for(spawner_config(api.release), "bob", {"team": "vision", "profile": "h100-quarter"})
     with pytest.raises(HTTPError) as e:
         await second.start()
     assert e.value.status_code == 403
     msg = e.value.jupyterhub_message
     assert f"namespace {ns(api, 'vision')} is at its ResourceQuota 'gpu-quota'" in msg
     assert "requests.nvidia.com/gpu.shared=2" in msg and "asks for requests.nvidia.com/gpu.shared=1" in msg
-    assert len(created_pods(api)) == 2 and len(api.list("pods", ns(api, "vision"))) == 1
+    assert len(api.created_pods()) == 2 and len(api.list("pods", ns(api, "vision"))) == 1
     assert get_runtime().ledger.usage("vision").held_milli == 500  # the refused one was released
     await second.stop()
     await first.stop()
 
 
 async def test_no_extra_api_requests_per_spawn_compared_with_kubespawner(api):
-    config = make_config(api)
+    config = spawner_config(api.release)
     # Reflectors re-list on a timer, independent of spawns: keep that out of the window.
     config.ResourceReflector.timeout_seconds = 300
     config.ResourceReflector.restart_seconds = 300
     vision = ns(api, "vision")
 
     async def one_cycle(cls, user, options, name=""):
-        s = spawner_for(api, user, options, cls=cls, name=name, config=config)
+        s = spawner_for(config, user, options, cls=cls, name=name)
         if cls is KubeSpawner:
             s.namespace = vision
         await s.start()
@@ -407,15 +303,15 @@ async def test_no_extra_api_requests_per_spawn_compared_with_kubespawner(api):
 async def test_odd_user_names_reach_labels_escaped_and_annotations_verbatim(api):
     name = "Dr. {Ünïcode} <o'brien>"
     catalog = {
-        **CATALOG,
+        **KUBE_SPAWNER,
         "profiles": [
             {**p, "description": "<img src=x onerror=alert(1)>"} if p["slug"] == "h100-quarter" else p
-            for p in CATALOG["profiles"]
+            for p in KUBE_SPAWNER["profiles"]
         ],
     }
-    s = spawner_for(api, name, {"profile": "h100-quarter"}, groups=("crowd",), config=make_config(api, catalog))
+    s = spawner_for(spawner_config(api.release, catalog), name, {"profile": "h100-quarter"}, groups=("crowd",))
     await s.start()
-    [pod] = created_pods(api, ns(api, "crowd"))
+    [pod] = api.created_pods(ns(api, "crowd"))
     assert pod["metadata"]["annotations"][gl.USER_ANNOTATION] == name
     assert pod["metadata"]["labels"][gl.USER] == gl.label_value(name)
     assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", pod["metadata"]["labels"][gl.USER])
@@ -428,9 +324,9 @@ async def test_odd_user_names_reach_labels_escaped_and_annotations_verbatim(api)
 
 async def test_catalog_rejects_bad_sharing_options():
     with pytest.raises(ValueError) as e:
-        catalog_from_dict({**CATALOG, "sharing": {"backend": "timeslice", "timeslice": {"replicas": "four"}}})
+        catalog_from_dict({**KUBE_SPAWNER, "sharing": {"backend": "timeslice", "timeslice": {"replicas": "four"}}})
     assert "sharing.timeslice.replicas: expected a whole number of replicas" in str(e.value)
-    runtime = GPULabRuntime(catalog_from_dict(CATALOG))
+    runtime = GPULabRuntime(catalog_from_dict(KUBE_SPAWNER))
     assert runtime.catalog.sharing["timeslice"]["replicas"] == 4
 
 
@@ -441,7 +337,7 @@ DOC_CATALOG = {
     "profiles": [{"slug": "h100-half", "display_name": "0.5 × H100", "gpus": 0.5, "gpu_model": "H100-80GB"}],
     "teams": [{"name": "vision", "users": ["alice"], "guarantee": 2, "burst": 3, "namespace": "team-vision"}],
 }
-DOCS = __import__("pathlib").Path(__file__).resolve().parent.parent / "docs" / "kubernetes.md"
+DOCS = REPO / "docs" / "kubernetes.md"
 _GPU_KEYS = ("gpulab.io/", "kai.scheduler/", "gpu-fraction", "component")
 
 
@@ -477,7 +373,7 @@ async def backend_examples(api: ClusterView) -> dict[str, str]:
     out = {}
     for backend in ("whole", "timeslice", "mig", "hami", "kai"):
         catalog = {**DOC_CATALOG, "sharing": {"backend": backend}}
-        s = spawner_for(api, "alice", {"team": "vision", "profile": "h100-half"}, config=make_config(api, catalog))
+        s = spawner_for(spawner_config(api.release, catalog), "alice", {"team": "vision", "profile": "h100-half"})
         try:
             await s.load_user_options()
         except HTTPError as e:

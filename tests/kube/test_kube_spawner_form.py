@@ -12,7 +12,7 @@ from jupyterhub.utils import maybe_future
 from tornado.web import HTTPError
 
 from spawner.runtime import get_runtime
-from tests.test_kube_spawner import api, make_config, spawner_for  # noqa: F401 - the api fixture
+from tests.support.kube_spawner import spawner_config, spawner_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
@@ -37,7 +37,7 @@ TAMPERED = [
 
 @pytest.mark.parametrize("options,status,text", TAMPERED)
 async def test_tampered_options_are_refused_before_any_object(api, options, status, text):
-    s = spawner_for(api, "bob", options)
+    s = spawner_for(spawner_config(api.release), "bob", options)
     with pytest.raises(HTTPError) as e:
         await s.start()
     assert e.value.status_code == status
@@ -63,7 +63,7 @@ async def test_tampered_options_are_refused_before_any_object(api, options, stat
     ],
 )
 async def test_tampered_form_is_refused(api, formdata, status, text):
-    s = spawner_for(api, "bob")
+    s = spawner_for(spawner_config(api.release), "bob")
     with pytest.raises(HTTPError) as e:
         await maybe_future(s.run_options_from_form({**formdata, "_xsrf": ["x"]}))
     assert e.value.status_code == status and text in e.value.jupyterhub_message
@@ -71,7 +71,7 @@ async def test_tampered_form_is_refused(api, formdata, status, text):
 
 
 async def test_form_parses_the_chosen_profile_and_image(api):
-    s = spawner_for(api, "alice")
+    s = spawner_for(spawner_config(api.release), "alice")
     options = await maybe_future(
         s.run_options_from_form(
             {
@@ -86,9 +86,9 @@ async def test_form_parses_the_chosen_profile_and_image(api):
 
 
 async def test_form_shows_availability_and_disables_with_reason(api):
-    holder = spawner_for(api, "alice", {"team": "nlp", "profile": "h100-1"})
+    holder = spawner_for(spawner_config(api.release), "alice", {"team": "nlp", "profile": "h100-1"})
     await holder.start()
-    s = spawner_for(api, "alice")
+    s = spawner_for(spawner_config(api.release), "alice")
     html = await s._render_options_form_dynamically(s)
     # alice is in two teams; nlp holds 1 of its 2 GPU burst limit.
     assert "1 of 2 GPUs free for team nlp" in html
@@ -110,7 +110,7 @@ async def test_form_shows_availability_and_disables_with_reason(api):
 
 
 async def test_user_in_no_team_sees_why_and_cannot_spawn(api):
-    s = spawner_for(api, "mallory", {"profile": "h100-half"})
+    s = spawner_for(spawner_config(api.release), "mallory", {"profile": "h100-half"})
     html = await s._render_options_form_dynamically(s)
     assert "You are not a member of any GPU team; ask an admin to add you." in html
     assert 'name="profile"' not in html
@@ -128,10 +128,10 @@ async def test_form_says_when_the_idle_culler_reclaimed_the_last_server(api, tmp
     from hub_config.domain.idle_records import IdleEventRow
     from hub_config.storage.db import from_epoch, session_factory
 
-    config = make_config(api)
+    config = spawner_config(api.release)
     config.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
     config.GPULab.runtime_hooks = [HOOK]  # what configure_gpulab adds: the hub reads the culler's records
-    s = spawner_for(api, "carol", config=config)
+    s = spawner_for(config, "carol")
     assert "gpulab-reclaimed" not in await s._render_options_form_dynamically(s)
     now = _time.time()
     with session_factory(config=config)() as session:
@@ -161,10 +161,10 @@ async def test_a_started_choice_is_remembered_for_start_again(api, tmp_path):
     the form accepts the choice, and a started server records it in gpulab's database."""
     from hub_config.config.runtime import HOOK
 
-    config = make_config(api)
+    config = spawner_config(api.release)
     config.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
     config.GPULab.runtime_hooks = [HOOK]
-    s = spawner_for(api, "alice", config=config)
+    s = spawner_for(config, "alice")
     runtime = get_runtime(config=config)
     assert runtime.last_choice("alice") is None
     s.user_options = s.options_from_form({"choice": ["vision:h100-half"]})

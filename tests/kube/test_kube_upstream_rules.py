@@ -19,14 +19,8 @@ from tornado.web import HTTPError
 
 from spawner.kube import expand_user_template, qualified_hub_connect_url
 from spawner.runtime import get_runtime
-from tests.test_kube_spawner import (  # noqa: F401 - the api fixture
-    CATALOG,
-    K8S_VERSION,
-    api,
-    created_pods,
-    make_config,
-    spawner_for,
-)
+from tests.support.catalogs import KUBE_SPAWNER
+from tests.support.kube_spawner import K8S_VERSION, spawner_config, spawner_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
@@ -36,7 +30,7 @@ ODD_NAMES = ["alice", "jo_smith", "a.b@x.com", "Ünïcode Üser", "x" * 80, "-le
 @pytest.mark.parametrize("name", ODD_NAMES)
 async def test_job_home_claim_is_the_claim_kubespawner_names(api, name):
     """The jobs backend's claim name is KubeSpawner's own pvc_name for every user name."""
-    s = spawner_for(api, name, {})
+    s = spawner_for(spawner_config(api.release), name, {})
     for template in ("claim-{user_server}", "claim-{username}{servername}", "home-{username}"):
         s.pvc_name_template = template
         assert expand_user_template(template, name) == s._expand_user_properties(template)
@@ -66,10 +60,10 @@ def test_hub_url_for_servers_in_team_namespaces():
 
 
 async def test_hami_pod_names_hamis_scheduler_over_z2jhs_user_scheduler(api):
-    catalog = {**CATALOG, "sharing": {"backend": "hami"}}
-    config = make_config(api, catalog)
+    catalog = {**KUBE_SPAWNER, "sharing": {"backend": "hami"}}
+    config = spawner_config(api.release, catalog)
     config.KubeSpawner.scheduler_name = "jhub-user-scheduler"  # what z2jh sets with its user-scheduler
-    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"}, config=config)
+    s = spawner_for(config, "bob", {"team": "vision", "profile": "h100-half"})
     # The manifest KubeSpawner sends (HAMi's scheduler does not run in the test bed).
     await s.load_user_options()
     pod = s.api.api_client.sanitize_for_serialization(await s.get_pod_manifest())
@@ -80,8 +74,8 @@ async def test_hami_pod_names_hamis_scheduler_over_z2jhs_user_scheduler(api):
 
 
 async def test_hami_refuses_a_privileged_init_container_before_anything_is_created(api):
-    catalog = {**CATALOG, "sharing": {"backend": "hami"}}
-    config = make_config(api, catalog)
+    catalog = {**KUBE_SPAWNER, "sharing": {"backend": "hami"}}
+    config = spawner_config(api.release, catalog)
     # z2jh's singleuser.cloudMetadata.blockWithIptables=true adds this init container.
     config.KubeSpawner.init_containers = [
         {
@@ -91,7 +85,7 @@ async def test_hami_refuses_a_privileged_init_container_before_anything_is_creat
             "securityContext": {"privileged": True, "runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}},
         }
     ]
-    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-half"}, config=config)
+    s = spawner_for(config, "bob", {"team": "vision", "profile": "h100-half"})
     with pytest.raises(HTTPError) as e:
         await s.start()
     assert e.value.status_code == 500
@@ -100,14 +94,14 @@ async def test_hami_refuses_a_privileged_init_container_before_anything_is_creat
     await s.stop()
     assert api.count("create") == 0
     # A whole-GPU profile under another backend is not HAMi's business.
-    other = spawner_for(api, "bob", {"team": "vision", "profile": "h100-2-whole"}, config=config)
+    other = spawner_for(config, "bob", {"team": "vision", "profile": "h100-2-whole"})
     await other.start()
     await other.stop()
 
 
 async def test_profile_tolerations_affinity_and_start_timeout(api):
     profiles = [
-        *CATALOG["profiles"],
+        *KUBE_SPAWNER["profiles"],
         {
             "slug": "h100-zone",
             "display_name": "1 × H100 in zone a",
@@ -129,21 +123,21 @@ async def test_profile_tolerations_affinity_and_start_timeout(api):
         },
     ]
     teams = [
-        {**CATALOG["teams"][0], "allowed_profiles": [*CATALOG["teams"][0]["allowed_profiles"], "h100-zone"]},
-        *CATALOG["teams"][1:],
+        {**KUBE_SPAWNER["teams"][0], "allowed_profiles": [*KUBE_SPAWNER["teams"][0]["allowed_profiles"], "h100-zone"]},
+        *KUBE_SPAWNER["teams"][1:],
     ]
-    config = make_config(api, {**CATALOG, "profiles": profiles, "teams": teams})
-    s = spawner_for(api, "bob", {"team": "vision", "profile": "h100-zone"}, config=config)
+    config = spawner_config(api.release, {**KUBE_SPAWNER, "profiles": profiles, "teams": teams})
+    s = spawner_for(config, "bob", {"team": "vision", "profile": "h100-zone"})
     future = asyncio.ensure_future(s.start())
     await asyncio.sleep(0)
     assert s.start_timeout == 900  # set before JupyterHub reads it, right after start()
     # No node of the test bed is in zone-a: the pod waits; what matters is what was sent.
     for _ in range(200):
-        if created_pods(api):
+        if api.created_pods():
             break
         await asyncio.sleep(0.1)
     future.cancel()
-    [pod] = created_pods(api)
+    [pod] = api.created_pods()
     assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     spec = pod["spec"]
     assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in spec["tolerations"]
@@ -162,12 +156,12 @@ async def test_profile_tolerations_affinity_and_start_timeout(api):
         await asyncio.sleep(0.1)
     assert get_runtime().ledger.get("notebook:bob/") is None
     # The next spawn of another profile starts from the configured values again.
-    t = spawner_for(api, "bob", {"team": "vision", "profile": "cpu"}, config=config)
+    t = spawner_for(config, "bob", {"team": "vision", "profile": "cpu"})
     t.load_state(s.get_state())
     future = t.start()
     assert t.start_timeout == 20
     await future
-    cpu_pod = created_pods(api)[-1]
+    cpu_pod = api.created_pods()[-1]
     assert "affinity" not in cpu_pod["spec"]
     # Only the configured tolerations (c.KubeSpawner.tolerations), not the zone profile's.
     assert cpu_pod["spec"].get("tolerations", []) == list(config.KubeSpawner.tolerations)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO as ROOT
+
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 

@@ -28,11 +28,13 @@ import requests
 import yaml
 
 from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE
-from tests.hub_harness import free_port
+from tests.support import REPO
+from tests.support.hub import free_port
+from tests.support.processes import NotReady, wait_ready
 
 MODEL = "NVIDIA H100 80GB HBM3"
 #: The recording rules the chart installs and the culler reads.
-RULES_FILE = Path(__file__).resolve().parent.parent / "helm" / "gpulab" / "rules" / "idle-culler.rules.yaml"
+RULES_FILE = REPO / "helm" / "gpulab" / "rules" / "idle-culler.rules.yaml"
 
 
 def _labels(d: dict[str, str]) -> str:
@@ -209,18 +211,14 @@ class RunningPrometheus:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"prometheus did not become ready: {self.log_path.read_text()[-2000:]}")
+        try:
+            wait_ready(self.proc, self.url + "/-/ready", timeout=timeout, interval=0.2, request_timeout=1)
+        except NotReady as e:
+            if e.returncode is not None:
+                raise RuntimeError(f"prometheus exited: {self.log_path.read_text()[-2000:]}") from None
+            self.stop()
+            raise RuntimeError(f"prometheus did not become ready: {self.log_path.read_text()[-2000:]}") from None
+        return self
 
     def backfill(self, series: list[tuple[str, dict[str, str], list[tuple[float, float]]]]) -> None:
         """Write history into the TSDB before :meth:`start` with ``promtool tsdb create-blocks-from

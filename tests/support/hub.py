@@ -21,7 +21,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -31,10 +30,25 @@ from typing import Any
 import requests
 
 from spawner.local.accounts import UserAccounts, can_switch_users, delete_account, lookup
-from tests.ports import free_port
+from tests.support import REPO, VENV_BIN
+from tests.support.ports import free_port
+from tests.support.processes import NotReady, kill_uids, wait_ready
 
-REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
+#: What the harness's service token may do by default: act as an admin of the hub and of gpulab.
+ADMIN_SCOPES = [
+    "admin:users",
+    "admin:servers",
+    "admin:server_state",
+    "list:users",
+    "read:users",
+    "read:servers",
+    "servers",
+    "tokens",
+    "custom:gpulab:admin",
+    "custom:gpulab:jobs",
+]
+#: The same, and the idle culler's API (a test that also plays the culler).
+ADMIN_AND_CULLER_SCOPES = [*ADMIN_SCOPES, "custom:gpulab:culler"]
 
 
 class RunningHub:
@@ -80,18 +94,7 @@ class RunningHub:
         self.env.setdefault("GPULAB_ACCOUNT_PREFIX", self.account_prefix)
         if self.isolated:  # even when a fixture fails before its teardown could run
             atexit.register(self.remove_accounts)
-        scopes = admin_scopes or [
-            "admin:users",
-            "admin:servers",
-            "admin:server_state",
-            "list:users",
-            "read:users",
-            "read:servers",
-            "servers",
-            "tokens",
-            "custom:gpulab:admin",
-            "custom:gpulab:jobs",
-        ]
+        scopes = admin_scopes or ADMIN_SCOPES
         self.config_path = self.workdir / "jupyterhub_config.py"
         self.config_path.write_text(
             textwrap.dedent(f"""
@@ -137,21 +140,16 @@ class RunningHub:
             start_new_session=True,
             **switch,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.stop()  # its proxy may outlive it
-                raise RuntimeError(f"hub exited with {code}:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.3)
-        tail = self.log_tail()
-        self.stop()  # never leave a half-started hub (and its proxy and services) behind
-        raise RuntimeError(f"hub did not come up in {timeout}s:\n{tail}")
+        try:
+            wait_ready(self.proc, self.url + "/hub/api/", timeout=timeout)
+        except NotReady as e:
+            tail = self.log_tail()
+            # its proxy may outlive it: never leave a half-started hub (and its services) behind
+            self.stop()
+            if e.returncode is not None:
+                raise RuntimeError(f"hub exited with {e.returncode}:\n{tail}") from None
+            raise RuntimeError(f"hub did not come up in {timeout}s:\n{tail}") from None
+        return self
 
     def stop(self, kill_servers: bool = False) -> None:
         """Stop the hub (and its proxy). Single-user servers keep running unless ``kill_servers``."""
@@ -245,16 +243,7 @@ class RunningHub:
             for line in Path("/etc/passwd").read_text().splitlines()
             if line.startswith(self.account_prefix)
         ]
-        uids = {lookup(n).uid for n in names if lookup(n) is not None}
-        for _ in range(3):
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    try:
-                        if entry.stat().st_uid in uids:
-                            os.kill(int(entry.name), signal.SIGKILL)
-                    except (OSError, ProcessLookupError):
-                        pass
-            time.sleep(0.2)
+        kill_uids({lookup(n).uid for n in names if lookup(n) is not None})
         for name in names:
             delete_account(name)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from tests.hub_harness import RunningHub
+from tests.support.hub import RunningHub
 
 FINAL = {"succeeded", "failed", "cancelled", "timed-out"}
 

@@ -1,4 +1,8 @@
-"""What the GPUKubeSpawner tests ask of "the cluster", answered by the real one.
+"""GPUKubeSpawner on the test bed: spawners built as KubeSpawner's tests build them, and
+what the tests ask of "the cluster", answered by the real one.
+
+:func:`spawner_for` is the one way the kube tests make a spawner (with
+:func:`spawner_config` or :func:`chart_config`).
 
 ``ClusterView`` reads the test bed as the admin and counts what the hub's
 ServiceAccount asked for from the API server's audit log (which records the
@@ -12,7 +16,13 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from tests.kube.cluster import Cluster
+from kubespawner import KubeSpawner
+from traitlets.config import Config
+
+from spawner.kube.spawner import GPUKubeSpawner
+from tests.kube.bed.chart import Release
+from tests.kube.bed.cluster import Cluster
+from tests.support.catalogs import KUBE_SPAWNER
 
 _PLURAL_PATHS = {"pods": "/api/v1/namespaces/{ns}/pods", "resourcequotas": "/api/v1/namespaces/{ns}/resourcequotas"}
 
@@ -87,3 +97,57 @@ class ClusterView:
     def delete(self, plural: str, ns: str, name: str, grace: int | None = None) -> None:
         q = f"?gracePeriodSeconds={grace}" if grace is not None else ""
         self.kube.request("DELETE", _PLURAL_PATHS[plural].format(ns=ns) + f"/{name}{q}")
+
+
+#: The Kubernetes version of the test bed, for kubernetes-validate.
+K8S_VERSION = "1.36"
+#: The toleration every GPU pod of these tests needs (the test bed taints its GPU nodes).
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+BASE_IMAGE = "quay.io/jupyter/base-notebook:2024-10-07"
+
+
+def spawner_config(release: Release, catalog: dict | None = None, *, start_timeout: int = 20) -> Config:
+    """A hub's config for GPUKubeSpawner on the test bed: ``catalog`` (default the sample
+    :data:`~tests.support.catalogs.KUBE_SPAWNER`) with each team in the namespace the chart
+    made for it in this run."""
+    data = catalog or KUBE_SPAWNER
+    c = Config()
+    c.GPULab.teams = [{**t, "namespace": release.team_ns(t["name"])} for t in data["teams"]]
+    c.GPULab.profiles = data["profiles"]
+    c.GPULab.sharing = data.get("sharing", {})
+    c.KubeSpawner.namespace = release.hub_namespace
+    c.KubeSpawner.image = BASE_IMAGE
+    c.KubeSpawner.start_timeout = start_timeout
+    c.KubeSpawner.delete_grace_period = 1
+    c.KubeSpawner.tolerations = [GPU_TOLERATION]
+    return c
+
+
+def chart_config(release: Release, **catalog_overrides: Any) -> Config:
+    """The hub's config with the catalog the chart itself was installed with (its values),
+    ``profiles`` or ``sharing`` replaced when given."""
+    return spawner_config(release, {**release.values["gpulab"], **catalog_overrides}, start_timeout=60)
+
+
+def chart_team(release: Release, name: str) -> str:
+    """A team of the chart's catalog, by name (and there, or the test says which are)."""
+    assert name in release.teams, release.teams
+    return name
+
+
+def spawner_for(
+    config: Config,
+    user: str,
+    options: dict | None = None,
+    groups: tuple[str, ...] = (),
+    *,
+    cls: type[KubeSpawner] = GPUKubeSpawner,
+    name: str = "",
+) -> KubeSpawner:
+    """A spawner as KubeSpawner's own tests build one, without a hub process: a user with
+    ``name``/``groups``, the hub's URLs, and JupyterHub's ORM row (which names the server)."""
+    orm_spawner = type("ORMSpawner", (), {"name": name, "server": None, "user_options": {}})()
+    s = cls(config=config, user=User(user, groups), hub=Hub(), orm_spawner=orm_spawner)
+    s.api_token = "token-" + user
+    s.user_options = options or {}
+    return s

@@ -6,12 +6,19 @@ from pathlib import Path
 
 import nbformat
 
-from tests.hub_harness import REPO
+from tests.support import REPO
+from tests.support.hub import RunningHub
 
 #: Screenshots the docs show (docs/jupyterlab.md) are written here by the tests.
 DOCS_IMG = REPO / "docs" / "img"
 #: Failure screenshots (not for the docs).
 FAILURES = REPO / "test-output" / "e2e-lab"
+
+
+def give_notebook(hub: RunningHub, user: str, rel: str) -> None:
+    """The greeting notebook at ``rel`` in ``user``'s home, owned by their account."""
+    write_notebook(hub.home(user) / rel)
+    hub.give(user, hub.home(user) / rel)
 
 
 def write_notebook(path: Path) -> None:

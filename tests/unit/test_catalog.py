@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -17,8 +16,8 @@ from spawner.core.ledger import Ledger
 from spawner.core.policy import PolicyError, choices_for_user, resolve_request
 from spawner.core.units import UnitError, format_gpus, parse_duration, parse_gpus, parse_memory
 from spawner.runtime import GPULab
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "hub_config" / "demo-teams.yaml"
 
 

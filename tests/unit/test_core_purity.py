@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 CORE = REPO / "spawner" / "core"
 
 

@@ -20,8 +20,9 @@ from hub_config.domain.usage_records import UsageInterval
 from hub_config.jobs.models import JobRecord
 from hub_config.storage import migrate
 from hub_config.storage.db import Base, session_factory
+from tests.support import REPO
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
 RELEASES = {
     "0.1.0": ("gpulab-0.1.0.sql", "0001"),
     "0.1.0-session-culling": ("gpulab-0.1.0-session-culling.sql", "0002"),

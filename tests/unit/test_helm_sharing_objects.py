@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 from spawner.core import labels, sharing
-
-from .test_helm_chart import (
+from tests.support.helm import (
     NAMESPACE,
     QUANTITY,
     catalog_of,
     chart_values,
+    device_plugin_advertises,
     helm,
     of_kind,
     quota_in,
@@ -29,22 +29,6 @@ from .test_helm_chart import (
     team_namespace,
     template_args,
 )
-
-
-def device_plugin_advertises(config_text: str) -> tuple[set[str], bool]:
-    """What a node running the NVIDIA device plugin with this config advertises.
-
-    Per the device plugin's config (v1): without `sharing`, each GPU is one
-    nvidia.com/gpu; with `timeSlicing`, each is `replicas` units, renamed to
-    <name>.shared when renameByDefault. Returns (resources, one-per-pod).
-    """
-    cfg = yaml.safe_load(config_text)
-    assert cfg["version"] == "v1"
-    ts = (cfg.get("sharing") or {}).get("timeSlicing")
-    if not ts:
-        return {"nvidia.com/gpu"}, False
-    names = {r["name"] + (".shared" if ts.get("renameByDefault") else "") for r in ts["resources"]}
-    return names, bool(ts.get("failRequestsGreaterThanOne"))
 
 
 def test_time_slicing_configmap(tmp_path):

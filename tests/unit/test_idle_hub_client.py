@@ -10,7 +10,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 
 from idle_culler.hub import HubAPIError, HubClient
-from tests.hub_harness import free_port
+from tests.support.hub import free_port
 
 
 class Recorder:

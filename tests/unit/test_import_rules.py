@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 _spec = importlib.util.spec_from_file_location("import_rules", REPO / "scripts" / "import_rules.py")
 import_rules = importlib.util.module_from_spec(_spec)
 sys.modules["import_rules"] = import_rules

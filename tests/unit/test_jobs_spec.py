@@ -16,6 +16,7 @@ from spawner.core.labels import workload_annotations, workload_labels
 from spawner.core.ledger import Workload
 from spawner.core.priority import BATCH, TRAINING
 from spawner.core.sharing import pod_gpu_spec
+from tests.support import REPO
 
 
 def test_job_classes_map_to_priority_classes():
@@ -227,13 +228,12 @@ def test_kube_job_states(job, state):
 
 def test_openapi_document_lists_every_endpoint():
     import re
-    from pathlib import Path
 
     import yaml
 
     from hub_config.api import jobs
 
-    doc = yaml.safe_load((Path(__file__).parent.parent / "docs" / "jobs-openapi.yaml").read_text())
+    doc = yaml.safe_load((REPO / "docs" / "jobs-openapi.yaml").read_text())
     documented = set(doc["paths"])
     served = {re.sub(r"\(\[\^/\]\+\)", "{id}", pattern).replace("/api/gpulab", "") for pattern, _ in jobs.handlers}
     assert documented == served

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.testbed import TestbedError, check_loopback, pod_ip_prefix, up
+from tests.kube.bed.testbed import TestbedError, check_loopback, pod_ip_prefix, up
 
 
 @pytest.mark.parametrize(

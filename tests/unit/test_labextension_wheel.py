@@ -8,7 +8,7 @@ import subprocess
 import sys
 import zipfile
 
-from tests.hub_harness import REPO
+from tests.support import REPO
 
 STATIC = REPO / "labextension" / "labextension_static"
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
 from traitlets.utils.importstring import import_item
+
+from tests.support import REPO
 
 try:
     import tomllib
 except ImportError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 

@@ -16,9 +16,8 @@ import pytest
 from hub_config.config.embedded import choose_isolation
 from spawner.local import mediator
 from spawner.local.sudo import ROOT, sudoers_rule
-from tests.hub_harness import VENV_BIN
+from tests.support import REPO, VENV_BIN
 
-REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "scripts" / "gpulab.sudoers"
 
 

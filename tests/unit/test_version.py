@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import tomllib
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
 
 
 def version() -> str:

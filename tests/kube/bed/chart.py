@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -24,18 +23,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.kube.cluster import Cluster
-from tests.kube.testbed import Testbed
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "helm" / "gpulab"
-
-
-def helm_binary() -> str:
-    for candidate in (REPO / ".tools" / "bin" / "helm", shutil.which("helm")):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
-    pytest.fail("no helm binary: scripts/bootstrap.sh --test installs one into .tools/bin", pytrace=False)
+from tests.kube.bed.cluster import Cluster
+from tests.kube.bed.testbed import Testbed
+from tests.support.helm import CHART
+from tests.support.helm import helm as helm_command
 
 
 def helm(tb: Testbed, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -46,10 +37,7 @@ def helm(tb: Testbed, *args: str, check: bool = True) -> subprocess.CompletedPro
         "HELM_CONFIG_HOME": str(tb.state_dir / "helm-config"),
         "HELM_DATA_HOME": str(tb.state_dir / "helm-data"),
     }
-    proc = subprocess.run([helm_binary(), *args], env=env, capture_output=True, text=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return helm_command(*args, check=check, env=env, timeout=300)
 
 
 Z2JH_HUB_RULES = [
@@ -118,13 +106,13 @@ class Release:
 
 
 def team_values(suffix: str) -> dict:
-    """Teams for the test bed's GPU nodes (tests/kube/nodes.yaml)."""
+    """Teams for the test bed's GPU nodes (tests/kube/bed/nodes.yaml)."""
     return {
         # Kueue runs in the test bed: the chart's ResourceFlavor, ClusterQueues and LocalQueues.
         "kueue": {"enabled": True},
         "gpulab": {
             # 0.5 GPU = 2 of 4 time-slices: the device plugin's failRequestsGreaterThanOne
-            # is off on this pool (tests/kube/nodes.yaml), so gpulab may ask for 2.
+            # is off on this pool (tests/kube/bed/nodes.yaml), so gpulab may ask for 2.
             "sharing": {
                 "backend": "timeslice",
                 "timeslice": {

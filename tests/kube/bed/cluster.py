@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.pki import token_kubeconfig
-from tests.kube.testbed import Testbed, TestbedError, down, up
+from tests.kube.bed.pki import token_kubeconfig
+from tests.kube.bed.testbed import Testbed, TestbedError, down, up
 
 
 class Cluster:
@@ -254,7 +254,7 @@ CLUSTER_SCOPED = {
 @pytest.fixture(scope="session")
 def kube_testbed() -> Iterator[Testbed]:
     """The running test bed (started here if none runs, and then stopped at the end)."""
-    from tests.kube.testbed import STATE_DIR
+    from tests.kube.bed.testbed import STATE_DIR
 
     was_running = Testbed.load(STATE_DIR)
     try:

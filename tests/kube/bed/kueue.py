@@ -37,7 +37,7 @@ SERVED_WEBHOOK_PREFIXES = (
 
 
 def build() -> Path:
-    from tests.kube.testbed import REPO, TestbedError
+    from tests.kube.bed.testbed import REPO, TestbedError
 
     proc = subprocess.run([str(REPO / "scripts" / "build-kueue.sh")], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
@@ -46,7 +46,7 @@ def build() -> Path:
 
 
 def _serving_cert(pki: Path, name: str, address: str) -> tuple[Path, Path]:
-    from tests.kube.pki import issue_cert
+    from tests.kube.bed.pki import issue_cert
 
     crt, key = pki / f"{name}.crt", pki / f"{name}.key"
     if not crt.exists():
@@ -150,7 +150,7 @@ def start(tb, spawn, wait, free_port) -> None:
         for src, dst in ((crt, "tls.crt"), (key, "tls.key")):
             (KUEUE_METRICS_CERTS / dst).write_bytes(src.read_bytes())
     except OSError as e:
-        from tests.kube.testbed import TestbedError
+        from tests.kube.bed.testbed import TestbedError
 
         raise TestbedError(
             f"Kueue reads its metrics certificate from {KUEUE_METRICS_CERTS}, which cannot be "

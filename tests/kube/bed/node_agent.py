@@ -1,6 +1,6 @@
 """The test bed's kubelet stand-in: fake GPU nodes without containers.
 
-It registers the nodes of ``tests/kube/nodes.yaml`` (labels, taints, GPU
+It registers the nodes of ``tests/kube/bed/nodes.yaml`` (labels, taints, GPU
 allocatable as the NVIDIA or HAMi device plugin would publish them), keeps
 their Leases and Ready condition fresh so the real node-lifecycle controller
 leaves them alone, and plays the node side of every pod the real
@@ -15,7 +15,7 @@ kube-scheduler binds to them:
   and whatever conditions the API server set (DisruptionTarget), and is then
   deleted for good, as the kubelet does.
 
-Tests end other pods the way a container would (``tests.kube.cluster``'s
+Tests end other pods the way a container would (``tests.kube.bed.cluster``'s
 ``finish_pod``) or evict them with the real Eviction API.
 """
 

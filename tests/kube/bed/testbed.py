@@ -3,7 +3,7 @@
 ``scripts/kube-testbed up|down|status`` runs this module. ``up`` starts etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler (one pinned
 release, built from Go modules by ``scripts/build-kube.sh``) plus the node
-agent (``tests/kube/node_agent.py``) that registers fake GPU nodes and plays
+agent (``tests/kube/bed/node_agent.py``) that registers fake GPU nodes and plays
 their kubelet, then prints ``KUBECONFIG=<path>`` as its last line. It reuses
 a running test bed, and it refuses any address outside 127.0.0.0/8.
 
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.kube.pki import kubeconfig_for, make_pki
-from tests.ports import free_port
+from tests.kube.bed.pki import kubeconfig_for, make_pki
+from tests.support import REPO
+from tests.support.ports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(
     os.environ.get("GPULAB_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpulab"
 )
@@ -446,7 +446,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
         [
             sys.executable,
             "-m",
-            "tests.kube.node_agent",
+            "tests.kube.bed.node_agent",
             "--kubeconfig",
             str(state_dir / "node-agent.kubeconfig"),
             "--nodes",

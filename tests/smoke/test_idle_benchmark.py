@@ -15,13 +15,12 @@ import math
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from spawner.core.idle import DeviceSeries, judge_gpu_idle, max_gap_for, summarize
+from tests.support import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import idle_trace  # noqa: E402
