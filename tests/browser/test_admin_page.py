@@ -16,8 +16,6 @@ from tests.support import REPO
 from tests.support.catalogs import H100_PROFILES, NLP_TEAM, VISION_TEAM, h100_inventory
 from tests.support.hub import RunningHub
 
-pytestmark = pytest.mark.integration
-
 SHOTS = REPO / "test-output" / "admin"
 CATALOG = (
     h100_inventory(2) + 'prices: {H100-80GB: 2.5, "*": 1.0}\n' + H100_PROFILES + "teams:\n" + VISION_TEAM + NLP_TEAM

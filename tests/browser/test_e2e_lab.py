@@ -21,8 +21,6 @@ from tests.support.catalogs import H100_PROFILES, VISION_TEAM, h100_inventory
 from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
 from tests.support.lab import give_notebook
 
-pytestmark = pytest.mark.integration
-
 SHOTS = REPO / "test-output" / "e2e-lab"
 CATALOG = h100_inventory(1) + H100_PROFILES + "teams:\n" + VISION_TEAM
 

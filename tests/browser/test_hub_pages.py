@@ -16,8 +16,6 @@ import pytest
 from tests.support import REPO
 from tests.support.hub import RunningHub
 
-pytestmark = pytest.mark.integration
-
 SHOTS = REPO / "docs" / "img"
 CONTACT = "gpu-admins@example.org"
 CATALOG = """

@@ -18,8 +18,6 @@ from hub_config.storage.db import session_factory
 from tests.support import REPO
 from tests.support.catalogs import H100_PROFILES, NLP_TEAM, h100_inventory
 
-pytestmark = pytest.mark.integration
-
 CATALOG = (
     h100_inventory(2)
     + H100_PROFILES

@@ -13,8 +13,6 @@ import requests
 from tests.support.catalogs import CPU_PROFILE, H100_HALF, H100_ONE, H100_QUARTER, h100_inventory
 from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
 
-pytestmark = pytest.mark.integration
-
 CATALOG = (
     h100_inventory(2)
     + 'prices: {H100-80GB: 2.5, "*": 1.0}\n'

@@ -8,8 +8,6 @@ import pytest
 
 from tests.support.hub import RunningHub
 
-pytestmark = pytest.mark.integration
-
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 1, memory_mib: 81559}

@@ -20,8 +20,6 @@ import pytest
 from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
 from tests.support.jobs import user_token, write_notebook
 
-pytestmark = pytest.mark.integration
-
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 2, memory_mib: 81559}

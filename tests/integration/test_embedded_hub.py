@@ -10,8 +10,6 @@ import pytest
 
 from tests.support.hub import RunningHub, process_env
 
-pytestmark = pytest.mark.integration
-
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 2, memory_mib: 81559}

@@ -19,7 +19,6 @@ from tests.support import REPO
 from tests.support.hub import free_port
 from tests.support.processes import NotReady, wait_ready
 
-pytestmark = pytest.mark.integration
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
 
 

@@ -21,8 +21,6 @@ import requests
 from tests.support.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
 from tests.support.hub import RunningHub, free_port
 
-pytestmark = pytest.mark.integration
-
 NODE = "gpulab-test-node"
 TIMEOUT = 4  # the h100-1 profile's idle_timeout
 GRACE = 3

@@ -3,13 +3,10 @@ without one the culler is off and the admin page says why."""
 
 from __future__ import annotations
 
-import pytest
-
 from hub_config.config.idle_service import SERVICE
 from tests.support.hub import RunningHub
 
 
-@pytest.mark.integration
 def test_the_admin_page_of_a_hub_without_a_driver_says_the_culler_is_off_and_why(tmp_path):
     hub = RunningHub(tmp_path, None).start()  # this machine has no NVIDIA driver
     try:

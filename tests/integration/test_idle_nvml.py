@@ -56,7 +56,6 @@ def descendants(pid: int) -> list[int]:
     return children + [d for c in children for d in descendants(c)]
 
 
-@pytest.mark.integration
 async def test_idle_kernel_is_shut_down_then_the_idle_server_is_stopped(hub):
     r = hub.api("POST", "/users/alice/server", data=json.dumps({"team": "vision", "profile": "h100-1"}))
     assert r.status_code in (201, 202), r.text
@@ -131,7 +130,6 @@ def stable(events: list[dict]) -> list[dict]:
     return [{k: v for k, v in e.items() if k != "gpu_hours_freed"} for e in events]
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(
     "method, path, body, status",
     [
@@ -161,7 +159,6 @@ def test_culler_endpoints_refuse_bad_input_and_record_nothing(hub, method, path,
     assert hub.api("GET", "/gpulab/idle", params={"user": "bob"}).json()["warning"] is None
 
 
-@pytest.mark.integration
 def test_culler_records_a_warning_once_and_clears_it(hub):
     body = {
         "user": "bob",

@@ -23,8 +23,6 @@ from idle_culler.targets import POD, ServerTarget
 from spawner.core.idle import BUSY, IDLE, PARTIAL, SHORT, STALE, DeviceSeries, judge_gpu_idle, max_gap_for
 from tests.support.dcgm_fake_exporter import RunningPrometheus
 
-pytestmark = pytest.mark.integration
-
 STEP = 30.0
 WINDOW = 3600.0
 T = math.floor(1_790_000_000 / STEP) * STEP  # "now" of the tests: a fixed moment in the past

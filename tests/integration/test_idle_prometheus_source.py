@@ -19,8 +19,6 @@ from idle_culler.targets import DEVICE, POD, ServerTarget
 from spawner.core.idle import BUSY, IDLE, MISSING, judge_gpu_idle
 from tests.support.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
 
-pytestmark = pytest.mark.integration
-
 WINDOW = 4.0
 GAP = 2.5
 

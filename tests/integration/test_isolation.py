@@ -36,7 +36,6 @@ from tests.support.isolation import (
 )
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(not can_switch_users(), reason="creating and switching accounts needs root (CI runs as root)"),
 ]
 

@@ -38,7 +38,6 @@ from tests.support.jobs import kill_job_runners, submit, wait_state, write_noteb
 from tests.support.processes import kill_uids
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(
         not can_switch_users(), reason="making accounts and a sudoers drop-in needs root (CI runs as root)"
     ),

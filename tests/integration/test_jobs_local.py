@@ -18,8 +18,6 @@ import pytest
 from tests.support.hub import RunningHub
 from tests.support.jobs import get_job, submit, user_token, wait_state, write_notebook
 
-pytestmark = pytest.mark.integration
-
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 1, memory_mib: 81559}

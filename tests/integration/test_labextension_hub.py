@@ -11,8 +11,6 @@ import requests
 from tests.support.catalogs import H100_HALF, H100_QUARTER, h100_inventory
 from tests.support.hub import RunningHub
 
-pytestmark = pytest.mark.integration
-
 CATALOG = (
     h100_inventory(1)
     + "profiles:\n"

@@ -43,7 +43,6 @@ def hub_env(hub, alice_token, gpu_env, monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", alice_token)
 
 
-@pytest.mark.integration
 def test_proxy_forwards_to_the_hub_as_the_owner(ext_fetch, hub_env):
     data = json_body(ext_fetch("gpulab", "api", "hub", "me"))
     assert data["user"] == "alice"
@@ -52,7 +51,6 @@ def test_proxy_forwards_to_the_hub_as_the_owner(ext_fetch, hub_env):
     assert teams["vision"]["profiles"] and teams["vision"]["burst_milli"] > 0
 
 
-@pytest.mark.integration
 def test_proxy_passes_the_hubs_refusal_through(ext_fetch, hub_env):
     with pytest.raises(HTTPClientError) as e:
         ext_fetch("gpulab", "api", "hub", "me", params={"user": "bob"})
@@ -60,14 +58,12 @@ def test_proxy_passes_the_hubs_refusal_through(ext_fetch, hub_env):
     assert "custom:gpulab:admin" in json_body(e.value.response)["message"]
 
 
-@pytest.mark.integration
 def test_proxy_refuses_an_oversized_body(ext_fetch, hub_env):
     with pytest.raises(HTTPClientError) as e:
         ext_fetch("gpulab", "api", "hub", "jobs", method="POST", body="x" * (256 * 1024 + 1))
     assert e.value.code == 413
 
 
-@pytest.mark.integration
 def test_a_route_the_hub_lacks_reads_as_no_gpulab_but_gpulabs_own_404_passes(ext_fetch, hub_env):
     # The hub's catch-all API 404 ("Not Found"): what a hub without gpulab answers for every path.
     with pytest.raises(HTTPClientError) as e:
@@ -83,7 +79,6 @@ def test_a_route_the_hub_lacks_reads_as_no_gpulab_but_gpulabs_own_404_passes(ext
     assert "absent" not in json_body(e.value.response) and "999999" in json_body(e.value.response)["message"]
 
 
-@pytest.mark.integration
 def test_stop_answers_first_then_records_the_hubs_refusal(ext_fetch, hub_env):
     # This token lacks delete:servers (a real server token carries delete:servers!server):
     # the answer is "requested", and the hub's 403 is then recorded for the panel.

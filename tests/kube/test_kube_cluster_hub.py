@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
 import requests
 import yaml
 
@@ -21,8 +20,6 @@ from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
 from tests.support.hub import RunningHub
 from tests.support.kube_spawner import chart_team
-
-pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
 
 def catalog_yaml(release: Release) -> str:

@@ -22,8 +22,6 @@ from tests.support.hub import RunningHub
 from tests.support.jobs import submit, user_token, wait_state
 from tests.support.kube_spawner import chart_team
 
-pytestmark = [pytest.mark.integration, pytest.mark.kube]
-
 A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 

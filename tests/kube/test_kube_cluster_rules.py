@@ -26,9 +26,6 @@ from tests.support import REPO
 from tests.support.helm import device_plugin_advertises
 from tests.support.kube_spawner import chart_config, chart_team, spawner_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.kube]
-
-
 # --------------------------------------------------------------------------
 # poll() and spawns when one team namespace cannot be read
 

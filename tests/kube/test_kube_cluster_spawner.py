@@ -21,8 +21,6 @@ from tests.kube.bed.cluster import Cluster
 from tests.kube.bed.testbed import pod_ip_prefix
 from tests.support.kube_spawner import GPU_TOLERATION, chart_config, chart_team, spawner_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.kube]
-
 
 async def test_start_poll_stop_on_a_time_sliced_node(hub_identity: Release, kube: Cluster):
     release = hub_identity

@@ -33,8 +33,6 @@ from tests.support import REPO
 from tests.support.catalogs import KUBE_SPAWNER
 from tests.support.kube_spawner import K8S_VERSION, ClusterView, spawner_config, spawner_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.kube]
-
 
 def ns(api: ClusterView, team: str) -> str:
     """The namespace the chart made for ``team`` in this run."""

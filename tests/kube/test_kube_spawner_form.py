@@ -14,9 +14,6 @@ from tornado.web import HTTPError
 from spawner.runtime import get_runtime
 from tests.support.kube_spawner import spawner_config, spawner_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.kube]
-
-
 TAMPERED = [
     ({"team": "vision", "profile": "h100-9000"}, 400, "unknown profile"),
     ({"team": "vision", "profile": "nlp-only"}, 403, "may not use profile"),

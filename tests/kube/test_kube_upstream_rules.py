@@ -22,8 +22,6 @@ from spawner.runtime import get_runtime
 from tests.support.catalogs import KUBE_SPAWNER
 from tests.support.kube_spawner import K8S_VERSION, spawner_config, spawner_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.kube]
-
 ODD_NAMES = ["alice", "jo_smith", "a.b@x.com", "Ünïcode Üser", "x" * 80, "-lead-", "UPPER", "1234"]
 
 
