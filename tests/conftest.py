@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-#: Fixtures shared across tiers: the Kubernetes test bed's (tests/kube/bed: the session-wide
-#: control plane ``kube_testbed``, also for the benchmarks' smoke run on it, ``kube`` and the
-#: chart's ``release``) and the lab server extension's (``ext_fetch``, ``gpu_env``).
-pytest_plugins = ("tests.kube.bed.cluster", "tests.kube.bed.chart", "tests.support.lab_server")
+#: The Kubernetes test bed's fixtures (tests/kube/bed): the session-wide control plane
+#: ``kube_testbed`` (also for the benchmarks' smoke run on it), ``kube`` and the chart's ``release``.
+pytest_plugins = ("tests.kube.bed.cluster", "tests.kube.bed.chart")
 
 TESTS = Path(__file__).resolve().parent
 #: The tier folders and the markers each gives its tests: the folder is the tier, so a new

@@ -1,9 +1,7 @@
 """gpulab's Jupyter server extension in a real jupyter_server (pytest-jupyter's fixtures).
 
-A pytest plugin (tests/conftest.py loads it): a test module that names
-``pytest_jupyter.jupyter_server`` in its ``pytest_plugins`` and turns the extension on in
-its ``jp_server_config`` gets ``ext_fetch`` and ``gpu_env``. (pytest-jupyter's own
-``jp_server_config`` would win over one defined here: plugins registered later override.)
+The fixtures the ``lab_server/`` folders' conftests import beside pytest-jupyter's:
+``jp_server_config`` (the server loads gpulab's extension), ``ext_fetch``, ``gpu_env``.
 """
 
 from __future__ import annotations
@@ -26,6 +24,12 @@ GPU_ENV = {
     "GPULAB_PREEMPTIBLE": "1",
     "CUDA_VISIBLE_DEVICES": "0",
 }
+
+
+@pytest.fixture
+def jp_server_config():
+    """The server loads gpulab's extension."""
+    return {"ServerApp": {"jpserver_extensions": {"labextension": True}}}
 
 
 @pytest.fixture

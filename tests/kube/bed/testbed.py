@@ -471,7 +471,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
     )
     _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
-    from tests.kube import kueue
+    from tests.kube.bed import kueue
 
     kueue.start(tb, _spawn, _wait, free_port)
     tb.versions["kueue"] = kueue.build().name

@@ -10,15 +10,6 @@ from tornado.httpclient import HTTPClientError
 
 from tests.support.lab_server import json_body
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
-
-
-@pytest.fixture
-def jp_server_config():
-    """The server loads gpulab's extension."""
-    return {"ServerApp": {"jpserver_extensions": {"labextension": True}}}
-
-
 # -- against a real hub ------------------------------------------------------
 
 

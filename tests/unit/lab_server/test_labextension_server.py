@@ -11,14 +11,6 @@ from tornado.httpclient import HTTPClientError
 from tests.support.lab_server import GPU_ENV, json_body
 from tests.support.ports import free_port
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
-
-
-@pytest.fixture
-def jp_server_config():
-    """The server loads gpulab's extension."""
-    return {"ServerApp": {"jpserver_extensions": {"labextension": True}}}
-
 
 def test_session_reports_the_spawners_share_and_no_invented_utilisation(ext_fetch, gpu_env):
     r = ext_fetch("gpulab", "api", "session")
