@@ -42,6 +42,7 @@ from spawner.core.idle import (
     max_gap_for,
     next_step,
 )
+from spawner.core.idle_cycle import ReclaimClaim, WarningRecord
 from spawner.core.model import Profile, Team
 
 from .dcgm_exporter_source import DCGMExporterSource
@@ -423,8 +424,10 @@ class GPUIdleCuller(Application):
                     self.grace_seconds,
                 )
                 batch.warn(
-                    self._record(
-                        t, verdict, seconds, origin, grace_seconds=self.grace_seconds, renew=step is Step.REWARN
+                    WarningRecord(
+                        **self._record(t, verdict, seconds, origin),
+                        grace_seconds=self.grace_seconds,
+                        renew=step is Step.REWARN,
                     )
                 )
                 self.metrics.warnings.labels(t.team).inc()
@@ -473,13 +476,16 @@ class GPUIdleCuller(Application):
             summary["seconds"],
         )
 
-    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str, **extra: Any) -> dict[str, Any]:
-        evidence = verdict.evidence
-        evidence["idle_timeout_seconds"] = seconds
-        evidence["idle_timeout_from"] = origin
-        evidence["hub_last_activity"] = t.last_activity  # kept to show activity is not utilisation
-        evidence["decided_at"] = self._cycle_now
-        evidence["source"] = self.source
+    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str) -> dict[str, Any]:
+        """What a warning and a reclaim claim both say about the server and the decision."""
+        evidence = {
+            **verdict.evidence,
+            "idle_timeout_seconds": seconds,
+            "idle_timeout_from": origin,
+            "hub_last_activity": t.last_activity,  # kept to show activity is not utilisation
+            "decided_at": self._cycle_now,
+            "source": self.source,
+        }
         return {
             "user": t.user,
             "server": t.server,
@@ -489,7 +495,6 @@ class GPUIdleCuller(Application):
             "gpu_milli": t.gpu_milli,
             "reason": verdict.reason,
             "evidence": evidence,
-            **extra,
         }
 
     def _plan_reclaim(
@@ -520,32 +525,26 @@ class GPUIdleCuller(Application):
             kernel_ids = sorted({h["kernel_id"] for h in holders})
             self.log.warning("Reclaiming GPU of %s: shutting down idle kernel(s) %s", t.key, ", ".join(kernel_ids))
             # The server keeps its GPU allocation; only the kernels' GPU memory is freed.
-            batch.reclaim(
-                self._record(
-                    t,
-                    verdict,
-                    seconds,
-                    origin,
-                    action="shutdown-kernel",
-                    kernel_ids=kernel_ids,
-                    idle_since=idle_since,
-                    idle_gpu_hours=0.0,
-                ),
-                t,
-                base,
+            claim = ReclaimClaim(
+                **self._record(t, verdict, seconds, origin),
+                action="shutdown-kernel",
+                kernel_ids=tuple(kernel_ids),
+                idle_since=idle_since,
+                idle_gpu_hours=0.0,
             )
+            batch.reclaim(claim, t, base)
             return
         hours = idle_gpu_hours_observed(t.gpu_milli, idle_since, now)
         self.log.warning(
             "Reclaiming GPU of %s: stopping the server (%.4f idle GPU-hours observed): %s", t.key, hours, verdict.reason
         )
-        batch.reclaim(
-            self._record(
-                t, verdict, seconds, origin, action="stop-server", idle_since=idle_since, idle_gpu_hours=hours
-            ),
-            t,
-            base,
+        claim = ReclaimClaim(
+            **self._record(t, verdict, seconds, origin),
+            action="stop-server",
+            idle_since=idle_since,
+            idle_gpu_hours=hours,
         )
+        batch.reclaim(claim, t, base)
 
     # -- service loop -------------------------------------------------------
 

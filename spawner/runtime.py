@@ -21,6 +21,7 @@ from traitlets.utils.importstring import import_item
 from spawner.core.catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict
 from spawner.core.catalog.write import catalog_to_dict
 from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.core.grant import GrantedShare
 from spawner.core.ledger import Ledger
 from spawner.core.packer import DevicePacker
 
@@ -200,3 +201,10 @@ def set_runtime(runtime: GPULabRuntime | None) -> None:
     global _runtime
     with _runtime_lock:
         _runtime = runtime
+
+
+def granted_share(spawner: Any) -> GrantedShare | None:
+    """What a server was granted, read from its spawner's state as every other reader reads it
+    (the idle culler over the hub's REST API): ``None`` for a spawner that is not gpulab's or
+    a server that holds no grant."""
+    return GrantedShare.from_state(spawner.get_state())

@@ -19,13 +19,15 @@ def gpu_env(
     profile: str,
     milli: int,
     over_quota: bool,
-    shares: Sequence[Sequence[int]],
-    devices: Mapping[int, GPUDevice],
+    shares: Sequence[Sequence[int]] | None = None,
+    devices: Mapping[int, GPUDevice] | None = None,
 ) -> dict[str, str]:
     """Variables that tell the user's code which GPUs it has and its share.
 
     ``shares`` are ``(device index, milli)`` pairs from the packer's placement;
-    ``devices`` the packer's devices by index.
+    ``devices`` the packer's devices by index. Without ``shares`` (``None``: on
+    Kubernetes, where the device plugin picks the devices) ``CUDA_VISIBLE_DEVICES``
+    is left to the platform; an empty placement hides every GPU.
     """
     env = {
         "GPULAB_TEAM": team,
@@ -35,10 +37,12 @@ def gpu_env(
         "GPULAB_QUOTA": "over-quota" if over_quota else "in-quota",
         "GPULAB_PREEMPTIBLE": "1" if over_quota else "0",
     }
+    if shares is None:
+        return env
     if not shares:
         env["CUDA_VISIBLE_DEVICES"] = ""
         return env
-    chosen = [devices[int(i)] for i, _ in shares]
+    chosen = [(devices or {})[int(i)] for i, _ in shares]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in chosen)
     env["GPULAB_GPU_MODEL"] = chosen[0].model
     env["GPULAB_GPU_SOURCE"] = chosen[0].source

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
 from itertools import pairwise
 from typing import Any
@@ -330,10 +331,40 @@ def next_step(
     if verdict.idle:
         if warning.held:
             return Step.REWARN
-        return Step.RECLAIM if now >= warning.reclaim_at else Step.WAIT
+        return Step.RECLAIM if reclaim_refusal(warning, keepalive_until, session, now) is None else Step.WAIT
     if verdict.status == BUSY:
         return Step.CLEAR
     return Step.WAIT if warning.held else Step.HOLD
+
+
+def reclaim_refusal(
+    warning: IdleWarning | None, keepalive_until: float | None, session: str, now: float, who: str = "the server"
+) -> str | None:
+    """Why an idle server may not be reclaimed now, or ``None`` when it may.
+
+    The one rule for both processes: the culler's :func:`next_step` reclaims only when
+    this allows it, and the hub applies it again, to its own records, when the culler
+    claims the reclaim (a "keep my GPU" pressed since the culler read the state wins).
+    No warning (cleared or kept alive), a warning of an earlier session (the server
+    restarted), a warning on hold (data went missing), a grace period not yet over and a
+    keep-alive still running each refuse it.
+    """
+    if warning is None:
+        return f"no idle warning for {who} (cleared or kept alive); not reclaiming"
+    if warning.session != session:
+        return f"the warning of {who} belongs to an earlier session; not reclaiming"
+    if warning.held:
+        return f"the warning of {who} is held until its data returns"
+    if now < warning.reclaim_at:
+        return f"the grace period of {who} ends at {utc_iso(warning.reclaim_at)}"
+    if keepalive_until is not None and now < keepalive_until:
+        return f"{who} is kept alive until {utc_iso(keepalive_until)}"
+    return None
+
+
+def utc_iso(ts: float) -> str:
+    """Epoch seconds as ISO 8601 UTC to the second, with a ``Z`` (as the hub writes times)."""
+    return datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
 
 
 # -- keep my GPU ------------------------------------------------------------

@@ -33,6 +33,7 @@ from traitlets import List, Unicode, default
 from spawner.core import labels as gl
 from spawner.core.env import gpu_env
 from spawner.core.form import choice_value, limit_notes, notice_html
+from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.ledger import Workload, notebook_key
 from spawner.core.policy import (
     Capacity,
@@ -400,14 +401,10 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         if request.image is not None:
             self.image = request.image.image
         # Saved in the hub's spawner state: services (the idle culler) read what was granted.
-        self._gpulab_state = {
-            "team": team.name,
-            "profile": profile.slug,
-            "milli": spec.effective_milli,
-            "over_quota": workload.over_quota,
-        }
-        env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota, (), {})
-        env.pop("CUDA_VISIBLE_DEVICES")  # on Kubernetes the device plugin picks the devices
+        self._granted = GrantedShare(
+            team=team.name, profile=profile.slug, milli=spec.effective_milli, over_quota=workload.over_quota
+        )
+        env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota)  # the device plugin picks
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
 
     def _follow_home_claim(self) -> None:
@@ -432,27 +429,28 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
     # -- state ----------------------------------------------------------------
 
     #: What this server was granted (team, profile, effective milli, quota); hub state.
-    _gpulab_state: dict[str, Any] | None = None
+    _granted: GrantedShare | None = None
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        if self._gpulab_state:
-            state["gpulab"] = dict(self._gpulab_state)
+        if self._granted:
+            state[STATE_KEY] = self._granted.to_json()
         if "pvc_name" in state:
             state["gpulab_pvc_namespace"] = self._pvc_namespace or self.namespace
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
-        if isinstance(state.get("gpulab"), dict):
-            self._gpulab_state = dict(state["gpulab"])
+        saved = GrantedShare.from_state(state)
+        if saved is not None:
+            self._granted = saved
         if "pvc_name" in state:
             # KubeSpawner saves the namespace of the last server, where it made the claim.
             self._pvc_namespace = state.get("gpulab_pvc_namespace") or state.get("namespace")
 
     def clear_state(self) -> None:
         super().clear_state()
-        self._gpulab_state = None
+        self._granted = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -541,8 +539,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
 
     def _asked_for(self) -> str:
         """What this server asked for, as the spawn form named it."""
-        state = self._gpulab_state or {}
-        profile = self.runtime.catalog.profiles.get(state.get("profile", ""))
+        profile = self.runtime.catalog.profiles.get(self._granted.profile if self._granted else "")
         if profile is not None and profile.is_gpu:
             return profile.display_name
         return self.gpu_spec.summary if self.gpu_spec else "this server's resources"

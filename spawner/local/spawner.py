@@ -34,6 +34,7 @@ from traitlets.config import LoggingConfigurable
 
 from spawner.core.env import gpu_env
 from spawner.core.form import find_choice, options_from_formdata, refusal_sentence, render_options_form
+from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.ledger import Workload, notebook_key
 from spawner.core.packer import DevicePacker, Placement, devices_from_inventory
 from spawner.core.policy import (
@@ -111,7 +112,8 @@ class GPULocalMixin(_SpawnerBase):
     """GPU profiles, quota and device placement for local-process spawners."""
 
     #: What this server holds (team, profile, milli, devices); saved in the hub's state.
-    _gpulab_state: dict[str, Any] | None = None
+    #: What this server was granted, saved in the hub's spawner state (``state["gpulab"]``).
+    _granted: GrantedShare | None = None
     #: cpu/mem traits as configured, before any profile set them.
     _configured_limits: dict[str, Any] | None = None
     #: This named server's record was created by a visit of its spawn page and never ran.
@@ -347,14 +349,14 @@ class GPULocalMixin(_SpawnerBase):
         for trait in _PROFILE_LIMIT_TRAITS:
             value = getattr(profile, trait)
             setattr(self, trait, self._configured_limits[trait] if value is None else value)
-        self._gpulab_state = {
-            "team": request.team.name,
-            "profile": profile.slug,
-            "image": request.image.slug if request.image else "",
-            "milli": request.milli,
-            "over_quota": decision.over_quota,
-            "shares": [list(s) for s in placement.shares] if placement else [],
-        }
+        self._granted = GrantedShare(
+            team=request.team.name,
+            profile=profile.slug,
+            image=request.image.slug if request.image else "",
+            milli=request.milli,
+            over_quota=decision.over_quota,
+            shares=tuple((d, m) for d, m in placement.shares) if placement else (),
+        )
         self.log.info(
             "gpulab: %s admitted in team %s: %s GPU (%s) on devices %s",
             key,
@@ -415,22 +417,22 @@ class GPULocalMixin(_SpawnerBase):
         they come from what :meth:`start` decided, never from the form.
         """
         for _ in range(100):  # the page may connect before start() has placed the request
-            if self._gpulab_state or self.pending != "spawn":
+            if self._granted or self.pending != "spawn":
                 break
             await asyncio.sleep(0.05)
-        state = self._gpulab_state
+        granted = self._granted
         runtime = self.gpulab
-        team = runtime.catalog.team(state["team"]) if state else None
-        profile = runtime.catalog.profile(state["profile"]) if state else None
-        if state is None or team is None or profile is None:
+        team = runtime.catalog.team(granted.team) if granted else None
+        profile = runtime.catalog.profile(granted.profile) if granted else None
+        if granted is None or team is None or profile is None:
             yield {"progress": 10, "message": "Starting your server"}
             return
         messages = setup_messages(
             profile,
             team,
-            int(state["milli"]),
-            bool(state["over_quota"]),
-            state.get("shares") or [],
+            granted.milli,
+            granted.over_quota,
+            granted.shares or (),
             self.packer.devices,
             self.runs_as_words(),
         )
@@ -451,11 +453,11 @@ class GPULocalMixin(_SpawnerBase):
             self.packer.release(key)
         if runtime.ledger.release(key) is not None:
             self.log.info("gpulab: released %s", key)
-        self._gpulab_state = None
+        self._granted = None
 
     async def poll(self):
         status = await super().poll()
-        if status is not None and getattr(self, "_gpulab_state", None):
+        if status is not None and self._granted:
             self._release()
         return status
 
@@ -474,16 +476,11 @@ class GPULocalMixin(_SpawnerBase):
 
     def gpu_env(self) -> dict[str, str]:
         """Variables that tell the user's code which GPUs it has and its share."""
-        state = getattr(self, "_gpulab_state", None)
-        if not state:
+        granted = self._granted
+        if not granted:
             return {}
         return gpu_env(
-            state["team"],
-            state["profile"],
-            state["milli"],
-            state["over_quota"],
-            state.get("shares") or [],
-            self.packer.devices,
+            granted.team, granted.profile, granted.milli, granted.over_quota, granted.shares or (), self.packer.devices
         )
 
     def runs_as_root(self) -> bool:
@@ -500,14 +497,14 @@ class GPULocalMixin(_SpawnerBase):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        if getattr(self, "_gpulab_state", None):
-            state["gpulab"] = self._gpulab_state
+        if self._granted:
+            state[STATE_KEY] = self._granted.to_json()
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
-        saved = state.get("gpulab")
-        if not saved or not state.get("pid"):
+        saved = GrantedShare.from_state(state)
+        if saved is None or not state.get("pid"):
             return
         # A server that was running before the hub restarted: count it again.
         runtime = self.gpulab
@@ -515,22 +512,22 @@ class GPULocalMixin(_SpawnerBase):
         runtime.ledger.adopt(
             Workload(
                 key,
-                saved["team"],
+                saved.team,
                 self.user.name,
-                int(saved["milli"]),
-                saved["profile"],
+                saved.milli,
+                saved.profile,
                 "notebook",
-                bool(saved["over_quota"]),
+                saved.over_quota,
             )
         )
-        if saved.get("shares"):
+        if saved.shares:
             with runtime.lock:
                 try:
-                    self.packer.adopt(key, saved["shares"])
+                    self.packer.adopt(key, saved.shares)
                 except Exception as e:
                     self.log.error("gpulab: cannot re-adopt devices of %s: %s", key, e)
-        self._gpulab_state = saved
-        self.log.info("gpulab: re-adopted %s (%s GPU in team %s)", key, format_gpus(int(saved["milli"])), saved["team"])
+        self._granted = saved
+        self.log.info("gpulab: re-adopted %s (%s GPU in team %s)", key, format_gpus(saved.milli), saved.team)
 
     def clear_state(self) -> None:
         super().clear_state()

@@ -68,7 +68,7 @@ def seed_history(db_path) -> None:
 def jp_asyncio_loop():
     """No Jupyter server event loop here (nor its cleanup below).
 
-    ``tests/test_labextension_server.py`` registers pytest_jupyter's plugin,
+    ``tests/unit/lab_server/test_labextension_server.py`` registers pytest_jupyter's plugin,
     whose autouse ``jp_asyncio_loop`` and ``jp_server_cleanup`` then apply to
     the modules collected after it; at teardown they close the loop that
     Playwright's sync API keeps running. This module starts no Jupyter server.

@@ -116,7 +116,7 @@ async def test_backend_manifest_is_valid_kubernetes(api, backend, slug, check):
     s = spawner_for(spawner_config(api.release, catalog), "bob", {"team": "vision", "profile": slug})
     # The pod KubeSpawner would send (KAI's and HAMi's schedulers do not run in the
     # test bed, so these pods would wait forever); the scheduled backends are placed
-    # on real nodes in tests/test_kube_cluster_spawner.py.
+    # on real nodes in tests/kube/test_kube_cluster_spawner.py.
     await s.load_user_options()
     pod = s.api.api_client.sanitize_for_serialization(await s.get_pod_manifest())
     assert check(pod), json.dumps(pod, indent=1)
@@ -396,7 +396,7 @@ async def test_docs_show_the_objects_each_backend_produces(api):
     for backend, text in examples.items():
         assert f"```yaml\n{text}```" in docs, (
             f"docs/kubernetes.md is stale for {backend}; "
-            "regenerate with: GPULAB_REGENERATE_DOCS=1 .venv/bin/python -m pytest -k test_docs_show tests/test_kube_spawner.py"
+            "regenerate with: GPULAB_REGENERATE_DOCS=1 .venv/bin/python -m pytest -k test_docs_show tests/kube/test_kube_spawner.py"
         )
 
 

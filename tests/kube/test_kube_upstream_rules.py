@@ -1,12 +1,12 @@
 """GPUKubeSpawner and the Kubernetes conventions it must follow, at the manifest level.
 
-On the real test bed (the ``api`` fixture of tests/test_kube_spawner.py): the
+On the real test bed (the ``api`` fixture of tests/kube/test_kube_spawner.py): the
 pod bodies the spawner sends (from the API server's audit log, or the
 manifest KubeSpawner would send where no scheduler of the test bed would take
 the pod), checked against the upstream rule each point comes from
 (KubeSpawner's names, HAMi's webhook, z2jh's hub URL). The scheduling
 consequences, homes in two team namespaces included, run in
-tests/test_kube_cluster_rules.py.
+tests/kube/test_kube_cluster_rules.py.
 """
 
 from __future__ import annotations

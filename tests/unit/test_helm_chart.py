@@ -6,7 +6,7 @@ built-in kinds against the Kubernetes OpenAPI schemas (kubernetes-validate,
 strict), CRD kinds (Kueue, Prometheus Operator) against their structure with
 explicit assertions, and the numbers against gpulab's own Python core, which
 is the single source of truth for priorities, labels, sharing and the catalog.
-The z2jh overlay and the Dockerfiles: tests/test_helm_overlay.py.
+The z2jh overlay and the Dockerfiles: tests/unit/test_helm_overlay.py.
 """
 
 from __future__ import annotations

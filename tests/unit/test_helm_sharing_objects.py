@@ -1,6 +1,6 @@
 """The chart's objects for GPU sharing, queueing and team isolation.
 
-The real ``helm`` binary renders the chart (tests/test_helm_chart.py's
+The real ``helm`` binary renders the chart (tests/unit/test_helm_chart.py's
 helpers); each object is checked against the upstream convention it follows:
 the NVIDIA device plugin's per-node configs, Kueue's flavors and queues,
 KAI's Queue objects, z2jh's single-user NetworkPolicy and pull secret.

@@ -98,7 +98,7 @@ def test_a_kernel_younger_than_the_idle_timeout_is_not_reclaimed():
         batch = CycleBatch()
         culler._plan_reclaim(batch, target, verdict, warning, 3600, "default", now)
         assert len(batch.claims) == claims, age
-    assert batch.claims[0][0]["action"] == "shutdown-kernel"
+    assert batch.claims[0][0].action == "shutdown-kernel"
     # The start time of a real process: this one, which started before now.
     import os
 

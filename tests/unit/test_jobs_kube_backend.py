@@ -2,7 +2,7 @@
 
 No cluster is needed for these: the backend's decisions are checked
 directly. What the real Job controller and Kueue do with its Jobs is in
-tests/test_kube_cluster_jobs.py.
+tests/kube/test_kube_cluster_jobs.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The sudoers drop-in a non-root hub needs, and the mediator's own rules (no hub, no accounts).
 
-The real-process test of the whole mechanism is tests/test_isolation_sudo.py.
+The real-process test of the whole mechanism is tests/integration/test_isolation_sudo.py.
 """
 
 from __future__ import annotations
