@@ -3,7 +3,7 @@
 The admin reaches the page from the hub's navigation bar, is told why a bad
 quota is refused, lowers team vision's burst limit, sees the change in the
 audit log; alice's next spawn is then refused with the new limit, on the spawn
-page and on the server. Screenshots: test-output/admin/.
+page and on the server. Screenshots: gpulab-test-output/admin/ under the temporary folder.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import html
 
 import pytest
 
-from tests.support import REPO
+from tests.support.browser import screenshots_dir
 from tests.support.catalogs import H100_PROFILES, NLP_TEAM, VISION_TEAM, h100_inventory
 from tests.support.hub import RunningHub
 
-SHOTS = REPO / "test-output" / "admin"
+SHOTS = screenshots_dir("admin")
 CATALOG = (
     h100_inventory(2) + 'prices: {H100-80GB: 2.5, "*": 1.0}\n' + H100_PROFILES + "teams:\n" + VISION_TEAM + NLP_TEAM
 )

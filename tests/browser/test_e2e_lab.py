@@ -6,7 +6,7 @@ alice logs in, starts a 0.25-GPU profile, opens the GPU sidebar (session and
 team quota), submits the open notebook as a batch job with a parameter from the
 "Run as GPU job" dialog, watches it reach `succeeded` in the sidebar, opens its
 output notebook and sees the parameter's effect. Screenshots go to
-test-output/e2e-lab/ (sidebar, dialog, finished job, output, dark theme).
+gpulab-test-output/e2e-lab/ under the temporary folder (sidebar, dialog, finished job, output, dark theme).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
+from tests.support.browser import screenshots_dir
 from tests.support.catalogs import H100_PROFILES, VISION_TEAM, h100_inventory
 from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
 from tests.support.lab import give_notebook
 
-SHOTS = REPO / "test-output" / "e2e-lab"
+SHOTS = screenshots_dir("e2e-lab")
 CATALOG = h100_inventory(1) + H100_PROFILES + "teams:\n" + VISION_TEAM
 
 

@@ -21,6 +21,8 @@ import requests
 from tests.support.hub import RunningHub
 from tests.support.lab import login_and_spawn, shot_docs
 
+pytestmark = pytest.mark.docs_screenshots
+
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 1, memory_mib: 81559}

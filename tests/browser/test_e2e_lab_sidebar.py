@@ -23,6 +23,8 @@ from tests.support import VENV_BIN
 from tests.support.hub import RunningHub
 from tests.support.lab import give_notebook, login_and_spawn, shot_docs
 
+pytestmark = pytest.mark.docs_screenshots
+
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 1, memory_mib: 81559}

@@ -6,17 +6,19 @@ quota frees, whom to ask), keeps a refused choice selected with a sentence
 instead of "HTTP 403"; the progress page says what is being set up; the hub
 home offers "Start again with ..." in one click and shows which GPU each
 server holds. The admin lands on the admin page when in no team, chooses GPU
-models from a list, and reads the page in dark mode. Screenshots: docs/img/.
+models from a list, and reads the page in dark mode. Screenshots: docs/img/ (scripts/screenshots).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support import REPO
+from tests.support.browser import screenshots_dir
 from tests.support.hub import RunningHub
 
-SHOTS = REPO / "docs" / "img"
+pytestmark = pytest.mark.docs_screenshots
+
+SHOTS = screenshots_dir("docs")
 CONTACT = "gpu-admins@example.org"
 CATALOG = """
 inventory:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import nbformat
 
-from tests.support import REPO
+from tests.support.browser import screenshots_dir
 from tests.support.hub import RunningHub
 
-#: Screenshots the docs show (docs/jupyterlab.md) are written here by the tests.
-DOCS_IMG = REPO / "docs" / "img"
+#: Screenshots the docs show (docs/jupyterlab.md): docs/img under scripts/screenshots only.
+DOCS_IMG = screenshots_dir("docs")
 #: Failure screenshots (not for the docs).
-FAILURES = REPO / "test-output" / "e2e-lab"
+FAILURES = screenshots_dir("e2e-lab")
 
 
 def give_notebook(hub: RunningHub, user: str, rel: str) -> None:
@@ -51,7 +51,7 @@ def login_and_spawn(page, url: str, user: str, choice: str) -> None:
 
 
 def shot_docs(page, name: str, locator=None, failure: bool = False) -> Path:
-    """A screenshot for the docs (``docs/img/<name>.png``), or of a failure (``test-output/``)."""
+    """A screenshot for the docs (``docs/img/<name>.png`` under scripts/screenshots), or of a failure."""
     folder = FAILURES if failure else DOCS_IMG
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
