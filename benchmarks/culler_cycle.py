@@ -355,8 +355,8 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                 peer_stopped = peer["stopped"]
                 # What each culler did, checked every time (a benchmark of wrong work means nothing).
                 expected = {"warn": (half, 0), "reclaim": (0, half), "steady": (0, 0)}[kind]
-                assert (len(summary["warned"]), len(summary["reclaimed"])) == expected, (kind, summary["warned"][:3])
-                assert summary["queries"] == 1 and summary["gpu_servers"] == args.servers, summary["queries"]
+                assert (len(summary.warned), len(summary.reclaimed)) == expected, (kind, summary.warned[:3])
+                assert summary.queries == 1 and summary.gpu_servers == args.servers, summary.queries
                 assert ours.utilisation.last_subquery_series == 0
                 assert ours_req.get("POST gpulab/idle/cycle", 0) == (1 if kind != "steady" else 0)
                 idx = {int(n[4:]) for n in peer_stopped}
@@ -376,9 +376,9 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                         "peer_hub_requests": sum(peer["requests"].values()),
                         "gpulab_answer_bytes": ours.utilisation.last_answer_bytes,
                         # Waiting for Prometheus once the hub's list was read (it was asked at the start).
-                        "gpulab_prometheus_wait_s": summary.get("source_wait_seconds", 0.0),
-                        "gpulab_warned": len(summary["warned"]),
-                        "gpulab_reclaimed": len(summary["reclaimed"]),
+                        "gpulab_prometheus_wait_s": summary.source_wait_seconds or 0.0,
+                        "gpulab_warned": len(summary.warned),
+                        "gpulab_reclaimed": len(summary.reclaimed),
                         "peer_stopped": len(idx),
                         "peer_wrong_stops": sum(1 for i in idx if kind_of(i).startswith("busy")),
                         "peer_missed_idle": sum(

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from spawner.core.idle_cycle import ReclaimClaim
 
 from .hub import CycleBatch, HubAPIError, HubClient
 from .metrics import CullerMetrics
+from .plan import CycleSummary
 from .targets import ServerTarget
 
 
 async def record_and_reclaim(
-    hub: HubClient, batch: CycleBatch, summary: dict[str, Any], metrics: CullerMetrics, log: logging.Logger
+    hub: HubClient, batch: CycleBatch, summary: CycleSummary, metrics: CullerMetrics, log: logging.Logger
 ) -> None:
     """Record the whole cycle in ONE hub request, then stop what the hub let us reclaim.
 
@@ -48,7 +48,7 @@ async def carry_out(
     claim: ReclaimClaim,
     t: ServerTarget,
     base: str | None,
-    summary: dict[str, Any],
+    summary: CycleSummary,
     metrics: CullerMetrics,
     log: logging.Logger,
 ) -> None:
@@ -58,7 +58,7 @@ async def carry_out(
             assert base is not None, "kernel reclaims are claimed only for servers with a URL"
             for kid in claim.kernel_ids:
                 await hub.shutdown_kernel(base, kid)
-                summary["kernels"].append(f"{t.key}:{kid}")
+                summary.kernels.append(f"{t.key}:{kid}")
             metrics.reclaims.labels(t.team, "shutdown-kernel").inc()
             return
         code = await hub.stop_server(t.user, t.server)
@@ -71,4 +71,4 @@ async def carry_out(
     metrics.reclaims.labels(t.team, "stop-server").inc()
     metrics.idle_gpu_hours.labels(t.team).inc(claim.idle_gpu_hours)
     metrics.reclaimed_gpus.labels(t.team).inc(t.gpu_milli / 1000)
-    summary["reclaimed"].append(t.key)
+    summary.reclaimed.append(t.key)

@@ -259,10 +259,20 @@ def idle_timeout_for(profile: Profile | None, team: Team | None, default_seconds
     30 minutes), the team's reflects the team's own policy; neither can
     loosen the other. Otherwise whichever is set, else ``default_seconds``.
     """
-    p = profile.idle_timeout_seconds if profile is not None else None
-    t = team.idle_timeout_seconds if team is not None else None
-    from_profile = (p, f"profile {profile.slug}") if profile is not None and p is not None else None
-    from_team = (t, f"team {team.name}") if team is not None and t is not None else None
+    return idle_timeout_of(
+        (profile.slug, profile.idle_timeout_seconds) if profile is not None else None,
+        (team.name, team.idle_timeout_seconds) if team is not None else None,
+        default_seconds,
+    )
+
+
+def idle_timeout_of(
+    profile: tuple[str, int | None] | None, team: tuple[str, int | None] | None, default_seconds: int
+) -> tuple[int, str]:
+    """:func:`idle_timeout_for` from ``(name, timeout seconds or None)`` pairs, as the culler
+    reads them from the hub's idle state (it has no catalog objects)."""
+    from_profile = (profile[1], f"profile {profile[0]}") if profile is not None and profile[1] is not None else None
+    from_team = (team[1], f"team {team[0]}") if team is not None and team[1] is not None else None
     if from_profile is not None and from_team is not None:
         return from_team if from_team[0] < from_profile[0] else from_profile
     return from_profile or from_team or (default_seconds, "default")

@@ -16,9 +16,12 @@ import pytest
 from hub_config.domain.idle_records import IdleEventRow, IdleWarningRow, KeepaliveRow
 from hub_config.domain.idle_store import IdleStore
 from hub_config.storage.db import from_epoch, session_factory, to_epoch, utcnow
+from idle_culler.plan import plan_cycle
+from idle_culler.targets import DEVICE, ServerTarget, device_id
 from spawner.core.grant import GrantedShare
 from spawner.core.idle import (
     IDLE,
+    DeviceSeries,
     IdleVerdict,
     IdleWarning,
     KeepalivePolicy,
@@ -203,3 +206,43 @@ def test_keep_my_gpu_clears_the_warning_and_then_wins_over_a_claim(store: IdleSt
     with store.sessions() as session:
         k = session.get(KeepaliveRow, ("alice", ""))
         assert to_epoch(k.until) > to_epoch(now) and from_epoch(to_epoch(k.until)) == k.until
+
+
+# -- the culler's plan: pure, testable without a hub ------------------------------------
+
+
+def gpu_server(user: str) -> ServerTarget:
+    return ServerTarget(
+        user=user, server="", team="t", profile="p", gpu_milli=1000, mapping=DEVICE, hostname="h", devices=(0,)
+    )
+
+
+def samples(percent: float, window: int = 600) -> list[DeviceSeries]:
+    return [
+        DeviceSeries(device_id("h", "0"), tuple((NOW - window + i * 30.0, percent) for i in range(window // 30 + 1)))
+    ]
+
+
+def test_the_cycle_plan_judges_each_server_and_steps_its_warning():
+    idle, busy, fresh = gpu_server("idle"), gpu_server("busy"), gpu_server("fresh")
+    plan = plan_cycle(
+        [idle, busy, fresh],
+        {idle.key: samples(0.0), busy.key: samples(80.0), fresh.key: samples(0.0)},
+        {
+            ("idle", ""): IdleWarning(NOW - 900, NOW - 300),
+            ("busy", ""): IdleWarning(NOW - 900, NOW + 300),
+            ("gone", ""): IdleWarning(NOW - 900, NOW - 300),
+        },
+        {},
+        {t.key: (600, "default") for t in (idle, busy, fresh)},
+        [("idle", ""), ("busy", ""), ("fresh", "")],
+        now=NOW,
+        threshold_percent=1.0,
+        max_gap_seconds=90,
+    )
+    assert plan.gone == (("gone", ""),)  # its server stopped: the warning is cleared
+    assert [(s.target.user, s.step) for s in plan.steps] == [
+        ("idle", Step.RECLAIM),
+        ("busy", Step.CLEAR),
+        ("fresh", Step.WARN),
+    ]
