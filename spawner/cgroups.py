@@ -232,10 +232,10 @@ class CgroupTree:
                 chain = [self.own, *[p for p in reversed(parent.parents) if self.own in p.parents], parent]
             for folder in chain:
                 self.enabled = enable_v2_controllers(folder, self.hub_leaf, self.fs)
-            missing = [c for c in ("memory", "pids") if c not in self.enabled]
-            if missing:
+            absent = [c for c in ("memory", "pids") if c not in self.enabled]
+            if absent:
                 raise CgroupError(
-                    f"the {', '.join(missing)} controller is not passed down to {parent}: enable it in the "
+                    f"the {', '.join(absent)} controller is not passed down to {parent}: enable it in the "
                     "cgroup.subtree_control of every folder above (systemd: Delegate=yes on the hub's unit)"
                 )
 

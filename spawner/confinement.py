@@ -277,13 +277,6 @@ class Confiner:
     def _choose_tree(self, mounts: Any) -> None:
         s, status = self.settings, self.status
         parent = s.cgroup_parent
-        if self.mode == SUDO and not parent.startswith("/") and not mounts.systemd:
-            status.off.append(
-                "limits: the hub is not root and c.UserLimits.cgroup_parent is not a subtree delegated to it "
-                "(an absolute path the admin created and gave to the hub's account, "
-                "docs/single-server.md#limits-in-sudo-mode)"
-            )
-            return
         tree = choose_tree(mounts, parent, devices=s.gpu_device_isolation and self.mode == ROOT)
         if tree is None:
             status.off.append(
@@ -342,14 +335,18 @@ class Confiner:
         limits: WorkloadLimits,
         placed_gpus: set[int],
         home: str | Path,
+        keep: tuple[str | Path, ...] = (),
     ) -> Confinement:
-        """Make the cgroup (or the scope's command line) of workload ``name``; raises :class:`CgroupError`."""
+        """Make the cgroup (or the scope's command line) of workload ``name``; raises :class:`CgroupError`.
+
+        ``home`` and ``keep`` (folders the workload needs, such as a job's status
+        folder) stay reachable should they lie under /tmp, as does gpulab's Python.
+        """
         s = self.settings
         c = Confinement(name, limits)
         c.private_tmp = bool(self.status.private_tmp)
         c.tmp_size = parse_memory(s.tmp_size) if s.tmp_size else limits.memory
-        home = str(home)
-        c.keep = (home,)
+        c.keep = tuple(dict.fromkeys(os.path.realpath(p) for p in (home, *keep, sys.prefix)))
         nodes = nvidia_nodes(s.device_dir) if self.status.devices else []
         if self.systemd:
             c.unit = f"gpulab-{name}-{os.urandom(3).hex()}"
@@ -408,11 +405,15 @@ _confiner: Confiner | None = None
 _confiner_lock = threading.Lock()
 
 
+def _key(settings: UserLimits) -> tuple[Any, ...]:
+    return tuple(getattr(settings, name) for name in sorted(settings.trait_names(config=True)))
+
+
 def get_confiner(settings: UserLimits, mode: str) -> Confiner:
-    """The process's :class:`Confiner`, made (and logged) on first use."""
+    """The process's :class:`Confiner`, made (and logged) on first use, and again if the settings changed."""
     global _confiner
     with _confiner_lock:
-        if _confiner is None or _confiner.mode != mode:
+        if _confiner is None or _confiner.mode != mode or _key(_confiner.settings) != _key(settings):
             _confiner = Confiner(settings, mode)
             for line in _confiner.status.lines():
                 log.info("gpulab: %s", line)

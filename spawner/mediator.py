@@ -138,10 +138,10 @@ def start(argv: list[str], env: dict[str, str], cwd: str, output: int, req: dict
         size = tmp.get("size") if isinstance(tmp, dict) else "bad"
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 1 << 50):
             raise Refused("private_tmp must be {'size': a positive number of bytes or null}")
-        home = os.path.realpath(me().pw_dir)
+        keep = [os.path.realpath(me().pw_dir), os.path.realpath(sys.prefix)]
 
         def preexec() -> None:
-            private_tmp(size, keep=[home], user_namespace=True)
+            private_tmp(size, keep=keep, user_namespace=True)
 
     try:
         proc = subprocess.Popen(

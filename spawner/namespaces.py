@@ -74,16 +74,18 @@ def private_tmp(
     ``user_namespace``: the caller is not root (the mediator, as the user).
     """
     uid, gid = os.getuid(), os.getgid()
-    kept: list[tuple[str, int]] = []
-    for path in keep:
-        if any(_under(path, f) for f in folders):
-            kept.append((path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)))
     _call(_libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user_namespace else 0)), "unshare")
     if user_namespace:  # map only our own uid and gid: nothing more than we had
         _write_proc("setgroups", "deny")
         _write_proc("uid_map", f"{uid} {uid} 1")
         _write_proc("gid_map", f"{gid} {gid} 1")
     _call(_libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
+    # Held open in the new namespace (a bind source must be one of its mounts), before /tmp is hidden.
+    kept = [
+        (path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        for path in keep
+        if any(_under(path, f) for f in folders)
+    ]
     options = "mode=1777" + (f",size={int(size_bytes)}" if size_bytes else "")
     for folder in folders:
         _call(

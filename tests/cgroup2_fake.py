@@ -74,7 +74,9 @@ class FakeCgroup2(CgroupFS):
     def _add_files(self, node: Node) -> None:
         for c in node.controllers:
             for name, value in CONTROLLER_FILES.get(c, {}).items():
-                node.files.setdefault(name, value if name != "memory.events" else "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0")
+                node.files.setdefault(
+                    name, value if name != "memory.events" else "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0"
+                )
 
     def _split(self, path: Path) -> list[str]:
         rel = Path(path).relative_to(self.root)

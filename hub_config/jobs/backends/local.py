@@ -447,7 +447,8 @@ class LocalJobBackend(JobBackend):
         # A profile edited away while the job waited: the defaults, under the team's cap.
         limits = workload_limits(profile or Profile(rec.profile, rec.profile), team, self.user_limits.defaults())
         gpus = placed_minors((int(i) for i, _ in shares), self.packer.devices)
-        confinement = self.confiner.prepare(self.cgroup_name(rec), account, limits, gpus, home)
+        status_folder = self.status_path(rec, rec.attempts + 1).parent
+        confinement = self.confiner.prepare(self.cgroup_name(rec), account, limits, gpus, home, (status_folder,))
         log.info("gpulab jobs: job %d runs with %s", rec.id, confinement.words)
         return confinement
 
