@@ -84,6 +84,9 @@ class RunningHub:
         self.env = dict(env or {})
         #: The (non-root) account the hub process runs as; ``None``: this process's.
         self.run_as = run_as
+        #: Run in the hub's process before it execs, after it became ``run_as`` (e.g. to join
+        #: the cgroup subtree an admin delegated to the hub's account).
+        self.preexec: Any = None
         #: Real system accounts: their own prefix, a data folder they can reach (the
         #: workdir is in pytest's 0700 temporary folder), linked as ``workdir/data``.
         self.isolated = can_switch_users()
@@ -160,6 +163,7 @@ class RunningHub:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=self.preexec,
             **switch,
         )
         deadline = time.monotonic() + timeout

@@ -11,7 +11,9 @@ her own notebook job. Real accounts, real servers, a real hub (root mode):
 - no cap on CPU-only jobs: many submissions, as many runners;
 - kernel output in the hub's log: forged log lines and unbounded output (a kernel cell).
 
-Each test failed on the code before these limits (see the report of the change
+Both modes: a root hub, and a hub that is not root (sudo and the mediator, a
+cgroup subtree delegated to its account; run it under ``flock
+/tmp/gpulab-sudo-tests.lock``, as it installs a sudoers drop-in). Each test failed on the code before these limits (see the report of the change
 that added this file). The attacks are bounded so that even there they cannot
 hurt the machine: the "fork bomb" stops by itself at 600 processes, the hog
 asks for 1.5 GiB once. The GPU device nodes are made by the test with
@@ -34,9 +36,12 @@ import pytest
 import requests
 
 from spawner.accounts import can_switch_users
+from spawner.cgroups import join_cgroup
 from tests.hub_harness import RunningHub
 from tests.jobs_fixtures import kill_job_runners, submit, user_token, wait_state, write_notebook
 from tests.test_isolation import run_in_terminal
+from tests.test_isolation_sudo import bed, hub_account, sudo_hub  # noqa: F401 -- the sudo bed's fixtures
+from tests.test_limits_cgroups import own_folder, remove_tree
 
 pytestmark = [
     pytest.mark.integration,
@@ -74,23 +79,50 @@ def devices():
     shutil.rmtree(folder)
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory, devices):
-    h = RunningHub(
-        tmp_path_factory.mktemp("redteam-limits"),
-        CATALOG,
-        extra_config=f"""
+def delegated_subtree(name: str, owner) -> list[Path]:
+    """What an admin does for a hub that is not root: a cgroup folder per hierarchy, given to its account."""
+    folders = []
+    for controller in ("memory", "cpu", "pids"):
+        folder = own_folder(controller, name)
+        folder.mkdir()
+        for path in (folder, *folder.iterdir()):
+            os.chown(path, owner.uid, owner.gid)
+        folders.append(folder)
+    return folders
+
+
+@pytest.fixture(scope="module", params=["root", "sudo"])
+def hub(request, tmp_path_factory, devices):
+    """The embedded hub as root, then as an account of its own through sudo (the drop-in installed,
+    a cgroup subtree delegated to it and the hub started inside, as systemd's Delegate=yes does)."""
+    extra = f"""
 c.GPULab.gpu_inventory_source = "declared"
 c.GPULabJobs.poll_interval = 0.3
 c.UserLimits.device_dir = {str(devices)!r}
 c.UserLimits.server_output_max_bytes = {OUTPUT_CAP}
-""",
-    )
-    h.start()
-    yield h
-    h.stop()
-    kill_job_runners(h)
-    h.close()
+"""
+    if request.param == "root":
+        h = RunningHub(tmp_path_factory.mktemp("redteam-limits"), CATALOG, extra_config=extra)
+        h.start()
+        yield h
+        h.stop()
+        kill_job_runners(h)
+        h.close()
+        return
+    bed, owner = request.getfixturevalue("bed"), request.getfixturevalue("hub_account")
+    folders = delegated_subtree(f"gpulab-test-deleg-{bed.tag}", owner)
+    procs = [str(f / "cgroup.procs") for f in folders]
+    try:
+        with sudo_hub(bed, owner, CATALOG, extra, preexec=lambda: join_cgroup(procs)) as h:
+            yield h
+    finally:
+        for folder in folders:
+            if folder.exists():
+                remove_tree(folder)
+
+
+def sudo_mode(hub: RunningHub) -> bool:
+    return hub.run_as is not None
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +286,13 @@ def open_nodes(hub: RunningHub, world: dict, user: str, devices: Path) -> dict:
 def test_a_user_opens_only_the_gpu_device_nodes_placed_for_her(hub, world, devices):
     """Finding: any user can open any GPU device node. alice's server holds one GPU: she opens its node
     (ENXIO: allowed, no driver here) and gets EPERM on the three others; the control node stays open.
-    bob's CPU server opens no GPU node. After alice's server stops, its grant is gone."""
+    bob's CPU server opens no GPU node. After alice's server stops, its grant is gone. A hub that is not
+    root cannot write device rules: there the finding stays, and the hub says so at start."""
+    if sudo_mode(hub):
+        log = hub.log_path.read_text()
+        assert "GPU device isolation is off: a hub that is not root cannot write device rules" in log
+        assert set(open_nodes(hub, world, "alice", devices).values()) == {"ENXIO"}  # as said: not isolated
+        return
     placed = [i for i, _ in server_state(hub, "alice")["gpulab"]["shares"]]
     assert len(placed) == 1
     mine = f"nvidia{placed[0]}"
