@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 import requests
 
@@ -306,6 +307,39 @@ def test_a_user_opens_only_the_gpu_device_nodes_placed_for_her(hub, world, devic
     assert r.status_code in (201, 202), r.text
     hub.wait_server("alice")
     assert open_nodes(hub, world, "alice", devices)[mine] == "EPERM"
+
+
+JOB_HOG = """
+import json, os
+seen = {"cgroup": open("/proc/self/cgroup").read(), "tmp": sorted(os.listdir("/tmp"))}
+json.dump(seen, open(os.path.expanduser("~/hog/seen.json"), "w"))
+b = bytearray(1536 << 20)
+json.dump({"allocated": True}, open(os.path.expanduser("~/hog/allocated.json"), "w"))
+"""
+
+
+def test_a_jobs_memory_hog_is_oom_killed_in_the_jobs_own_cgroup(hub, world):
+    """Finding: no memory limit, for jobs. A cell of alice's notebook job asks for 1.5 GiB under a
+    512 MiB profile: the kernel dies of it, the job fails saying so; the job ran in a cgroup of its own
+    (joined before papermill started) with a private /tmp."""
+    home = hub.home("alice")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(JOB_HOG)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (home / "hog").mkdir(exist_ok=True)
+    nbformat.write(nb, str(home / "hog" / "hog.ipynb"))
+    hub.give("alice", home / "hog" / "hog.ipynb")
+    token = world["tokens"]["alice"]
+    job = submit(hub, token, notebook="hog/hog.ipynb", job_class="batch", profile="cpu")
+    done = wait_state(hub, job["id"], {"succeeded", "failed"}, token=token, timeout=150)
+    assert done["state"] == "failed", done
+    assert "reached its memory limit" in done["reason"], done["reason"]
+    assert not (home / "hog" / "allocated.json").exists()
+    seen = json.loads((home / "hog" / "seen.json").read_text())
+    memory = next(line for line in seen["cgroup"].splitlines() if ":memory:" in line or line.startswith("0::"))
+    assert memory.endswith(f".job-{job['id']}"), seen["cgroup"]
+    assert [n for n in seen["tmp"] if not n.startswith(("gpulab-", "tmp"))] == [], seen["tmp"]
+    still_fine(hub, world)
 
 
 def test_cpu_only_jobs_are_capped_per_user_and_the_rest_wait_with_a_reason(hub, world):

@@ -203,6 +203,7 @@ class LocalJobBackend(JobBackend):
                 continue
             self.pids.pop(job_id, None)
             self.procs.pop(job_id, None)
+            oom = self._oom_note(job_id)  # read before its cgroup goes
             self._release_devices(job_id)
             if job_id in self.stopping:
                 _, then = self.stopping.pop(job_id)
@@ -212,9 +213,19 @@ class LocalJobBackend(JobBackend):
                 continue
             rec = self.service.get(job_id)
             if rec is not None and rec.state == jobspec.RUNNING:
-                self._finish_from_status(rec, gone_reason="the runner exited without an exit status")
+                self._finish_from_status(rec, gone_reason="the runner exited without an exit status", note=oom)
 
-    def _finish_from_status(self, rec: JobRecord, gone_reason: str) -> None:
+    def _oom_note(self, job_id: int) -> str:
+        """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
+        rec = self.service.get(job_id)
+        if rec is None or not self.service.owner_accounts:
+            return ""
+        kills = self.confiner.oom_kills(self.cgroup_name(rec))
+        if not kills:
+            return ""
+        return f"; it reached its memory limit: the kernel ended {kills} of its processes (out of memory)"
+
+    def _finish_from_status(self, rec: JobRecord, gone_reason: str, note: str = "") -> None:
         path = self.status_path(rec, rec.attempts)
         try:
             # Through sudo the file is in the owner's home: read as the owner; else it is the hub's own.
@@ -225,13 +236,12 @@ class LocalJobBackend(JobBackend):
             status = None
         self._release_devices(rec.id)
         if status is None:
-            self.service.transition(rec.id, jobspec.FAILED, gone_reason)
+            self.service.transition(rec.id, jobspec.FAILED, gone_reason + note)
         elif status.get("returncode") == 0:
             self.service.transition(rec.id, jobspec.SUCCEEDED, "the notebook ran to the end")
         else:
-            self.service.transition(
-                rec.id, jobspec.FAILED, status.get("error") or f"papermill exited with {status.get('returncode')}"
-            )
+            error = status.get("error") or f"papermill exited with {status.get('returncode')}"
+            self.service.transition(rec.id, jobspec.FAILED, f"{error}{note}")
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
