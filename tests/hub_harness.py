@@ -288,31 +288,9 @@ class RunningHub:
         for name in names:
             delete_account(name)
 
-    def cgroup_folders(self) -> list[Path]:
-        """This hub's cgroup parent in each cgroup v1 hierarchy (and v2), where it exists."""
-        from spawner.cgroups import this_machine
-
-        mounts = this_machine()
-        roots = [(root, mounts.own.get(c, "/")) for c, root in mounts.v1.items()]
-        if mounts.v2 is not None:
-            roots.append((mounts.v2, mounts.own.get("", "/")))
-        folders = [root / own.lstrip("/") / self.cgroup_parent for root, own in roots]
-        return [f for f in folders if f.is_dir()]
-
     def remove_cgroups(self) -> None:
         """Remove this hub's cgroups (their processes are this hub's accounts', killed before)."""
-        for folder in self.cgroup_folders():
-            for child in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                for _ in range(50):
-                    try:
-                        child.rmdir()
-                        break
-                    except OSError:
-                        time.sleep(0.05)
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+        remove_cgroup_parent(self.cgroup_parent)
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -381,6 +359,34 @@ class RunningHub:
             if r.status_code == 200:
                 out.extend(r.json()["holdings"])
         return out
+
+
+def cgroup_parent_folders(name: str) -> list[Path]:
+    """The cgroup parent ``name`` (below this process's cgroup) in each hierarchy, where it exists."""
+    from spawner.cgroups import this_machine
+
+    mounts = this_machine()
+    roots = [(root, mounts.own.get(c, "/")) for c, root in mounts.v1.items()]
+    if mounts.v2 is not None:
+        roots.append((mounts.v2, mounts.own.get("", "/")))
+    folders = [root / own.lstrip("/") / name for root, own in roots]
+    return [f for f in folders if f.is_dir()]
+
+
+def remove_cgroup_parent(name: str) -> None:
+    """Remove the cgroup parent ``name`` and the (empty, or emptying) cgroups below it."""
+    for folder in cgroup_parent_folders(name):
+        for child in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            for _ in range(50):
+                try:
+                    child.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
 
 
 def _xsrf(html: str) -> str | None:
