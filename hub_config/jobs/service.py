@@ -31,7 +31,7 @@ from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import session_factory, utcnow
 from spawner import home_files, jobspec
-from spawner.accounts import UserAccounts, lookup
+from spawner.accounts import AccountError, AccountRefused, UserAccounts, lookup
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
 from spawner.ledger import RESERVED, RUNNING, Workload
@@ -188,9 +188,12 @@ class JobService:
         if not self.owner_accounts:
             home = str(self.home_dir(user))
             return await asyncio.to_thread(home_files.read_beneath, home, str(path), offset, limit, max_size)
-        name = self.accounts.name_for(user)
-        if lookup(name) is None:
-            return home_files.Found(home_files.ABSENT, detail=name)
+        try:
+            name = self.accounts.existing(user).name
+        except AccountRefused as e:
+            raise JobSpecError(str(e), 403) from None
+        except AccountError:
+            return home_files.Found(home_files.ABSENT, detail=self.accounts.name_for(user))
         try:
             return await self.accounts.launcher.read(name, str(path), offset, limit, max_size)
         except MediatorTimeout:
@@ -200,7 +203,7 @@ class JobService:
                 504,
             ) from None
         except MediatorBusy as e:
-            raise JobSpecError(f"cannot read {path.name} now: {e}", 503) from None
+            raise JobSpecError(f"cannot read {path.name} now: {e}", 429) from None
         except MediatorError as e:
             raise JobSpecError(f"cannot read {path.name} as {name}: {e}", 502) from None
 
