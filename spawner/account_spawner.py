@@ -18,11 +18,13 @@ from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from jupyterhub.utils import random_port
 from tornado import web
 
-from .accounts import Account, AccountError, UserAccounts
+from .accounts import Account, AccountError, AccountRefused, UserAccounts
 from .cgroups import CgroupError
 from .confinement import Confinement, Confiner, UserLimits, get_confiner, server_capture_argv
 from .limits import WorkloadLimits
-from .sudo import ROOT, SUDO, SudoError, process_alive
+from .mediator_client import MediatorError
+from .processes import owner, process_alive, signal_process, start_time
+from .sudo import ROOT, SUDO
 
 
 def server_cgroup_name(account: str, server_name: str) -> str:
@@ -41,6 +43,10 @@ class AccountProcessSpawner(LocalProcessSpawner):
     server through the mediator over ``sudo -n`` (:mod:`spawner.sudo`), and
     polls it from ``/proc``; ``c.Spawner.cmd`` is then the mediator's own
     ``jupyterhub-singleuser``, as with sudospawner.
+
+    Either way the server is known by its pid, its account's uid and its start
+    time (saved with the pid in the hub's state): after a hub restart, a pid
+    that now names another process is neither counted alive nor signalled.
     """
 
     _account: Account | None = None
@@ -49,6 +55,8 @@ class AccountProcessSpawner(LocalProcessSpawner):
     # LocalProcessSpawner's state this class sets (JupyterHub ships no type information).
     port: int
     pid: int
+    #: When the server's process started (``/proc/<pid>/stat`` field 22), saved with its pid.
+    pid_started: int | None = None
 
     @property
     def accounts(self) -> UserAccounts:
@@ -56,9 +64,9 @@ class AccountProcessSpawner(LocalProcessSpawner):
 
     @property
     def account(self) -> Account:
-        """The system account this user's servers run as (created on first use)."""
+        """The system account this user's servers run as (as it is: :meth:`start` prepares it)."""
         if self._account is None:
-            self._account = self.accounts.account_for(self.user.name)
+            self._account = self.accounts.existing(self.user.name)
         return self._account
 
     @property
@@ -114,17 +122,20 @@ class AccountProcessSpawner(LocalProcessSpawner):
 
     async def start(self):
         try:
-            self._account = await asyncio.to_thread(self.accounts.account_for, self.user.name)
+            self._account = await self.accounts.prepare(self.user.name)
         except AccountError as e:
             self.log.error("gpulab: %s", e)
-            raise web.HTTPError(500, f"cannot prepare the system account of {self.user.name}: {e}") from None
+            status = 403 if isinstance(e, AccountRefused) else 500
+            raise web.HTTPError(status, f"cannot prepare the system account of {self.user.name}: {e}") from None
         try:
             self._confinement = await asyncio.to_thread(self._confine)
         except (CgroupError, OSError) as e:
             self.log.error("gpulab: cannot confine the server of %s: %s", self.user.name, e)
             raise web.HTTPError(500, f"cannot set up the limits of {self.user.name}'s server: {e}") from None
         if not self._sudo:
-            return await self._start_as_root(self._confinement)
+            address = await self._start_as_root(self._confinement)
+            self.pid_started = start_time(self.pid)
+            return address
         if self.port == 0:
             self.port = random_port()
         env, args = self.get_env(), self.get_args()
@@ -147,17 +158,19 @@ class AccountProcessSpawner(LocalProcessSpawner):
         if cap > 0:
             extra["output_max_bytes"] = cap
         try:
-            self.pid = await asyncio.to_thread(
-                launcher.start_server,
+            pid = await launcher.start_server(
                 self._account.name,
                 args,
                 env,
                 preexec=self._confinement.sudo_preexec(),
                 extra=extra,
             )
-        except SudoError as e:
+        except MediatorError as e:
             self.log.error("gpulab: %s", e)
             raise web.HTTPError(500, f"cannot start the server of {self.user.name}: {e}") from None
+        if owner(pid) != self._account.uid:  # the answer is the account's word: check it
+            raise web.HTTPError(500, f"the mediator answered pid {pid}, which is not a process of {self._account.name}")
+        self.pid, self.pid_started = pid, start_time(pid)
         self.proc = None
         return (self.ip or "127.0.0.1", self.port)
 
@@ -199,16 +212,19 @@ class AccountProcessSpawner(LocalProcessSpawner):
         finally:
             await asyncio.to_thread(self._release_confinement)
 
-    def _alive(self) -> bool:
+    def _uid(self) -> int | None:
         try:
-            uid = self.account.uid
+            return self.account.uid
         except AccountError:
-            return False
-        return process_alive(self.pid, uid)
+            return None
+
+    def _alive(self) -> bool:
+        uid = self._uid()
+        return uid is not None and process_alive(self.pid, uid, self.pid_started)
 
     async def poll(self):
         if not self._sudo:
-            status = await super().poll()
+            status = await super().poll()  # our child: its exit code; else _signal(0) below
         elif self.pid and self._alive():
             return None
         else:
@@ -219,15 +235,33 @@ class AccountProcessSpawner(LocalProcessSpawner):
         return status
 
     async def _signal(self, sig):
+        """``sig`` to the server's process while it is still the one started (pid, uid, start time)."""
+        if not self.pid or not self._alive():
+            return False
         if not self._sudo:
-            return await super()._signal(sig)
-        if sig == 0 or not self._alive():
-            return self._alive()
+            return signal_process(self.pid, self._uid(), self.pid_started, sig)
+        if sig == 0:
+            return True
         try:
-            return await asyncio.to_thread(self.accounts.launcher.signal, self.account.name, self.pid, sig)
-        except SudoError as e:
+            return await self.accounts.launcher.signal(self.account.name, self.pid, sig, started=self.pid_started)
+        except MediatorError as e:
             self.log.error("gpulab: cannot signal the server of %s: %s", self.user.name, e)
             return self._alive()
+
+    def get_state(self):
+        state = super().get_state()
+        if self.pid and self.pid_started is not None:
+            state["pid_started"] = self.pid_started
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        started = state.get("pid_started")
+        self.pid_started = started if isinstance(started, int) else None
+
+    def clear_state(self):
+        super().clear_state()
+        self.pid_started = None
 
     def runs_as_words(self) -> str:
         return f"as system account {self.account.name}"

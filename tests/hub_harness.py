@@ -275,16 +275,7 @@ class RunningHub:
             for line in Path("/etc/passwd").read_text().splitlines()
             if line.startswith(self.account_prefix)
         ]
-        uids = {lookup(n).uid for n in names if lookup(n) is not None}
-        for _ in range(3):
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    try:
-                        if entry.stat().st_uid in uids:
-                            os.kill(int(entry.name), signal.SIGKILL)
-                    except (OSError, ProcessLookupError):
-                        pass
-            time.sleep(0.2)
+        kill_uids({a.uid for a in map(lookup, names) if a is not None})
         for name in names:
             delete_account(name)
 
@@ -392,6 +383,19 @@ def remove_cgroup_parent(name: str) -> None:
 def _xsrf(html: str) -> str | None:
     m = re.search(r'name="_xsrf" value="([^"]+)"', html)
     return m.group(1) if m else None
+
+
+def kill_uids(uids: set[int]) -> None:
+    """SIGKILL every process of these uids (three sweeps: a dying process may still fork)."""
+    for _ in range(3):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid in uids:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                except (OSError, ProcessLookupError):
+                    pass
+        time.sleep(0.2)
 
 
 def process_env(pid: int) -> dict[str, str]:

@@ -40,8 +40,8 @@ from spawner.accounts import can_switch_users
 from spawner.cgroups import join_cgroup
 from tests.hub_harness import RunningHub
 from tests.jobs_fixtures import kill_job_runners, submit, user_token, wait_state, write_notebook
+from tests.sudo_bed import hub_account_of, sudo_bed, sudo_hub
 from tests.test_isolation import run_in_terminal
-from tests.test_isolation_sudo import bed, hub_account, sudo_hub  # noqa: F401 -- the sudo bed's fixtures
 from tests.test_limits_cgroups import own_folder, remove_tree
 
 pytestmark = [
@@ -64,6 +64,17 @@ teams:
     limits: {processes: 200, running_jobs: 2}
 """
 OUTPUT_CAP = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def bed():
+    with sudo_bed() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def hub_account(bed):
+    return hub_account_of(bed)
 
 
 @pytest.fixture(scope="module")

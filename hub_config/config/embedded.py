@@ -231,6 +231,7 @@ def configure_embedded(c) -> None:
         c.UserAccounts.switch = mode
         c.UserAccounts.home_root = str(home_root)
         c.UserAccounts.prefix = os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-")
+        c.UserAccounts.hub_id = str(data_dir)  # claimed in each home: a second hub on one prefix is refused
         if mode == SUDO:  # the group the sudoers rule lets the hub act as
             c.UserAccounts.group = os.environ.get("GPULAB_ACCOUNT_GROUP", "jupyterhub-users")
         if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
