@@ -111,6 +111,13 @@ class NVML:
         """The whole device's utilisation over NVML's last sample period (every process on it)."""
         return int(self.module.nvmlDeviceGetUtilizationRates(self.handle(device)).gpu)
 
+    def minor(self, device: int | str) -> int | None:
+        """The minor number of the device's node ``/dev/nvidia<minor>`` (``None``: NVML cannot say)."""
+        try:
+            return int(self.module.nvmlDeviceGetMinorNumber(self.handle(device)))
+        except Exception:
+            return None
+
     def compute_processes(self, index: int) -> list[tuple[int, int | None]]:
         """``(pid, used GPU memory bytes or None)`` of compute processes on device ``index``."""
         procs = self.module.nvmlDeviceGetComputeRunningProcesses(self.handle(index))
@@ -148,7 +155,10 @@ def detect_gpus(node: str = "local", nvml: NVML | None = None) -> list[GPUDevice
         devices = []
         for i in range(nvml.device_count()):
             total = nvml.memory_mib(i)[1]
-            devices.append(GPUDevice(i, model_name(nvml.name(i), total), total, nvml.uuid(i), node, "nvml"))
+            # minor: /dev/nvidia<minor>, the node the devices cgroup opens to this device only
+            devices.append(
+                GPUDevice(i, model_name(nvml.name(i), total), total, nvml.uuid(i), node, "nvml", nvml.minor(i))
+            )
         return devices
     finally:
         nvml.stop()

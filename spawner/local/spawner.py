@@ -36,6 +36,7 @@ from spawner.core.env import gpu_env
 from spawner.core.form import find_choice, options_from_formdata, refusal_sentence, render_options_form
 from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.ledger import Workload, notebook_key
+from spawner.core.limits import LimitDefaults, WorkloadLimits, workload_limits
 from spawner.core.packer import DevicePacker, Placement, devices_from_inventory
 from spawner.core.policy import (
     Capacity,
@@ -52,6 +53,8 @@ from spawner.core.units import format_gpus
 from spawner.runtime import GPULabRuntime, get_runtime
 
 from .account_spawner import AccountProcessSpawner
+from .confinement import UserLimits
+from .devices import placed_minors
 from .nvml import detect_gpus
 
 
@@ -111,7 +114,6 @@ else:
 class GPULocalMixin(_SpawnerBase):
     """GPU profiles, quota and device placement for local-process spawners."""
 
-    #: What this server holds (team, profile, milli, devices); saved in the hub's state.
     #: What this server was granted, saved in the hub's spawner state (``state["gpulab"]``).
     _granted: GrantedShare | None = None
     #: cpu/mem traits as configured, before any profile set them.
@@ -120,6 +122,8 @@ class GPULocalMixin(_SpawnerBase):
     _fresh_record: bool = False
     #: start() refused the request (quota, capacity, options): JupyterHub stops the server next.
     _refused_start: bool = False
+    #: The memory, CPU and process limits of the server being started (profile, team, defaults).
+    _workload_limits: WorkloadLimits | None = None
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -349,6 +353,12 @@ class GPULocalMixin(_SpawnerBase):
         for trait in _PROFILE_LIMIT_TRAITS:
             value = getattr(profile, trait)
             setattr(self, trait, self._configured_limits[trait] if value is None else value)
+        # What the server's cgroup enforces (the team may cap the profile): MEM_LIMIT says the same.
+        self._workload_limits = workload_limits(profile, request.team, self.limit_defaults())
+        if self._workload_limits.memory is not None:
+            self.mem_limit = self._workload_limits.memory
+        if self._workload_limits.cpu is not None:
+            self.cpu_limit = self._workload_limits.cpu
         self._granted = GrantedShare(
             team=request.team.name,
             profile=profile.slug,
@@ -466,6 +476,21 @@ class GPULocalMixin(_SpawnerBase):
             await super().stop(now=now)
         finally:
             self._release()
+
+    # -- limits -------------------------------------------------------------
+
+    def limit_defaults(self) -> LimitDefaults:
+        """The hub's defaults for what the profile and team leave open (``c.UserLimits``)."""
+        return UserLimits(parent=self).defaults()
+
+    def workload_limits(self) -> WorkloadLimits:
+        if self._workload_limits is not None:
+            return self._workload_limits
+        d = self.limit_defaults()
+        return WorkloadLimits(memory=d.memory, cpu=d.cpu, processes=d.processes)
+
+    def placed_gpus(self) -> set[int]:
+        return placed_minors(self._granted.devices if self._granted else (), self.packer.devices)
 
     # -- environment --------------------------------------------------------
 

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from spawner.local.accounts import can_switch_users
 from tests.support.hub import RunningHub, process_env
@@ -31,6 +30,7 @@ from tests.support.isolation import (
     make_world,
     probe_as_alice,
     probe_from_alice_job,
+    run_in_terminal,
     server_pid,
     targets,
 )
@@ -74,14 +74,16 @@ def test_hub_state_is_private_to_the_hub(hub, world):
     assert stat.S_IMODE(state.stat().st_mode) == 0o700 and state.stat().st_uid == os.getuid()
     for name in ("jupyterhub.sqlite", "gpulab.sqlite", "jupyterhub_cookie_secret", "jupyterhub-proxy.pid"):
         assert (state / name).exists(), name
-    # Nothing of the hub's lands beside it or in the hub's working directory.
+    # Nothing of the hub's lands beside it or in the hub's working directory, and no folder
+    # shared by every user holds anything of the jobs (their status files are in the homes).
     assert not list(hub.workdir.glob("*.sqlite*")) and not (hub.workdir / "jobs").exists()
+    assert not (hub.data_dir / "jobs").exists()
 
 
 def test_job_outputs_and_logs_belong_to_their_owner(hub, world):
     bob = hub.account("bob")
     job = world["bob_job"]
-    for rel in (job["output_path"], job["log_path"]):
+    for rel in (job["output_path"], job["log_path"], f".gpulab/jobs/job-{job['id']}-attempt-1.json"):
         path = hub.home("bob") / rel
         st = path.stat()
         assert (st.st_uid, st.st_gid) == (bob.uid, bob.gid), rel
@@ -109,28 +111,6 @@ def test_probe_finds_what_its_credentials_allow(hub, world):
     result = probe.probe(t)  # as root, in this test process
     assert result["read bob's secret"] == "allowed" and result["environ bob's server"] == "allowed"
     assert result["secret leaks"], "the leak scan found bob's server token nowhere even as root"
-
-
-def run_in_terminal(hub: RunningHub, user: str, token: str, command: str) -> None:
-    """Type ``command`` into a new JupyterLab terminal of ``user``'s server (its websocket)."""
-    import asyncio
-
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    headers = {"Authorization": f"token {token}"}
-    r = requests.post(f"{hub.url}/user/{user}/api/terminals", headers=headers, timeout=30)
-    assert r.status_code == 200, r.text
-    name = r.json()["name"]
-
-    async def type_it() -> None:
-        url = f"ws://127.0.0.1:{hub.port}/user/{user}/terminals/websocket/{name}"
-        ws = await websocket_connect(HTTPRequest(url, headers=headers, connect_timeout=30))
-        await ws.write_message(json.dumps(["stdin", command + "\r"]))
-        await asyncio.sleep(1)
-        ws.close()
-
-    asyncio.run(type_it())
 
 
 def test_alice_jupyter_terminal_cannot_reach_bob_or_the_hub(hub, world):

@@ -31,6 +31,7 @@ import requests
 
 from spawner.local.accounts import UserAccounts, can_switch_users, delete_account, lookup
 from tests.support import REPO, VENV_BIN
+from tests.support.cgroups import remove_cgroup_parent
 from tests.support.ports import free_port
 from tests.support.processes import NotReady, kill_uids, wait_ready
 
@@ -80,18 +81,28 @@ class RunningHub:
         self.env = dict(env or {})
         #: The (non-root) account the hub process runs as; ``None``: this process's.
         self.run_as = run_as
+        #: Run in the hub's process before it execs, after it became ``run_as`` (e.g. to join
+        #: the cgroup subtree an admin delegated to the hub's account).
+        self.preexec: Any = None
         #: Real system accounts: their own prefix, a data folder they can reach (the
         #: workdir is in pytest's 0700 temporary folder), linked as ``workdir/data``.
         self.isolated = can_switch_users()
         self.account_prefix = f"gt{secrets.token_hex(3)}-"
         self.data_dir = self.workdir / "data"
         if self.isolated and not self.data_dir.exists():
-            real = Path(tempfile.mkdtemp(prefix="gpulab-test-data-", dir="/tmp"))
+            # Not under /tmp: each server and job has a private /tmp, as on a real server, where the
+            # data folder is /var/lib/gpulab and the homes /home.
+            real = Path(tempfile.mkdtemp(prefix="gpulab-test-data-", dir="/var/tmp"))
             os.chmod(real, 0o711)
             if run_as is not None:
                 os.chown(real, run_as.uid, run_as.gid)
             self.data_dir.symlink_to(real)
+        if self.isolated:  # the real path: a path through the link under /tmp is not one a server sees
+            self.data_dir = self.data_dir.resolve()
         self.env.setdefault("GPULAB_ACCOUNT_PREFIX", self.account_prefix)
+        #: The cgroups of this hub's servers and jobs: a parent of its own, removed in close().
+        self.cgroup_parent = f"gpulab-test-{self.account_prefix.rstrip('-')}"
+        self.env.setdefault("GPULAB_CGROUP_PARENT", self.cgroup_parent)
         if self.isolated:  # even when a fixture fails before its teardown could run
             atexit.register(self.remove_accounts)
         scopes = admin_scopes or ADMIN_SCOPES
@@ -138,6 +149,7 @@ class RunningHub:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=self.preexec,
             **switch,
         )
         try:
@@ -199,8 +211,9 @@ class RunningHub:
         self.stop(kill_servers=True)
         if self.isolated:
             self.remove_accounts()
+            self.remove_cgroups()
             real = self.data_dir.resolve()
-            if real != self.data_dir and real.parent == Path("/tmp"):
+            if real.parent == Path("/var/tmp") and real.name.startswith("gpulab-test-data-"):
                 shutil.rmtree(real, ignore_errors=True)
 
     # -- users' system accounts ----------------------------------------------
@@ -243,9 +256,13 @@ class RunningHub:
             for line in Path("/etc/passwd").read_text().splitlines()
             if line.startswith(self.account_prefix)
         ]
-        kill_uids({lookup(n).uid for n in names if lookup(n) is not None})
+        kill_uids({a.uid for a in map(lookup, names) if a is not None})
         for name in names:
             delete_account(name)
+
+    def remove_cgroups(self) -> None:
+        """Remove this hub's cgroups (their processes are this hub's accounts', killed before)."""
+        remove_cgroup_parent(self.cgroup_parent)
 
     def log_tail(self, n: int = 60) -> str:
         try:

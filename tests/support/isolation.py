@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import nbformat
+import requests
 
 from tests.support import REPO
 from tests.support.hub import RunningHub, process_env
@@ -66,6 +67,7 @@ def targets(hub: RunningHub, world: dict) -> dict:
             "bob's notebook": str(bob_home / "exp" / "calc.ipynb"),
             "bob's job output": str(bob_home / job["output_path"]),
             "bob's job log": str(bob_home / job["log_path"]),
+            "bob's job status": str(bob_home / ".gpulab" / "jobs" / f"job-{job['id']}-attempt-1.json"),
             "jupyterhub.sqlite": str(state / "jupyterhub.sqlite"),
             "gpulab.sqlite": str(state / "gpulab.sqlite"),
             "cookie secret": str(state / "jupyterhub_cookie_secret"),
@@ -75,7 +77,7 @@ def targets(hub: RunningHub, world: dict) -> dict:
             "bob's home": str(bob_home),
             "bob's job folder": str((bob_home / job["output_path"]).parent),
             "hub state": str(state),
-            "job status folder": str(hub.data_dir / "jobs"),
+            "bob's job status folder": str(bob_home / ".gpulab" / "jobs"),
         },
         "list": {"bob's home": str(bob_home), "hub state": str(state), "homes": str(hub.data_dir / "homes")},
         "environ": {"bob's server": server_pid(hub, "bob"), "hub": hub.proc.pid, "proxy": proxy_pid(hub)},
@@ -95,6 +97,7 @@ EXPECTED = {
     "read bob's notebook": "denied",
     "read bob's job output": "denied",
     "read bob's job log": "denied",
+    "read bob's job status": "denied",
     "read jupyterhub.sqlite": "denied",
     "read gpulab.sqlite": "denied",
     "read cookie secret": "denied",
@@ -102,7 +105,7 @@ EXPECTED = {
     "write bob's home": "denied",
     "write bob's job folder": "denied",
     "write hub state": "denied",
-    "write job status folder": "denied",
+    "write bob's job status folder": "denied",
     "list bob's home": "denied",
     "list hub state": "denied",
     "list homes": "denied",
@@ -180,3 +183,25 @@ def probe_from_alice_job(hub: RunningHub, world: dict) -> dict:
     assert (home / done["output_path"]).stat().st_uid == alice.uid
     assert not (hub.home("bob") / ".probe-from-attacker").exists()
     return done
+
+
+def run_in_terminal(hub: RunningHub, user: str, token: str, command: str) -> None:
+    """Type ``command`` into a new JupyterLab terminal of ``user``'s server (its websocket)."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    headers = {"Authorization": f"token {token}"}
+    r = requests.post(f"{hub.url}/user/{user}/api/terminals", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    name = r.json()["name"]
+
+    async def type_it() -> None:
+        url = f"ws://127.0.0.1:{hub.port}/user/{user}/terminals/websocket/{name}"
+        ws = await websocket_connect(HTTPRequest(url, headers=headers, connect_timeout=30))
+        await ws.write_message(json.dumps(["stdin", command + "\r"]))
+        await asyncio.sleep(1)
+        ws.close()
+
+    asyncio.run(type_it())

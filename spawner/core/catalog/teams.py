@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from spawner.core.limits import TEAM_LIMIT_KEYS, read_team_limits
 from spawner.core.model import Team
 from spawner.core.units import format_gpus, parse_duration
 
@@ -21,6 +22,7 @@ TEAM_KEYS = {
     "allowed_profiles",
     "namespace",
     "idle_timeout",
+    "limits",
 }
 
 #: One entry of the section as written: its key path, its value, and its name when the
@@ -83,6 +85,12 @@ def read_team(r: Reader, spec: Any, path: KeyPath, name: str | None = None) -> T
     if namespace is not None:
         namespace = r.slug(namespace, path + ("namespace",), "namespace")
     idle = r.optional(parse_duration, d, "idle_timeout", path)
+    limits = read_team_limits(
+        d.get("limits"),
+        lambda v: r.mapping(v, path + ("limits",), TEAM_LIMIT_KEYS),
+        lambda fn, v, key: r.convert(fn, v, path + ("limits", key)),
+        lambda key, message: r.error(path + ("limits", key), message),
+    )
     if len(r.issues) > n_before or name is None:
         return None
     return Team(
@@ -96,4 +104,5 @@ def read_team(r: Reader, spec: Any, path: KeyPath, name: str | None = None) -> T
         allowed_profiles=allowed,
         namespace=namespace,
         idle_timeout_seconds=idle,
+        limits=limits,
     )
