@@ -105,7 +105,7 @@ def test_alice_job_cannot_reach_bob_or_the_hub(hub, world):
 
 def test_probe_finds_what_its_credentials_allow(hub, world):
     """Control: the probe does find what it looks for when the credentials allow it (root)."""
-    import tests.isolation_probe as probe
+    import tests.support.isolation_probe as probe
 
     t = targets(hub, world)
     result = probe.probe(t)  # as root, in this test process

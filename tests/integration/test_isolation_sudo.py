@@ -36,6 +36,7 @@ from tests.support.jobs import submit, wait_state, write_notebook
 from tests.support.sudo_bed import MEDIATOR, SudoBed, as_account, hub_account_of, sudo_bed, sudo_hub
 
 pytestmark = [
+    pytest.mark.sudo_bed,
     pytest.mark.skipif(
         not can_switch_users(), reason="making accounts and a sudoers drop-in needs root (CI runs as root)"
     ),

@@ -32,7 +32,6 @@ from spawner.local.sudo import ROOT
 from tests.support.cgroups import own_folder, remove_tree
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(not can_switch_users(), reason="making cgroups and device nodes needs root (CI runs as root)"),
 ]
 

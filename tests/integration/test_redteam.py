@@ -47,7 +47,7 @@ from tests.support.redteam_tools import (
 from tests.support.sudo_bed import MEDIATOR, as_account, hub_account_of, sudo_bed, sudo_hub
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.sudo_bed,
     pytest.mark.skipif(
         not can_switch_users(), reason="real accounts and a sudoers drop-in need root (CI runs as root)"
     ),

@@ -45,7 +45,7 @@ from tests.support.jobs import kill_job_runners, submit, user_token, wait_state,
 from tests.support.sudo_bed import hub_account_of, sudo_bed, sudo_hub
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.sudo_bed,
     pytest.mark.skipif(not can_switch_users(), reason="real accounts and device nodes need root (CI runs as root)"),
 ]
 
