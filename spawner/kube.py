@@ -28,7 +28,7 @@ from typing import Any
 from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
-from traitlets import List, Unicode, default
+from traitlets import List, TraitError, Unicode, default, validate
 
 from . import labels as gl
 from .config import GPULabRuntime, get_runtime
@@ -37,6 +37,7 @@ from .form import choice_value, limit_notes, notice_html
 from .kube_conventions import (
     expand_user_template,
     privileged_containers,
+    profile_list_conflict,
     qualified_hub_connect_url,
     user_template_fields,
 )
@@ -127,6 +128,18 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
 
     @default("profile_list")
     def _default_profile_list(self):
+        return self._gpulab_profile_list
+
+    @validate("profile_list")
+    def _validate_profile_list(self, proposal):
+        """A configured ``profile_list`` (z2jh sets ``[]`` on every hub) must not replace the
+        catalog's: empty means unset; anything else is refused with what to remove."""
+        value = proposal["value"]
+        if getattr(value, "__func__", None) is GPUKubeSpawner._gpulab_profile_list:
+            return value
+        conflict = profile_list_conflict(value)
+        if conflict:
+            raise TraitError(conflict)
         return self._gpulab_profile_list
 
     def _render_options_form(self, profile_list):

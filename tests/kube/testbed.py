@@ -47,7 +47,15 @@ CACHE = Path(
 STATE_DIR = Path(os.environ.get("GPULAB_KUBE_TESTBED_DIR") or CACHE / "testbed")
 ADDRESS = os.environ.get("GPULAB_KUBE_TESTBED_ADDRESS", "127.0.0.1")
 NODES_FILE = Path(__file__).with_name("nodes.yaml")
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent", "kueue")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "user-scheduler",
+    "node-agent",
+    "kueue",
+)
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -298,6 +306,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
         and set(existing.pids) == set(COMPONENTS)
         and existing.ready()
         and existing.versions.get("nodes") == _nodes_digest()
+        and existing.versions.get("user-scheduler") == _digest(user_scheduler_config(state_dir))
     ):
         return existing
     if existing:
@@ -309,7 +318,11 @@ def _up(address: str, state_dir: Path) -> Testbed:
     versions = dict(line.split("=", 1) for line in (bin_dir / "VERSIONS").read_text().split())
     # A running test bed whose node list changed since it started is started afresh.
     versions["nodes"] = _nodes_digest()
-    ports = {name: free_port(address) for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
+    versions["user-scheduler"] = _digest(user_scheduler_config(state_dir))
+    ports = {
+        name: free_port(address)
+        for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "user-scheduler")
+    }
     tb = Testbed(state_dir, address, ports, {}, versions)
     make_pki(tb.pki, address)
     pki = tb.pki
@@ -440,6 +453,23 @@ def _up(address: str, state_dir: Path) -> Testbed:
             "--kube-api-burst=400",
         ],
     )
+    # z2jh's user-scheduler beside the default one: the same kube-scheduler binary with
+    # the KubeSchedulerConfiguration z2jh renders from its values and gpulab's overlay.
+    user_scheduler = state_dir / "user-scheduler.yaml"
+    _write_yaml(user_scheduler, user_scheduler_config(state_dir))
+    _spawn(
+        tb,
+        "user-scheduler",
+        [
+            str(bin_dir / "kube-scheduler"),
+            f"--config={user_scheduler}",
+            f"--authentication-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
+            "--authentication-skip-lookup=true",
+            f"--bind-address={address}",
+            f"--secure-port={ports['user-scheduler']}",
+        ],
+    )
     _spawn(
         tb,
         "node-agent",
@@ -471,12 +501,33 @@ def _up(address: str, state_dir: Path) -> Testbed:
     )
     _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
+    _wait("the user-scheduler's /healthz", lambda: _healthz(tb, ports["user-scheduler"]), 60, tb, "user-scheduler")
     from tests.kube import kueue
 
     kueue.start(tb, _spawn, _wait, free_port)
     tb.versions["kueue"] = kueue.build().name
     tb.save()
     return tb
+
+
+def user_scheduler_config(state_dir: Path) -> dict[str, Any]:
+    """z2jh's user-scheduler configuration (tests/kube/z2jh_hub_config.py) for release
+    ``jhub`` with gpulab's overlay, on this test bed: its scheduler credentials, and no
+    leader election (one replica here; z2jh runs two that elect a leader)."""
+    from tests.kube import z2jh_hub_config as z2jh
+
+    config = z2jh.user_scheduler_config(z2jh.RELEASE, "default", z2jh.release_values())
+    if config is None:
+        raise TestbedError("helm/values-jupyterhub.yaml turns z2jh's user-scheduler off; the test bed runs it")
+    config["leaderElection"] = {"leaderElect": False}
+    config["clientConnection"] = {"kubeconfig": str(state_dir / "scheduler.kubeconfig"), "qps": 200, "burst": 400}
+    return config
+
+
+def _digest(data: Any) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _nodes_digest() -> str:
