@@ -212,6 +212,9 @@ class KubeJobRequest:
     backoff_limit: int = 2
     kueue_queue: str | None = None
     service_account: str | None = None
+    #: The scheduler of the user's servers (z2jh's user-scheduler); a GPU backend's own
+    #: scheduler (HAMi, KAI) takes precedence. ``None``: the cluster's default scheduler.
+    scheduler_name: str | None = None
     cpu_guarantee: float | None = None
     cpu_limit: float | None = None
     mem_guarantee: int | None = None
@@ -248,7 +251,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     node_selector: dict[str, str] = {}
-    scheduler_name = None
+    scheduler_name = req.scheduler_name
     gpu = req.gpu
     if gpu is not None and gpu.effective_milli > 0:
         requests.update(gpu.requests)
@@ -256,7 +259,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         pod_annotations.update(gpu.annotations)
         pod_labels.update(gpu.labels)
         node_selector.update(gpu.node_selector)
-        scheduler_name = gpu.scheduler_name
+        scheduler_name = gpu.scheduler_name or scheduler_name
     if req.cpu_guarantee:
         requests["cpu"] = _cpu(req.cpu_guarantee)
     if req.cpu_limit:

@@ -229,6 +229,33 @@ async def test_a_profile_list_set_after_gpulab_s_config_is_refused_by_the_spawne
         kube_spawner(c, tmp_path, monkeypatch)
 
 
+def test_z2jh_user_scheduler_scores_every_gpu_resource_gpulab_requests():
+    """z2jh's MostAllocated scoring counts cpu and memory; the overlay adds every GPU
+    resource a whole, time-sliced or MIG pod of gpulab's can request, so GPU pods pack."""
+    from spawner.catalog import catalog_from_dict
+    from spawner.sharing import DEFAULT_MIG_PROFILES, mig_table, pod_gpu_spec
+
+    config = z2jh.user_scheduler_config(z2jh.RELEASE, "jhub", z2jh.release_values())
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "jhub-user-scheduler"
+    assert profile["plugins"] == z2jh.chart_defaults()[1]["scheduling"]["userScheduler"]["plugins"]
+    (fit,) = [p for p in profile["pluginConfig"] if p["name"] == "NodeResourcesFit"]
+    strategy = fit["args"]["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert weights["cpu"] == weights["memory"] == 1
+    profiles = [
+        {"slug": "whole-1", "gpus": 1, "gpu_model": "H100-80GB", "sharing": "whole"},
+        {"slug": "ts", "gpus": 0.25, "gpu_model": "H100-80GB", "sharing": "timeslice"},
+    ]
+    catalog = catalog_from_dict({"profiles": profiles, "teams": [{"name": "t", "guarantee": 1}]}, "test")
+    requested = {r for p in catalog.profiles.values() for r in pod_gpu_spec(p, catalog.sharing).limits}
+    # Every MIG slice of the built-in tables, by the resource name the mig backend requests.
+    requested |= {s.resource for model in DEFAULT_MIG_PROFILES for s in mig_table(model)}
+    requested -= {"cpu", "memory"}
+    assert requested and requested <= {k for k, w in weights.items() if w == 10}, requested - set(weights)
+
+
 def test_overlay_leaves_hami_no_privileged_container_and_blocks_metadata_by_policy():
     """HAMi's webhook denies GPU pods with a privileged container (init containers
     included); z2jh's iptables metadata block is one. The overlay turns it off, and

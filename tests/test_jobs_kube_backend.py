@@ -140,3 +140,33 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     }
     # KubeSpawner's claim name for jo_smith, not an invalid "claim-jo_smith".
     assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-jo-smith---515893c9"}}]
+
+
+@pytest.mark.parametrize(
+    "setting,profile_sharing,scheduler",
+    [
+        (None, None, "jhub-user-scheduler"),  # the notebooks' scheduler: z2jh's user-scheduler
+        ("", None, None),  # explicitly the cluster's default scheduler
+        ("batch-scheduler", None, "batch-scheduler"),
+        (None, "hami", "hami-scheduler"),  # a GPU backend's own scheduler comes first
+    ],
+)
+def test_job_pods_go_to_the_scheduler_of_the_users_servers(tmp_path, monkeypatch, setting, profile_sharing, scheduler):
+    """Two schedulers that bind the same GPU pool do not see each other's bindings: both
+    take the last free GPU and the kubelet rejects one pod (tests/test_kube_cluster_devices.py)."""
+    from hub_config.jobs.service import JobService
+
+    c = kube_jobs_config(tmp_path, monkeypatch)
+    c.KubeSpawner.scheduler_name = "jhub-user-scheduler"  # what z2jh sets (scheduling.userScheduler)
+    if setting is not None:
+        c.GPULabJobs.kube_scheduler_name = setting
+    if profile_sharing:
+        catalog = (tmp_path / "catalog.yaml").read_text()
+        (tmp_path / "catalog.yaml").write_text(
+            catalog.replace("gpu_model: H100-80GB}", f"gpu_model: H100-80GB, sharing: {profile_sharing}}}", 1)
+        )
+    service = JobService(config=c)
+    monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
+    rec, _ = service.submit("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": "h100-half"})
+    pod = service.backend.manifest(service.get(rec.id))["spec"]["template"]["spec"]
+    assert pod.get("schedulerName") == scheduler

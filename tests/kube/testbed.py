@@ -155,6 +155,18 @@ class Testbed:
                 out.append(event)
         return out
 
+    @property
+    def pod_resources_dir(self) -> Path:
+        """Each node's PodResources List answer (``<node>.json``), written by the node agent."""
+        return self.state_dir / "pod-resources"
+
+    def pod_resources(self, node: str) -> list[dict[str, Any]]:
+        """The pods holding devices on ``node``, in the kubelet PodResources API's shape."""
+        try:
+            return json.loads((self.pod_resources_dir / f"{node}.json").read_text())["podResources"]
+        except (OSError, ValueError):
+            return []
+
     def log_file(self, component: str) -> Path:
         return self.state_dir / "logs" / f"{component}.log"
 
@@ -485,6 +497,8 @@ def _up(address: str, state_dir: Path) -> Testbed:
             str(state_dir / "pods"),
             "--pod-ip-prefix",
             pod_ip_prefix(state_dir),
+            "--pod-resources-dir",
+            str(tb.pod_resources_dir),
         ],
         env={
             "PYTHONPATH": str(REPO),
@@ -531,9 +545,13 @@ def _digest(data: Any) -> str:
 
 
 def _nodes_digest() -> str:
+    """The nodes and the code that plays their kubelet: a running bed whose either changed is restarted."""
     import hashlib
 
-    return "sha256:" + hashlib.sha256(NODES_FILE.read_bytes()).hexdigest()[:16]
+    h = hashlib.sha256(NODES_FILE.read_bytes())
+    for name in ("node_agent.py", "kubelet_devices.py"):
+        h.update(NODES_FILE.with_name(name).read_bytes())
+    return "sha256:" + h.hexdigest()[:16]
 
 
 def _exists(tb: Testbed, path: str) -> bool:
@@ -596,6 +614,7 @@ def down(state_dir: Path = STATE_DIR) -> None:
     shutil.rmtree(state_dir / "etcd", ignore_errors=True)
     (state_dir / "logs" / "audit.log").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "pods", ignore_errors=True)
+    shutil.rmtree(state_dir / "pod-resources", ignore_errors=True)
 
 
 def status(state_dir: Path = STATE_DIR) -> int:
