@@ -25,6 +25,7 @@ from typing import Any
 
 from .labels import KUEUE_QUEUE_NAME
 from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
+from .sharing import NO_GPU_ENV
 
 # -- classes and states -------------------------------------------------------
 
@@ -278,7 +279,10 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         {"name": "GPULAB_JOB_ID", "value": str(req.job_id)},
         {"name": "GPULAB_JOB_CLASS", "value": req.job_class},
         {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},
-    ] + [{"name": k, "value": v} for k, v in sorted(req.extra_env.items())]
+    ]
+    # A job without a GPU sees none, even in a CUDA image on a GPU node (sharing.NO_GPU_ENV).
+    share_env = dict(gpu.env) if gpu is not None else dict(NO_GPU_ENV)
+    env += [{"name": k, "value": v} for k, v in sorted({**share_env, **req.extra_env}.items())]
     container: dict[str, Any] = {
         "name": "papermill",
         "image": req.image,

@@ -416,6 +416,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         }
         env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota, (), {})
         env.pop("CUDA_VISIBLE_DEVICES")  # on Kubernetes the device plugin picks the devices
+        env.update(spec.env)  # NVIDIA_VISIBLE_DEVICES=void without a GPU
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
 
     def _follow_home_claim(self) -> None:

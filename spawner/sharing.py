@@ -150,10 +150,22 @@ class PodGPUSpec:
     summary: str = ""
     #: Tolerations for the taints GPU nodes carry (see :func:`gpu_tolerations`).
     tolerations: tuple[Mapping[str, str], ...] = ()
+    #: Container environment the share needs (:data:`NO_GPU_ENV` for a pod without a GPU).
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def rounded(self) -> bool:
         return self.effective_milli != self.requested_milli
+
+
+#: The environment of a pod without a GPU. The NVIDIA container toolkit hands a
+#: container the GPUs its NVIDIA_VISIBLE_DEVICES names, and CUDA images set it to
+#: ``all`` (the docker-stacks CUDA images do): on a GPU node whose runtime is nvidia
+#: (the GPU operator's default) a "CPU only" pod would see every GPU of the node,
+#: outside quotas and the ledger. ``void`` makes the runtime behave as runc: no GPU,
+#: no driver (NVIDIA container toolkit, "Environment variables"). The device plugin
+#: sets the variable for pods that request GPUs; gpulab never sets it for those.
+NO_GPU_ENV: Mapping[str, str] = {"NVIDIA_VISIBLE_DEVICES": "void"}
 
 
 # --------------------------------------------------------------------------
@@ -466,7 +478,7 @@ def pod_gpu_spec(
     if backend not in MAPPERS:
         raise SharingError(f"unknown sharing backend {backend!r}; expected one of {', '.join(MAPPERS)}")
     if milli <= 0:
-        return PodGPUSpec(backend=backend, requested_milli=0, effective_milli=0, summary="no GPU")
+        return PodGPUSpec(backend=backend, requested_milli=0, effective_milli=0, summary="no GPU", env=NO_GPU_ENV)
     spec = MAPPERS[backend](profile, milli, team, config)
     return replace(spec, tolerations=gpu_tolerations(spec))
 
@@ -582,6 +594,7 @@ __all__ = [
     "GPU_PRODUCT_LABEL",
     "GPU_TAINT_KEY",
     "MAPPERS",
+    "NO_GPU_ENV",
     "gpu_tolerations",
     "MigSlice",
     "PodGPUSpec",

@@ -27,6 +27,7 @@ sharing:
   backend: timeslice
   timeslice: {{replicas: 2}}
 profiles:
+  - {{slug: cpu, display_name: CPU only, gpus: 0}}
   - {{slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}}
   - {{slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB,
       images: [{{slug: torch, display_name: PyTorch, image: "example.org/torch-notebook:2.4"}}],
@@ -35,7 +36,7 @@ profiles:
                                                      values: [zone-a]}}]}}]}}
 teams:
   - {{name: vision, users: [alice, bob, jo_smith], guarantee: 1, burst: 2, namespace: {NS},
-      allowed_profiles: [h100-half, h100-1]}}
+      allowed_profiles: [cpu, h100-half, h100-1]}}
 """
 
 
@@ -170,3 +171,20 @@ def test_job_pods_go_to_the_scheduler_of_the_users_servers(tmp_path, monkeypatch
     rec, _ = service.submit("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": "h100-half"})
     pod = service.backend.manifest(service.get(rec.id))["spec"]["template"]["spec"]
     assert pod.get("schedulerName") == scheduler
+
+
+@pytest.mark.parametrize("profile,visible", [("cpu", "void"), ("h100-half", None), ("h100-1", None)])
+def test_a_job_without_a_gpu_sees_no_gpu_even_in_a_cuda_image(tmp_path, monkeypatch, profile, visible):
+    """CUDA images set NVIDIA_VISIBLE_DEVICES=all; on a GPU node with the nvidia runtime a
+    CPU job would get every GPU of the node. The device plugin sets it for GPU pods."""
+    import kubernetes_validate
+
+    from hub_config.jobs.service import JobService
+
+    service = JobService(config=kube_jobs_config(tmp_path, monkeypatch))
+    monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
+    rec, _ = service.submit("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": profile})
+    job = service.backend.manifest(service.get(rec.id))
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == visible

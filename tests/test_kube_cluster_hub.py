@@ -131,6 +131,61 @@ def test_the_spawn_form_renders_for_a_user_in_two_teams_under_z2jh_config(tmp_pa
         hub.close()
 
 
+def server_env(hub: RunningHub, user: str) -> dict[str, str]:
+    """The environment of ``user``'s single-user server process (the node agent started it)."""
+    from pathlib import Path
+
+    from tests.hub_harness import process_env
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = process_env(int(entry.name))
+        except OSError:
+            continue
+        if env.get("JUPYTERHUB_USER") == user and f":{hub.hub_port}/" in env.get("JUPYTERHUB_API_URL", ""):
+            return env
+    raise AssertionError(f"no server process of {user} for the hub on port {hub.hub_port}")
+
+
+def test_a_server_without_a_gpu_sees_none_and_a_gpu_server_sees_the_device_it_got(
+    tmp_path, release: Release, kube: Cluster
+):
+    """CUDA images set NVIDIA_VISIBLE_DEVICES=all, so on a GPU node with the nvidia runtime a
+    "CPU only" server saw every GPU of the node. Without a GPU it is now ``void``; with
+    one it is the device the node gave the pod, as the kubelet's pod-resources view says."""
+    vision = team(release, "vision")
+    ns = release.team_ns(vision)
+    hub = kube_hub(tmp_path, release)
+    try:
+        hub.start()
+        session = hub.login("alice")
+        for choice in ("cpu", "h100-half"):
+            r = hub.post_spawn(session, "alice", {"profile": f"{vision}:{choice}"})
+            assert r.status_code == 302, r.text[-2000:]
+            hub.wait_server("alice", timeout=120)
+            (pod,) = kube.pods(ns, "gpulab.io/kind=notebook")
+            env = server_env(hub, "alice")
+            if choice == "cpu":
+                assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+            else:
+                node = pod["spec"]["nodeName"]
+                (held,) = [p for p in kube.tb.pod_resources(node) if p["name"] == pod["metadata"]["name"]]
+                (devices,) = [d["deviceIds"] for d in held["containers"][0]["devices"]]
+                # 0.5 GPU is 2 of 4 time-slices here; each id is "<GPU uuid>::<replica>".
+                assert held["namespace"] == ns and len(devices) == 2
+                assert all(d.startswith("GPU-") and "::" in d for d in devices)
+                gpus = sorted({d.split("::")[0] for d in devices})
+                assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == gpus  # the replicas' GPUs
+            r = hub.api("DELETE", "/users/alice/server")
+            assert r.status_code in (202, 204), r.text
+            hub.wait_server("alice", ready=False, timeout=60)
+            kube.wait(lambda: not kube.pods(ns, "gpulab.io/kind=notebook"), "the pod to be deleted", 60)
+    finally:
+        hub.close()
+
+
 def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube: Cluster):
     nlp = team(release, "nlp")
     hub = kube_hub(tmp_path, release)

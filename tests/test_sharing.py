@@ -216,3 +216,20 @@ def test_catalog_loader_reports_sharing_option_errors_with_lines():
     assert "teams.yaml:4: sharing.timeslice.replicas: expected a whole number of replicas" in str(e.value)
     ok = catalog_from_dict({"sharing": {"backend": "mig", "mig": {"profiles": {"A30-24GB": ["1g.6gb"]}}}})
     assert ok.sharing["backend"] == "mig"
+
+
+def test_a_pod_without_a_gpu_gets_nvidia_visible_devices_void():
+    """The NVIDIA container toolkit gives a container the GPUs NVIDIA_VISIBLE_DEVICES names;
+    CUDA images set ``all``. ``void``: the runtime acts as runc (no GPU, no driver)."""
+    from spawner.catalog import catalog_from_dict
+    from spawner.sharing import pod_gpu_spec
+
+    catalog = catalog_from_dict(
+        {
+            "profiles": [{"slug": "cpu", "gpus": 0}, {"slug": "h100-1", "gpus": 1, "gpu_model": "H100-80GB"}],
+            "teams": [{"name": "t", "guarantee": 1}],
+        },
+        "test",
+    )
+    assert pod_gpu_spec(catalog.profiles["cpu"], catalog.sharing).env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert pod_gpu_spec(catalog.profiles["h100-1"], catalog.sharing).env == {}
