@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from .gpu_pools import and_node_affinity
 from .labels import KUEUE_QUEUE_NAME
 from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
 from .sharing import NO_GPU_ENV
@@ -314,10 +315,10 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
     if tolerations:
         pod_spec["tolerations"] = tolerations
     node_affinity: dict[str, Any] = {}
-    if req.node_affinity_required:
-        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-            "nodeSelectorTerms": [dict(t) for t in req.node_affinity_required]
-        }
+    pool_requirements = gpu.node_requirements if gpu is not None and gpu.effective_milli > 0 else ()
+    required = and_node_affinity(req.node_affinity_required, pool_requirements)
+    if required:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": required}
     if req.node_affinity_preferred:
         node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
             dict(t) for t in req.node_affinity_preferred

@@ -34,6 +34,7 @@ from . import labels as gl
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import choice_value, limit_notes, notice_html
+from .gpu_pools import and_node_affinity
 from .kube_conventions import (
     expand_user_template,
     privileged_containers,
@@ -394,7 +395,9 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         for t in (*spec.tolerations, *profile.tolerations):
             if dict(t) not in self.tolerations:
                 self.tolerations = [*self.tolerations, dict(t)]
-        self.node_affinity_required = [*self.node_affinity_required, *map(dict, profile.node_affinity_required)]
+        self.node_affinity_required = and_node_affinity(
+            [*self.node_affinity_required, *map(dict, profile.node_affinity_required)], spec.node_requirements
+        )
         self.node_affinity_preferred = [*self.node_affinity_preferred, *map(dict, profile.node_affinity_preferred)]
         self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
         for trait, value in (

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .gpu_pools import pool_exclusions, pool_selector
 from .model import Profile, Team
 from .units import MILLI_PER_GPU, format_gpus
 
@@ -152,6 +153,8 @@ class PodGPUSpec:
     tolerations: tuple[Mapping[str, str], ...] = ()
     #: Container environment the share needs (:data:`NO_GPU_ENV` for a pod without a GPU).
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Node selector requirements to AND into the pod's node affinity (:mod:`spawner.gpu_pools`).
+    node_requirements: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def rounded(self) -> bool:
@@ -480,7 +483,12 @@ def pod_gpu_spec(
     if milli <= 0:
         return PodGPUSpec(backend=backend, requested_milli=0, effective_milli=0, summary="no GPU", env=NO_GPU_ENV)
     spec = MAPPERS[backend](profile, milli, team, config)
-    return replace(spec, tolerations=gpu_tolerations(spec))
+    return replace(
+        spec,
+        tolerations=gpu_tolerations(spec),
+        node_selector={**spec.node_selector, **pool_selector(backend)},
+        node_requirements=pool_exclusions(backend, spec.limits),
+    )
 
 
 def effective_milli(profile: Profile, config: Mapping[str, Any]) -> int:

@@ -136,7 +136,13 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     ]
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
         "nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]}
+            {
+                "matchExpressions": [
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]},
+                    # A whole GPU: never on a HAMi node (spawner/gpu_pools.py).
+                    {"key": "gpu", "operator": "NotIn", "values": ["on"]},
+                ]
+            }
         ]
     }
     # KubeSpawner's claim name for jo_smith, not an invalid "claim-jo_smith".

@@ -180,3 +180,44 @@ def test_the_user_scheduler_packs_gpu_pods_so_a_whole_node_stays_free(kube: Clus
     kube.create(f"/api/v1/namespaces/{ns}/pods", bare_pod("eight", 8, **whole))
     eight = kube.wait_pod(ns, "eight", "Running")
     assert eight["spec"]["nodeName"] == "gpu-h100-whole-2"
+
+
+# --------------------------------------------------------------------------
+# pools per backend
+
+
+def test_whole_gpu_pods_never_land_on_the_hami_node(kube: Cluster):
+    """The HAMi node advertises nvidia.com/gpu (vGPU slots) like a whole-GPU node; HAMi's
+    device plugin fails any pod HAMi's scheduler did not place. With both whole H100 nodes
+    full, a whole-GPU pod went to the HAMi node; now it waits."""
+    from spawner import jobspec
+    from spawner.catalog import catalog_from_dict
+    from spawner.sharing import pod_gpu_spec
+
+    ns = kube.namespace("pools")
+    for node in ("gpu-h100-whole-1", "gpu-h100-whole-2"):
+        kube.create(f"/api/v1/namespaces/{ns}/pods", bare_pod(f"full-{node}", 8, nodeName=node))
+        kube.wait_pod(ns, f"full-{node}", "Running")
+    catalog = catalog_from_dict(
+        {
+            "sharing": {"backend": "whole"},
+            "profiles": [{"slug": "h100-1", "gpus": 1, "gpu_model": "H100-80GB"}],
+            "teams": [{"name": "t", "guarantee": 1}],
+        },
+        "test",
+    )
+    gpu = pod_gpu_spec(catalog.profiles["h100-1"], catalog.sharing)
+    job = jobspec.kube_job_manifest(
+        jobspec.KubeJobRequest(
+            job_id=1, name="j", user="u", namespace=ns, image="registry.example.com/busy:1", job_class="batch",
+            over_quota=False, notebook="a.ipynb", output_path="o.ipynb", log_path="l.log", parameters={},
+            time_limit_seconds=600, labels={}, annotations={}, gpu=gpu, scheduler_name="jhub-user-scheduler",
+        )
+    )  # fmt: skip
+    spec = {**job["spec"]["template"]["spec"], "priorityClassName": None}
+    kube.create(f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "whole"}, "spec": spec})
+    pod = kube.wait(lambda: (p := kube.pod(ns, "whole")) and (_unschedulable(p) or p["spec"].get("nodeName")) and p,
+                    "the whole-GPU pod to be placed or refused", 60)  # fmt: skip
+    assert "nodeName" not in pod["spec"], pod["spec"]["nodeName"]
+    (event,) = [e for e in kube.events(ns, "whole") if e["reason"] == "FailedScheduling"][:1]
+    assert "node affinity" in event["message"], event["message"]

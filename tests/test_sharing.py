@@ -233,3 +233,47 @@ def test_a_pod_without_a_gpu_gets_nvidia_visible_devices_void():
     )
     assert pod_gpu_spec(catalog.profiles["cpu"], catalog.sharing).env == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert pod_gpu_spec(catalog.profiles["h100-1"], catalog.sharing).env == {}
+
+
+@pytest.mark.parametrize(
+    "backend,gpus,selector,requirements",
+    [
+        ("whole", 1, {}, [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]),
+        ("timeslice", 0.25, {}, []),  # nvidia.com/gpu.shared: HAMi nodes do not advertise it
+        ("timeslice", 2, {}, [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]),
+        ("mig", 0.5, {}, []),
+        ("kai", 1, {}, [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]),
+        ("hami", 0.5, {"gpu": "on"}, []),
+        ("hami", 1, {"gpu": "on"}, []),
+    ],
+)
+def test_only_hami_pods_use_hami_nodes(backend, gpus, selector, requirements):
+    """A HAMi node advertises nvidia.com/gpu like a whole-GPU node, but HAMi's device plugin
+    fails any pod its scheduler did not place (UnexpectedAdmissionError)."""
+    from spawner.catalog import catalog_from_dict
+    from spawner.sharing import GPU_PRODUCT_LABEL, pod_gpu_spec
+
+    catalog = catalog_from_dict(
+        {
+            "sharing": {"backend": backend},
+            "profiles": [{"slug": "p", "gpus": gpus, "gpu_model": "H100-80GB"}],
+            "teams": [{"name": "t", "guarantee": 1}],
+        },
+        "test",
+    )
+    spec = pod_gpu_spec(catalog.profiles["p"], catalog.sharing, catalog.teams["t"])
+    assert {k: v for k, v in spec.node_selector.items() if k != GPU_PRODUCT_LABEL} == selector
+    assert list(spec.node_requirements) == requirements
+
+
+def test_pool_requirements_are_anded_into_every_node_affinity_term():
+    from spawner.gpu_pools import and_node_affinity
+
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    pool = {"key": "gpu", "operator": "NotIn", "values": ["on"]}
+    assert and_node_affinity([], [pool]) == [{"matchExpressions": [pool]}]
+    assert and_node_affinity([{"matchExpressions": [zone]}, {"matchFields": []}], [pool]) == [
+        {"matchExpressions": [zone, pool]},
+        {"matchFields": [], "matchExpressions": [pool]},
+    ]
+    assert and_node_affinity([{"matchExpressions": [zone]}], []) == [{"matchExpressions": [zone]}]
