@@ -252,6 +252,15 @@ def timeslice_effective_milli(milli: int, replicas: int) -> tuple[int, int]:
     return k, -(-k * MILLI_PER_GPU // replicas)
 
 
+def _shared_product(selector: dict[str, str], resource: str, opts: Mapping[str, Any]) -> dict[str, str]:
+    """Time-slices advertised under the whole-GPU name (``renameByDefault: false``): GPU
+    feature discovery then labels the node's product ``<product>-SHARED`` (k8s-device-plugin,
+    internal/lm/resource.go), and that label is all that tells the two pools apart."""
+    if resource != str(opts.get("whole_resource") or "nvidia.com/gpu") or GPU_PRODUCT_LABEL not in selector:
+        return selector
+    return {**selector, GPU_PRODUCT_LABEL: selector[GPU_PRODUCT_LABEL] + "-SHARED"}
+
+
 def map_timeslice(profile: Profile, milli: int, team: Team | None, config: Mapping[str, Any]) -> PodGPUSpec:
     """``nvidia.com/gpu.shared: k`` with ``k/R`` >= the requested fraction."""
     opts = _opts(config, "timeslice")
@@ -279,7 +288,7 @@ def map_timeslice(profile: Profile, milli: int, team: Team | None, config: Mappi
         effective_milli=effective,
         requests={resource: str(k)},
         limits={resource: str(k)},
-        node_selector=_node_selector(profile, opts),
+        node_selector=_shared_product(_node_selector(profile, opts), resource, opts),
         summary=f"{k} of {replicas} time-slices of one {model} ({format_gpus(effective)} GPU)",
     )
 

@@ -277,3 +277,26 @@ def test_pool_requirements_are_anded_into_every_node_affinity_term():
         {"matchFields": [], "matchExpressions": [pool]},
     ]
     assert and_node_affinity([{"matchExpressions": [zone]}], []) == [{"matchExpressions": [zone]}]
+
+
+def test_time_slices_under_the_whole_gpu_name_select_the_shared_product_label():
+    """With timeslice.resource nvidia.com/gpu (renameByDefault: false) GPU feature discovery
+    labels time-shared nodes <product>-SHARED (k8s-device-plugin internal/lm/resource.go);
+    the plain product name then matches only whole-GPU nodes, and fractions waited forever."""
+    from spawner.catalog import catalog_from_dict
+    from spawner.sharing import GPU_PRODUCT_LABEL, pod_gpu_spec
+
+    def selector(resource: str, gpus: float) -> str:
+        catalog = catalog_from_dict(
+            {
+                "sharing": {"backend": "timeslice", "timeslice": {"resource": resource}},
+                "profiles": [{"slug": "p", "gpus": gpus, "gpu_model": "H100-80GB"}],
+                "teams": [{"name": "t", "guarantee": 1}],
+            },
+            "test",
+        )
+        return pod_gpu_spec(catalog.profiles["p"], catalog.sharing).node_selector[GPU_PRODUCT_LABEL]
+
+    assert selector("nvidia.com/gpu", 0.25) == "NVIDIA-H100-80GB-HBM3-SHARED"
+    assert selector("nvidia.com/gpu", 1) == "NVIDIA-H100-80GB-HBM3"  # whole GPUs: the whole pool
+    assert selector("nvidia.com/gpu.shared", 0.25) == "NVIDIA-H100-80GB-HBM3"  # renamed: label unchanged
