@@ -93,7 +93,7 @@ def test_kueue_objects(variant):
     gpu_flavor_name = "h100" if variant == "kueue" else values["flavor"]["name"]
     assert set(flavors) == {values["cpuFlavor"]["name"], gpu_flavor_name}
     for flavor in flavors.values():
-        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in flavor["metadata"]
+        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta2" and "namespace" not in flavor["metadata"]
         assert isinstance(flavor["spec"], dict)
         assert all(isinstance(v, str) for v in (flavor["spec"].get("nodeLabels") or {}).values())
     # Kueue injects the node labels of every flavor it assigns: CPU and memory
@@ -104,13 +104,13 @@ def test_kueue_objects(variant):
     cqs = {d["metadata"]["name"]: d for d in of_kind(docs, "ClusterQueue")}
     lqs = of_kind(docs, "LocalQueue")
     assert set(cqs) == {f"gpulab-{t}" for t in catalog.teams}
-    assert len({cq["spec"]["cohort"] for cq in cqs.values()}) == 1, "all teams in one cohort"
+    assert len({cq["spec"]["cohortName"] for cq in cqs.values()}) == 1, "all teams in one cohort"
     for team in catalog.teams.values():
         ns = team_namespace(team)
         cq = cqs[f"gpulab-{team.name}"]
-        assert cq["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in cq["metadata"]
+        assert cq["apiVersion"] == "kueue.x-k8s.io/v1beta2" and "namespace" not in cq["metadata"]
         spec = cq["spec"]
-        assert set(spec) == {"cohort", "namespaceSelector", "queueingStrategy", "resourceGroups", "preemption"}
+        assert set(spec) == {"cohortName", "namespaceSelector", "queueingStrategy", "resourceGroups", "preemption"}
         assert spec["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": ns}}
         assert spec["queueingStrategy"] in ("BestEffortFIFO", "StrictFIFO")
         # Borrowed capacity is reclaimed; in-quota work never preempts another queue's.
@@ -135,7 +135,7 @@ def test_kueue_objects(variant):
                 assert int(hard[f"requests.{r['name']}"]) == nominal + borrow, "Kueue and quota agree"
         # The jobs backend labels its Jobs with this name (one source: spawner/labels.py).
         (lq,) = [q for q in lqs if q["metadata"]["name"] == labels.kueue_local_queue(team.name)]
-        assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta2"
         assert lq["metadata"]["namespace"] == ns
         assert lq["spec"] == {"clusterQueue": cq["metadata"]["name"]}
     from hub_config.jobs.settings import GPULabJobs
@@ -241,3 +241,33 @@ def test_pull_secret_is_copied_into_every_team_namespace():
         assert base64.b64decode(auth["auth"]).decode() == "robot:s3cret"
     proc = helm(*template_args([], ("imagePullSecret.create=true",)), check=False)
     assert proc.returncode != 0 and "imagePullSecret.create needs imagePullSecret.registry" in proc.stderr
+
+
+@pytest.mark.parametrize("variant", ["hami", "kueue", "timeslice", "mig"])
+def test_each_teams_cluster_queue_covers_every_resource_its_pods_request(variant):
+    """Kueue admits a workload only if its ClusterQueue covers every resource it requests
+    (kueue pkg/scheduler/flavorassigner: "resource nvidia.com/gpu unavailable in
+    ClusterQueue"); HAMi's GPU-count resource, left out of the ResourceQuota, was left out
+    of the ClusterQueue too, so every HAMi job stayed suspended."""
+    docs = render(variant, ("kueue.enabled=true",))
+    catalog = catalog_of(docs)
+    queues = {cq["metadata"]["name"]: cq for cq in of_kind(docs, "ClusterQueue")}
+    for team in catalog.teams.values():
+        groups = queues[f"gpulab-{team.name}"]["spec"]["resourceGroups"]
+        covered = {r for g in groups for r in g["coveredResources"]}
+        quota = {
+            r["name"]: int(r["nominalQuota"]) + int(r.get("borrowingLimit", 0))
+            for g in groups
+            for f in g["flavors"]
+            for r in f["resources"]
+            if r["name"] not in ("cpu", "memory")
+        }
+        for profile in catalog.profiles_for(team):
+            try:
+                spec = sharing.pod_gpu_spec(profile, catalog.sharing, team)
+            except sharing.SharingError:
+                continue
+            for res, n in spec.requests.items():
+                assert res in covered, f"{variant}: team {team.name}, {profile.slug} requests {res}: not covered"
+                # As many pods as the ledger admits within the burst fit the queue.
+                assert quota[res] >= (team.burst_milli // spec.effective_milli) * int(n), (team.name, profile.slug, res)

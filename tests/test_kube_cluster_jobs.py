@@ -209,6 +209,12 @@ def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, rele
     # The chart made the LocalQueue and its ClusterQueue; Kueue reports them active.
     lq = kube.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/localqueues/gpulab-{nlp}")
     assert lq["spec"]["clusterQueue"]
+    # Written by helm in Kueue's v1beta2 API (v1beta1 is deprecated; its `cohort` is `cohortName`).
+    cq = kube.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{lq['spec']['clusterQueue']}")
+    assert cq["spec"]["cohortName"] == "gpulab"
+    for obj in (lq, cq):
+        versions = {f["apiVersion"] for f in obj["metadata"]["managedFields"] if f["manager"] == "helm"}
+        assert versions == {"kueue.x-k8s.io/v1beta2"}, versions
     job = submit(kueue_hub, token, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     obj = k8s_job(kube, ns, job["id"])
     assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == f"gpulab-{nlp}"
