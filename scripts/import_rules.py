@@ -34,6 +34,11 @@ ADAPTERS = frozenset(
         "spawner.account_spawner",
         "spawner.kube_ledger",
         "spawner.config",
+        "spawner.cgroups",
+        "spawner.devices",
+        "spawner.namespaces",
+        "spawner.output_capture",
+        "spawner.confinement",
         "spawner",
     }
 )

@@ -39,6 +39,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spawner.namespaces import private_tmp
+from spawner.output_capture import capture_argv, server_log_path
+
 #: Largest request accepted on stdin.
 MAX_REQUEST = 1 << 20
 #: Largest read returned in one answer.
@@ -123,8 +126,23 @@ def strings(value: Any, what: str) -> list[str]:
     return value
 
 
-def start(argv: list[str], env: dict[str, str], cwd: str, output: int) -> dict:
-    """Start ``argv`` in a session of its own (its pid is its group), detached from us."""
+def start(argv: list[str], env: dict[str, str], cwd: str, output: int, req: dict | None = None) -> dict:
+    """Start ``argv`` in a session of its own (its pid is its group), detached from us.
+
+    ``req["private_tmp"]`` (``{"size": bytes or null}``): in a private /tmp and
+    /dev/shm, made here as this account in a user namespace of its own.
+    """
+    preexec = None
+    tmp = (req or {}).get("private_tmp")
+    if tmp is not None:
+        size = tmp.get("size") if isinstance(tmp, dict) else "bad"
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 1 << 50):
+            raise Refused("private_tmp must be {'size': a positive number of bytes or null}")
+        keep = [os.path.realpath(me().pw_dir), os.path.realpath(sys.prefix)]
+
+        def preexec() -> None:
+            private_tmp(size, keep=keep, user_namespace=True)
+
     try:
         proc = subprocess.Popen(
             argv,
@@ -135,17 +153,28 @@ def start(argv: list[str], env: dict[str, str], cwd: str, output: int) -> dict:
             stderr=output,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=preexec,
         )
-    except OSError as e:
-        raise Refused(f"cannot start {argv[0]}: {e}") from None
+    except (OSError, subprocess.SubprocessError) as e:
+        what = "make a private /tmp for" if isinstance(e, subprocess.SubprocessError) and tmp is not None else "start"
+        raise Refused(f"cannot {what} {argv[0]}: {e}") from None
     return {"ok": True, "pid": proc.pid}
 
 
 def start_server(req: dict) -> dict:
     singleuser = str(Path(sys.executable).with_name("jupyterhub-singleuser"))
     args = strings(req.get("args", []), "args")
-    # The server logs where the hub logs: our stderr is the hub's (sudo passes it on).
-    return start([singleuser, *args], clean_env(req.get("env", {})), me().pw_dir, 2)
+    env = clean_env(req.get("env", {}))
+    argv = [singleuser, *args]
+    cap = req.get("output_max_bytes")
+    if cap is not None:  # the server's output into a bounded file of this account's, not the hub's log
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 4096 <= cap < 1 << 40:
+            raise Refused("output_max_bytes must be a number of bytes from 4096")
+        log = server_log_path(me().pw_dir, env.get("JUPYTERHUB_SERVER_NAME", ""))
+        argv = capture_argv(sys.executable, log, cap) + argv
+        return start(argv, env, me().pw_dir, subprocess.DEVNULL, req)
+    # Without a capture the server logs where the hub logs: our stderr is the hub's.
+    return start(argv, env, me().pw_dir, 2, req)
 
 
 def start_job(req: dict) -> dict:
@@ -176,7 +205,7 @@ def start_job(req: dict) -> dict:
         "--attempt",
         str(attempt),
     ]
-    return start(argv, clean_env(req.get("env", {})), fields["cwd"], subprocess.DEVNULL)
+    return start(argv, clean_env(req.get("env", {})), fields["cwd"], subprocess.DEVNULL, req)
 
 
 def process_owner(pid: int) -> int | None:

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,19 @@ class SudoLauncher:
     def argv(self, account: str) -> list[str]:
         return [self.sudo, "-n", "-u", account, "--", self.mediator]
 
-    def call(self, account: str, request: dict[str, Any], hub_stderr: bool = False) -> dict[str, Any]:
+    def call(
+        self,
+        account: str,
+        request: dict[str, Any],
+        hub_stderr: bool = False,
+        preexec: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
         """One request as ``account``; the mediator's answer.
 
         ``hub_stderr``: the mediator (and the program it starts) write to the
-        hub's own stderr (a server's log); otherwise its stderr is collected
-        for the error message.
+        hub's own stderr; otherwise its stderr is collected for the error
+        message. ``preexec``: run in the child before it ``exec``s sudo (it joins
+        the workload's cgroup, so sudo, the mediator and what it starts run inside).
         """
         try:
             proc = subprocess.run(
@@ -102,6 +110,7 @@ class SudoLauncher:
                 cwd="/",
                 close_fds=True,
                 start_new_session=True,
+                preexec_fn=preexec,
             )  # no terminal: sudo never puts it in a pty
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SudoError(f"cannot run {self.mediator} as {account} through sudo: {e}") from None
@@ -122,8 +131,18 @@ class SudoLauncher:
 
     # -- the actions ----------------------------------------------------------
 
-    def start_server(self, account: str, args: list[str], env: dict[str, str]) -> int:
-        reply = self.call(account, {"action": "start-server", "args": args, "env": env}, hub_stderr=True)
+    def start_server(
+        self,
+        account: str,
+        args: list[str],
+        env: dict[str, str],
+        preexec: Callable[[], None] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> int:
+        """Start the server; ``extra``: the mediator's own set-up (private /tmp, output capture)."""
+        request = {"action": "start-server", "args": args, "env": env, **(extra or {})}
+        # Without a capture the server writes to the mediator's stderr: the hub's, never a pipe.
+        reply = self.call(account, request, hub_stderr="output_max_bytes" not in request, preexec=preexec)
         return int(reply["pid"])
 
     def start_job(
@@ -137,6 +156,8 @@ class SudoLauncher:
         status: str,
         log: str,
         attempt: int,
+        preexec: Callable[[], None] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> int:
         reply = self.call(
             account,
@@ -149,7 +170,9 @@ class SudoLauncher:
                 "status": status,
                 "log": log,
                 "attempt": attempt,
+                **(extra or {}),
             },
+            preexec=preexec,
         )
         return int(reply["pid"])
 

@@ -19,6 +19,11 @@ ADAPTERS = {
     "mediator",
     "account_spawner",
     "kube_ledger",
+    "cgroups",
+    "devices",
+    "namespaces",
+    "output_capture",
+    "confinement",
     "__init__",
 }
 

@@ -23,6 +23,8 @@ import signal
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,17 +166,25 @@ def hub_account(bed: SudoBed) -> Account:
     return ensure_account(bed.hub_user, bed.workdir)
 
 
-@pytest.fixture(scope="module")
-def hub(bed: SudoBed, hub_account: Account):
+@contextmanager
+def sudo_hub(
+    bed: SudoBed,
+    hub_account: Account,
+    catalog: str = CATALOG,
+    extra_config: str = "c.GPULabJobs.poll_interval = 0.3\n",
+    preexec: Callable[[], None] | None = None,
+) -> Iterator[RunningHub]:
+    """The embedded hub as the bed's account, with the drop-in ``gpulab sudoers`` prints installed."""
     run = bed.workdir / "run"
     h = RunningHub(
         run,
-        CATALOG,
-        extra_config="c.GPULabJobs.poll_interval = 0.3\n",
+        catalog,
+        extra_config=extra_config,
         env={"GPULAB_ACCOUNT_PREFIX": bed.prefix, "GPULAB_ACCOUNT_GROUP": bed.group, "GPULAB_ISOLATION": "sudo"},
         run_as=hub_account,
     )
     h.account_prefix = bed.prefix
+    h.preexec = preexec
     for path in (run, *run.iterdir()):
         if not path.is_symlink():
             os.chown(path, hub_account.uid, hub_account.gid)
@@ -210,6 +220,12 @@ def hub(bed: SudoBed, hub_account: Account):
         h.stop()
         kill_job_runners(h)
         h.close()
+
+
+@pytest.fixture(scope="module")
+def hub(bed: SudoBed, hub_account: Account):
+    with sudo_hub(bed, hub_account) as h:
+        yield h
 
 
 def uids_of(pid: int) -> list[int]:

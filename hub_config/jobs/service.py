@@ -417,6 +417,14 @@ class JobService:
             log.info("gpulab jobs: job %d -> %s%s", job_id, state, f" ({reason})" if reason else "")
         return rec
 
+    def set_reason(self, job_id: int, reason: str) -> None:
+        """Say why a job stays in its state (a queued job waiting for its owner's running jobs)."""
+        with self.db() as s:
+            rec = s.get(JobRecord, job_id)
+            if rec is not None and rec.reason != reason:
+                rec.reason = reason
+                s.commit()
+
     async def cancel(self, rec: JobRecord, by: str) -> JobRecord:
         if rec.state in FINAL_STATES:
             raise JobSpecError(f"job {rec.id} already {rec.state}", 409)

@@ -54,6 +54,13 @@ class GPULabJobs(Configurable):
         config=True,
         help="Seconds between checks of running jobs (exits, time limits, queue, Kubernetes status).",
     )
+    max_running_jobs_per_user = Int(
+        4,
+        config=True,
+        help="""Most jobs one user runs at once on a single server, of every class (CPU-only
+        included); more wait, queued, with the reason. A team's `limits.running_jobs` overrides
+        it for its members' jobs in that team. 0: no cap.""",
+    )
     stop_grace_seconds = Float(
         10.0,
         config=True,

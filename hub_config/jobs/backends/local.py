@@ -9,6 +9,11 @@
   process group, the job is recorded ``preempted`` and, once its process is
   gone, ``queued`` again (it keeps its quota admission and runs again later).
 - Time limits: a job running longer than its limit is stopped and ``timed-out``.
+- Limits: each runner starts in a cgroup of its own with its profile's and team's
+  memory, CPU and process limits, only its placed GPU device nodes and a private
+  /tmp (:mod:`spawner.confinement`), and one user runs at most
+  ``max_running_jobs_per_user`` jobs (or her team's ``limits.running_jobs``) at
+  once, CPU-only ones included; the rest wait, queued, with the reason.
 - Users: when servers run as the users' own system accounts (``c.UserAccounts``),
   a job's runner runs as its owner's account too. The runner itself creates the
   output folder and the log in the owner's home, so everything there is the
@@ -39,11 +44,16 @@ from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, utcnow
 from spawner import jobspec
-from spawner.accounts import Account, AccountError, demote_kwargs, lookup
+from spawner.accounts import Account, AccountError, lookup
+from spawner.cgroups import CgroupError
+from spawner.confinement import Confinement, Confiner, UserLimits, get_confiner
+from spawner.devices import placed_minors
 from spawner.env import gpu_env
+from spawner.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
 from spawner.local import ensure_packer
+from spawner.model import Profile
 from spawner.packer import FULL
-from spawner.sudo import SudoError, process_alive
+from spawner.sudo import ROOT, SUDO, SudoError, process_alive
 
 RUNNER_MODULE = "hub_config.jobs.runner"
 
@@ -79,6 +89,7 @@ class LocalJobBackend(JobBackend):
         self.preempting: dict[int, int] = {}
         #: The hub is not root: it acts as the owners through the mediator over sudo.
         self.sudo = service.owner_accounts and service.accounts.uses_sudo()
+        self.user_limits = UserLimits(config=service.config) if service.config is not None else UserLimits()
         self.state_dir = Path(self.settings.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if service.owner_accounts:  # runners (other accounts) reach their own file; nobody lists
@@ -87,6 +98,13 @@ class LocalJobBackend(JobBackend):
     @property
     def packer(self):
         return ensure_packer(self.runtime)
+
+    @property
+    def confiner(self) -> Confiner:
+        return get_confiner(self.user_limits, SUDO if self.sudo else ROOT)
+
+    def cgroup_name(self, rec: JobRecord) -> str:
+        return f"{self.service.accounts.name_for(rec.user)}.job-{rec.id}"
 
     # -- the service's calls ---------------------------------------------------
 
@@ -185,6 +203,7 @@ class LocalJobBackend(JobBackend):
                 continue
             self.pids.pop(job_id, None)
             self.procs.pop(job_id, None)
+            oom = self._oom_note(job_id)  # read before its cgroup goes
             self._release_devices(job_id)
             if job_id in self.stopping:
                 _, then = self.stopping.pop(job_id)
@@ -194,9 +213,19 @@ class LocalJobBackend(JobBackend):
                 continue
             rec = self.service.get(job_id)
             if rec is not None and rec.state == jobspec.RUNNING:
-                self._finish_from_status(rec, gone_reason="the runner exited without an exit status")
+                self._finish_from_status(rec, gone_reason="the runner exited without an exit status", note=oom)
 
-    def _finish_from_status(self, rec: JobRecord, gone_reason: str) -> None:
+    def _oom_note(self, job_id: int) -> str:
+        """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
+        rec = self.service.get(job_id)
+        if rec is None or not self.service.owner_accounts:
+            return ""
+        kills = self.confiner.oom_kills(self.cgroup_name(rec))
+        if not kills:
+            return ""
+        return f"; it reached its memory limit: the kernel ended {kills} of its processes (out of memory)"
+
+    def _finish_from_status(self, rec: JobRecord, gone_reason: str, note: str = "") -> None:
         path = self.status_path(rec, rec.attempts)
         try:
             # Through sudo the file is in the owner's home: read as the owner; else it is the hub's own.
@@ -207,13 +236,12 @@ class LocalJobBackend(JobBackend):
             status = None
         self._release_devices(rec.id)
         if status is None:
-            self.service.transition(rec.id, jobspec.FAILED, gone_reason)
+            self.service.transition(rec.id, jobspec.FAILED, gone_reason + note)
         elif status.get("returncode") == 0:
             self.service.transition(rec.id, jobspec.SUCCEEDED, "the notebook ran to the end")
         else:
-            self.service.transition(
-                rec.id, jobspec.FAILED, status.get("error") or f"papermill exited with {status.get('returncode')}"
-            )
+            error = status.get("error") or f"papermill exited with {status.get('returncode')}"
+            self.service.transition(rec.id, jobspec.FAILED, f"{error}{note}")
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
@@ -225,9 +253,17 @@ class LocalJobBackend(JobBackend):
                 self._terminate(rec.id, None)
 
     def _schedule(self) -> None:
-        waiting = [r for r in self.service.active(self.name) if r.state == jobspec.QUEUED]
+        active = self.service.active(self.name)
+        waiting = [r for r in active if r.state == jobspec.QUEUED]
         waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
+        # Runners alive per user (running, or on their way out after a preemption).
+        running: dict[str, int] = {}
+        for r in active:
+            if r.id in self.pids:
+                running[r.user] = running.get(r.user, 0) + 1
         for rec in waiting:
+            if self._over_running_cap(rec, running.get(rec.user, 0)):
+                continue
             key = jobspec.workload_key(rec.id)
             profile = self.runtime.catalog.profile(rec.profile)
             models = {profile.gpu_model} if profile is not None and profile.gpu_model else None
@@ -243,6 +279,19 @@ class LocalJobBackend(JobBackend):
                         self._preempt_for(rec, models)
                     continue
             self._start(rec, [list(s) for s in placement.shares] if placement else [])
+            if rec.id in self.pids:
+                running[rec.user] = running.get(rec.user, 0) + 1
+
+    def _over_running_cap(self, rec: JobRecord, running: int) -> bool:
+        """Does ``rec``'s owner already run as many jobs as she may? Then it waits, and says why."""
+        team = self.runtime.catalog.team(rec.team)
+        cap = running_jobs_cap(team, LimitDefaults(running_jobs=self.settings.max_running_jobs_per_user or None))
+        if cap is None or running < cap:
+            return False
+        reason = running_jobs_reason(rec.user, running, cap, team)
+        if rec.reason != reason:
+            self.service.set_reason(rec.id, reason)
+        return True
 
     # -- preemption ----------------------------------------------------------------------
 
@@ -329,6 +378,12 @@ class LocalJobBackend(JobBackend):
         )
         if account is not None:
             env.update({"USER": account.name, "LOGNAME": account.name, "SHELL": account.shell})
+        try:
+            confinement = self._confine(rec, account, shares, home)
+        except (CgroupError, OSError) as e:
+            self._release_devices(rec.id)
+            self.service.transition(rec.id, jobspec.FAILED, f"cannot set up the job's limits: {e}")
+            return
         files = {
             "input": str(source),
             "output": str(output),
@@ -338,9 +393,17 @@ class LocalJobBackend(JobBackend):
         }
         try:
             if self.sudo and account is not None:  # the mediator starts it in a session of its own
-                pid = self.service.accounts.launcher.start_job(account.name, env, attempt=attempt, **files)
+                pid = self.service.accounts.launcher.start_job(
+                    account.name,
+                    env,
+                    attempt=attempt,
+                    preexec=confinement.sudo_preexec() if confinement else None,
+                    extra=confinement.mediator_request() if confinement else None,
+                    **files,
+                )
             else:
                 cmd = [
+                    *(confinement.argv_prefix if confinement else []),
                     sys.executable,
                     "-m",
                     RUNNER_MODULE,
@@ -356,7 +419,8 @@ class LocalJobBackend(JobBackend):
                     stderr=subprocess.DEVNULL,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # own group: SIGTERM reaches the kernel too
-                    **(demote_kwargs(account) if account is not None else {}),
+                    # In its cgroup, with its private /tmp, then as the owner: before papermill runs.
+                    preexec_fn=confinement.root_preexec(account) if confinement else None,
                 )
                 self.procs[rec.id] = proc
                 pid = proc.pid
@@ -381,6 +445,31 @@ class LocalJobBackend(JobBackend):
             account.name if account is not None else "the hub's account",
             env.get("CUDA_VISIBLE_DEVICES"),
         )
+
+    def _confine(
+        self, rec: JobRecord, account: Account | None, shares: list[list[int]], home: Path
+    ) -> Confinement | None:
+        """The job's cgroup (profile's and team's limits, its GPUs only) and private /tmp; ``None`` without accounts."""
+        if account is None:
+            return None
+        profile = self.runtime.catalog.profile(rec.profile)
+        team = self.runtime.catalog.team(rec.team)
+        # A profile edited away while the job waited: the defaults, under the team's cap.
+        limits = workload_limits(profile or Profile(rec.profile, rec.profile), team, self.user_limits.defaults())
+        gpus = placed_minors((int(i) for i, _ in shares), self.packer.devices)
+        status_folder = self.status_path(rec, rec.attempts + 1).parent
+        confinement = self.confiner.prepare(self.cgroup_name(rec), account, limits, gpus, home, (status_folder,))
+        log.info("gpulab jobs: job %d runs with %s", rec.id, confinement.words)
+        return confinement
+
+    def _release_confinement(self, job_id: int) -> None:
+        rec = self.service.get(job_id)
+        if rec is None or not self.service.owner_accounts:
+            return
+        try:
+            self.confiner.release(self.cgroup_name(rec))
+        except (CgroupError, OSError) as e:
+            log.warning("gpulab jobs: cannot remove the cgroup of job %d: %s", job_id, e)
 
     @staticmethod
     def _create_status_file(path: Path, account: Account | None) -> None:
@@ -422,5 +511,7 @@ class LocalJobBackend(JobBackend):
         self._signal(job_id, pid, signal.SIGTERM)
 
     def _release_devices(self, job_id: int) -> None:
+        """The job's run ended (or never began): its devices, cgroup and what is left in it go."""
         with self.runtime.lock:
             self.packer.release(jobspec.workload_key(job_id))
+        self._release_confinement(job_id)
