@@ -28,15 +28,17 @@ from typing import Any
 from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
-from traitlets import List, Unicode, default
+from traitlets import List, TraitError, Unicode, default, validate
 
 from . import labels as gl
 from .config import GPULabRuntime, get_runtime
 from .env import gpu_env
 from .form import choice_value, limit_notes, notice_html
+from .gpu_pools import and_node_affinity
 from .kube_conventions import (
     expand_user_template,
     privileged_containers,
+    profile_list_conflict,
     qualified_hub_connect_url,
     user_template_fields,
 )
@@ -127,6 +129,18 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
 
     @default("profile_list")
     def _default_profile_list(self):
+        return self._gpulab_profile_list
+
+    @validate("profile_list")
+    def _validate_profile_list(self, proposal):
+        """A configured ``profile_list`` (z2jh sets ``[]`` on every hub) must not replace the
+        catalog's: empty means unset; anything else is refused with what to remove."""
+        value = proposal["value"]
+        if getattr(value, "__func__", None) is GPUKubeSpawner._gpulab_profile_list:
+            return value
+        conflict = profile_list_conflict(value)
+        if conflict:
+            raise TraitError(conflict)
         return self._gpulab_profile_list
 
     def _render_options_form(self, profile_list):
@@ -381,7 +395,9 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         for t in (*spec.tolerations, *profile.tolerations):
             if dict(t) not in self.tolerations:
                 self.tolerations = [*self.tolerations, dict(t)]
-        self.node_affinity_required = [*self.node_affinity_required, *map(dict, profile.node_affinity_required)]
+        self.node_affinity_required = and_node_affinity(
+            [*self.node_affinity_required, *map(dict, profile.node_affinity_required)], spec.node_requirements
+        )
         self.node_affinity_preferred = [*self.node_affinity_preferred, *map(dict, profile.node_affinity_preferred)]
         self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
         for trait, value in (
@@ -403,6 +419,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         }
         env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota, (), {})
         env.pop("CUDA_VISIBLE_DEVICES")  # on Kubernetes the device plugin picks the devices
+        env.update(spec.env)  # NVIDIA_VISIBLE_DEVICES=void without a GPU
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
 
     def _follow_home_claim(self) -> None:
