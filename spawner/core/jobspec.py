@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from .gpu_pools import and_node_affinity
 from .labels import KUEUE_QUEUE_NAME
 from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
+from .sharing import NO_GPU_ENV
 
 # -- classes and states -------------------------------------------------------
 
@@ -212,6 +214,9 @@ class KubeJobRequest:
     backoff_limit: int = 2
     kueue_queue: str | None = None
     service_account: str | None = None
+    #: The scheduler of the user's servers (z2jh's user-scheduler); a GPU backend's own
+    #: scheduler (HAMi, KAI) takes precedence. ``None``: the cluster's default scheduler.
+    scheduler_name: str | None = None
     cpu_guarantee: float | None = None
     cpu_limit: float | None = None
     mem_guarantee: int | None = None
@@ -248,7 +253,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     node_selector: dict[str, str] = {}
-    scheduler_name = None
+    scheduler_name = req.scheduler_name
     gpu = req.gpu
     if gpu is not None and gpu.effective_milli > 0:
         requests.update(gpu.requests)
@@ -256,7 +261,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         pod_annotations.update(gpu.annotations)
         pod_labels.update(gpu.labels)
         node_selector.update(gpu.node_selector)
-        scheduler_name = gpu.scheduler_name
+        scheduler_name = gpu.scheduler_name or scheduler_name
     if req.cpu_guarantee:
         requests["cpu"] = _cpu(req.cpu_guarantee)
     if req.cpu_limit:
@@ -275,7 +280,10 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         {"name": "GPULAB_JOB_ID", "value": str(req.job_id)},
         {"name": "GPULAB_JOB_CLASS", "value": req.job_class},
         {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},
-    ] + [{"name": k, "value": v} for k, v in sorted(req.extra_env.items())]
+    ]
+    # A job without a GPU sees none, even in a CUDA image on a GPU node (sharing.NO_GPU_ENV).
+    share_env = dict(gpu.env) if gpu is not None else dict(NO_GPU_ENV)
+    env += [{"name": k, "value": v} for k, v in sorted({**share_env, **req.extra_env}.items())]
     container: dict[str, Any] = {
         "name": "papermill",
         "image": req.image,
@@ -307,10 +315,10 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
     if tolerations:
         pod_spec["tolerations"] = tolerations
     node_affinity: dict[str, Any] = {}
-    if req.node_affinity_required:
-        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-            "nodeSelectorTerms": [dict(t) for t in req.node_affinity_required]
-        }
+    pool_requirements = gpu.node_requirements if gpu is not None and gpu.effective_milli > 0 else ()
+    required = and_node_affinity(req.node_affinity_required, pool_requirements)
+    if required:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": required}
     if req.node_affinity_preferred:
         node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
             dict(t) for t in req.node_affinity_preferred

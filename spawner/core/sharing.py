@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .gpu_pools import pool_exclusions, pool_selector
 from .model import Profile, Team
 from .units import MILLI_PER_GPU, format_gpus
 
@@ -96,10 +97,24 @@ class PodGPUSpec:
     summary: str = ""
     #: Tolerations for the taints GPU nodes carry (see :func:`gpu_tolerations`).
     tolerations: tuple[Mapping[str, str], ...] = ()
+    #: Container environment the share needs (:data:`NO_GPU_ENV` for a pod without a GPU).
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: Node selector requirements to AND into the pod's node affinity (:mod:`spawner.core.gpu_pools`).
+    node_requirements: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def rounded(self) -> bool:
         return self.effective_milli != self.requested_milli
+
+
+#: The environment of a pod without a GPU. The NVIDIA container toolkit hands a
+#: container the GPUs its NVIDIA_VISIBLE_DEVICES names, and CUDA images set it to
+#: ``all`` (the docker-stacks CUDA images do): on a GPU node whose runtime is nvidia
+#: (the GPU operator's default) a "CPU only" pod would see every GPU of the node,
+#: outside quotas and the ledger. ``void`` makes the runtime behave as runc: no GPU,
+#: no driver (NVIDIA container toolkit, "Environment variables"). The device plugin
+#: sets the variable for pods that request GPUs; gpulab never sets it for those.
+NO_GPU_ENV: Mapping[str, str] = {"NVIDIA_VISIBLE_DEVICES": "void"}
 
 
 # --------------------------------------------------------------------------
@@ -183,6 +198,15 @@ def timeslice_effective_milli(milli: int, replicas: int) -> tuple[int, int]:
     return k, -(-k * MILLI_PER_GPU // replicas)
 
 
+def _shared_product(selector: dict[str, str], resource: str, opts: Mapping[str, Any]) -> dict[str, str]:
+    """Time-slices advertised under the whole-GPU name (``renameByDefault: false``): GPU
+    feature discovery then labels the node's product ``<product>-SHARED`` (k8s-device-plugin,
+    internal/lm/resource.go), and that label is all that tells the two pools apart."""
+    if resource != str(opts.get("whole_resource") or "nvidia.com/gpu") or GPU_PRODUCT_LABEL not in selector:
+        return selector
+    return {**selector, GPU_PRODUCT_LABEL: selector[GPU_PRODUCT_LABEL] + "-SHARED"}
+
+
 def map_timeslice(profile: Profile, milli: int, team: Team | None, config: Mapping[str, Any]) -> PodGPUSpec:
     """``nvidia.com/gpu.shared: k`` with ``k/R`` >= the requested fraction."""
     opts = _opts(config, "timeslice")
@@ -210,7 +234,7 @@ def map_timeslice(profile: Profile, milli: int, team: Team | None, config: Mappi
         effective_milli=effective,
         requests={resource: str(k)},
         limits={resource: str(k)},
-        node_selector=_node_selector(profile, opts),
+        node_selector=_shared_product(_node_selector(profile, opts), resource, opts),
         summary=f"{k} of {replicas} time-slices of one {model} ({format_gpus(effective)} GPU)",
     )
 
@@ -412,9 +436,14 @@ def pod_gpu_spec(
     if backend not in MAPPERS:
         raise SharingError(f"unknown sharing backend {backend!r}; expected one of {', '.join(MAPPERS)}")
     if milli <= 0:
-        return PodGPUSpec(backend=backend, requested_milli=0, effective_milli=0, summary="no GPU")
+        return PodGPUSpec(backend=backend, requested_milli=0, effective_milli=0, summary="no GPU", env=NO_GPU_ENV)
     spec = MAPPERS[backend](profile, milli, team, config)
-    return replace(spec, tolerations=gpu_tolerations(spec))
+    return replace(
+        spec,
+        tolerations=gpu_tolerations(spec),
+        node_selector={**spec.node_selector, **pool_selector(backend)},
+        node_requirements=pool_exclusions(backend, spec.limits),
+    )
 
 
 def effective_milli(profile: Profile, config: Mapping[str, Any]) -> int:
@@ -432,6 +461,7 @@ __all__ = [
     "GPU_PRODUCT_LABEL",
     "GPU_TAINT_KEY",
     "MAPPERS",
+    "NO_GPU_ENV",
     "gpu_tolerations",
     "MigSlice",
     "PodGPUSpec",

@@ -73,6 +73,27 @@ def qualified_hub_connect_url(url: str, hub_namespace: str, cluster_domain: str 
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def profile_list_conflict(value: Any) -> str | None:
+    """Why a configured ``KubeSpawner.profile_list`` cannot be used with GPUKubeSpawner, or None.
+
+    Zero to JupyterHub applies every ``singleuser.*`` value that is not null to
+    ``c.KubeSpawner`` (its hub config's ``set_config_if_not_none``), and its own
+    default for ``singleuser.profileList`` is ``[]``: so ``c.KubeSpawner.profile_list = []``
+    is set on every z2jh hub, and config on the parent class overrides
+    GPUKubeSpawner's own default. An empty list or dict means "not set"; any other
+    value would replace the catalog's profiles, quotas and availability.
+    """
+    if value is None or (isinstance(value, (list, tuple, dict)) and not value):
+        return None
+    what = f"a list of {len(value)} profile(s)" if isinstance(value, (list, tuple, dict)) else f"{value!r}"
+    return (
+        f"GPUKubeSpawner builds the spawn form from the gpulab catalog (teams, quotas, availability), "
+        f"but the hub config sets c.KubeSpawner.profile_list to {what}. Remove singleuser.profileList "
+        f"from your Zero to JupyterHub values (or the profile_list line of your hub config), and put "
+        f"the profiles in the gpulab chart's gpulab.profiles instead."
+    )
+
+
 def privileged_containers(containers: list) -> list[str]:
     """Names of the privileged containers in a list of container dicts (or V1Container)."""
     out = []
@@ -114,6 +135,7 @@ __all__ = [
     "expand_user_template",
     "prepuller_extra_images",
     "privileged_containers",
+    "profile_list_conflict",
     "qualified_hub_connect_url",
     "user_template_fields",
 ]

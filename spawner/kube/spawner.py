@@ -28,11 +28,12 @@ from typing import Any
 from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
-from traitlets import List, Unicode, default
+from traitlets import List, TraitError, Unicode, default, validate
 
 from spawner.core import labels as gl
 from spawner.core.env import gpu_env
 from spawner.core.form import choice_value, limit_notes, notice_html
+from spawner.core.gpu_pools import and_node_affinity
 from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.ledger import Workload, notebook_key
 from spawner.core.policy import (
@@ -52,6 +53,7 @@ from spawner.runtime import GPULabRuntime, get_runtime
 
 from .conventions import (
     privileged_containers,
+    profile_list_conflict,
 )
 from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
 
@@ -133,6 +135,18 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
 
     @default("profile_list")
     def _default_profile_list(self):
+        return self._gpulab_profile_list
+
+    @validate("profile_list")
+    def _validate_profile_list(self, proposal):
+        """A configured ``profile_list`` (z2jh sets ``[]`` on every hub) must not replace the
+        catalog's: empty means unset; anything else is refused with what to remove."""
+        value = proposal["value"]
+        if getattr(value, "__func__", None) is GPUKubeSpawner._gpulab_profile_list:
+            return value
+        conflict = profile_list_conflict(value)
+        if conflict:
+            raise TraitError(conflict)
         return self._gpulab_profile_list
 
     def _render_options_form(self, profile_list):
@@ -387,7 +401,9 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         for t in (*spec.tolerations, *profile.tolerations):
             if dict(t) not in self.tolerations:
                 self.tolerations = [*self.tolerations, dict(t)]
-        self.node_affinity_required = [*self.node_affinity_required, *map(dict, profile.node_affinity_required)]
+        self.node_affinity_required = and_node_affinity(
+            [*self.node_affinity_required, *map(dict, profile.node_affinity_required)], spec.node_requirements
+        )
         self.node_affinity_preferred = [*self.node_affinity_preferred, *map(dict, profile.node_affinity_preferred)]
         self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
         for trait, value in (
@@ -405,6 +421,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             team=team.name, profile=profile.slug, milli=spec.effective_milli, over_quota=workload.over_quota
         )
         env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota)  # the device plugin picks
+        env.update(spec.env)  # NVIDIA_VISIBLE_DEVICES=void without a GPU
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
 
     def _follow_home_claim(self) -> None:

@@ -65,7 +65,12 @@ teams:
 """
 #: The mediator's deadline is long here so that bob's work can be timed while alice's call is stuck.
 DEADLINE = 40
-EXTRA_CONFIG = f"c.GPULabJobs.poll_interval = 0.3\nc.UserAccounts.mediator_timeout = {DEADLINE}\n"
+# No running-jobs cap here: these tests leave long jobs of alice's running side by side
+# (the cap has its own red-team test in test_redteam_limits.py).
+EXTRA_CONFIG = (
+    f"c.GPULabJobs.poll_interval = 0.3\nc.UserAccounts.mediator_timeout = {DEADLINE}\n"
+    "c.GPULabJobs.max_running_jobs_per_user = 0\n"
+)
 
 
 @dataclass

@@ -1,8 +1,11 @@
 """A real JupyterHub process with GPUKubeSpawner on the real control plane.
 
-The hub (tests/support/hub.py, spawner switched to ``gpu-kube``) talks to the
-test bed's kube-apiserver with the hub ServiceAccount's token, bound only by
-the gpulab chart's Roles. The scheduler binds the pod to a fake GPU node;
+The hub (tests/support/hub.py) is configured the way Zero to JupyterHub
+configures it: z2jh's chart defaults, the overlay helm/values-jupyterhub.yaml
+and the test's values, applied by z2jh's hub config
+(tests/kube/bed/z2jh_hub_config.py), extraConfig last. It talks to the test bed's
+kube-apiserver with the hub ServiceAccount's token, bound only by the gpulab
+chart's Roles and z2jh's. The scheduler binds the pod to a fake GPU node;
 the node agent runs the pod's ``jupyterhub-singleuser`` as a local process
 on the pod IP, so the hub, its proxy and the user's browser session reach a
 real single-user server.
@@ -18,6 +21,7 @@ import yaml
 
 from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
+from tests.kube.bed.z2jh_hub_config import bed_hub
 from tests.support.hub import RunningHub
 from tests.support.kube_spawner import chart_team
 
@@ -33,23 +37,11 @@ def catalog_yaml(release: Release) -> str:
     )
 
 
-def kube_hub(tmp_path, release: Release, extra: str = "") -> RunningHub:
-    return RunningHub(
-        tmp_path / "hub",
-        catalog_yaml=catalog_yaml(release),
-        env={"KUBECONFIG": str(release.hub_kubeconfig)},
-        extra_config=f"""
-c.JupyterHub.spawner_class = "gpu-kube"
-c.KubeSpawner.namespace = "{release.hub_namespace}"
-c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-10-07"
-c.KubeSpawner.cmd = ["jupyterhub-singleuser"]
-c.KubeSpawner.tolerations = [{{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}]
-c.KubeSpawner.start_timeout = 90
-c.KubeSpawner.http_timeout = 90
-c.KubeSpawner.delete_grace_period = 1
-"""
-        + extra,
-    )
+def kube_hub(tmp_path, release: Release, site: dict | None = None) -> RunningHub:
+    """A hub configured as Zero to JupyterHub configures it: its chart defaults, the
+    overlay helm/values-jupyterhub.yaml and the test's values, through z2jh's hub
+    config (tests/kube/bed/z2jh_hub_config.py)."""
+    return bed_hub(tmp_path / "hub", release.hub_namespace, release.hub_kubeconfig, catalog_yaml(release), site)
 
 
 def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_path, release: Release, kube: Cluster):
@@ -93,6 +85,96 @@ def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_pat
         hub.wait_server("alice", ready=False, timeout=60)
         kube.wait(lambda: not kube.pods(ns, "gpulab.io/kind=notebook"), "the pod to be deleted", 60)
         assert hub.me("alice")["holdings"] == []
+    finally:
+        hub.close()
+
+
+def test_the_spawn_form_renders_for_a_user_in_two_teams_under_z2jh_config(tmp_path, release: Release, kube: Cluster):
+    """z2jh sets c.KubeSpawner.profile_list = [] (its default, not null); that overrode
+    GPUKubeSpawner's catalog profile list, so the page had no form and JupyterHub started
+    the server "with default options", refused with "choose a profile"."""
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
+    hub = kube_hub(tmp_path, release)
+    try:
+        hub.start()
+        session = hub.login("alice")  # in vision and in nlp
+        r = hub.spawn_page(session)
+        assert r.status_code == 200 and r.url == hub.url + "/hub/spawn", (r.status_code, r.url)
+        page = r.content.decode()  # utf-8 (the page's meta charset; the header names none)
+        assert 'id="spawn_form"' in page, page[-3000:]
+        for name in (vision, nlp):
+            assert f'value="{name}:h100-half"' in page and f'value="{name}:cpu"' in page
+            assert f"— team {name}" in page, re.findall(r"<h3>.*?</h3>", page)
+        assert f"3 of 3 GPUs free for team {vision}" in page and f"2 of 2 GPUs free for team {nlp}" in page
+        assert "choose a profile" not in page
+        assert hub.api("GET", "/users/alice").json()["servers"] == {}  # the page started nothing
+        # A choice from that form starts the server in the team's namespace, bound by
+        # z2jh's user-scheduler (c.KubeSpawner.scheduler_name from scheduling.userScheduler).
+        r = hub.post_spawn(session, "alice", {"profile": f"{nlp}:h100-half"})
+        assert r.status_code == 302, r.text[-2000:]
+        hub.wait_server("alice", timeout=120)
+        (pod,) = kube.pods(release.team_ns(nlp), "gpulab.io/kind=notebook")
+        assert pod["spec"]["schedulerName"] == "jhub-user-scheduler"
+        assert pod["spec"]["nodeName"] == "gpu-h100-timeslice" and pod["status"]["phase"] == "Running"
+        assert pod["metadata"]["labels"]["hub.jupyter.org/network-access-hub"] == "true"  # z2jh's extraLabels
+        r = hub.api("DELETE", "/users/alice/server")
+        assert r.status_code in (202, 204), r.text
+        hub.wait_server("alice", ready=False, timeout=60)
+    finally:
+        hub.close()
+
+
+def server_env(hub: RunningHub, user: str) -> dict[str, str]:
+    """The environment of ``user``'s single-user server process (the node agent started it)."""
+    from pathlib import Path
+
+    from tests.support.hub import process_env
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = process_env(int(entry.name))
+        except OSError:
+            continue
+        if env.get("JUPYTERHUB_USER") == user and f":{hub.hub_port}/" in env.get("JUPYTERHUB_API_URL", ""):
+            return env
+    raise AssertionError(f"no server process of {user} for the hub on port {hub.hub_port}")
+
+
+def test_a_server_without_a_gpu_sees_none_and_a_gpu_server_sees_the_device_it_got(
+    tmp_path, release: Release, kube: Cluster
+):
+    """CUDA images set NVIDIA_VISIBLE_DEVICES=all, so on a GPU node with the nvidia runtime a
+    "CPU only" server saw every GPU of the node. Without a GPU it is now ``void``; with
+    one it is the device the node gave the pod, as the kubelet's pod-resources view says."""
+    vision = chart_team(release, "vision")
+    ns = release.team_ns(vision)
+    hub = kube_hub(tmp_path, release)
+    try:
+        hub.start()
+        session = hub.login("alice")
+        for choice in ("cpu", "h100-half"):
+            r = hub.post_spawn(session, "alice", {"profile": f"{vision}:{choice}"})
+            assert r.status_code == 302, r.text[-2000:]
+            hub.wait_server("alice", timeout=120)
+            (pod,) = kube.pods(ns, "gpulab.io/kind=notebook")
+            env = server_env(hub, "alice")
+            if choice == "cpu":
+                assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+            else:
+                node = pod["spec"]["nodeName"]
+                (held,) = [p for p in kube.tb.pod_resources(node) if p["name"] == pod["metadata"]["name"]]
+                (devices,) = [d["deviceIds"] for d in held["containers"][0]["devices"]]
+                # 0.5 GPU is 2 of 4 time-slices here; each id is "<GPU uuid>::<replica>".
+                assert held["namespace"] == ns and len(devices) == 2
+                assert all(d.startswith("GPU-") and "::" in d for d in devices)
+                gpus = sorted({d.split("::")[0] for d in devices})
+                assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == gpus  # the replicas' GPUs
+            r = hub.api("DELETE", "/users/alice/server")
+            assert r.status_code in (202, 204), r.text
+            hub.wait_server("alice", ready=False, timeout=60)
+            kube.wait(lambda: not kube.pods(ns, "gpulab.io/kind=notebook"), "the pod to be deleted", 60)
     finally:
         hub.close()
 

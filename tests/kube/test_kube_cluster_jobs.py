@@ -1,6 +1,7 @@
 """Notebook jobs on the real control plane: the real Job controller and scheduler.
 
-A real hub with ``c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"`` creates ``batch/v1``
+A real hub configured as Zero to JupyterHub configures it with gpulab's overlay
+(``c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"``) creates ``batch/v1``
 Jobs as the chart-bound hub ServiceAccount. The real Job controller makes the
 pods, the real scheduler binds (and preempts) them, and the node agent plays
 the kubelet; a test ends a pod's container the way the notebook runner would
@@ -18,6 +19,7 @@ import yaml
 
 from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
+from tests.kube.bed.z2jh_hub_config import bed_hub
 from tests.support.hub import RunningHub
 from tests.support.jobs import submit, user_token, wait_state
 from tests.support.kube_spawner import chart_team
@@ -26,7 +28,9 @@ A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 
 def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -> RunningHub:
-    """A hub running notebook jobs on the cluster as the chart-bound hub ServiceAccount."""
+    """A hub running notebook jobs on the cluster as the chart-bound hub ServiceAccount,
+    configured as Zero to JupyterHub configures it (tests/kube/bed/z2jh_hub_config.py): job
+    pods go to z2jh's user-scheduler, like the servers."""
     nlp = chart_team(release, "nlp")
     catalog = {
         "sharing": {"backend": "whole"},
@@ -35,20 +39,19 @@ def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -
             {"name": nlp, "users": ["carol"], "guarantee": guarantee, "burst": 2, "namespace": release.team_ns(nlp)}
         ],
     }
-    return RunningHub(
-        workdir,
-        catalog_yaml=yaml.safe_dump(catalog),
-        env={"KUBECONFIG": str(release.hub_kubeconfig)},
-        extra_config=f"""
-c.JupyterHub.spawner_class = "gpu-kube"
-c.KubeSpawner.namespace = "{release.hub_namespace}"
-c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"
-c.GPULabJobs.poll_interval = 0.3
-c.GPULabJobs.kube_image = "quay.io/jupyter/scipy-notebook:2024-10-07"
-c.GPULabJobs.kube_home_claim_template = ""
-"""
-        + extra,
-    )
+    # The overlay's extraConfig sets the Kubernetes backend; the rest is the test's values.
+    jobs = {"poll_interval": 0.3, "kube_image": "quay.io/jupyter/scipy-notebook:2024-10-07"}
+    jobs["kube_home_claim_template"] = ""
+    site = {"hub": {"config": {"GPULabJobs": jobs}}}
+    return bed_hub(workdir, release.hub_namespace, release.hub_kubeconfig, yaml.safe_dump(catalog), site, extra)
+
+
+def member_token(hub: RunningHub, user: str) -> str:
+    """A token of ``user``, created in the hub first: z2jh's hub knows a user once they
+    log in (or an admin adds them), not from the catalog."""
+    r = hub.api("POST", f"/users/{user}")
+    assert r.status_code in (201, 409), r.text
+    return user_token(hub, user)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,7 @@ def jobs_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]:
 
 @pytest.fixture
 def carol(jobs_hub: RunningHub, release: Release) -> str:
-    return user_token(jobs_hub, "carol")
+    return member_token(jobs_hub, "carol")
 
 
 def job_pods(kube: Cluster, ns: str, job_id: int) -> list[dict]:
@@ -100,6 +103,7 @@ def test_a_job_runs_to_succeeded_by_the_job_controller(jobs_hub, release, kube, 
     job = submit(jobs_hub, carol, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     pod = running_pod(kube, ns, job["id"])
     assert pod["spec"]["nodeName"] == "gpu-a100-mig"  # the only node with a whole A100
+    assert pod["spec"]["schedulerName"] == "jhub-user-scheduler"  # the servers' scheduler, from z2jh's config
     running = wait_state(jobs_hub, job["id"], "running", timeout=30)
     assert running["started_at"]
     kube.finish_pod(ns, pod["metadata"]["name"], 0)
@@ -195,10 +199,16 @@ def kueue_hub(gpulab_release: Release, tmp_path_factory) -> Iterator[RunningHub]
 def test_kueue_admits_a_suspended_job_from_the_teams_local_queue(kueue_hub, release, kube):
     nlp = chart_team(release, "nlp")
     ns = release.team_ns(nlp)
-    token = user_token(kueue_hub, "carol")
+    token = member_token(kueue_hub, "carol")
     # The chart made the LocalQueue and its ClusterQueue; Kueue reports them active.
     lq = kube.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/localqueues/gpulab-{nlp}")
     assert lq["spec"]["clusterQueue"]
+    # Written by helm in Kueue's v1beta2 API (v1beta1 is deprecated; its `cohort` is `cohortName`).
+    cq = kube.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{lq['spec']['clusterQueue']}")
+    assert cq["spec"]["cohortName"] == "gpulab"
+    for obj in (lq, cq):
+        versions = {f["apiVersion"] for f in obj["metadata"]["managedFields"] if f["manager"] == "helm"}
+        assert versions == {"kueue.x-k8s.io/v1beta2"}, versions
     job = submit(kueue_hub, token, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
     obj = k8s_job(kube, ns, job["id"])
     assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == f"gpulab-{nlp}"

@@ -165,20 +165,12 @@ BACKENDS = [
     (
         {"backend": "whole"},
         {"slug": "p", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
-        {"gpu-h100-whole-1", "gpu-h100-whole-2", "gpu-h100-hami"},
+        {"gpu-h100-whole-1", "gpu-h100-whole-2"},  # never the HAMi node (spawner/core/gpu_pools.py)
     ),
     (
         {"backend": "mig"},
         {"slug": "p", "display_name": "0.5 × A100", "gpus": 0.5, "gpu_model": "A100-80GB"},
         {"gpu-a100-mig"},
-    ),
-    # gpulab names hami-scheduler on HAMi pods; the test bed runs no HAMi scheduler
-    # (it needs HAMi's device plugin on real GPUs), so here the default scheduler
-    # places the pod by the same extended resources.
-    (
-        {"backend": "hami", "hami": {"scheduler_name": "default-scheduler"}},
-        {"slug": "p", "display_name": "0.5 × H100 (HAMi)", "gpus": 0.5, "gpu_model": "H100-80GB"},
-        {"gpu-h100-hami"},
     ),
 ]
 

@@ -63,6 +63,7 @@ class RunningHub:
         env: dict[str, str] | None = None,
         admin_scopes: list[str] | None = None,
         run_as: Any = None,
+        base_config: str | None = None,
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -107,11 +108,13 @@ class RunningHub:
             atexit.register(self.remove_accounts)
         scopes = admin_scopes or ADMIN_SCOPES
         self.config_path = self.workdir / "jupyterhub_config.py"
+        #: What configures the hub before the test's lines: the embedded mode's
+        #: configure_embedded(c) unless the caller gives its own (z2jh's, for Kubernetes).
+        base = base_config or "from hub_config.config.embedded import configure_embedded\nconfigure_embedded(c)\n"
         self.config_path.write_text(
-            textwrap.dedent(f"""
-            from hub_config.config.embedded import configure_embedded
-            c = get_config()
-            configure_embedded(c)
+            "c = get_config()\n"
+            + textwrap.dedent(base)
+            + textwrap.dedent(f"""
             c.JupyterHub.hub_port = {self.hub_port}
             c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
             c.JupyterHub.services = list(c.JupyterHub.get("services", [])) + [

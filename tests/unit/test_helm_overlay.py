@@ -24,6 +24,8 @@ except ModuleNotFoundError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
 from hub_config.config import scopes as hub_scopes
+from tests.kube.bed import z2jh_hub_config as z2jh
+from tests.kube.bed.z2jh_hub_config import z2jh_config
 from tests.support import REPO
 from tests.support.helm import chart_values, of_kind, render
 
@@ -42,21 +44,6 @@ def pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def z2jh_config(values: dict):
-    """What z2jh's jupyterhub_config.py does with these keys, then the extraConfig."""
-    from traitlets.config import Config
-
-    c = Config()
-    hub = values["hub"]
-    c.JupyterHub.load_roles = [{"name": k, **v} for k, v in hub.get("loadRoles", {}).items()]
-    c.JupyterHub.services = [{"name": k, **v} for k, v in hub.get("services", {}).items()]
-    for app, cfg in hub.get("config", {}).items():
-        c[app].update(cfg)
-    for _, code in sorted(hub.get("extraConfig", {}).items()):
-        exec(compile(code, str(OVERLAY), "exec"), {"c": c, "get_config": lambda: c})
-    return c
-
-
 def test_overlay_mounts_the_catalog_the_chart_renders():
     values = overlay()
     chart = chart_values()
@@ -67,7 +54,7 @@ def test_overlay_mounts_the_catalog_the_chart_renders():
     cm = next(d for d in of_kind(render("default"), "ConfigMap") if d["metadata"]["name"] == "gpulab-catalog")
     (key,) = cm["data"]
     assert hub["config"]["GPULab"]["catalog_file"] == f"{mount['mountPath']}/{key}"
-    assert values["singleuser"]["profileList"] == [], "the spawner builds profiles from the catalog"
+    assert "profileList" not in values["singleuser"], "the spawner builds profiles from the catalog"
     assert values["scheduling"]["podPriority"]["enabled"] is False
 
 
@@ -83,11 +70,11 @@ def test_overlay_spawner_class_is_gpu_kube_spawner():
     assert issubclass(spawner_cls, KubeSpawner) and spawner_cls.__name__ == "GPUKubeSpawner"
 
 
-def test_overlay_scopes_and_culler_service():
+def test_overlay_scopes_and_culler_service(tmp_path, monkeypatch):
     """Run the overlay's extraConfig as z2jh's jupyterhub_config.py would, at config-load time."""
     from jupyterhub.scopes import scope_definitions
 
-    c = z2jh_config(overlay())
+    c = z2jh_config(tmp_path, monkeypatch)
     custom = c.JupyterHub.custom_scopes
     assert {hub_scopes.JOBS, hub_scopes.ADMIN, hub_scopes.CULLER} <= set(custom)
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
@@ -127,18 +114,132 @@ def test_overlay_exposes_the_culler_metrics_the_chart_scrapes():
     assert any({"port": port} in rule["ports"] for rule in hub["networkPolicy"]["ingress"])
 
 
-def test_servers_in_team_namespaces_reach_the_hub(monkeypatch):
+def test_servers_in_team_namespaces_reach_the_hub(tmp_path, monkeypatch):
     """z2jh sets hub_connect_url to http://hub:8081 (its jupyterhub_config.py); the
     overlay, which runs after it, makes it resolvable from the team namespaces."""
-    monkeypatch.setenv("POD_NAMESPACE", "jhub")
-    values = overlay()
-    values["hub"]["config"]["JupyterHub"]["hub_connect_url"] = "http://hub:8081"  # what z2jh sets
-    c = z2jh_config(values)
+    c = z2jh_config(tmp_path, monkeypatch)
     assert c.JupyterHub.hub_connect_url == "http://hub.jhub.svc.cluster.local:8081"
     # The team namespaces' NetworkPolicy lets servers reach exactly that hub pod and port.
     (np,) = [d for d in of_kind(render("default"), "NetworkPolicy") if d["metadata"]["namespace"] == "gpulab-vision"]
     hub_rule = next(r for r in np["spec"]["egress"] if r.get("ports") == [{"port": 8081}])
     assert hub_rule["to"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "jhub"}
+
+
+# --------------------------------------------------------------------------
+# z2jh's hub config and GPUKubeSpawner's profile list
+
+
+def kube_spawner(c, tmp_path: Path, monkeypatch, user: str = "alice"):
+    """A GPUKubeSpawner built from ``c`` as the hub builds one; its kubeconfig names an
+    address nothing listens on (nothing here talks to a cluster)."""
+    from unittest import mock
+
+    from kubernetes_asyncio.config import kube_config
+
+    from spawner.kube import GPUKubeSpawner
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "none", "user": {"token": "none"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+                "current-context": "none",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    hub_user = mock.Mock(groups=[], url=f"/user/{user}/")
+    hub_user.name = user
+    return GPUKubeSpawner(config=c, user=hub_user, hub=mock.Mock(), _mock=True)
+
+
+def test_z2jh_applies_singleuser_values_to_kubespawner(tmp_path, monkeypatch):
+    """The facts of z2jh's hub config that gpulab depends on, with its defaults and the overlay."""
+    c = z2jh_config(tmp_path, monkeypatch)
+    assert c.KubeSpawner.profile_list == []  # the chart's default, set because it is not null
+    assert c.KubeSpawner.scheduler_name == "jhub-user-scheduler"
+    assert c.KubeSpawner.image == "registry.example.com/gpulab/singleuser:0.2.0"
+    assert c.KubeSpawner.start_timeout == 600
+    assert c.KubeSpawner.init_containers == []  # blockWithIptables off: no privileged container
+    assert c.KubeSpawner.extra_labels == {"hub.jupyter.org/network-access-hub": "true"}
+    assert c.KubeSpawner.storage_pvc_ensure is True and c.KubeSpawner.namespace == "jhub"
+    assert "priority_class_name" not in c.KubeSpawner  # podPriority off
+    assert c.JupyterHub.spawner_class == "gpu-kube"  # hub.config, then extraConfig
+    assert c.GPULab.catalog_file == "/usr/local/etc/gpulab/catalog.yaml"
+    names = [s["name"] for s in c.JupyterHub.services]
+    assert names == ["jupyterhub-idle-culler", "gpulab-idle-culler"]
+    assert all(len(s["api_token"]) == 64 for s in c.JupyterHub.services if s["name"] == "gpulab-idle-culler")
+
+
+@pytest.mark.parametrize("profile_list", ["absent", [], {}])
+async def test_gpu_kube_spawner_builds_the_form_whatever_empty_profile_list_z2jh_sets(
+    tmp_path, monkeypatch, profile_list
+):
+    """z2jh sets c.KubeSpawner.profile_list = [] on every hub; config on the parent class
+    overrode GPUKubeSpawner's own default, so the spawn page had no form and every spawn
+    was refused with "choose a profile"."""
+    c = z2jh_config(tmp_path, monkeypatch)
+    if profile_list == "absent":
+        del c.KubeSpawner["profile_list"]
+    else:
+        c.KubeSpawner.profile_list = profile_list
+    spawner = kube_spawner(c, tmp_path, monkeypatch)
+    assert spawner.profile_list == spawner._gpulab_profile_list
+    # KubeSpawner renders the form from a callable profile list, per user, at request time.
+    assert spawner.options_form == spawner._render_options_form_dynamically
+
+
+def test_a_z2jh_profile_list_makes_the_hub_refuse_to_start_saying_what_to_remove(tmp_path, monkeypatch):
+    from hub_config.config.setup import SpawnerConfigError
+
+    site = {"singleuser": {"profileList": [{"display_name": "Small", "slug": "small"}]}}
+    with pytest.raises(SpawnerConfigError) as refused:
+        z2jh_config(tmp_path, monkeypatch, site)
+    message = str(refused.value)
+    assert message.startswith("gpulab: refusing to start: GPUKubeSpawner builds the spawn form from the gpulab catalog")
+    assert "a list of 1 profile(s)" in message and "Remove singleuser.profileList" in message
+
+
+async def test_a_profile_list_set_after_gpulab_s_config_is_refused_by_the_spawner(tmp_path, monkeypatch):
+    """An extraConfig that runs after the overlay's, or a profile_list on GPUKubeSpawner itself."""
+    from traitlets import TraitError
+
+    c = z2jh_config(tmp_path, monkeypatch)
+    c.GPUKubeSpawner.profile_list = [{"display_name": "Small", "slug": "small"}]
+    with pytest.raises(TraitError, match="Remove singleuser.profileList"):
+        kube_spawner(c, tmp_path, monkeypatch)
+
+
+def test_z2jh_user_scheduler_scores_every_gpu_resource_gpulab_requests():
+    """z2jh's MostAllocated scoring counts cpu and memory; the overlay adds every GPU
+    resource a whole, time-sliced or MIG pod of gpulab's can request, so GPU pods pack."""
+    from spawner.core.catalog import catalog_from_dict
+    from spawner.core.sharing import DEFAULT_MIG_PROFILES, mig_table, pod_gpu_spec
+
+    config = z2jh.user_scheduler_config(z2jh.RELEASE, "jhub", z2jh.release_values())
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "jhub-user-scheduler"
+    assert profile["plugins"] == z2jh.chart_defaults()[1]["scheduling"]["userScheduler"]["plugins"]
+    (fit,) = [p for p in profile["pluginConfig"] if p["name"] == "NodeResourcesFit"]
+    strategy = fit["args"]["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert weights["cpu"] == weights["memory"] == 1
+    profiles = [
+        {"slug": "whole-1", "gpus": 1, "gpu_model": "H100-80GB", "sharing": "whole"},
+        {"slug": "ts", "gpus": 0.25, "gpu_model": "H100-80GB", "sharing": "timeslice"},
+    ]
+    catalog = catalog_from_dict({"profiles": profiles, "teams": [{"name": "t", "guarantee": 1}]}, "test")
+    requested = {r for p in catalog.profiles.values() for r in pod_gpu_spec(p, catalog.sharing).limits}
+    # Every MIG slice of the built-in tables, by the resource name the mig backend requests.
+    requested |= {s.resource for model in DEFAULT_MIG_PROFILES for s in mig_table(model)}
+    requested -= {"cpu", "memory"}
+    assert requested and requested <= {k for k, w in weights.items() if w == 10}, requested - set(weights)
 
 
 def test_overlay_leaves_hami_no_privileged_container_and_blocks_metadata_by_policy():

@@ -77,7 +77,7 @@ def test_kueue_objects(variant):
     gpu_flavor_name = "h100" if variant == "kueue" else values["flavor"]["name"]
     assert set(flavors) == {values["cpuFlavor"]["name"], gpu_flavor_name}
     for flavor in flavors.values():
-        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in flavor["metadata"]
+        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta2" and "namespace" not in flavor["metadata"]
         assert isinstance(flavor["spec"], dict)
         assert all(isinstance(v, str) for v in (flavor["spec"].get("nodeLabels") or {}).values())
     # Kueue injects the node labels of every flavor it assigns: CPU and memory
@@ -88,13 +88,13 @@ def test_kueue_objects(variant):
     cqs = {d["metadata"]["name"]: d for d in of_kind(docs, "ClusterQueue")}
     lqs = of_kind(docs, "LocalQueue")
     assert set(cqs) == {f"gpulab-{t}" for t in catalog.teams}
-    assert len({cq["spec"]["cohort"] for cq in cqs.values()}) == 1, "all teams in one cohort"
+    assert len({cq["spec"]["cohortName"] for cq in cqs.values()}) == 1, "all teams in one cohort"
     for team in catalog.teams.values():
         ns = team_namespace(team)
         cq = cqs[f"gpulab-{team.name}"]
-        assert cq["apiVersion"] == "kueue.x-k8s.io/v1beta1" and "namespace" not in cq["metadata"]
+        assert cq["apiVersion"] == "kueue.x-k8s.io/v1beta2" and "namespace" not in cq["metadata"]
         spec = cq["spec"]
-        assert set(spec) == {"cohort", "namespaceSelector", "queueingStrategy", "resourceGroups", "preemption"}
+        assert set(spec) == {"cohortName", "namespaceSelector", "queueingStrategy", "resourceGroups", "preemption"}
         assert spec["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": ns}}
         assert spec["queueingStrategy"] in ("BestEffortFIFO", "StrictFIFO")
         # Borrowed capacity is reclaimed; in-quota work never preempts another queue's.
@@ -119,7 +119,7 @@ def test_kueue_objects(variant):
                 assert int(hard[f"requests.{r['name']}"]) == nominal + borrow, "Kueue and quota agree"
         # The jobs backend labels its Jobs with this name (one source: spawner/core/labels.py).
         (lq,) = [q for q in lqs if q["metadata"]["name"] == labels.kueue_local_queue(team.name)]
-        assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta2"
         assert lq["metadata"]["namespace"] == ns
         assert lq["spec"] == {"clusterQueue": cq["metadata"]["name"]}
     from hub_config.jobs.settings import GPULabJobs
@@ -184,9 +184,20 @@ def test_team_namespaces_get_z2jhs_single_user_network_policy():
         assert ingress["ports"] == [{"port": 8888}]
         egress = spec["egress"]
         assert egress[0]["ports"] == [{"port": 8081}]
-        assert egress[0]["to"][0]["podSelector"]["matchLabels"] == {"app": "jupyterhub", "component": "hub"}
+        # z2jh 4 labels its hub pod app.kubernetes.io/component=hub beside the legacy
+        # app/component it plans to drop; nameOverride changes app, not this one.
+        assert egress[0]["to"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/component": "hub"}
         dns = egress[1]
         assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+        # Exactly z2jh's single-user DNS peers with its default egressAllowRules
+        # (templates/_helpers-netpol.tpl): the metadata server's port 53 (GKE, Cloud DNS) too.
+        assert dns["to"] == [
+            {"ipBlock": {"cidr": "169.254.169.254/32"}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}},
+            {"ipBlock": {"cidr": "10.0.0.0/8"}},
+            {"ipBlock": {"cidr": "172.16.0.0/12"}},
+            {"ipBlock": {"cidr": "192.168.0.0/16"}},
+        ]
         (internet,) = [
             r for r in egress if any(p.get("ipBlock", {}).get("cidr") == "0.0.0.0/0" for p in r.get("to", []))
         ]
@@ -197,6 +208,65 @@ def test_team_namespaces_get_z2jhs_single_user_network_policy():
             "169.254.169.254/32",
         }
     assert not of_kind(render("no-namespaces"), "NetworkPolicy"), "z2jh's own policy covers its namespace"
+
+
+def _z2jh_hub_pod(name_override: str = "jupyterhub") -> dict:
+    """The labels z2jh 4.1 gives its hub pod (jupyterhub.matchLabelsLegacyAndModern plus
+    the hub's network-access labels), release jhub."""
+    return {
+        "component": "hub",
+        "app": name_override,
+        "release": "jhub",
+        "app.kubernetes.io/component": "hub",
+        "app.kubernetes.io/name": name_override,
+        "app.kubernetes.io/instance": "jhub",
+        "hub.jupyter.org/network-access-proxy-api": "true",
+        "hub.jupyter.org/network-access-proxy-http": "true",
+        "hub.jupyter.org/network-access-singleuser": "true",
+    }
+
+
+@pytest.mark.parametrize("name_override", ["jupyterhub", "lab"])
+def test_team_namespace_policy_truth_table(name_override):
+    """Who may talk to a server in a team namespace, and where it may go, by the chart's
+    policy and NetworkPolicy semantics (tests/support/network_policy_semantics.py: no CNI here).
+    Before: DNS at the cloud metadata server (GKE with Cloud DNS) was refused, so servers
+    could not resolve the hub; and with z2jh's nameOverride the hub was unreachable."""
+    from tests.support.network_policy_semantics import Endpoint, allowed
+
+    docs = render("default")
+    policies = of_kind(docs, "NetworkPolicy")
+    team_ns = policies[0]["metadata"]["namespace"]
+
+    def ns_labels(name: str) -> dict:
+        return {"kubernetes.io/metadata.name": name}
+
+    def pod(ns: str, ip: str, **labels: str) -> Endpoint:
+        return Endpoint(ip=ip, namespace=ns, labels=labels, namespace_labels=ns_labels(ns))
+
+    server = pod(team_ns, "10.8.0.5", component="singleuser-server", **{"hub.jupyter.org/network-access-hub": "true"})
+    hub = Endpoint("10.8.1.2", NAMESPACE, _z2jh_hub_pod(name_override), ns_labels(NAMESPACE))
+    proxy = pod(NAMESPACE, "10.8.1.3", component="proxy", **{"hub.jupyter.org/network-access-singleuser": "true"})
+    stranger = pod(NAMESPACE, "10.8.1.4", component="other")
+    other_team = pod("gpulab-elsewhere", "10.8.2.9", component="singleuser-server")
+    kube_dns = pod("kube-system", "10.8.9.10", **{"k8s-app": "kube-dns"})
+    metadata = Endpoint("169.254.169.254")
+    table = [
+        ("proxy -> server:8888", allowed(policies, proxy, server, 8888), True),
+        ("hub -> server:8888", allowed(policies, hub, server, 8888), True),
+        ("an unlabelled pod of the hub's namespace -> server", allowed(policies, stranger, server, 8888), False),
+        ("another namespace's pod -> server", allowed(policies, other_team, server, 8888), False),
+        ("server -> hub:8081", allowed(policies, server, hub, 8081), True),
+        ("server -> the hub namespace's other pods:8081", allowed(policies, server, stranger, 8081), False),
+        ("server -> kube-dns:53/UDP", allowed(policies, server, kube_dns, 53, "UDP"), True),
+        ("server -> metadata:53/UDP (GKE Cloud DNS)", allowed(policies, server, metadata, 53, "UDP"), True),
+        ("server -> metadata:53/TCP", allowed(policies, server, metadata, 53), True),
+        ("server -> metadata:80", allowed(policies, server, metadata, 80), False),
+        ("server -> the internet:443", allowed(policies, server, Endpoint("8.8.8.8"), 443), True),
+        ("server -> a private address:5432", allowed(policies, server, Endpoint("10.20.0.7"), 5432), False),
+    ]
+    wrong = [(what, got) for what, got, want in table if got != want]
+    assert not wrong, wrong
 
 
 def test_pull_secret_is_copied_into_every_team_namespace():
@@ -225,3 +295,33 @@ def test_pull_secret_is_copied_into_every_team_namespace():
         assert base64.b64decode(auth["auth"]).decode() == "robot:s3cret"
     proc = helm(*template_args([], ("imagePullSecret.create=true",)), check=False)
     assert proc.returncode != 0 and "imagePullSecret.create needs imagePullSecret.registry" in proc.stderr
+
+
+@pytest.mark.parametrize("variant", ["hami", "kueue", "timeslice", "mig"])
+def test_each_teams_cluster_queue_covers_every_resource_its_pods_request(variant):
+    """Kueue admits a workload only if its ClusterQueue covers every resource it requests
+    (kueue pkg/scheduler/flavorassigner: "resource nvidia.com/gpu unavailable in
+    ClusterQueue"); HAMi's GPU-count resource, left out of the ResourceQuota, was left out
+    of the ClusterQueue too, so every HAMi job stayed suspended."""
+    docs = render(variant, ("kueue.enabled=true",))
+    catalog = catalog_of(docs)
+    queues = {cq["metadata"]["name"]: cq for cq in of_kind(docs, "ClusterQueue")}
+    for team in catalog.teams.values():
+        groups = queues[f"gpulab-{team.name}"]["spec"]["resourceGroups"]
+        covered = {r for g in groups for r in g["coveredResources"]}
+        quota = {
+            r["name"]: int(r["nominalQuota"]) + int(r.get("borrowingLimit", 0))
+            for g in groups
+            for f in g["flavors"]
+            for r in f["resources"]
+            if r["name"] not in ("cpu", "memory")
+        }
+        for profile in catalog.profiles_for(team):
+            try:
+                spec = sharing.pod_gpu_spec(profile, catalog.sharing, team)
+            except sharing.SharingError:
+                continue
+            for res, n in spec.requests.items():
+                assert res in covered, f"{variant}: team {team.name}, {profile.slug} requests {res}: not covered"
+                # As many pods as the ledger admits within the burst fit the queue.
+                assert quota[res] >= (team.burst_milli // spec.effective_milli) * int(n), (team.name, profile.slug, res)

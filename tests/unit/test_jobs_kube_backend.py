@@ -29,6 +29,7 @@ sharing:
   backend: timeslice
   timeslice: {{replicas: 2}}
 profiles:
+  - {{slug: cpu, display_name: CPU only, gpus: 0}}
   - {{slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}}
   - {{slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB,
       images: [{{slug: torch, display_name: PyTorch, image: "example.org/torch-notebook:2.4"}}],
@@ -37,7 +38,7 @@ profiles:
                                                      values: [zone-a]}}]}}]}}
 teams:
   - {{name: vision, users: [alice, bob, jo_smith], guarantee: 1, burst: 2, namespace: {NS},
-      allowed_profiles: [h100-half, h100-1]}}
+      allowed_profiles: [cpu, h100-half, h100-1]}}
 """
 
 
@@ -141,8 +142,63 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     ]
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
         "nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]}
+            {
+                "matchExpressions": [
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]},
+                    # A whole GPU: never on a HAMi node (spawner/core/gpu_pools.py).
+                    {"key": "gpu", "operator": "NotIn", "values": ["on"]},
+                ]
+            }
         ]
     }
     # KubeSpawner's claim name for jo_smith, not an invalid "claim-jo_smith".
     assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-jo-smith---515893c9"}}]
+
+
+@pytest.mark.parametrize(
+    "setting,profile_sharing,scheduler",
+    [
+        (None, None, "jhub-user-scheduler"),  # the notebooks' scheduler: z2jh's user-scheduler
+        ("", None, None),  # explicitly the cluster's default scheduler
+        ("batch-scheduler", None, "batch-scheduler"),
+        (None, "hami", "hami-scheduler"),  # a GPU backend's own scheduler comes first
+    ],
+)
+def test_job_pods_go_to_the_scheduler_of_the_users_servers(tmp_path, monkeypatch, setting, profile_sharing, scheduler):
+    """Two schedulers that bind the same GPU pool do not see each other's bindings: both
+    take the last free GPU and the kubelet rejects one pod (tests/kube/test_kube_cluster_devices.py)."""
+    from hub_config.jobs.service import JobService
+
+    c = kube_jobs_config(tmp_path, monkeypatch)
+    c.KubeSpawner.scheduler_name = "jhub-user-scheduler"  # what z2jh sets (scheduling.userScheduler)
+    if setting is not None:
+        c.GPULabJobs.kube_scheduler_name = setting
+    if profile_sharing:
+        catalog = (tmp_path / "catalog.yaml").read_text()
+        (tmp_path / "catalog.yaml").write_text(
+            catalog.replace("gpu_model: H100-80GB}", f"gpu_model: H100-80GB, sharing: {profile_sharing}}}", 1)
+        )
+    service = JobService(config=c)
+    monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
+    rec, _ = asyncio.run(
+        service.submit("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": "h100-half"})
+    )
+    pod = service.backend.manifest(service.get(rec.id))["spec"]["template"]["spec"]
+    assert pod.get("schedulerName") == scheduler
+
+
+@pytest.mark.parametrize("profile,visible", [("cpu", "void"), ("h100-half", None), ("h100-1", None)])
+def test_a_job_without_a_gpu_sees_no_gpu_even_in_a_cuda_image(tmp_path, monkeypatch, profile, visible):
+    """CUDA images set NVIDIA_VISIBLE_DEVICES=all; on a GPU node with the nvidia runtime a
+    CPU job would get every GPU of the node. The device plugin sets it for GPU pods."""
+    import kubernetes_validate
+
+    from hub_config.jobs.service import JobService
+
+    service = JobService(config=kube_jobs_config(tmp_path, monkeypatch))
+    monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
+    rec, _ = asyncio.run(service.submit("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": profile}))
+    job = service.backend.manifest(service.get(rec.id))
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == visible

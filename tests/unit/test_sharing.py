@@ -215,3 +215,87 @@ def test_catalog_loader_reports_sharing_option_errors_with_lines():
     assert "teams.yaml:4: sharing.timeslice.replicas: expected a whole number of replicas" in str(e.value)
     ok = catalog_from_dict({"sharing": {"backend": "mig", "mig": {"profiles": {"A30-24GB": ["1g.6gb"]}}}})
     assert ok.sharing["backend"] == "mig"
+
+
+def test_a_pod_without_a_gpu_gets_nvidia_visible_devices_void():
+    """The NVIDIA container toolkit gives a container the GPUs NVIDIA_VISIBLE_DEVICES names;
+    CUDA images set ``all``. ``void``: the runtime acts as runc (no GPU, no driver)."""
+    from spawner.core.catalog import catalog_from_dict
+    from spawner.core.sharing import pod_gpu_spec
+
+    catalog = catalog_from_dict(
+        {
+            "profiles": [{"slug": "cpu", "gpus": 0}, {"slug": "h100-1", "gpus": 1, "gpu_model": "H100-80GB"}],
+            "teams": [{"name": "t", "guarantee": 1}],
+        },
+        "test",
+    )
+    assert pod_gpu_spec(catalog.profiles["cpu"], catalog.sharing).env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert pod_gpu_spec(catalog.profiles["h100-1"], catalog.sharing).env == {}
+
+
+@pytest.mark.parametrize(
+    "backend,gpus,selector,requirements",
+    [
+        ("whole", 1, {}, [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]),
+        ("timeslice", 0.25, {}, []),  # nvidia.com/gpu.shared: HAMi nodes do not advertise it
+        ("timeslice", 2, {}, [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]),
+        ("mig", 0.5, {}, []),
+        ("kai", 1, {}, [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]),
+        ("hami", 0.5, {"gpu": "on"}, []),
+        ("hami", 1, {"gpu": "on"}, []),
+    ],
+)
+def test_only_hami_pods_use_hami_nodes(backend, gpus, selector, requirements):
+    """A HAMi node advertises nvidia.com/gpu like a whole-GPU node, but HAMi's device plugin
+    fails any pod its scheduler did not place (UnexpectedAdmissionError)."""
+    from spawner.core.catalog import catalog_from_dict
+    from spawner.core.sharing import GPU_PRODUCT_LABEL, pod_gpu_spec
+
+    catalog = catalog_from_dict(
+        {
+            "sharing": {"backend": backend},
+            "profiles": [{"slug": "p", "gpus": gpus, "gpu_model": "H100-80GB"}],
+            "teams": [{"name": "t", "guarantee": 1}],
+        },
+        "test",
+    )
+    spec = pod_gpu_spec(catalog.profiles["p"], catalog.sharing, catalog.teams["t"])
+    assert {k: v for k, v in spec.node_selector.items() if k != GPU_PRODUCT_LABEL} == selector
+    assert list(spec.node_requirements) == requirements
+
+
+def test_pool_requirements_are_anded_into_every_node_affinity_term():
+    from spawner.core.gpu_pools import and_node_affinity
+
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    pool = {"key": "gpu", "operator": "NotIn", "values": ["on"]}
+    assert and_node_affinity([], [pool]) == [{"matchExpressions": [pool]}]
+    assert and_node_affinity([{"matchExpressions": [zone]}, {"matchFields": []}], [pool]) == [
+        {"matchExpressions": [zone, pool]},
+        {"matchFields": [], "matchExpressions": [pool]},
+    ]
+    assert and_node_affinity([{"matchExpressions": [zone]}], []) == [{"matchExpressions": [zone]}]
+
+
+def test_time_slices_under_the_whole_gpu_name_select_the_shared_product_label():
+    """With timeslice.resource nvidia.com/gpu (renameByDefault: false) GPU feature discovery
+    labels time-shared nodes <product>-SHARED (k8s-device-plugin internal/lm/resource.go);
+    the plain product name then matches only whole-GPU nodes, and fractions waited forever."""
+    from spawner.core.catalog import catalog_from_dict
+    from spawner.core.sharing import GPU_PRODUCT_LABEL, pod_gpu_spec
+
+    def selector(resource: str, gpus: float) -> str:
+        catalog = catalog_from_dict(
+            {
+                "sharing": {"backend": "timeslice", "timeslice": {"resource": resource}},
+                "profiles": [{"slug": "p", "gpus": gpus, "gpu_model": "H100-80GB"}],
+                "teams": [{"name": "t", "guarantee": 1}],
+            },
+            "test",
+        )
+        return pod_gpu_spec(catalog.profiles["p"], catalog.sharing).node_selector[GPU_PRODUCT_LABEL]
+
+    assert selector("nvidia.com/gpu", 0.25) == "NVIDIA-H100-80GB-HBM3-SHARED"
+    assert selector("nvidia.com/gpu", 1) == "NVIDIA-H100-80GB-HBM3"  # whole GPUs: the whole pool
+    assert selector("nvidia.com/gpu.shared", 0.25) == "NVIDIA-H100-80GB-HBM3"  # renamed: label unchanged

@@ -98,6 +98,13 @@ class KubeJobBackend(JobBackend):
                 return value
         return None
 
+    def scheduler_name(self) -> str | None:
+        """The scheduler of the user's servers, unless the jobs' own setting says otherwise."""
+        name = self.settings.kube_scheduler_name
+        if name is None:
+            name = self._spawner_config("scheduler_name")
+        return str(name) if name else None
+
     def home_claim(self, user: str) -> str:
         """The user's home claim: the name KubeSpawner gave it (its ``pvc_name_template``,
         safe slugs), in the team's namespace, where GPUKubeSpawner creates it too."""
@@ -153,6 +160,7 @@ class KubeJobBackend(JobBackend):
             backoff_limit=s.kube_backoff_limit,
             kueue_queue=s.kueue_queue_template.format(team=rec.team) if s.kueue_enabled else None,
             service_account=s.kube_service_account or None,
+            scheduler_name=self.scheduler_name(),
             cpu_guarantee=profile.cpu_guarantee if profile else None,
             cpu_limit=profile.cpu_limit if profile else None,
             mem_guarantee=profile.mem_guarantee if profile else None,

@@ -6,7 +6,14 @@ their Leases and Ready condition fresh so the real node-lifecycle controller
 leaves them alone, and plays the node side of every pod the real
 kube-scheduler binds to them:
 
-- a bound pod becomes Running with a pod IP from a loopback range; when its
+- a bound pod is admitted as the kubelet admits it (``tests/kube/bed/kubelet_devices.py``):
+  when the node's allocatable, less what the pods it already admitted hold, cannot
+  serve it, the pod fails with ``OutOf<resource>`` and a Warning event, as a kubelet
+  rejects a pod two schedulers both bound to the last free GPU; otherwise its
+  containers get device ids, published per node in the PodResources API's shape
+  (``<state>/pod-resources/<node>.json``), and ``NVIDIA_VISIBLE_DEVICES`` as the
+  NVIDIA device plugin sets it;
+- an admitted pod becomes Running with a pod IP from a loopback range; when its
   container's command is ``jupyterhub-singleuser`` the agent starts that
   server as a real local process on the pod IP, so a hub can reach it;
 - a process that exits makes the pod Succeeded or Failed with its exit code;
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -35,6 +43,8 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from tests.kube.bed.kubelet_devices import Admitted, NodeDevices, Rejection, visible_devices
 
 log = logging.getLogger("node-agent")
 KUBE_VERSION = os.environ.get("GPULAB_KUBE_VERSION", "v1.36.3")
@@ -51,7 +61,14 @@ def stamp() -> str:
 
 
 class NodeAgent:
-    def __init__(self, api: client.ApiClient, nodes: list[dict[str, Any]], work_dir: Path, ip_prefix: str):
+    def __init__(
+        self,
+        api: client.ApiClient,
+        nodes: list[dict[str, Any]],
+        work_dir: Path,
+        ip_prefix: str,
+        pod_resources_dir: Path | None = None,
+    ):
         self.api = api
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
@@ -63,6 +80,28 @@ class NodeAgent:
         self.started: dict[str, str] = {}  # pod uid -> pod IP
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.finishing: set[str] = set()
+        #: Each node's kubelet admission and device manager.
+        self.kubelets = {
+            n["name"]: NodeDevices(n["name"], n.get("labels", {}), n.get("allocatable", {})) for n in nodes
+        }
+        self.pod_resources_dir = pod_resources_dir
+        for name in self.kubelets:
+            self.publish_pod_resources(name)
+
+    def publish_pod_resources(self, node: str) -> None:
+        """The node's PodResources List answer, where a reader (a fake dcgm-exporter) finds it."""
+        if self.pod_resources_dir is None:
+            return
+        self.pod_resources_dir.mkdir(parents=True, exist_ok=True)
+        path = self.pod_resources_dir / f"{node}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.kubelets[node].pod_resources(), indent=1))
+        tmp.replace(path)
+
+    def release(self, pod: client.V1Pod) -> None:
+        kubelet = self.kubelets.get(pod.spec.node_name)
+        if kubelet is not None and kubelet.release(pod.metadata.uid):
+            self.publish_pod_resources(pod.spec.node_name)
 
     # -- nodes ---------------------------------------------------------------
     async def register(self) -> None:
@@ -213,14 +252,25 @@ class NodeAgent:
         if kind == "DELETED":
             await self.stop_process(uid)
             self.started.pop(uid, None)
+            self.release(pod)
             return
         if pod.metadata.deletion_timestamp is not None:
             if uid not in self.finishing:
                 self.finishing.add(uid)
                 await self.terminate(pod)
             return
+        if pod.status.phase in ("Succeeded", "Failed"):
+            self.release(pod)  # a terminal pod holds nothing on its node
+            return
         if uid not in self.started and pod.status.phase in (None, "Pending"):
             await self.start(pod)
+        elif uid not in self.started and pod.status.phase == "Running":
+            # Running before this agent started: count it, as a restarted kubelet does.
+            self.kubelets[pod.spec.node_name].adopt(
+                uid, pod.metadata.namespace, pod.metadata.name, self.api.sanitize_for_serialization(pod.spec)
+            )
+            self.started[uid] = pod.status.pod_ip or ""
+            self.publish_pod_resources(pod.spec.node_name)
 
     def pod_ip(self) -> str:
         n = self.next_ip
@@ -229,12 +279,22 @@ class NodeAgent:
 
     async def start(self, pod: client.V1Pod) -> None:
         uid = pod.metadata.uid
+        self.started[uid] = ""
+        # Admission and device allocation in one step, with no await in between: the
+        # agent's pods are handled concurrently, a kubelet admits one pod at a time.
+        admitted = self.kubelets[pod.spec.node_name].admit(
+            uid, pod.metadata.namespace, pod.metadata.name, self.api.sanitize_for_serialization(pod.spec)
+        )
+        if isinstance(admitted, Rejection):
+            await self.reject(pod, admitted)
+            return
+        self.publish_pod_resources(pod.spec.node_name)
         ip = self.pod_ip()
         self.started[uid] = ip
         container = pod.spec.containers[0]
         argv = [*(container.command or []), *(container.args or [])]
         if argv and os.path.basename(argv[0]) in SERVER_COMMANDS:
-            await self.start_process(pod, ip, argv)
+            await self.start_process(pod, ip, argv, device_env(admitted, container.name))
         t = stamp()
         conds = [c for c in (pod.status.conditions or []) if c.type == "PodScheduled"]
         status = {
@@ -265,6 +325,32 @@ class NodeAgent:
         }
         await self.write_status(pod, status)
         log.info("pod %s/%s Running on %s at %s", pod.metadata.namespace, pod.metadata.name, pod.spec.node_name, ip)
+
+    async def reject(self, pod: client.V1Pod, rejection: Rejection) -> None:
+        """What a kubelet does with a pod it cannot admit: a Warning event, then phase
+        Failed with the reason (no DisruptionTarget: nobody disrupted it)."""
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        log.warning("pod %s/%s rejected on %s: %s", ns, name, pod.spec.node_name, rejection.message)
+        t = now().isoformat().replace("+00:00", "Z")
+        try:
+            await self.core.create_namespaced_event(
+                ns,
+                {
+                    "metadata": {"generateName": f"{name}."},
+                    "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": ns, "name": name}
+                    | {"uid": pod.metadata.uid},
+                    "reason": rejection.reason,
+                    "message": rejection.message,
+                    "type": "Warning",
+                    "source": {"component": "kubelet", "host": pod.spec.node_name},
+                    "firstTimestamp": t,
+                    "lastTimestamp": t,
+                    "count": 1,
+                },
+            )
+        except ApiException as e:  # the event is for readers; the status is what counts
+            log.warning("cannot record the rejection event of %s/%s: %s", ns, name, e.reason)
+        await self.write_status(pod, rejection.status())
 
     async def write_status(self, pod: client.V1Pod, status: dict[str, Any]) -> None:
         """Replace the pod's status (read-modify-write, retried on conflicts)."""
@@ -297,9 +383,10 @@ class NodeAgent:
                     return
                 raise
 
-    async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str]) -> None:
+    async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str], devices: dict[str, str]) -> None:
         container = pod.spec.containers[0]
-        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8"}
+        # The device plugin's variables first, the container's own after (they win), as the kubelet orders them.
+        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", **devices}
         for item in container.env or []:
             if item.value is not None:
                 env[item.name] = item.value
@@ -336,6 +423,7 @@ class NodeAgent:
         if pod.metadata.uid in self.finishing or self.procs.get(pod.metadata.uid) is not proc:
             return
         self.procs.pop(pod.metadata.uid, None)
+        self.release(pod)
         await self.write_status(pod, terminal_status(pod, code, "Completed" if code == 0 else "Error"))
 
     async def stop_process(self, uid: str, grace: float = 5) -> int | None:
@@ -355,6 +443,7 @@ class NodeAgent:
 
     async def terminate(self, pod: client.V1Pod) -> None:
         await self.stop_process(pod.metadata.uid)
+        self.release(pod)
         if pod.status.phase not in ("Succeeded", "Failed"):
             await self.write_status(pod, terminal_status(pod, 137, "Error"))
         try:
@@ -370,6 +459,12 @@ class NodeAgent:
             if e.status not in (404, 409):
                 raise
         log.info("pod %s/%s terminated", pod.metadata.namespace, pod.metadata.name)
+
+
+def device_env(admitted: Admitted, container: str) -> dict[str, str]:
+    """What the NVIDIA device plugin's Allocate answers for a container's GPUs (envvar strategy)."""
+    ids = [d for resource, held in admitted.devices.get(container, {}).items() for d in held]
+    return {"NVIDIA_VISIBLE_DEVICES": visible_devices(ids)} if ids else {}
 
 
 def subprocess_stdout() -> int:
@@ -418,7 +513,9 @@ async def amain(args: argparse.Namespace) -> None:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     async with client.ApiClient() as api:
-        agent = NodeAgent(api, nodes, work, args.pod_ip_prefix)
+        agent = NodeAgent(
+            api, nodes, work, args.pod_ip_prefix, Path(args.pod_resources_dir) if args.pod_resources_dir else None
+        )
         await agent.register()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -438,6 +535,7 @@ def main() -> None:
     p.add_argument("--nodes", required=True)
     p.add_argument("--work-dir", required=True)
     p.add_argument("--pod-ip-prefix", default="127.77.")
+    p.add_argument("--pod-resources-dir", help="where each node's PodResources List answer is written (JSON)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     asyncio.run(amain(args))

@@ -47,7 +47,15 @@ CACHE = Path(
 STATE_DIR = Path(os.environ.get("GPULAB_KUBE_TESTBED_DIR") or CACHE / "testbed")
 ADDRESS = os.environ.get("GPULAB_KUBE_TESTBED_ADDRESS", "127.0.0.1")
 NODES_FILE = Path(__file__).with_name("nodes.yaml")
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent", "kueue")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "user-scheduler",
+    "node-agent",
+    "kueue",
+)
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -146,6 +154,18 @@ class Testbed:
             if username is None or event.get("user", {}).get("username") == username:
                 out.append(event)
         return out
+
+    @property
+    def pod_resources_dir(self) -> Path:
+        """Each node's PodResources List answer (``<node>.json``), written by the node agent."""
+        return self.state_dir / "pod-resources"
+
+    def pod_resources(self, node: str) -> list[dict[str, Any]]:
+        """The pods holding devices on ``node``, in the kubelet PodResources API's shape."""
+        try:
+            return json.loads((self.pod_resources_dir / f"{node}.json").read_text())["podResources"]
+        except (OSError, ValueError):
+            return []
 
     def log_file(self, component: str) -> Path:
         return self.state_dir / "logs" / f"{component}.log"
@@ -298,6 +318,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
         and set(existing.pids) == set(COMPONENTS)
         and existing.ready()
         and existing.versions.get("nodes") == _nodes_digest()
+        and existing.versions.get("user-scheduler") == _digest(user_scheduler_config(state_dir))
     ):
         return existing
     if existing:
@@ -309,7 +330,11 @@ def _up(address: str, state_dir: Path) -> Testbed:
     versions = dict(line.split("=", 1) for line in (bin_dir / "VERSIONS").read_text().split())
     # A running test bed whose node list changed since it started is started afresh.
     versions["nodes"] = _nodes_digest()
-    ports = {name: free_port(address) for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
+    versions["user-scheduler"] = _digest(user_scheduler_config(state_dir))
+    ports = {
+        name: free_port(address)
+        for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "user-scheduler")
+    }
     tb = Testbed(state_dir, address, ports, {}, versions)
     make_pki(tb.pki, address)
     pki = tb.pki
@@ -440,6 +465,23 @@ def _up(address: str, state_dir: Path) -> Testbed:
             "--kube-api-burst=400",
         ],
     )
+    # z2jh's user-scheduler beside the default one: the same kube-scheduler binary with
+    # the KubeSchedulerConfiguration z2jh renders from its values and gpulab's overlay.
+    user_scheduler = state_dir / "user-scheduler.yaml"
+    _write_yaml(user_scheduler, user_scheduler_config(state_dir))
+    _spawn(
+        tb,
+        "user-scheduler",
+        [
+            str(bin_dir / "kube-scheduler"),
+            f"--config={user_scheduler}",
+            f"--authentication-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={state_dir / 'scheduler.kubeconfig'}",
+            "--authentication-skip-lookup=true",
+            f"--bind-address={address}",
+            f"--secure-port={ports['user-scheduler']}",
+        ],
+    )
     _spawn(
         tb,
         "node-agent",
@@ -455,6 +497,8 @@ def _up(address: str, state_dir: Path) -> Testbed:
             str(state_dir / "pods"),
             "--pod-ip-prefix",
             pod_ip_prefix(state_dir),
+            "--pod-resources-dir",
+            str(tb.pod_resources_dir),
         ],
         env={
             "PYTHONPATH": str(REPO),
@@ -471,6 +515,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
     )
     _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
+    _wait("the user-scheduler's /healthz", lambda: _healthz(tb, ports["user-scheduler"]), 60, tb, "user-scheduler")
     from tests.kube.bed import kueue
 
     kueue.start(tb, _spawn, _wait, free_port)
@@ -479,10 +524,34 @@ def _up(address: str, state_dir: Path) -> Testbed:
     return tb
 
 
-def _nodes_digest() -> str:
+def user_scheduler_config(state_dir: Path) -> dict[str, Any]:
+    """z2jh's user-scheduler configuration (tests/kube/bed/z2jh_hub_config.py) for release
+    ``jhub`` with gpulab's overlay, on this test bed: its scheduler credentials, and no
+    leader election (one replica here; z2jh runs two that elect a leader)."""
+    from tests.kube.bed import z2jh_hub_config as z2jh
+
+    config = z2jh.user_scheduler_config(z2jh.RELEASE, "default", z2jh.release_values())
+    if config is None:
+        raise TestbedError("helm/values-jupyterhub.yaml turns z2jh's user-scheduler off; the test bed runs it")
+    config["leaderElection"] = {"leaderElect": False}
+    config["clientConnection"] = {"kubeconfig": str(state_dir / "scheduler.kubeconfig"), "qps": 200, "burst": 400}
+    return config
+
+
+def _digest(data: Any) -> str:
     import hashlib
 
-    return "sha256:" + hashlib.sha256(NODES_FILE.read_bytes()).hexdigest()[:16]
+    return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _nodes_digest() -> str:
+    """The nodes and the code that plays their kubelet: a running bed whose either changed is restarted."""
+    import hashlib
+
+    h = hashlib.sha256(NODES_FILE.read_bytes())
+    for name in ("node_agent.py", "kubelet_devices.py"):
+        h.update(NODES_FILE.with_name(name).read_bytes())
+    return "sha256:" + h.hexdigest()[:16]
 
 
 def _exists(tb: Testbed, path: str) -> bool:
@@ -545,6 +614,7 @@ def down(state_dir: Path = STATE_DIR) -> None:
     shutil.rmtree(state_dir / "etcd", ignore_errors=True)
     (state_dir / "logs" / "audit.log").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "pods", ignore_errors=True)
+    shutil.rmtree(state_dir / "pod-resources", ignore_errors=True)
 
 
 def status(state_dir: Path = STATE_DIR) -> int:
