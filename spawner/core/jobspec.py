@@ -242,26 +242,41 @@ def kube_job_name(job_id: int) -> str:
 
 
 def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
-    """The ``batch/v1`` Job for one submission (a dict ready to POST)."""
-    pc = effective_priority_class(priority_for(req.job_class), req.over_quota)
-    labels = dict(req.labels)
-    labels["gpulab.io/job-class"] = req.job_class
-    labels["gpulab.io/job-id"] = str(req.job_id)
+    """The ``batch/v1`` Job for one submission (a dict ready to POST).
+
+    Built in named pieces: the labels, the container (:func:`_job_container`), the pod
+    (:func:`_job_pod_spec`, with its scheduling: :func:`_job_scheduling`) and the Job
+    around it (:func:`_job_spec`).
+    """
+    labels = {**req.labels, "gpulab.io/job-class": req.job_class, "gpulab.io/job-id": str(req.job_id)}
     annotations = dict(req.annotations)
-    pod_labels = dict(labels)
-    pod_annotations = dict(annotations)
-    requests: dict[str, str] = {}
-    limits: dict[str, str] = {}
-    node_selector: dict[str, str] = {}
-    scheduler_name = req.scheduler_name
-    gpu = req.gpu
-    if gpu is not None and gpu.effective_milli > 0:
-        requests.update(gpu.requests)
-        limits.update(gpu.limits)
-        pod_annotations.update(gpu.annotations)
-        pod_labels.update(gpu.labels)
-        node_selector.update(gpu.node_selector)
-        scheduler_name = gpu.scheduler_name or scheduler_name
+    # The share's resources, labels and pool apply when it holds a GPU at all.
+    gpu = req.gpu if req.gpu is not None and req.gpu.effective_milli > 0 else None
+    pod_labels = {**labels, **(gpu.labels if gpu else {})}
+    pod_annotations = {**annotations, **(gpu.annotations if gpu else {})}
+    template = {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": _job_pod_spec(req, gpu)}
+    job_spec = _job_spec(req, template)
+    if req.kueue_queue:
+        labels[KUEUE_QUEUE_NAME] = req.kueue_queue
+        # Kueue unsuspends the Job when it admits it against the ClusterQueue.
+        job_spec["suspend"] = True
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": kube_job_name(req.job_id),
+            "namespace": req.namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": job_spec,
+    }
+
+
+def _job_resources(req: KubeJobRequest, gpu: Any) -> dict[str, dict[str, str]]:
+    """The container's requests and limits: the GPU share's, then the profile's CPU and memory."""
+    requests: dict[str, str] = dict(gpu.requests) if gpu else {}
+    limits: dict[str, str] = dict(gpu.limits) if gpu else {}
     if req.cpu_guarantee:
         requests["cpu"] = _cpu(req.cpu_guarantee)
     if req.cpu_limit:
@@ -270,7 +285,11 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         requests["memory"] = str(req.mem_guarantee)
     if req.mem_limit:
         limits["memory"] = str(req.mem_limit)
-    home = req.home_mount_path.rstrip("/") or "/"
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
+    """papermill in the profile's image, told what to run through ``GPULAB_*`` variables."""
     env = [
         {"name": "GPULAB_HOME", "value": home},
         {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
@@ -282,7 +301,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},
     ]
     # A job without a GPU sees none, even in a CUDA image on a GPU node (sharing.NO_GPU_ENV).
-    share_env = dict(gpu.env) if gpu is not None else dict(NO_GPU_ENV)
+    share_env = dict(req.gpu.env) if req.gpu is not None else dict(NO_GPU_ENV)
     env += [{"name": k, "value": v} for k, v in sorted({**share_env, **req.extra_env}.items())]
     container: dict[str, Any] = {
         "name": "papermill",
@@ -293,8 +312,17 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         # As z2jh's single-user container: no setuid, no privilege escalation.
         "securityContext": {"allowPrivilegeEscalation": False},
     }
-    if requests or limits:
-        container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    resources = _job_resources(req, gpu)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
+    """The pod: one container, the priority class, the user's identity and home, no API token."""
+    home = req.home_mount_path.rstrip("/") or "/"
+    container = _job_container(req, gpu, home)
+    pc = effective_priority_class(priority_for(req.job_class), req.over_quota)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "priorityClassName": pc.name,
@@ -309,22 +337,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         security["fsGroup"] = req.fs_gid
     if security:
         pod_spec["securityContext"] = security
-    tolerations = [dict(t) for t in req.tolerations]
-    if gpu is not None and gpu.effective_milli > 0:
-        tolerations += [dict(t) for t in gpu.tolerations if dict(t) not in tolerations]
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    node_affinity: dict[str, Any] = {}
-    pool_requirements = gpu.node_requirements if gpu is not None and gpu.effective_milli > 0 else ()
-    required = and_node_affinity(req.node_affinity_required, pool_requirements)
-    if required:
-        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": required}
-    if req.node_affinity_preferred:
-        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
-            dict(t) for t in req.node_affinity_preferred
-        ]
-    if node_affinity:
-        pod_spec["affinity"] = {"nodeAffinity": node_affinity}
+    _job_scheduling(req, gpu, pod_spec)
     if req.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in req.image_pull_secrets]
     if req.home_claim:
@@ -333,13 +346,38 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
             mount["subPath"] = req.home_sub_path
         container["volumeMounts"] = [mount]
         pod_spec["volumes"] = [{"name": "home", "persistentVolumeClaim": {"claimName": req.home_claim}}]
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
+    if gpu is not None and gpu.node_selector:
+        pod_spec["nodeSelector"] = dict(gpu.node_selector)
+    scheduler_name = (gpu.scheduler_name if gpu is not None else None) or req.scheduler_name
     if scheduler_name:
         pod_spec["schedulerName"] = scheduler_name
     if req.service_account:
         pod_spec["serviceAccountName"] = req.service_account
-    job_spec: dict[str, Any] = {
+    return pod_spec
+
+
+def _job_scheduling(req: KubeJobRequest, gpu: Any, pod_spec: dict[str, Any]) -> None:
+    """The profile's tolerations (and the GPU share's) and node affinity, on ``pod_spec``."""
+    tolerations = [dict(t) for t in req.tolerations]
+    if gpu is not None:
+        tolerations += [dict(t) for t in gpu.tolerations if dict(t) not in tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    node_affinity: dict[str, Any] = {}
+    required = and_node_affinity(req.node_affinity_required, gpu.node_requirements if gpu is not None else ())
+    if required:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": required}
+    if req.node_affinity_preferred:
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            dict(t) for t in req.node_affinity_preferred
+        ]
+    if node_affinity:
+        pod_spec["affinity"] = {"nodeAffinity": node_affinity}
+
+
+def _job_spec(req: KubeJobRequest, template: dict[str, Any]) -> dict[str, Any]:
+    """The Job around the pod: retries, deadline, clean-up, and what a failure means."""
+    return {
         "backoffLimit": req.backoff_limit,
         "activeDeadlineSeconds": req.time_limit_seconds,
         "ttlSecondsAfterFinished": req.ttl_seconds_after_finished,
@@ -361,25 +399,7 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]
         },
-        "template": {
-            "metadata": {"labels": pod_labels, "annotations": pod_annotations},
-            "spec": pod_spec,
-        },
-    }
-    if req.kueue_queue:
-        labels[KUEUE_QUEUE_NAME] = req.kueue_queue
-        # Kueue unsuspends the Job when it admits it against the ClusterQueue.
-        job_spec["suspend"] = True
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": kube_job_name(req.job_id),
-            "namespace": req.namespace,
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": job_spec,
+        "template": template,
     }
 
 

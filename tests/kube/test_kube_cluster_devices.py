@@ -11,6 +11,7 @@ Kubernetes jobs backend's manifest.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import time
 
@@ -102,7 +103,8 @@ def job_pod_template(tmp_path, monkeypatch, release: Release, profile: dict, tea
     try:
         service = JobService(config=c)
         monkeypatch.setattr(service.backend, "submitted", lambda rec: None)  # the test creates the pods itself
-        rec, _ = service.submit("carol", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": profile["slug"]})
+        body = {"notebook": "a.ipynb", "job_class": "batch", "profile": profile["slug"]}
+        rec, _ = asyncio.run(service.submit("carol", [], body))
         return c.KubeSpawner.scheduler_name, service.backend.manifest(rec)["spec"]["template"]
     finally:
         set_runtime(None)

@@ -512,7 +512,7 @@ def use_bed_network(c: Any) -> None:
     test run shares this machine's network. No proxy pod: the hub starts
     configurable-http-proxy itself, on the harness's address (``GPULAB_BIND``).
     """
-    from tests.ports import free_port
+    from tests.support.ports import free_port
 
     port = c.JupyterHub.hub_port
     c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{port}"
