@@ -19,6 +19,7 @@ from hub_config.api.base import GPULabAPIHandler, ascii_id
 from hub_config.config.scopes import ADMIN, JOBS
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.service import get_service
+from spawner.admission import user_groups
 from spawner.core.jobspec import STATES, JobSpecError
 
 #: Largest submission body (parameters are limited separately, and more tightly).
@@ -62,8 +63,7 @@ class JobsBase(GPULabAPIHandler):
         return rec
 
     def groups_of(self, user_name: str) -> list[str]:
-        user = self.find_user(user_name)
-        return [g.name for g in user.groups] if user is not None else []
+        return user_groups(self.find_user(user_name))
 
 
 class JobsHandler(JobsBase):
@@ -99,7 +99,7 @@ class JobsHandler(JobsBase):
             raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {JOBS}")
         body = self.read_json(MAX_SUBMIT_BYTES)
         try:
-            rec, created = await self.jobs.submit(user.name, [g.name for g in user.groups], body)
+            rec, created = await self.jobs.submit(user.name, user_groups(user), body)
         except JobSpecError as e:
             raise web.HTTPError(e.status, str(e)) from None
         self.write_json(rec.to_json(), 201 if created else 200)

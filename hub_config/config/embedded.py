@@ -18,14 +18,17 @@ import os
 import shutil
 import socket
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from traitlets import TraitError
 
 from hub_config.config.idle_service import configure_idle_culler
 from hub_config.config.setup import configure_gpulab
-from spawner.core.catalog import CatalogError
+from spawner.core.catalog import Catalog, CatalogError
 from spawner.local.accounts import UserAccounts, unreachable_by_others
 from spawner.local.confinement import LimitsUnavailable, UserLimits, get_confiner
 from spawner.local.sudo import NONE, ROOT, SUDO, isolation_mode
@@ -133,22 +136,22 @@ def check_reachable(paths: dict[str, Path | str]) -> None:
         )
 
 
-def report_limits(c, mode: str) -> None:
+def report_limits(c: Any, settings: EmbeddedSettings, mode: str) -> None:
     """Set up (once) and print what confines each server and job; refuse to start when it must and cannot.
 
     ``GPULAB_LIMITS`` (auto, on, off) and ``GPULAB_CGROUP_PARENT`` set ``c.UserLimits.enabled``
     and ``cgroup_parent`` (a hub that is not root: the subtree delegated to it).
     """
-    if os.environ.get("GPULAB_LIMITS"):
-        c.UserLimits.enabled = os.environ["GPULAB_LIMITS"]
-    if os.environ.get("GPULAB_CGROUP_PARENT"):
-        c.UserLimits.cgroup_parent = os.environ["GPULAB_CGROUP_PARENT"]
+    if settings.limits:
+        c.UserLimits.enabled = settings.limits
+    if settings.cgroup_parent:
+        c.UserLimits.cgroup_parent = settings.cgroup_parent
     try:
-        settings = UserLimits(config=c)
+        limits = UserLimits(config=c)
     except TraitError as e:
         raise SystemExit(f"gpulab: GPULAB_LIMITS: {e}") from None
     try:
-        confiner = get_confiner(settings, mode)
+        confiner = get_confiner(limits, mode)
     except LimitsUnavailable as e:
         raise SystemExit(f"gpulab: refusing to start: {e}") from None
     confiner.remove_leftovers(c.UserAccounts.prefix)
@@ -156,8 +159,8 @@ def report_limits(c, mode: str) -> None:
         print(f"gpulab: {line}", file=sys.stderr, flush=True)
     print(
         "gpulab: servers' output goes to ~/.gpulab/logs/server[-<name>].log in each user's home "
-        f"(kept under 2 × {settings.server_output_max_bytes} bytes), not to this log"
-        if settings.server_output_max_bytes > 0
+        f"(kept under 2 × {limits.server_output_max_bytes} bytes), not to this log"
+        if limits.server_output_max_bytes > 0
         else "gpulab: servers' output goes to this log (c.UserLimits.server_output_max_bytes = 0)",
         file=sys.stderr,
         flush=True,
@@ -177,7 +180,207 @@ def find_proxy() -> str:
     )
 
 
-def configure_embedded(c) -> None:
+@dataclass(frozen=True)
+class EmbeddedSettings:
+    """What the ``GPULAB_*`` environment asks of the embedded hub (read once, nothing touched)."""
+
+    bind_url: str = "http://127.0.0.1:8000"
+    data_dir: Path = Path(".gpulab")
+    catalog_file: str = DEMO_CATALOG
+    demo_auth: bool = True
+    demo_password: str = "gpulab-demo"
+    admins: tuple[str, ...] = ("admin",)
+    isolation: str = "auto"
+    #: Where the users' homes are (default: ``homes/`` in the data folder).
+    home_root: Path | None = None
+    account_prefix: str = "jupyter-"
+    account_group: str = "jupyterhub-users"
+    hub_port: int | None = None
+    proxy_api_port: int | None = None
+    #: ``c.UserLimits.enabled`` (auto, on, off) and ``cgroup_parent``, when set.
+    limits: str | None = None
+    cgroup_parent: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> EmbeddedSettings:
+        port = env.get("GPULAB_HUB_PORT")
+        api_port = env.get("GPULAB_PROXY_API_PORT")
+        return cls(
+            bind_url=env.get("GPULAB_BIND", cls.bind_url),
+            data_dir=Path(env.get("GPULAB_DATA_DIR", ".gpulab")).resolve(),
+            catalog_file=env.get("GPULAB_CATALOG", DEMO_CATALOG),
+            demo_auth=env.get("GPULAB_DEMO_AUTH", "1") not in ("0", "false", "no"),
+            demo_password=env.get("GPULAB_DEMO_PASSWORD", cls.demo_password),
+            admins=tuple(a for a in env.get("GPULAB_ADMIN_USERS", "admin").split(",") if a),
+            isolation=env.get("GPULAB_ISOLATION", cls.isolation),
+            home_root=Path(env["GPULAB_HOME_ROOT"]).resolve() if env.get("GPULAB_HOME_ROOT") else None,
+            account_prefix=env.get("GPULAB_ACCOUNT_PREFIX", cls.account_prefix),
+            account_group=env.get("GPULAB_ACCOUNT_GROUP", cls.account_group),
+            hub_port=int(port) if port else None,
+            proxy_api_port=int(api_port) if api_port else None,
+            limits=env.get("GPULAB_LIMITS") or None,
+            cgroup_parent=env.get("GPULAB_CGROUP_PARENT") or None,
+        )
+
+    @property
+    def homes(self) -> Path:
+        return self.home_root or (self.data_dir / "homes").resolve()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` found and made on this machine for the hub to use."""
+
+    #: ``root``, ``sudo`` or ``none``, and why.
+    mode: str
+    why: str
+    state_dir: Path
+    hub_port: int
+    proxy_api_port: int
+    proxy_command: str
+    singleuser: Path
+
+    @property
+    def isolated(self) -> bool:
+        return self.mode != NONE
+
+
+def prepare(settings: EmbeddedSettings, accounts: UserAccounts) -> Prepared:
+    """Check the settings are safe, decide the isolation mode, make the folders, pick ports."""
+    mode, why = choose_isolation(settings.isolation, accounts.mediator, accounts.sudo)
+    isolated = mode != NONE
+    check_bind_safe(settings.bind_url, settings.demo_auth)
+    check_isolation_bind(settings.bind_url, isolated)
+    # Users' homes may live below the data folder: others may enter it, not list it.
+    prepare_dir(settings.data_dir, 0o711 if isolated else 0o700)
+    state_dir = prepare_dir(settings.data_dir / "hub", 0o700)
+    home_root = settings.homes
+    home_root.mkdir(parents=True, exist_ok=True)
+    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
+    if isolated:
+        if home_root == settings.data_dir / "homes":  # ours: others may enter their own home, not list the others
+            prepare_dir(home_root, 0o711)
+        reach: dict[str, Path | str] = {
+            "the Python interpreter": sys.executable,
+            "the single-user server": singleuser,
+            "gpulab's code": REPO_ROOT,
+            "the users' homes": home_root,
+        }
+        if mode == SUDO:  # a job's exit status is then a file in its owner's home
+            reach["the mediator"] = accounts.mediator
+        else:
+            reach["the job status folder"] = settings.data_dir / "jobs"
+        check_reachable(reach)
+    port = urlparse(settings.bind_url).port or 8000
+    return Prepared(
+        mode=mode,
+        why=why,
+        state_dir=state_dir,
+        hub_port=settings.hub_port or port_near(port + 1),
+        proxy_api_port=settings.proxy_api_port or port_near(port + 2),
+        proxy_command=find_proxy(),
+        singleuser=singleuser,
+    )
+
+
+def apply_hub(c: Any, settings: EmbeddedSettings, prepared: Prepared) -> None:
+    """Where the hub listens and keeps its state; its servers' spawner and their limits."""
+    state_dir = prepared.state_dir
+    c.JupyterHub.bind_url = settings.bind_url
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.JupyterHub.hub_port = prepared.hub_port
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{prepared.proxy_api_port}"
+    c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
+    c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
+    c.ConfigurableHTTPProxy.command = [prepared.proxy_command]
+    c.GPULabDB.db_url = f"sqlite:///{state_dir / 'gpulab.sqlite'}"
+    c.GPULabJobs.state_dir = str(settings.data_dir / "jobs")
+    c.JupyterHub.allow_named_servers = True
+    c.JupyterHub.named_server_limit_per_user = 4
+    c.JupyterHub.cleanup_servers = False  # servers survive a hub restart and are counted again
+    c.Spawner.default_url = "/lab"
+    c.Spawner.cmd = [str(prepared.singleuser)]
+    c.Spawner.http_timeout = 60
+    c.Spawner.start_timeout = 60
+    c.GPULab.catalog_file = settings.catalog_file
+
+
+def apply_isolation(c: Any, settings: EmbeddedSettings, prepared: Prepared) -> None:
+    """Each user's own system account (root or sudo), or every server as the hub's account."""
+    if prepared.isolated:
+        c.JupyterHub.spawner_class = "gpu-local"
+        c.UserAccounts.enabled = True
+        c.UserAccounts.switch = prepared.mode
+        c.UserAccounts.home_root = str(settings.homes)
+        c.UserAccounts.prefix = settings.account_prefix
+        c.UserAccounts.hub_id = str(settings.data_dir)  # claimed in each home: a second hub on one prefix is refused
+        if prepared.mode == SUDO:  # the group the sudoers rule lets the hub act as
+            c.UserAccounts.group = settings.account_group
+    else:
+        c.JupyterHub.spawner_class = "gpu-simple-local"
+        c.SimpleLocalProcessSpawner.home_dir_template = str(settings.homes / "{username}")
+
+
+def apply_auth(c: Any, settings: EmbeddedSettings, prepared: Prepared, catalog: Catalog) -> None:
+    """The demo login (the catalog's members and the admins) and what the login page says."""
+    isolation_vars = {
+        "gpulab_not_isolated": None if prepared.isolated else NOT_ISOLATED,
+        "gpulab_isolation": ISOLATED.get(prepared.mode),
+        "gpulab_isolation_mode": prepared.mode,
+    }
+    if not settings.demo_auth:
+        c.JupyterHub.template_vars = isolation_vars
+        return
+    members = sorted({u for t in catalog.teams.values() for u in t.users})
+    c.JupyterHub.authenticator_class = "hub_config.config.auth.DemoAuthenticator"
+    c.DemoAuthenticator.demo_password = settings.demo_password
+    c.Authenticator.allowed_users = set(members) | set(settings.admins)
+    c.Authenticator.admin_users = set(settings.admins)
+    gpus = ", ".join(f"{s.count} × {s.model}" for s in catalog.inventory) or "none declared"
+    c.JupyterHub.template_vars = {
+        **isolation_vars,
+        "gpulab_demo": {
+            "users": members,
+            "admins": list(settings.admins),
+            "password": settings.demo_password,
+            "gpus": gpus + " (declared unless NVML finds a driver)",
+        },
+    }
+
+
+def announce(c: Any, settings: EmbeddedSettings, prepared: Prepared) -> None:
+    """Say at start how users are isolated, or that they are not."""
+    if prepared.isolated:
+        print(
+            f"gpulab: isolation mode: {prepared.mode} ({prepared.why}): {ISOLATED[prepared.mode]}; each runs as "
+            f"system account {c.UserAccounts.prefix}<name> (created on first spawn, home in {settings.homes}); "
+            f"hub state in {prepared.state_dir} (0700)",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(f"gpulab: isolation mode: {NONE} ({prepared.why})", file=sys.stderr, flush=True)
+        print(f"gpulab: WARNING: {NOT_ISOLATED}", file=sys.stderr, flush=True)
+        logging.getLogger("JupyterHub").warning("gpulab: %s", NOT_ISOLATED)
+
+
+def warn_unlimited_memory(c: Any, catalog: Catalog) -> None:
+    """Name the profiles whose servers and jobs no memory limit bounds (none set by default)."""
+    if UserLimits(config=c).memory_limit:
+        return
+    unlimited = sorted(p.slug for p in catalog.profiles.values() if p.mem_limit is None)
+    if unlimited:
+        print(
+            f"gpulab: profiles without a memory limit (their servers and jobs may use all memory "
+            f"unless a team caps them): {', '.join(unlimited)}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def configure_embedded(c: Any) -> None:
     """Configure ``c`` for the embedded hub from ``GPULAB_*`` environment variables.
 
     - ``GPULAB_BIND`` (default ``http://127.0.0.1:8000``); the hub's internal
@@ -190,120 +393,23 @@ def configure_embedded(c) -> None:
     - ``GPULAB_CATALOG`` (default: the demo teams): teams/profiles YAML
     - ``GPULAB_DEMO_AUTH`` (default ``1``), ``GPULAB_DEMO_PASSWORD`` (default ``gpulab-demo``)
     - ``GPULAB_ADMIN_USERS`` (default ``admin``), comma-separated
+
+    Read the settings, prepare the machine (checks, folders, ports), then apply them to
+    ``c`` (the ``apply_*`` steps only write configuration).
     """
-    bind_url = os.environ.get("GPULAB_BIND", "http://127.0.0.1:8000")
-    data_dir = Path(os.environ.get("GPULAB_DATA_DIR", ".gpulab")).resolve()
-    catalog_file = os.environ.get("GPULAB_CATALOG", DEMO_CATALOG)
-    demo_auth = os.environ.get("GPULAB_DEMO_AUTH", "1") not in ("0", "false", "no")
-    admins = [a for a in os.environ.get("GPULAB_ADMIN_USERS", "admin").split(",") if a]
-    accounts = UserAccounts(config=c)
-    mode, why = choose_isolation(os.environ.get("GPULAB_ISOLATION", "auto"), accounts.mediator, accounts.sudo)
-    isolated = mode != NONE
-    check_bind_safe(bind_url, demo_auth)
-    check_isolation_bind(bind_url, isolated)
-
-    # Users' homes may live below the data folder: others may enter it, not list it.
-    prepare_dir(data_dir, 0o711 if isolated else 0o700)
-    state_dir = prepare_dir(data_dir / "hub", 0o700)
-    home_root = Path(os.environ.get("GPULAB_HOME_ROOT") or data_dir / "homes").resolve()
-    home_root.mkdir(parents=True, exist_ok=True)
-    c.JupyterHub.bind_url = bind_url
-    c.JupyterHub.hub_ip = "127.0.0.1"
-    port = urlparse(bind_url).port or 8000
-    c.JupyterHub.hub_port = int(os.environ.get("GPULAB_HUB_PORT") or port_near(port + 1))
-    api_port = int(os.environ.get("GPULAB_PROXY_API_PORT") or port_near(port + 2))
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{api_port}"
-    c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
-    c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
-    c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
-    c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
-    c.ConfigurableHTTPProxy.command = [find_proxy()]
-    c.GPULabDB.db_url = f"sqlite:///{state_dir / 'gpulab.sqlite'}"
-    c.GPULabJobs.state_dir = str(data_dir / "jobs")
-    c.JupyterHub.allow_named_servers = True
-    c.JupyterHub.named_server_limit_per_user = 4
-    c.JupyterHub.cleanup_servers = False  # servers survive a hub restart and are counted again
-
-    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
-    if isolated:
-        c.JupyterHub.spawner_class = "gpu-local"
-        c.UserAccounts.enabled = True
-        c.UserAccounts.switch = mode
-        c.UserAccounts.home_root = str(home_root)
-        c.UserAccounts.prefix = os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-")
-        c.UserAccounts.hub_id = str(data_dir)  # claimed in each home: a second hub on one prefix is refused
-        if mode == SUDO:  # the group the sudoers rule lets the hub act as
-            c.UserAccounts.group = os.environ.get("GPULAB_ACCOUNT_GROUP", "jupyterhub-users")
-        if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
-            prepare_dir(home_root, 0o711)
-        reach: dict[str, Path | str] = {
-            "the Python interpreter": sys.executable,
-            "the single-user server": singleuser,
-            "gpulab's code": REPO_ROOT,
-            "the users' homes": home_root,
-        }
-        if mode == SUDO:  # a job's exit status is then a file in its owner's home
-            reach["the mediator"] = accounts.mediator
-        else:
-            reach["the job status folder"] = data_dir / "jobs"
-        check_reachable(reach)
-        print(
-            f"gpulab: isolation mode: {mode} ({why}): {ISOLATED[mode]}; each runs as system account "
-            f"{c.UserAccounts.prefix}<name> (created on first spawn, home in {home_root}); "
-            f"hub state in {state_dir} (0700)",
-            file=sys.stderr,
-            flush=True,
-        )
-        report_limits(c, mode)
-    else:
-        c.JupyterHub.spawner_class = "gpu-simple-local"
-        c.SimpleLocalProcessSpawner.home_dir_template = str(home_root / "{username}")
-        print(f"gpulab: isolation mode: {NONE} ({why})", file=sys.stderr, flush=True)
-        print(f"gpulab: WARNING: {NOT_ISOLATED}", file=sys.stderr, flush=True)
-        logging.getLogger("JupyterHub").warning("gpulab: %s", NOT_ISOLATED)
-    c.Spawner.default_url = "/lab"
-    c.Spawner.cmd = [str(singleuser)]
-    c.Spawner.http_timeout = 60
-    c.Spawner.start_timeout = 60
-
-    c.GPULab.catalog_file = catalog_file
+    settings = EmbeddedSettings.from_env()
+    prepared = prepare(settings, UserAccounts(config=c))
+    apply_hub(c, settings, prepared)
+    apply_isolation(c, settings, prepared)
+    announce(c, settings, prepared)
+    if prepared.isolated:
+        report_limits(c, settings, prepared.mode)
     try:
         catalog = GPULab(config=c).load_catalog()
     except CatalogError as e:
         raise SystemExit(f"gpulab: invalid configuration:\n{e}") from None
-    if isolated and not UserLimits(config=c).memory_limit:
-        unlimited = sorted(p.slug for p in catalog.profiles.values() if p.mem_limit is None)
-        if unlimited:
-            print(
-                f"gpulab: profiles without a memory limit (their servers and jobs may use all memory "
-                f"unless a team caps them): {', '.join(unlimited)}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    members = sorted({u for t in catalog.teams.values() for u in t.users})
-    if demo_auth:
-        c.JupyterHub.authenticator_class = "hub_config.config.auth.DemoAuthenticator"
-        c.DemoAuthenticator.demo_password = os.environ.get("GPULAB_DEMO_PASSWORD", "gpulab-demo")
-        c.Authenticator.allowed_users = set(members) | set(admins)
-        c.Authenticator.admin_users = set(admins)
-        gpus = ", ".join(f"{s.count} × {s.model}" for s in catalog.inventory) or "none declared"
-        c.JupyterHub.template_vars = {
-            "gpulab_not_isolated": None if isolated else NOT_ISOLATED,
-            "gpulab_isolation": ISOLATED.get(mode),
-            "gpulab_isolation_mode": mode,
-            "gpulab_demo": {
-                "users": members,
-                "admins": admins,
-                "password": c.DemoAuthenticator.demo_password,
-                "gpus": gpus + " (declared unless NVML finds a driver)",
-            },
-        }
-    else:
-        c.JupyterHub.template_vars = {
-            "gpulab_not_isolated": None if isolated else NOT_ISOLATED,
-            "gpulab_isolation": ISOLATED.get(mode),
-            "gpulab_isolation_mode": mode,
-        }
-    configure_gpulab(c, admin_users=admins)
+    if prepared.isolated:
+        warn_unlimited_memory(c, catalog)
+    apply_auth(c, settings, prepared, catalog)
+    configure_gpulab(c, admin_users=list(settings.admins))
     configure_idle_culler(c)  # the NVML culler when a driver is present; the admin page says why not

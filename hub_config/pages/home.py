@@ -15,14 +15,11 @@ from functools import cached_property
 from typing import Any
 
 from hub_config.config.scopes import ADMIN
+from spawner.admission import user_groups
 from spawner.core.ledger import notebook_key
 from spawner.core.policy import PolicyError, resolve_request
 from spawner.core.units import format_gpus
 from spawner.runtime import get_runtime
-
-
-def _groups(user: Any) -> list[str]:
-    return [g.name for g in getattr(user, "groups", [])]
 
 
 def held_words(runtime, user_name: str, server_name: str) -> str:
@@ -71,7 +68,10 @@ class HomeView:
         runtime = self.runtime
         try:
             request = resolve_request(
-                runtime.catalog, self.user.name, _groups(self.user), {"team": last["team"], "profile": last["profile"]}
+                runtime.catalog,
+                self.user.name,
+                user_groups(self.user),
+                {"team": last["team"], "profile": last["profile"]},
             )
         except PolicyError:
             return None  # retired, or no longer in that team: nothing to suggest
@@ -120,6 +120,6 @@ def default_url(handler: Any) -> str:
     if user is None or user.spawner.active or not is_gpulab_admin(user):
         return ""
     runtime = get_runtime(config=handler.settings.get("config"))
-    if runtime.catalog.teams_for(user.name, _groups(user)):
+    if runtime.catalog.teams_for(user.name, user_groups(user)):
         return ""
     return handler.hub.base_url + "gpulab/admin?welcome=no-team"

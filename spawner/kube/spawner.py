@@ -25,11 +25,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import List, TraitError, Unicode, default, validate
 
+from spawner.admission import Admission, refusal, user_groups
 from spawner.core import labels as gl
 from spawner.core.env import gpu_env
 from spawner.core.form import choice_value, limit_notes, notice_html
@@ -38,11 +38,9 @@ from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.ledger import Workload, notebook_key
 from spawner.core.policy import (
     Capacity,
-    PolicyError,
     ProfileChoice,
     SpawnRequest,
     choices_for_user,
-    resolve_request,
     what_to_do,
 )
 from spawner.core.priority import effective_priority_class
@@ -81,11 +79,9 @@ _APPLIED_TRAITS = (
 )
 
 
-def refusal(message: str, status: int = 400, reason: str = "gpulab") -> Exception:
-    """An HTTP error whose message the spawn page and the REST API show as is."""
-    e = SpawnException(message, reason=reason, status_code=status)
-    e.jupyterhub_message = message  # the form shows this instead of "403 SpawnException(...)"
-    return e
+def _usage_unreadable() -> Exception:
+    """The refusal while the ledger cannot be rebuilt from the cluster (logged with the cause)."""
+    return refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503, "cluster")
 
 
 def _escape(value: str) -> str:
@@ -187,9 +183,6 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
     def workload_key(self) -> str:
         return notebook_key(self.user.name, self.name)  # the same key as on a single server
 
-    def _user_groups(self) -> list[str]:
-        return [getattr(g, "name", g) for g in (getattr(self.user, "groups", None) or [])]
-
     # -- the spawn form ---------------------------------------------------
 
     def _gpu_spec(self, profile, team=None) -> PodGPUSpec:
@@ -208,7 +201,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             runtime.catalog,
             runtime.ledger,
             self.user.name,
-            self._user_groups(),
+            user_groups(self.user),
             capacity=self._capacity,
             effective_milli=lambda p: effective_milli(p, runtime.catalog.sharing),
         )
@@ -219,7 +212,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             await self.refresh_ledger()
         except Exception:
             self.log.exception("gpulab: cannot read GPU usage from the cluster")
-            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503) from None
+            raise _usage_unreadable() from None
         choices = self._choices()
         several_teams = len({c.team.name for c in choices}) > 1
         chosen = (self.user_options or {}).get("team"), (self.user_options or {}).get("profile")
@@ -298,11 +291,13 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
 
     # -- admission ----------------------------------------------------------
 
+    @property
+    def admission(self) -> Admission:
+        """This server's way through the ledger (resolve, reserve, confirm, release, remember)."""
+        return Admission(self.runtime, self.user.name, user_groups(self.user), self.workload_key, self.log)
+
     def _resolve(self, options: Any) -> SpawnRequest:
-        try:
-            return resolve_request(self.runtime.catalog, self.user.name, self._user_groups(), options)
-        except PolicyError as e:
-            raise refusal(str(e), e.status, "invalid-options" if e.status == 400 else "forbidden") from None
+        return self.admission.resolve(options)
 
     async def load_user_options(self) -> None:
         """Validate, reserve quota and set the pod's traits. Refusals create nothing."""
@@ -320,7 +315,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             failed = await self.refresh_ledger()
         except Exception:
             self.log.exception("gpulab: cannot read GPU usage from the cluster")
-            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503) from None
+            raise _usage_unreadable() from None
         team_ns = team.namespace or self._hub_namespace
         if None in failed or team_ns in failed:
             raise refusal(
@@ -330,24 +325,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             )
         # No await between the rebuild and the reservation: concurrent spawns see each other.
         key = self.workload_key
-        decision = self.runtime.ledger.reserve(
-            key,
-            team.name,
-            self.user.name,
-            spec.effective_milli,
-            profile=profile.slug,
-            kind="notebook",
-            may_burst=profile.priority_class.may_burst,
-        )
-        if not decision.allowed:
-            self.log.info(
-                "gpulab: refused %s (%s, %s GPU): %s",
-                key,
-                profile.slug,
-                format_gpus(spec.effective_milli),
-                decision.reason,
-            )
-            raise refusal(decision.reason, 403, "quota")
+        decision = self.admission.reserve(request, spec.effective_milli)
         self._reserved_key = key
         self._refused_early = False
         self.gpu_spec = spec
@@ -513,18 +491,18 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         return url
 
     def _remember_choice(self) -> None:
-        """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
+        """Record the started choice for "Start again" (a failure only costs the suggestion)."""
         try:
             request = self._resolve(self.user_options or {})
-            image = request.image.slug if request.image else ""
-            self.runtime.remember_choice(self.user.name, request.team.name, request.profile.slug, image)
         except Exception as e:
             self.log.warning("gpulab: cannot record the last choice of %s: %s", self.user.name, e)
+            return
+        self.admission.remember_choice(request)
 
     async def _confirm_if_seen(self) -> bool:
         live = self._live_workloads((await self._ledger_reflectors())[0])
         if self.workload_key in live:
-            self.runtime.ledger.confirm(self.workload_key)
+            self.admission.confirm()
             return True
         return False
 

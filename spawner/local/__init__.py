@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .spawner import GPULocalMixin, GPULocalSpawner, GPUSimpleLocalSpawner, SpawnRefused, ensure_packer
+    from .spawner import GPULocalMixin, GPULocalSpawner, GPUSimpleLocalSpawner, ensure_packer
 
-__all__ = ["GPULocalMixin", "GPULocalSpawner", "GPUSimpleLocalSpawner", "SpawnRefused", "ensure_packer"]
+__all__ = ["GPULocalMixin", "GPULocalSpawner", "GPUSimpleLocalSpawner", "ensure_packer"]
 
 
 def __getattr__(name: str) -> Any:

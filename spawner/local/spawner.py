@@ -26,12 +26,12 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from jupyterhub.spawner import SimpleLocalProcessSpawner
-from tornado import web
+from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, default
 from traitlets.config import LoggingConfigurable
 
+from spawner.admission import Admission, policy_refusal, refusal, user_groups
 from spawner.core.env import gpu_env
 from spawner.core.form import find_choice, options_from_formdata, refusal_sentence, render_options_form
 from spawner.core.grant import STATE_KEY, GrantedShare
@@ -91,15 +91,6 @@ def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
 _kept_choices: dict[str, str] = {}
 
 
-class SpawnRefused(web.HTTPError):
-    """A refused spawn whose message JupyterHub's spawn page shows as is (a sentence,
-    not "HTTP 403: Forbidden (...)")."""
-
-    def __init__(self, status: int, sentence: str):
-        super().__init__(status, sentence)
-        self.jupyterhub_message = sentence
-
-
 #: Spawner traits a profile sets (same names on ``Profile``).
 _PROFILE_LIMIT_TRAITS = ("cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit")
 
@@ -157,7 +148,12 @@ class GPULocalMixin(_SpawnerBase):
         return ensure_packer(self.gpulab, self.log)
 
     def _groups(self) -> list[str]:
-        return [g.name for g in getattr(self.user, "groups", [])]
+        return user_groups(self.user)
+
+    @property
+    def admission(self) -> Admission:
+        """This server's way through the ledger (resolve, reserve, confirm, release, remember)."""
+        return Admission(self.gpulab, self.user.name, self._groups(), self._key, self.log)
 
     @property
     def _key(self) -> str:
@@ -239,7 +235,7 @@ class GPULocalMixin(_SpawnerBase):
             self._forget_unstarted_record()
             if len(posted) == 1 and isinstance(posted[0], str) and len(posted[0]) <= 256:
                 _kept_choices[self.user.name] = posted[0]
-            raise SpawnRefused(e.status, self.refusal_text(posted[0] if len(posted) == 1 else "", str(e))) from None
+            raise policy_refusal(e, self.refusal_text(posted[0] if len(posted) == 1 else "", str(e))) from None
         return options
 
     def refusal_text(self, value: str, reason: str) -> str:
@@ -312,39 +308,28 @@ class GPULocalMixin(_SpawnerBase):
 
     async def start(self):
         runtime = self.gpulab
+        admission = self.admission
         try:
             request = self._resolve(dict(self.user_options or {}))
         except PolicyError as e:
             self._refused()
-            raise web.HTTPError(e.status, str(e)) from None
+            raise policy_refusal(e) from None
         key = self._key
         profile = request.profile
-        decision = runtime.ledger.reserve(
-            key,
-            request.team.name,
-            self.user.name,
-            request.milli,
-            profile=profile.slug,
-            kind="notebook",
-            may_burst=profile.priority_class.may_burst,
-        )
-        if not decision.allowed:
-            self.log.warning("gpulab: refused %s: %s", key, decision.reason)
+        try:
+            decision = admission.reserve(request, request.milli, lambda r: refusal_sentence(profile.display_name, r))
+        except SpawnException:
             self._refused()
-            raise SpawnRefused(403, refusal_sentence(profile.display_name, decision.reason))
+            raise
         placement: Placement | None = None
         if request.milli:
             with runtime.lock:
                 placement = self.packer.place(key, request.milli, {profile.gpu_model} if profile.gpu_model else None)
             if placement is None:
-                runtime.ledger.release(key)
+                admission.release()
                 self._refused()
-                raise SpawnRefused(
-                    409,
-                    refusal_sentence(
-                        profile.display_name, self._capacity(profile).reason or "no free GPU fits this profile"
-                    ),
-                )
+                reason = self._capacity(profile).reason or "no free GPU fits this profile"
+                raise refusal(refusal_sentence(profile.display_name, reason), 409, "capacity")
         # JupyterHub passes these to the server as MEM_LIMIT, CPU_LIMIT, ... (what
         # jupyter-resource-usage shows); a local process is not confined by them.
         # Start from the configured values, so a previous spawn's profile never leaks.
@@ -380,9 +365,9 @@ class GPULocalMixin(_SpawnerBase):
         except BaseException:
             self._release()
             raise
-        runtime.ledger.confirm(key)
+        admission.confirm()
         self._fresh_record = False
-        self._remember_choice(request)
+        admission.remember_choice(request)
         await self._wait_until_answering(result)
         return result
 
@@ -410,15 +395,6 @@ class GPULocalMixin(_SpawnerBase):
             if await self.poll() is not None:
                 return  # it died: JupyterHub's own check reports that
             await asyncio.sleep(0.05)
-
-    def _remember_choice(self, request: SpawnRequest) -> None:
-        """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
-        try:
-            self.gpulab.remember_choice(
-                self.user.name, request.team.name, request.profile.slug, request.image.slug if request.image else ""
-            )
-        except Exception as e:
-            self.log.warning("gpulab: cannot record the last choice of %s: %s", self.user.name, e)
 
     async def progress(self):
         """What is being set up, in words: quota decision, devices, the account it runs as.
@@ -461,8 +437,7 @@ class GPULocalMixin(_SpawnerBase):
         key = self._key
         with runtime.lock:
             self.packer.release(key)
-        if runtime.ledger.release(key) is not None:
-            self.log.info("gpulab: released %s", key)
+        self.admission.release()
         self._granted = None
 
     async def poll(self):

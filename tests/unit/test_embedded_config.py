@@ -94,3 +94,41 @@ def test_operator_roles_keep_their_scopes_when_gpulab_adds_its_own():
     assert {"read:users:name", "access:servers!server", "users:activity!user"} <= set(roles["server"]["scopes"])
     assert roles["teachers"] == {"name": "teachers", "scopes": ["admin:users"], "groups": ["teachers"]}
     assert roles["gpulab-admin"]["users"] == ["root-admin"]
+
+
+def test_the_embedded_steps_write_only_configuration(tmp_path):
+    """apply_hub / apply_isolation / apply_auth on a bare Config: settings from an environment,
+    a machine already prepared; nothing is created or probed here."""
+    from traitlets.config import Config
+
+    from hub_config.config.embedded import EmbeddedSettings, Prepared, apply_auth, apply_hub, apply_isolation
+    from spawner.core.catalog import catalog_from_dict
+    from spawner.local.sudo import NONE, ROOT
+
+    settings = EmbeddedSettings.from_env(
+        {"GPULAB_BIND": "http://127.0.0.1:9100", "GPULAB_DATA_DIR": str(tmp_path), "GPULAB_ADMIN_USERS": "ann,bo"}
+    )
+    assert settings.admins == ("ann", "bo") and settings.homes == tmp_path / "homes" and settings.demo_auth
+    prepared = Prepared(
+        mode=ROOT,
+        why="the hub is root",
+        state_dir=tmp_path / "hub",
+        hub_port=9101,
+        proxy_api_port=9102,
+        proxy_command="configurable-http-proxy",
+        singleuser=tmp_path / "jupyterhub-singleuser",
+    )
+    c = Config()
+    apply_hub(c, settings, prepared)
+    apply_isolation(c, settings, prepared)
+    catalog = catalog_from_dict({"teams": [{"name": "vision", "users": ["alice"], "guarantee": 1}]})
+    apply_auth(c, settings, prepared, catalog)
+    assert c.JupyterHub.bind_url == "http://127.0.0.1:9100" and c.JupyterHub.hub_port == 9101
+    assert c.GPULabDB.db_url == f"sqlite:///{tmp_path / 'hub' / 'gpulab.sqlite'}"
+    assert c.JupyterHub.spawner_class == "gpu-local" and c.UserAccounts.hub_id == str(tmp_path)
+    assert c.Authenticator.allowed_users == {"alice", "ann", "bo"} and c.Authenticator.admin_users == {"ann", "bo"}
+    assert c.JupyterHub.template_vars["gpulab_isolation_mode"] == "root"
+    simple = Config()
+    apply_isolation(simple, settings, Prepared(**{**prepared.__dict__, "mode": NONE}))
+    assert simple.JupyterHub.spawner_class == "gpu-simple-local"
+    assert simple.SimpleLocalProcessSpawner.home_dir_template == str(tmp_path / "homes" / "{username}")

@@ -81,3 +81,29 @@ def test_the_mediator_and_nvml_import_no_hub(module: str):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_every_refusal_is_a_spawn_exception_with_a_reason_and_its_sentence():
+    """One refusal type for both spawners: JupyterHub's SpawnException, whose ``reason``
+    labels the spawn-failure metric and whose message the spawn page shows as is."""
+    from jupyterhub.spawner import SpawnException
+
+    from spawner.admission import policy_refusal, refusal, user_groups
+    from spawner.core.policy import PolicyError
+
+    e = refusal("team vision holds 3 of its 4 GPU burst limit", 403, "quota")
+    assert isinstance(e, SpawnException) and e.reason == "quota" and e.status_code == 403
+    assert e.jupyterhub_message == "team vision holds 3 of its 4 GPU burst limit"
+    assert policy_refusal(PolicyError("unknown profile", 400)).reason == "invalid-options"
+    forbidden = policy_refusal(PolicyError("not in team", 403), "Your server cannot start: not in team")
+    assert (forbidden.reason, forbidden.status_code, forbidden.jupyterhub_message) == (
+        "forbidden",
+        403,
+        "Your server cannot start: not in team",
+    )
+
+    class Group:
+        name = "crowd"
+
+    assert user_groups(type("U", (), {"groups": [Group(), "plain"]})()) == ["crowd", "plain"]
+    assert user_groups(object()) == []

@@ -1,0 +1,95 @@
+"""The spawn admission flow both spawners run, and the one refusal type.
+
+resolve (the choice checked against the catalog: team membership, profile, image) ->
+reserve (the quota, checked and recorded in one step under the ledger's lock) ->
+confirm (the server runs) or release (it did not start, or it stopped) -> remember the
+choice (the "Start again" of the spawn page). :mod:`spawner.local.spawner` adds device
+placement and the process; :mod:`spawner.kube.spawner` the pod's traits. The jobs API
+names users' groups the same way (:func:`user_groups`) and reserves on the same ledger.
+
+Every refusal is JupyterHub's ``SpawnException`` (:func:`refusal`): a sentence the spawn
+page and the REST API show as is, an HTTP status, and a ``reason`` that labels the
+spawn-failure metric (``invalid-options``, ``forbidden``, ``quota``, ``capacity``, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
+
+from spawner.core.ledger import Decision
+from spawner.core.policy import PolicyError, SpawnRequest, resolve_request
+from spawner.runtime import GPULabRuntime
+
+
+def refusal(message: str, status: int = 400, reason: str = "gpulab") -> SpawnException:
+    """A refused spawn: the spawn page and the REST API show ``message`` as is."""
+    e = SpawnException(message, reason=reason, status_code=status)
+    e.jupyterhub_message = message  # the form shows this instead of "403 SpawnException(...)"
+    return e
+
+
+def policy_refusal(e: PolicyError, message: str | None = None) -> SpawnException:
+    """A :class:`PolicyError` as a refusal: 400 (malformed options) or its own status."""
+    return refusal(message or str(e), e.status, "invalid-options" if e.status == 400 else "forbidden")
+
+
+def user_groups(user: Any) -> list[str]:
+    """The JupyterHub group names of a user (a team may name groups as members)."""
+    return [getattr(g, "name", g) for g in getattr(user, "groups", None) or []]
+
+
+class Admission:
+    """One server's way through the ledger: ``key`` is its ledger key (one per user and server)."""
+
+    def __init__(self, runtime: GPULabRuntime, user: str, groups: list[str], key: str, log: logging.Logger):
+        self.runtime = runtime
+        self.user = user
+        self.groups = groups
+        self.key = key
+        self.log = log
+
+    def resolve(self, options: Any) -> SpawnRequest:
+        """The team, profile and image ``options`` ask for, or a refusal that says why not."""
+        try:
+            return resolve_request(self.runtime.catalog, self.user, self.groups, options)
+        except PolicyError as e:
+            raise policy_refusal(e) from None
+
+    def reserve(self, request: SpawnRequest, milli: int, sentence: Callable[[str], str] = str) -> Decision:
+        """Reserve ``milli`` of the team's quota, or refuse (403, reason ``quota``) with
+        ``sentence(reason)``. Nothing else holds the lock between the check and the record."""
+        profile = request.profile
+        decision = self.runtime.ledger.reserve(
+            self.key,
+            request.team.name,
+            self.user,
+            milli,
+            profile=profile.slug,
+            kind="notebook",
+            may_burst=profile.priority_class.may_burst,
+        )
+        if not decision.allowed:
+            self.log.info("gpulab: refused %s (%s): %s", self.key, profile.slug, decision.reason)
+            raise refusal(sentence(decision.reason), 403, "quota")
+        return decision
+
+    def confirm(self) -> None:
+        """The server runs: its reservation becomes a running workload."""
+        self.runtime.ledger.confirm(self.key)
+
+    def release(self) -> None:
+        """The server did not start or stopped: its share is free at once."""
+        if self.runtime.ledger.release(self.key) is not None:
+            self.log.info("gpulab: released %s", self.key)
+
+    def remember_choice(self, request: SpawnRequest) -> None:
+        """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
+        try:
+            image = request.image.slug if request.image else ""
+            self.runtime.remember_choice(self.user, request.team.name, request.profile.slug, image)
+        except Exception as e:
+            self.log.warning("gpulab: cannot record the last choice of %s: %s", self.user, e)
