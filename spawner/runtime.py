@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from spawner.core.catalog.yaml_text import catalog_from_yaml
 from spawner.core.grant import GrantedShare
 from spawner.core.ledger import Ledger
 from spawner.core.packer import DevicePacker
+
+#: The platforms a hub serves (:attr:`GPULabRuntime.platform`).
+SINGLE_SERVER, KUBERNETES = "single-server", "kubernetes"
 
 
 class GPULab(Configurable):
@@ -79,6 +83,17 @@ class GPULab(Configurable):
         spawn page beside an unavailable profile and in refusals, e.g.
         `"the platform team (#gpu-help on Slack)"` or `"gpu-admins@example.org"`.
         Empty: the page says "an admin".""",
+    )
+    platform = CaselessStrEnum(
+        ["auto", SINGLE_SERVER, KUBERNETES],
+        default_value="auto",
+        config=True,
+        help="""Which platform this hub serves: `single-server` (GPUs of this machine, placed on
+        devices) or `kubernetes` (GPUs of the cluster's nodes). `auto`: what the configured
+        `c.JupyterHub.spawner_class` declares (gpulab's spawners do: `gpu-kube` is kubernetes,
+        `gpu-local` and `gpu-simple-local` single-server); any other spawner counts as
+        single-server. Set it when a spawner of your own says nothing. The admin page, the
+        admin API and the jobs service read it; nothing guesses it from class names.""",
     )
     runtime_hooks = List(
         Unicode(),
@@ -153,6 +168,15 @@ class GPULabRuntime:
         self.reclaim_notice: Callable[[Any], str] = _no_reclaim_notice
         #: ``c.GPULab.admin_contact``: whom users ask for quota ("" = "an admin").
         self.admin_contact = ""
+        #: ``single-server`` or ``kubernetes``: set once, from ``c.GPULab.platform`` or what the
+        #: hub's spawner class declares (:func:`spawner_facts`).
+        self.platform = SINGLE_SERVER
+        #: The hub's job service (``hub_config.jobs.service.JobService``), made on first use by
+        #: the hub; ``None`` elsewhere.
+        self.jobs: Any = None
+        #: Whether the hub's servers run as their users' own system accounts (``gpu-local``):
+        #: its jobs then do too.
+        self.user_accounts = False
         #: Whether the hub runs the GPU idle culler (``c.GPULabIdle.culler_running``), set by the
         #: hub's runtime hook; ``None``: unknown (the spawn page then says nothing about it).
         self.culler_running: bool | None = None
@@ -190,6 +214,9 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
                 settings = GPULab()
             runtime = GPULabRuntime(settings.load_catalog(), gpu_inventory_source=settings.gpu_inventory_source)
             runtime.admin_contact = settings.admin_contact
+            declared = spawner_facts(type(parent) if parent is not None else _spawner_class(config))
+            runtime.platform = declared[0] if settings.platform == "auto" else settings.platform
+            runtime.user_accounts = declared[1]
             for hook in settings.runtime_hooks:
                 import_item(hook)(runtime, settings)
             _runtime = runtime
@@ -208,3 +235,27 @@ def granted_share(spawner: Any) -> GrantedShare | None:
     (the idle culler over the hub's REST API): ``None`` for a spawner that is not gpulab's or
     a server that holds no grant."""
     return GrantedShare.from_state(spawner.get_state())
+
+
+def spawner_facts(spawner_class: Any) -> tuple[str, bool]:
+    """``(platform, runs as user accounts)`` a spawner class declares (its ``gpulab_platform``
+    and ``gpulab_user_accounts`` attributes); ``(single-server, False)`` for one that does not."""
+    return (
+        getattr(spawner_class, "gpulab_platform", SINGLE_SERVER),
+        bool(getattr(spawner_class, "gpulab_user_accounts", False)),
+    )
+
+
+def _spawner_class(config: Any) -> Any:
+    """The class ``c.JupyterHub.spawner_class`` names (a class, an entry-point name such as
+    ``gpu-kube``, or an import string), loaded as JupyterHub loads it; ``None`` if unset."""
+    try:
+        value = config.JupyterHub.spawner_class if config is not None and "JupyterHub" in config else None
+    except AttributeError:
+        value = None
+    if not value or not isinstance(value, str):
+        return value or None
+    for ep in entry_points(group="jupyterhub.spawners"):
+        if ep.name == value:
+            return ep.load()
+    return import_item(value)

@@ -37,6 +37,7 @@ from spawner.core.catalog.write import catalog_to_dict, profile_to_dict, team_to
 from spawner.core.catalog.yaml_text import unknown_gpu_model
 from spawner.core.model import is_slug
 from spawner.core.units import UnitError, format_gpus, parse_duration
+from spawner.runtime import KUBERNETES, GPULabRuntime
 
 #: Admin bodies are small; anything bigger is refused before parsing.
 MAX_ADMIN_BODY = 64 * 1024
@@ -138,13 +139,12 @@ def profile_view(catalog: Catalog, slug: str) -> dict[str, Any]:
     return d
 
 
-def hub_known_gpu_models(runtime, spawner_class: Any) -> set[str]:
+def hub_known_gpu_models(runtime: GPULabRuntime) -> set[str]:
     """GPU models this hub's profiles may name: the single server's devices (NVML or
     declared), or on Kubernetes the products the sharing backends can select."""
-    from spawner.local.spawner import GPULocalMixin, ensure_packer
+    from spawner.local.spawner import ensure_packer
 
-    single_server = isinstance(spawner_class, type) and issubclass(spawner_class, GPULocalMixin)
-    if not single_server:
+    if runtime.platform == KUBERNETES:
         return known_gpu_models(runtime.catalog, kubernetes=True)
     packer = ensure_packer(runtime)
     return known_gpu_models(runtime.catalog, kubernetes=False, detected=[d.model for d in packer.devices.values()])
@@ -154,7 +154,7 @@ class AdminAPIHandler(GPULabAPIHandler):
     """Admin-only; owns the edit-validate-store-apply cycle."""
 
     def known_gpu_models(self) -> set[str]:
-        return hub_known_gpu_models(self.gpulab, self.settings.get("spawner_class"))
+        return hub_known_gpu_models(self.gpulab)
 
     def check_gpu_model(self, body: dict[str, Any], current: str | None = None) -> None:
         """Refuse a profile's ``gpu_model`` this hub cannot offer (a typo like ``H100-80G``)

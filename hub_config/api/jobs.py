@@ -57,7 +57,7 @@ class JobsBase(GPULabAPIHandler):
     def load(self, job_id: str) -> JobRecord:
         self.require_any_jobs_scope()
         number = ascii_id(job_id)
-        rec = self.jobs.get(number) if number is not None else None
+        rec = self.jobs.get_job(number) if number is not None else None
         if rec is None or not self.may_see(rec):
             raise web.HTTPError(404, f"no job {job_id[:20]}")
         return rec
@@ -87,7 +87,7 @@ class JobsHandler(JobsBase):
             if getattr(self.current_user, "kind", "user") != "user" or not self.has_scope(JOBS, me):
                 raise web.HTTPError(400, "name the user with ?user=NAME")
             user = me
-        records = self.jobs.list(user=user, team=team, state=state)
+        records = self.jobs.list_jobs(user=user, team=team, state=state)
         self.write_json({"jobs": [r.to_json() for r in records]})
 
     async def post(self) -> None:
@@ -99,7 +99,7 @@ class JobsHandler(JobsBase):
             raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {JOBS}")
         body = self.read_json(MAX_SUBMIT_BYTES)
         try:
-            rec, created = await self.jobs.submit(user.name, user_groups(user), body)
+            rec, created = await self.jobs.create_job(user.name, user_groups(user), body)
         except JobSpecError as e:
             raise web.HTTPError(e.status, str(e)) from None
         self.write_json(rec.to_json(), 201 if created else 200)

@@ -1,7 +1,7 @@
 """The job service: validation, admission by the shared ledger, the state machine.
 
-One :class:`JobService` per hub process (:func:`get_service`). The API
-handlers call :meth:`JobService.submit`, :meth:`cancel`, :meth:`rerun` ...;
+One :class:`JobService` per hub process, kept on the runtime (:func:`get_service`). The API
+handlers call :meth:`JobService.create_job`, :meth:`cancel`, :meth:`rerun` ...;
 the service records every change in gpulab's database and hands execution to
 a backend (:mod:`.local` or :mod:`.kube`), which reports state changes back
 through :meth:`JobService.transition`.
@@ -16,9 +16,7 @@ final state. A refusal says why and stores nothing.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +24,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from hub_config.jobs.backends.base import JobBackend, config_value, log
+from hub_config.jobs.backends.base import JobBackend, log
+from hub_config.jobs.homes import Homes, HubHomes, OwnerHomes, refusal
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import session_factory, utcnow
@@ -35,8 +34,7 @@ from spawner.core.jobspec import FINAL_STATES, JobSpecError
 from spawner.core.ledger import RESERVED, RUNNING, Workload
 from spawner.core.policy import PolicyError, resolve_request
 from spawner.local import home_files
-from spawner.local.accounts import AccountError, AccountRefused, UserAccounts, lookup
-from spawner.local.mediator_client import MediatorBusy, MediatorError, MediatorTimeout
+from spawner.local.accounts import UserAccounts, lookup
 from spawner.runtime import GPULabRuntime, get_runtime
 
 #: Keys a submission may carry; anything else is refused (never silently ignored).
@@ -54,11 +52,12 @@ class JobService:
         self.runtime = runtime or get_runtime(config=config)
         self.db = session_factory(config)
         self.accounts = UserAccounts(config=config) if config is not None else UserAccounts()
-        spawner_class = str(config_value(config, "JupyterHub", "spawner_class") or "")
         #: Jobs run as their owner's system account, like the owner's servers.
-        self.owner_accounts = self.accounts.enabled or spawner_class in ("gpu-local", "spawner.local.GPULocalSpawner")
+        self.owner_accounts = self.accounts.enabled or self.runtime.user_accounts
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        #: How the users' homes are read: as their owners, or by the hub itself (chosen once).
+        self.homes: Homes = (OwnerHomes if self.owner_accounts else HubHomes)(self.settings, self.accounts, config)
         self.backend = self._make_backend()
 
     # -- configuration ------------------------------------------------------
@@ -66,25 +65,13 @@ class JobService:
     def _make_backend(self) -> JobBackend:
         return self.settings.backend_class(self)
 
-    def home_dir(self, user: str) -> Path:
-        if self.owner_accounts and not self.settings.home_dir_template:
-            return self.accounts.home_of(user)
-        template = (
-            self.settings.home_dir_template
-            or config_value(self.config, "SimpleLocalProcessSpawner", "home_dir_template")
-            or ""
-        )
-        if template:
-            return Path(template.format(username=user))
-        return Path(os.path.expanduser(f"~{user}"))
-
     # -- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
         """Recover jobs from the database (after a restart) and start the poll loop."""
         if self._task is not None:
             return
-        for rec in self.active():
+        for rec in self.active_jobs():
             w = Workload(
                 jobspec.workload_key(rec.id),
                 rec.team,
@@ -121,13 +108,13 @@ class JobService:
 
     # -- reading ------------------------------------------------------------
 
-    def get(self, job_id: int) -> JobRecord | None:
+    def get_job(self, job_id: int) -> JobRecord | None:
         with self.db() as s:
             return s.get(JobRecord, job_id)
 
-    def list(
+    def list_jobs(
         self, user: str | None = None, team: str | None = None, state: str | None = None, limit: int = 500
-    ) -> builtins.list[JobRecord]:
+    ) -> list[JobRecord]:
         q = select(JobRecord).order_by(JobRecord.id.desc()).limit(limit)
         if user is not None:
             q = q.where(JobRecord.user == user)
@@ -138,7 +125,7 @@ class JobService:
         with self.db() as s:
             return list(s.scalars(q))
 
-    def active(self, backend: str | None = None) -> builtins.list[JobRecord]:
+    def active_jobs(self, backend: str | None = None) -> list[JobRecord]:
         q = select(JobRecord).where(JobRecord.state.not_in(FINAL_STATES)).order_by(JobRecord.id)
         if backend:
             q = q.where(JobRecord.backend == backend)
@@ -146,25 +133,6 @@ class JobService:
             return list(s.scalars(q))
 
     # -- files in the user's home -----------------------------------------------
-
-    def safe_path(self, user: str, path: Path, create_parent: bool = False) -> Path:
-        """``path`` inside ``user``'s home, refusing symlinks that lead out of it (jobs without accounts).
-
-        Only for a hub whose jobs run as its own account: nothing then separates
-        the users from the hub, and the runner writes as the hub. Jobs run as
-        their owners write as their owners, and the hub checks nothing there itself.
-        """
-        home = self.home_dir(user).resolve()
-        if create_parent:
-            parent = path.parent
-            if not parent.is_symlink():
-                parent.mkdir(parents=True, exist_ok=True)
-        real_parent = path.parent.resolve()
-        if real_parent != home and home not in real_parent.parents:
-            raise jobspec.JobSpecError(f"{path.parent.name}/ leads out of the home directory (symlink)", 403)
-        if path.is_symlink():
-            raise jobspec.JobSpecError(f"{path.name} is a symlink; refusing to write or read through it", 403)
-        return path
 
     def _need_homes(self) -> None:
         if not self.backend.sees_homes:
@@ -174,67 +142,16 @@ class JobService:
                 409,
             )
 
-    async def read_home_file(
-        self, user: str, path: Path, offset: int = 0, limit: int = 0, max_size: int | None = None
-    ) -> home_files.Found:
-        """What is at ``path`` in ``user``'s home, read with the owner's credentials.
-
-        Jobs that run as their owners' accounts (root and sudo mode): the
-        mediator reads as the owner, with its deadline. Otherwise the hub reads
-        itself. Either way no symlink is followed below the home, only a regular
-        file is read, without blocking, and never more than ``limit`` bytes or a
-        file larger than ``max_size`` (:func:`spawner.local.home_files.read_beneath`).
-        Raises :class:`JobSpecError` (a sentence) when the owner's mediator fails.
-        """
-        if not self.owner_accounts:
-            home = str(self.home_dir(user))
-            return await asyncio.to_thread(home_files.read_beneath, home, str(path), offset, limit, max_size)
-        try:
-            name = self.accounts.existing(user).name
-        except AccountRefused as e:
-            raise JobSpecError(str(e), 403) from None
-        except AccountError:
-            return home_files.Found(home_files.ABSENT, detail=self.accounts.name_for(user))
-        try:
-            return await self.accounts.launcher.read(name, str(path), offset, limit, max_size)
-        except MediatorTimeout:
-            raise JobSpecError(
-                f"reading {path.name} as {name} took longer than {self.accounts.mediator_timeout:g} s and was "
-                f"stopped: processes of {name} may be stopped or overloaded; try again",
-                504,
-            ) from None
-        except MediatorBusy as e:
-            raise JobSpecError(f"cannot read {path.name} now: {e}", 429) from None
-        except MediatorError as e:
-            raise JobSpecError(f"cannot read {path.name} as {name}: {e}", 502) from None
-
-    @staticmethod
-    def refusal(found: home_files.Found, what: str, limit_name: str = "") -> JobSpecError:
-        """The sentence (and status) for a file that could not be read."""
-        words = {
-            home_files.SYMLINK: (403, f"{what} is a symlink or lies below one; refusing to read through it"),
-            home_files.NOT_A_FILE: (403, f"{what} is not a regular file (a FIFO, socket, device or folder)"),
-            home_files.OUTSIDE: (403, f"{what} is not inside the home directory"),
-            home_files.DENIED: (403, f"{what} cannot be read by its owner"),
-            home_files.ABSENT: (404, f"{what} does not exist"),
-            home_files.TOO_LARGE: (
-                413,
-                f"{what} is {found.size} bytes, more than this hub serves ({limit_name}); open it from your server",
-            ),
-        }
-        status, sentence = words.get(found.state, (502, f"{what}: {found.state}"))
-        return JobSpecError(sentence, status)
-
     async def read_log(self, rec: JobRecord, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to ``limit`` bytes of the job's log from ``offset``, and the next offset."""
         self._need_homes()
-        found = await self.read_home_file(rec.user, self.home_dir(rec.user) / rec.log_path, offset, limit)
+        found = await self.homes.read(rec.user, self.homes.home_dir(rec.user) / rec.log_path, offset, limit)
         if found.state == home_files.ABSENT:
             if offset:
                 raise JobSpecError(f"offset {offset} is past the end of the log, which does not exist yet", 400)
             return b"", offset
         if found.state != home_files.OK:
-            raise self.refusal(found, "the job's log")
+            raise refusal(found, "the job's log")
         if offset > found.size:
             raise JobSpecError(f"offset {offset} is past the end of the log ({found.size} bytes)", 400)
         return found.data, offset + len(found.data)
@@ -243,11 +160,11 @@ class JobService:
         """The executed notebook's bytes; ``None`` while there is none."""
         self._need_homes()
         cap = self.settings.max_output_bytes
-        found = await self.read_home_file(rec.user, self.home_dir(rec.user) / rec.output_path, 0, cap, cap)
+        found = await self.homes.read(rec.user, self.homes.home_dir(rec.user) / rec.output_path, 0, cap, cap)
         if found.state == home_files.ABSENT:
             return None
         if found.state != home_files.OK:
-            raise self.refusal(found, "the output notebook", f"c.GPULabJobs.max_output_bytes = {cap}")
+            raise refusal(found, "the output notebook", f"c.GPULabJobs.max_output_bytes = {cap}")
         return found.data
 
     # -- submitting ---------------------------------------------------------
@@ -284,13 +201,13 @@ class JobService:
 
     async def check_notebook(self, user: str, notebook: str) -> Path:
         """The notebook's path in the home: a regular file, reached through no symlink (checked as its owner)."""
-        home = self.home_dir(user)
+        home = self.homes.home_dir(user)
         path = home / notebook
         if not self.backend.sees_homes:
             return path
         if self.owner_accounts and lookup(self.accounts.name_for(user)) is None:
             raise JobSpecError("your home directory does not exist yet: start a server once", 404)
-        found = await self.read_home_file(user, path)
+        found = await self.homes.read(user, path)
         if found.state == home_files.OK:
             return path
         if found.state == home_files.ABSENT:
@@ -304,9 +221,9 @@ class JobService:
             )
         if found.state == home_files.NOT_A_FILE:
             raise JobSpecError(f"notebook {notebook!r} is not a regular file in your home directory", 404)
-        raise self.refusal(found, f"notebook {notebook!r}")
+        raise refusal(found, f"notebook {notebook!r}")
 
-    async def submit(
+    async def create_job(
         self, user: str, groups: Iterable[str], body: dict[str, Any], rerun_of: int | None = None
     ) -> tuple[JobRecord, bool]:
         """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
@@ -396,7 +313,7 @@ class JobService:
             "time_limit_seconds": rec.time_limit_seconds,
             "name": rec.name,
         }
-        new, _ = await self.submit(rec.user, groups, body, rerun_of=rec.id)
+        new, _ = await self.create_job(rec.user, groups, body, rerun_of=rec.id)
         return new
 
     # -- state changes ------------------------------------------------------
@@ -456,19 +373,17 @@ class JobService:
             raise JobSpecError(f"job {rec.id} already {rec.state}", 409)
         await self.backend.cancel(rec, f"cancelled by {by}")
         self.wake()
-        return self.get(rec.id) or rec
-
-
-_service: JobService | None = None
+        return self.get_job(rec.id) or rec
 
 
 def get_service(config: Any = None) -> JobService:
-    """The hub process's job service (created and started on first use)."""
-    global _service
-    if _service is None:
-        _service = JobService(config)
-        _service.start()
-    return _service
+    """The hub process's job service, kept on the runtime (created and started on first use)."""
+    runtime = get_runtime(config=config)
+    if runtime.jobs is None:
+        runtime.jobs = JobService(config, runtime)
+        runtime.jobs.start()
+    service: JobService = runtime.jobs
+    return service
 
 
 def start_with_hub() -> None:

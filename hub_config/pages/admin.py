@@ -24,7 +24,7 @@ from hub_config.domain.usage_records import GPULabUsage
 from hub_config.pages import whatif as whatif_page
 from spawner.core.priority import BY_SHORT_NAME
 from spawner.core.units import format_gpus
-from spawner.runtime import get_runtime
+from spawner.runtime import GPULabRuntime, get_runtime
 
 PERIODS = [("24h", "24 hours"), ("7d", "7 days"), ("30d", "30 days"), ("90d", "90 days")]
 #: Colour per team in charts (Okabe-Ito, colour-blind safe; minus the two quota colours).
@@ -233,7 +233,7 @@ class GPULabAdminPageHandler(BaseHandler):
             money=lambda x: money(x, settings.currency),
             currency=settings.currency,
             time_zone=settings.time_zone,
-            gpu_models=gpu_model_choices(runtime, self.settings.get("spawner_class")),
+            gpu_models=gpu_model_choices(runtime),
             admin_in_no_team=not in_a_team,
             admin_name=user.name,
             hours=hours,
@@ -246,13 +246,13 @@ class GPULabAdminPageHandler(BaseHandler):
 handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers]
 
 
-def gpu_model_choices(runtime, spawner_class) -> list[dict[str, str]]:
+def gpu_model_choices(runtime: GPULabRuntime) -> list[dict[str, str]]:
     """The profile editor's GPU model choices: this hub's known models, labelled by where they come from."""
     inventory = {s.model for s in runtime.catalog.inventory}
     packer = runtime.packer
     detected = {d.model for d in packer.devices.values() if d.source == "nvml"} if packer is not None else set()
     out = []
-    for model in sorted(hub_known_gpu_models(runtime, spawner_class)):
+    for model in sorted(hub_known_gpu_models(runtime)):
         where = "detected" if model in detected else "declared" if model in inventory else "known product"
         out.append({"model": model, "where": where})
     return out

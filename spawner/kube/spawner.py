@@ -47,7 +47,7 @@ from spawner.core.priority import effective_priority_class
 from spawner.core.scheduling import explain_unschedulable
 from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
 from spawner.core.units import format_gpus
-from spawner.runtime import GPULabRuntime, get_runtime
+from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
 from .conventions import (
     privileged_containers,
@@ -104,6 +104,9 @@ def quota_refusal_message(namespace: str, api_message: str) -> str:
 
 class GPUKubeSpawner(ClusterLedger, KubeSpawner):
     """KubeSpawner with GPU profiles per team, quota admission and GPU sharing backends."""
+
+    #: What this spawner is (:func:`spawner.runtime.spawner_facts`).
+    gpulab_platform = KUBERNETES
 
     # KubeSpawner's traits and state this class sets per spawn (it ships no type information).
     namespace: str

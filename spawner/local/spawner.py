@@ -50,7 +50,7 @@ from spawner.core.policy import (
 )
 from spawner.core.progress import setup_messages
 from spawner.core.units import format_gpus
-from spawner.runtime import GPULabRuntime, get_runtime
+from spawner.runtime import SINGLE_SERVER, GPULabRuntime, get_runtime
 
 from .account_spawner import AccountProcessSpawner
 from .confinement import UserLimits
@@ -104,6 +104,9 @@ else:
 
 class GPULocalMixin(_SpawnerBase):
     """GPU profiles, quota and device placement for local-process spawners."""
+
+    #: What this spawner is (:func:`spawner.runtime.spawner_facts`).
+    gpulab_platform = SINGLE_SERVER
 
     #: What this server was granted, saved in the hub's spawner state (``state["gpulab"]``).
     _granted: GrantedShare | None = None
@@ -539,6 +542,9 @@ class GPULocalSpawner(GPULocalMixin, AccountProcessSpawner):
     The account comes from ``c.UserAccounts`` (prefix, home root, creation,
     and how the hub switches to it: as root, or through sudo).
     """
+
+    #: Each server runs as its user's own system account (and so do the user's jobs).
+    gpulab_user_accounts = True
 
     def runs_as_root(self) -> bool:
         return self.account.uid == 0

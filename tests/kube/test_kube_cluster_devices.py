@@ -104,7 +104,7 @@ def job_pod_template(tmp_path, monkeypatch, release: Release, profile: dict, tea
         service = JobService(config=c)
         monkeypatch.setattr(service.backend, "submitted", lambda rec: None)  # the test creates the pods itself
         body = {"notebook": "a.ipynb", "job_class": "batch", "profile": profile["slug"]}
-        rec, _ = asyncio.run(service.submit("carol", [], body))
+        rec, _ = asyncio.run(service.create_job("carol", [], body))
         return c.KubeSpawner.scheduler_name, service.backend.manifest(rec)["spec"]["template"]
     finally:
         set_runtime(None)

@@ -66,7 +66,7 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)  # no cluster here
     rec, _ = asyncio.run(
-        service.submit("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-half"})
+        service.create_job("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-half"})
     )
     key = jobspec.workload_key(rec.id)
     service.transition(rec.id, jobspec.QUEUED, "", kube_namespace=NS, kube_name=f"gpulab-job-{rec.id}")
@@ -75,7 +75,7 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     assert ledger.get(key).state == "running"
     ledger.rebuild([], keep_reserved=True)  # the spawner's rebuild from pods: the pod is gone
     assert ledger.get(key) is None
-    rec = service.get(rec.id)
+    rec = service.get_job(rec.id)
     service.backend._apply(rec, {"spec": {"suspend": True}, "status": {}})
     w = ledger.get(key)
     assert w is not None and w.state == "reserved" and w.milli == 500 and w.team == "vision"
@@ -118,9 +118,9 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
     rec, _ = asyncio.run(
-        service.submit("jo_smith", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-1"})
+        service.create_job("jo_smith", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-1"})
     )
-    job = service.backend.manifest(service.get(rec.id))
+    job = service.backend.manifest(service.get_job(rec.id))
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
     md, spec = job["metadata"], job["spec"]
     # The LocalQueue the Helm chart creates in the team namespace (one name, spawner/core/labels.py).
@@ -181,9 +181,9 @@ def test_job_pods_go_to_the_scheduler_of_the_users_servers(tmp_path, monkeypatch
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
     rec, _ = asyncio.run(
-        service.submit("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": "h100-half"})
+        service.create_job("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": "h100-half"})
     )
-    pod = service.backend.manifest(service.get(rec.id))["spec"]["template"]["spec"]
+    pod = service.backend.manifest(service.get_job(rec.id))["spec"]["template"]["spec"]
     assert pod.get("schedulerName") == scheduler
 
 
@@ -197,8 +197,10 @@ def test_a_job_without_a_gpu_sees_no_gpu_even_in_a_cuda_image(tmp_path, monkeypa
 
     service = JobService(config=kube_jobs_config(tmp_path, monkeypatch))
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
-    rec, _ = asyncio.run(service.submit("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": profile}))
-    job = service.backend.manifest(service.get(rec.id))
+    rec, _ = asyncio.run(
+        service.create_job("alice", [], {"notebook": "a.ipynb", "job_class": "batch", "profile": profile})
+    )
+    job = service.backend.manifest(service.get_job(rec.id))
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
     env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env.get("NVIDIA_VISIBLE_DEVICES") == visible

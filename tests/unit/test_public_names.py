@@ -107,3 +107,31 @@ def test_every_refusal_is_a_spawn_exception_with_a_reason_and_its_sentence():
 
     assert user_groups(type("U", (), {"groups": [Group(), "plain"]})()) == ["crowd", "plain"]
     assert user_groups(object()) == []
+
+
+@pytest.mark.parametrize(
+    ("spawner_class", "platform", "accounts"),
+    [
+        ("gpu-kube", "kubernetes", False),
+        ("gpu-local", "single-server", True),
+        ("gpu-simple-local", "single-server", False),
+        ("spawner.local.GPULocalSpawner", "single-server", True),
+        ("jupyterhub.spawner.LocalProcessSpawner", "single-server", False),
+    ],
+)
+def test_the_platform_is_what_the_spawner_class_declares_set_once(spawner_class, platform, accounts):
+    from traitlets.config import Config
+
+    from spawner.runtime import get_runtime, set_runtime
+
+    c = Config()
+    c.JupyterHub.spawner_class = spawner_class
+    set_runtime(None)
+    try:
+        runtime = get_runtime(config=c)
+        assert (runtime.platform, runtime.user_accounts) == (platform, accounts)
+        c.GPULab.platform = "kubernetes"  # a spawner of one's own that declares nothing: said once
+        set_runtime(None)
+        assert get_runtime(config=c).platform == "kubernetes"
+    finally:
+        set_runtime(None)

@@ -223,7 +223,7 @@ class KubeJobBackend(JobBackend):
         pass  # the first tick reconciles every active record with its Job
 
     async def tick(self) -> None:
-        active = [r for r in self.service.active(self.name) if r.kube_name and r.id not in self._creating]
+        active = [r for r in self.service.active_jobs(self.name) if r.kube_name and r.id not in self._creating]
         by_ns: dict[str, list[JobRecord]] = {}
         for rec in active:
             by_ns.setdefault(rec.kube_namespace or "", []).append(rec)

@@ -42,17 +42,23 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, log
+from hub_config.jobs.backends.local_runner import (
+    MAX_STATUS_BYTES,
+    RUNNER_MODULE,
+    outcome_from_status,
+    runner_argv,
+    runner_env,
+)
+from hub_config.jobs.homes import HubHomes
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, utcnow
 from spawner.core import jobspec
-from spawner.core.env import gpu_env
 from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
 from spawner.core.model import Profile
 from spawner.core.packer import FULL
@@ -66,42 +72,12 @@ from spawner.local.processes import owner, process_alive, signal_group, start_ti
 from spawner.local.spawner import ensure_packer
 from spawner.local.sudo import ROOT, SUDO
 
-RUNNER_MODULE = "hub_config.jobs.runner"
-#: Largest exit-status file read (the runner writes a few hundred bytes).
-MAX_STATUS_BYTES = 64 * 1024
-
 
 def _cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
-
-
-def outcome_from_status(found: home_files.Found, gone_reason: str) -> tuple[str, str]:
-    """``(final state, reason)`` from what an exit-status file holds, whatever its owner put there."""
-    if found.state == home_files.ABSENT or (found.state == home_files.OK and not found.data.strip()):
-        return jobspec.FAILED, gone_reason  # the runner never finished
-    if found.state != home_files.OK:
-        what = {
-            home_files.TOO_LARGE: f"{found.size} bytes, more than the runner ever writes",
-            home_files.SYMLINK: "a symlink",
-            home_files.NOT_A_FILE: "not a regular file",
-        }.get(found.state, found.state)
-        return jobspec.FAILED, f"its exit-status file could not be used ({what}): the job's outcome is unknown"
-    try:
-        status = json.loads(found.data)
-    except (ValueError, RecursionError):
-        status = None
-    code = status.get("returncode") if isinstance(status, dict) else None
-    if not isinstance(code, int) or isinstance(code, bool):
-        return jobspec.FAILED, "its exit-status file is not the runner's (malformed): the job's outcome is unknown"
-    if code == 0:
-        return jobspec.SUCCEEDED, "the notebook ran to the end"
-    error = status.get("error") if isinstance(status, dict) else None
-    if isinstance(error, str) and error.strip():
-        return jobspec.FAILED, "".join(c if c.isprintable() else " " for c in error)[:500]
-    return jobspec.FAILED, f"papermill exited with {code}"
 
 
 class LocalJobBackend(JobBackend):
@@ -183,7 +159,7 @@ class LocalJobBackend(JobBackend):
         """Where the runner of ``rec``'s attempt writes its exit status."""
         name = f"job-{rec.id}-attempt-{attempt}.json"
         if self.service.owner_accounts:  # the owner's file, in the owner's home, read as the owner
-            return self.service.home_dir(rec.user) / ".gpulab" / "jobs" / name
+            return self.service.homes.home_dir(rec.user) / ".gpulab" / "jobs" / name
         return self.state_dir / name
 
     def _uid_of(self, user: str) -> int | None:
@@ -212,7 +188,7 @@ class LocalJobBackend(JobBackend):
     async def recover(self) -> None:
         """Each active job on its own: one whose files or processes are odd fails alone, with the reason."""
         self.packer  # noqa: B018 -- create the shared packer now, so /me shows capacity before any spawn
-        records = self.service.active(self.name)
+        records = self.service.active_jobs(self.name)
         await asyncio.gather(*(self._recover_one(rec) for rec in records))
 
     async def _recover_one(self, rec: JobRecord) -> None:
@@ -308,7 +284,7 @@ class LocalJobBackend(JobBackend):
                 if then:
                     self.service.transition(job_id, then, "requeued after preemption")
                 continue
-            rec = self.service.get(job_id)
+            rec = self.service.get_job(job_id)
             if rec is not None and rec.state == jobspec.RUNNING:
                 self._spawn(
                     job_id,
@@ -317,7 +293,7 @@ class LocalJobBackend(JobBackend):
 
     def _oom_note(self, job_id: int) -> str:
         """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
-        rec = self.service.get(job_id)
+        rec = self.service.get_job(job_id)
         if rec is None or not self.service.owner_accounts:
             return ""
         kills = self.confiner.oom_kills(self.cgroup_name(rec))
@@ -329,7 +305,7 @@ class LocalJobBackend(JobBackend):
         path = self.status_path(rec, rec.attempts)
         try:
             if self.service.owner_accounts:
-                found = await self.service.read_home_file(rec.user, path, 0, MAX_STATUS_BYTES, MAX_STATUS_BYTES)
+                found = await self.service.homes.read(rec.user, path, 0, MAX_STATUS_BYTES, MAX_STATUS_BYTES)
             else:  # the hub's own folder, written by runners of the hub's own account
                 found = await asyncio.to_thread(
                     home_files.read_beneath, str(self.state_dir), str(path), 0, MAX_STATUS_BYTES, MAX_STATUS_BYTES
@@ -343,7 +319,7 @@ class LocalJobBackend(JobBackend):
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
-        for rec in self.service.active(self.name):
+        for rec in self.service.active_jobs(self.name):
             if rec.state != jobspec.RUNNING or rec.id in self.stopping or rec.started_at is None:
                 continue
             if (now - as_utc(rec.started_at)).total_seconds() > rec.time_limit_seconds:
@@ -351,7 +327,7 @@ class LocalJobBackend(JobBackend):
                 self._terminate(rec.id, None)
 
     def _schedule(self) -> None:
-        active = self.service.active(self.name)
+        active = self.service.active_jobs(self.name)
         waiting = [r for r in active if r.state == jobspec.QUEUED and r.id not in self.busy]
         waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
         # Runners alive per user (running, or on their way out after a preemption).
@@ -398,7 +374,7 @@ class LocalJobBackend(JobBackend):
             return  # victims are on their way out
         running = [
             r
-            for r in self.service.active(self.name)
+            for r in self.service.active_jobs(self.name)
             if r.state == jobspec.RUNNING
             and r.job_class == "batch"
             and r.id in self.pids
@@ -435,7 +411,7 @@ class LocalJobBackend(JobBackend):
     # -- processes -------------------------------------------------------------------------
 
     def _still_queued(self, job_id: int) -> bool:
-        rec = self.service.get(job_id)
+        rec = self.service.get_job(job_id)
         return rec is not None and rec.state == jobspec.QUEUED
 
     def _give_up(self, job_id: int, reason: str) -> None:
@@ -450,13 +426,14 @@ class LocalJobBackend(JobBackend):
         try:
             if self.service.owner_accounts:
                 account = await self.service.accounts.prepare(rec.user)
-            home = self.service.home_dir(rec.user)
+            home = self.service.homes.home_dir(rec.user)
             source = await self.service.check_notebook(rec.user, rec.notebook)
             output = home / rec.output_path
             log_file = home / rec.log_path
-            if account is None:  # the runner writes as the hub: check what it would write through
-                self.service.safe_path(rec.user, output, create_parent=True)
-                self.service.safe_path(rec.user, log_file)
+            homes = self.service.homes
+            if isinstance(homes, HubHomes):  # the runner writes as the hub: check what it would write through
+                homes.safe_path(rec.user, output, create_parent=True)
+                homes.safe_path(rec.user, log_file)
         except (jobspec.JobSpecError, AccountError) as e:  # e.g. the file went away while queued
             self._give_up(rec.id, str(e))
             return
@@ -465,21 +442,7 @@ class LocalJobBackend(JobBackend):
             return
         attempt = rec.attempts + 1
         status = self.status_path(rec, attempt)  # the runner makes it (as the owner)
-        env = {k: os.environ[k] for k in self.settings.env_keep if k in os.environ}
-        env.update(gpu_env(rec.team, rec.profile, rec.gpu_milli, rec.over_quota, shares, self.packer.devices))
-        env.update(
-            {
-                "HOME": str(home),
-                "GPULAB_JOB_ID": str(rec.id),
-                "GPULAB_JOB_CLASS": rec.job_class,
-                "GPULAB_JOB_PARAMETERS": json.dumps(rec.parameters),
-                # A batch job is always preemptible here, whatever its quota.
-                "GPULAB_PREEMPTIBLE": "1" if rec.job_class == "batch" or rec.over_quota else "0",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        if account is not None:
-            env.update({"USER": account.name, "LOGNAME": account.name, "SHELL": account.shell})
+        env = runner_env(rec, shares, self.packer.devices, home, account, self.settings.env_keep)
         try:
             confinement = self._confine(rec, account, shares, home)
         except (CgroupError, OSError) as e:
@@ -507,17 +470,8 @@ class LocalJobBackend(JobBackend):
                 if owner(pid) != account.uid:  # the answer is the account's word: check it
                     raise MediatorError(f"the mediator answered pid {pid}, which is not a process of {account.name}")
             else:
-                cmd = [
-                    *(confinement.argv_prefix if confinement else []),
-                    sys.executable,
-                    "-m",
-                    RUNNER_MODULE,
-                    *(a for k, v in files.items() for a in (f"--{k}", v)),
-                    "--attempt",
-                    str(attempt),
-                ]
                 proc = subprocess.Popen(
-                    cmd,
+                    runner_argv(confinement.argv_prefix if confinement else [], files, attempt),
                     cwd=str(source.parent),
                     env=env,
                     stdout=subprocess.DEVNULL,
@@ -573,7 +527,7 @@ class LocalJobBackend(JobBackend):
         return confinement
 
     def _release_confinement(self, job_id: int) -> None:
-        rec = self.service.get(job_id)
+        rec = self.service.get_job(job_id)
         if rec is None or not self.service.owner_accounts:
             return
         try:
@@ -597,7 +551,7 @@ class LocalJobBackend(JobBackend):
         task.add_done_callback(lambda _: self.signalling.discard(job_id))
 
     async def _signal_as_owner(self, job_id: int, pid: int, sig: int, started: int | None) -> None:
-        rec = self.service.get(job_id)
+        rec = self.service.get_job(job_id)
         account = lookup(self.service.accounts.name_for(rec.user)) if rec is not None else None
         if account is None:
             log.error("gpulab jobs: cannot signal job %d: its owner's account is gone", job_id)
