@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,9 @@ from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import session_factory, utcnow
 from spawner.core import jobspec
-from spawner.core.jobspec import FINAL_STATES, JobSpecError
+from spawner.core.jobspec import FINAL_STATES, JobSpecError, Submission
 from spawner.core.ledger import RESERVED, RUNNING, Workload
-from spawner.core.policy import PolicyError, resolve_request
+from spawner.core.policy import PolicyError, SpawnRequest, resolve_request
 from spawner.local import home_files
 from spawner.local.accounts import UserAccounts, lookup
 from spawner.runtime import GPULabRuntime, get_runtime
@@ -169,35 +169,31 @@ class JobService:
 
     # -- submitting ---------------------------------------------------------
 
-    async def _validate(self, user: str, groups: Iterable[str], body: dict[str, Any]) -> dict[str, Any]:
+    async def _validate(self, user: str, groups: Iterable[str], body: dict[str, Any]) -> Submission:
         unknown = sorted(str(k)[:40] for k in body if k not in SUBMIT_KEYS)
         if unknown:
             raise JobSpecError(
                 "unknown field(s): " + ", ".join(unknown[:5]) + "; GPU size, resources and "
                 "priority come from the profile and the job class"
             )
-        pc = jobspec.priority_for(str(body.get("job_class") or ""))
-        options = {k: body[k] for k in ("team", "profile", "image") if body.get(k) is not None}
-        try:
-            request = resolve_request(self.runtime.catalog, user, groups, options)
-        except PolicyError as e:
-            raise JobSpecError(str(e), e.status) from None
-        notebook = jobspec.validate_notebook_path(body.get("notebook"))
-        await self.check_notebook(user, notebook)
-        name = jobspec.validate_name(body.get("name"), notebook)
+        groups = list(groups)
+
+        def resolve(options: Mapping[str, Any]) -> SpawnRequest:
+            try:
+                return resolve_request(self.runtime.catalog, user, groups, dict(options))
+            except PolicyError as e:
+                raise JobSpecError(str(e), e.status) from None
+
         s = self.settings
-        return {
-            "request": request,
-            "priority": pc,
-            "job_class": body["job_class"],
-            "notebook": notebook,
-            "name": name,
-            "parameters": jobspec.validate_parameters(body.get("parameters"), s.max_parameters_bytes),
-            "time_limit": jobspec.validate_time_limit(
-                body.get("time_limit_seconds"), s.default_time_limit_seconds, s.max_time_limit_seconds
-            ),
-            "idempotency_key": jobspec.validate_idempotency_key(body.get("idempotency_key")),
-        }
+        submission = Submission.from_json(
+            body,
+            resolve,
+            max_parameters_bytes=s.max_parameters_bytes,
+            default_time_limit=s.default_time_limit_seconds,
+            max_time_limit=s.max_time_limit_seconds,
+        )
+        await self.check_notebook(user, submission.notebook)
+        return submission
 
     async def check_notebook(self, user: str, notebook: str) -> Path:
         """The notebook's path in the home: a regular file, reached through no symlink (checked as its owner)."""
@@ -228,42 +224,42 @@ class JobService:
     ) -> tuple[JobRecord, bool]:
         """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
         groups = list(groups)
-        v = await self._validate(user, groups, body)
-        if v["idempotency_key"]:
+        sub = await self._validate(user, groups, body)
+        if sub.idempotency_key:
             with self.db() as s:
                 existing = s.scalars(
-                    select(JobRecord).where(JobRecord.user == user, JobRecord.idempotency_key == v["idempotency_key"])
+                    select(JobRecord).where(JobRecord.user == user, JobRecord.idempotency_key == sub.idempotency_key)
                 ).first()
             if existing is not None:
                 return existing, False
-        request = v["request"]
+        request = sub.request
         profile = request.profile
-        milli = self.backend.prepare(request, v)
+        milli = self.backend.prepare(sub)
         ledger = self.runtime.ledger
-        may_burst = v["priority"].may_burst
+        may_burst = sub.priority.may_burst
         # Decide first, write after: no database transaction may stay open while
         # the ledger runs its observers (they write to the same database).
         decision = ledger.admit(request.team.name, user, milli, may_burst=may_burst)
         if not decision.allowed:
-            log.warning("gpulab jobs: refused %s for %s: %s", v["name"], user, decision.reason)
+            log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, decision.reason)
             raise JobSpecError(decision.reason, 403)
         stamp = utcnow().strftime("%Y%m%d-%H%M%S")
         with self.db() as s:
             rec = JobRecord(
-                name=v["name"],
+                name=sub.name,
                 user=user,
                 team=request.team.name,
                 profile=profile.slug,
-                job_class=v["job_class"],
+                job_class=sub.job_class,
                 state=jobspec.QUEUED,
                 reason="",
                 gpu_milli=milli,
-                notebook=v["notebook"],
+                notebook=sub.notebook,
                 output_path="",
                 log_path="",
-                parameters_json=json.dumps(v["parameters"]),
-                time_limit_seconds=v["time_limit"],
-                idempotency_key=v["idempotency_key"],
+                parameters_json=json.dumps(dict(sub.parameters)),
+                time_limit_seconds=sub.time_limit_seconds,
+                idempotency_key=sub.idempotency_key,
                 rerun_of=rerun_of,
                 backend=self.backend.name,
                 created_at=utcnow(),
@@ -271,7 +267,7 @@ class JobService:
             )
             s.add(rec)
             s.flush()  # the id names the ledger key and the output files
-            rec.output_path, rec.log_path = jobspec.output_paths(v["notebook"], v["name"], f"{stamp}-{rec.id}")
+            rec.output_path, rec.log_path = jobspec.output_paths(sub.notebook, sub.name, f"{stamp}-{rec.id}")
             rec.record(
                 jobspec.QUEUED,
                 "admitted " + ("over quota (preemptible)" if decision.over_quota else "within the team guarantee"),

@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import keyword
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from .gpu_pools import and_node_affinity
 from .labels import KUEUE_QUEUE_NAME
+from .policy import SpawnRequest
 from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
 from .sharing import NO_GPU_ENV
 
@@ -73,6 +74,75 @@ def may_transition(old: str, new: str) -> bool:
 def workload_key(job_id: int) -> str:
     """Ledger key of a job (one per job id, across re-runs and requeues)."""
     return f"job:{job_id}"
+
+
+# -- a submission ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submission:
+    """A validated job submission: what the jobs service admits and each backend prepares.
+
+    ``request`` is the catalog's team, profile and image (:class:`~spawner.core.policy.SpawnRequest`,
+    resolved for the submitting user); everything else is checked by the functions below.
+    ``to_json`` is the submission body it came from, normalised; ``from_json`` reads one
+    back, resolving the choice with the ``resolve`` it is given.
+    """
+
+    request: SpawnRequest
+    job_class: str
+    notebook: str
+    name: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    time_limit_seconds: int
+    idempotency_key: str | None = None
+
+    @property
+    def priority(self) -> PriorityClass:
+        return priority_for(self.job_class)
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.request
+        out: dict[str, Any] = {
+            "team": r.team.name,
+            "profile": r.profile.slug,
+            "job_class": self.job_class,
+            "notebook": self.notebook,
+            "name": self.name,
+            "parameters": dict(self.parameters),
+            "time_limit_seconds": self.time_limit_seconds,
+        }
+        if r.image is not None:
+            out["image"] = r.image.slug
+        if self.idempotency_key is not None:
+            out["idempotency_key"] = self.idempotency_key
+        return out
+
+    @classmethod
+    def from_json(
+        cls,
+        data: Mapping[str, Any],
+        resolve: Callable[[Mapping[str, Any]], SpawnRequest],
+        *,
+        max_parameters_bytes: int,
+        default_time_limit: int,
+        max_time_limit: int,
+    ) -> Submission:
+        """A submission body checked field by field (:class:`JobSpecError` says which and why);
+        ``resolve`` turns its ``team``/``profile``/``image`` into the catalog's choice."""
+        job_class = str(data.get("job_class") or "")
+        priority_for(job_class)  # an unknown class is refused first
+        request = resolve({k: data[k] for k in ("team", "profile", "image") if data.get(k) is not None})
+        notebook = validate_notebook_path(data.get("notebook"))
+        return cls(
+            request=request,
+            job_class=job_class,
+            notebook=notebook,
+            name=validate_name(data.get("name"), notebook),
+            parameters=validate_parameters(data.get("parameters"), max_parameters_bytes),
+            time_limit_seconds=validate_time_limit(data.get("time_limit_seconds"), default_time_limit, max_time_limit),
+            idempotency_key=validate_idempotency_key(data.get("idempotency_key")),
+        )
 
 
 # -- validation ---------------------------------------------------------------

@@ -237,3 +237,35 @@ def test_openapi_document_lists_every_endpoint():
     documented = set(doc["paths"])
     served = {re.sub(r"\(\[\^/\]\+\)", "{id}", pattern).replace("/api/gpulab", "") for pattern, _ in jobs.handlers}
     assert documented == served
+
+
+# -- a submission, the contract between the jobs API, the service and each backend -----
+
+
+def test_a_submission_round_trips_through_json_and_refuses_what_it_refused_before():
+    from spawner.core.jobspec import Submission
+    from spawner.core.policy import resolve_request
+
+    def resolve(options):
+        return resolve_request(CATALOG, "carol", [], dict(options))
+
+    limits = {"max_parameters_bytes": 4096, "default_time_limit": 3600, "max_time_limit": 86400}
+    body = {"notebook": "exp/train.ipynb", "job_class": "training", "profile": "h100-2", "parameters": {"lr": 0.1}}
+    sub = Submission.from_json(body, resolve, **limits)
+    assert (sub.request.team.name, sub.request.profile.slug, sub.name, sub.time_limit_seconds) == (
+        "nlp",
+        "h100-2",
+        "train",
+        3600,
+    )
+    assert sub.priority.name == jobspec.priority_for("training").name
+    again = Submission.from_json(json.loads(json.dumps(sub.to_json())), resolve, **limits)
+    assert again == sub
+    for bad, words in [
+        ({**body, "job_class": "urgent"}, "job_class must be one of"),
+        ({**body, "notebook": "../x.ipynb"}, "notebook path must not contain"),
+        ({**body, "time_limit_seconds": 10**9}, "time_limit_seconds must be between 1 and 86400"),
+        ({**body, "parameters": ["x"]}, "parameters must be a JSON object"),
+    ]:
+        with pytest.raises(jobspec.JobSpecError, match=words):
+            Submission.from_json(bad, resolve, **limits)

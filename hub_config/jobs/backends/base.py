@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only for annotations: the service imports the backends, not the reverse
     from hub_config.jobs.models import JobRecord
     from hub_config.jobs.service import JobService
+    from spawner.core.jobspec import Submission
 
 #: A child of JupyterHub's logger, so job events land in the hub's log.
 log = logging.getLogger("JupyterHub.gpulab.jobs")
@@ -37,7 +38,7 @@ class JobBackend(abc.ABC):
         self.runtime = service.runtime
 
     @abc.abstractmethod
-    def prepare(self, request: Any, v: dict[str, Any]) -> int:
+    def prepare(self, submission: Submission) -> int:
         """Check a validated submission can run here; the GPU milli it needs per device."""
 
     @abc.abstractmethod

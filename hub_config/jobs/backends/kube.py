@@ -27,6 +27,7 @@ from typing import Any
 from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
 from spawner.core import jobspec
+from spawner.core.jobspec import Submission
 from spawner.core.labels import workload_annotations, workload_labels
 from spawner.core.ledger import Workload
 from spawner.core.sharing import SharingError, pod_gpu_spec
@@ -115,8 +116,9 @@ class KubeJobBackend(JobBackend):
 
     # -- the service's calls --------------------------------------------------------------
 
-    def prepare(self, request, v: dict[str, Any]) -> int:
+    def prepare(self, submission: Submission) -> int:
         """The profile's GPU mapping; what the ledger counts is what the pod takes."""
+        request = submission.request
         try:
             spec = pod_gpu_spec(request.profile, self.runtime.catalog.sharing, request.team)
         except SharingError as e:

@@ -59,6 +59,7 @@ from hub_config.jobs.homes import HubHomes
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, utcnow
 from spawner.core import jobspec
+from spawner.core.jobspec import Submission
 from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
 from spawner.core.model import Profile
 from spawner.core.packer import FULL
@@ -124,9 +125,9 @@ class LocalJobBackend(JobBackend):
 
     # -- the service's calls ---------------------------------------------------
 
-    def prepare(self, request, v: dict[str, Any]) -> int:
+    def prepare(self, submission: Submission) -> int:
         """The milli-GPUs the job takes; refuses a profile this server can never hold."""
-        profile = request.profile
+        profile = submission.request.profile
         milli = profile.gpu_milli
         if milli:
             models = {profile.gpu_model} if profile.gpu_model else None
