@@ -1,0 +1,1 @@
+"""Real hubs and labs driven by Chromium (markers ``integration``, ``browser``)."""

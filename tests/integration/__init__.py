@@ -1,0 +1,1 @@
+"""Real hubs, proxies, labs, Prometheus and system accounts (marker ``integration``)."""

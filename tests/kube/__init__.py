@@ -1,0 +1,1 @@
+"""The real control plane of ``bed/`` (markers ``integration``, ``kube``)."""

@@ -1,0 +1,1 @@
+"""The benchmarks in their small mode (each test's own markers)."""
