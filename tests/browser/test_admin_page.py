@@ -12,7 +12,7 @@ import html
 
 import pytest
 
-from tests.support.browser import screenshots_dir
+from tests.support.browser import browser_login, screenshots_dir
 from tests.support.catalogs import H100_PROFILES, NLP_TEAM, VISION_TEAM, h100_inventory
 from tests.support.hub import RunningHub
 
@@ -28,15 +28,7 @@ def hub(start_hub):
 
 
 def login(browser, hub: RunningHub, user: str):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(hub.url + "/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", "gpulab-demo")
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_load_state("networkidle")
-    return context, page
+    return browser_login(browser, hub.url, user, width=1400)
 
 
 def test_admin_edits_quota_on_the_page_and_the_next_spawn_is_refused(hub, browser):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.browser import screenshots_dir
+from tests.support.browser import browser_login, screenshots_dir
 from tests.support.hub import RunningHub
 
 pytestmark = pytest.mark.docs_screenshots
@@ -50,15 +50,7 @@ def hub(start_hub):
 
 
 def login(browser, hub: RunningHub, user: str, dark: bool = False):
-    context = browser.new_context(viewport={"width": 1280, "height": 1000}, color_scheme="dark" if dark else "light")
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(hub.url + "/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", "gpulab-demo")
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_load_state("networkidle")
-    return context, page
+    return browser_login(browser, hub.url, user, dark=dark)
 
 
 def profile(page, value: str):

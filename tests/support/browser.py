@@ -43,3 +43,17 @@ def screenshots_dir(name: str) -> Path:
         folder = TEST_OUTPUT / name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def browser_login(browser, url: str, user: str, *, width: int = 1280, dark: bool = False):
+    """A new browser context logged in to the hub at ``url`` as ``user`` (the demo password):
+    ``(context, page)``."""
+    context = browser.new_context(viewport={"width": width, "height": 1000}, color_scheme="dark" if dark else "light")
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(url + "/hub/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", "gpulab-demo")
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    return context, page
