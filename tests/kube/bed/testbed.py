@@ -1,5 +1,8 @@
 """A real Kubernetes control plane on loopback for gpulab's tests.
 
+(Over 600 lines on purpose: the bring-up is one ordered sequence, each component waiting
+for the one before, and ``scripts/kube-testbed`` runs this one module.)
+
 ``scripts/kube-testbed up|down|status`` runs this module. ``up`` starts etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler (one pinned
 release, built from Go modules by ``scripts/build-kube.sh``) plus the node

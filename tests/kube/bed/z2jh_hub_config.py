@@ -1,5 +1,8 @@
 """Zero to JupyterHub's hub configuration, for the tests' hub (a test fixture).
 
+(Over 600 lines on purpose: it follows z2jh's hub files one by one, and the hub config
+file it writes imports this one module by name.)
+
 A z2jh hub pod runs the chart's ``jupyterhub_config.py`` with ``z2jh.py`` beside
 it, over the chart's values: the defaults of its ``values.yaml`` with the
 platform engineer's ``-f`` files merged on top (helm), mounted from the hub
