@@ -51,9 +51,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     With pytest-xdist (``--dist loadgroup``, as scripts/test runs the suite) an
     integration module runs whole, in order, on one worker: its tests share a
     module's hub and may build on each other's state. Every test on the one
-    Kubernetes test bed shares one worker (two sessions never share a bed), and so does
-    every module marked ``sudo_bed``: their sudoers drop-ins define the same aliases, which
-    sudo refuses twice.
+    Kubernetes test bed shares one worker (two sessions never share a bed).
 
     The groups are then ordered longest first, by the seconds the last full run
     recorded (:data:`GROUP_SECONDS`), and the fast tests, which need no group, fill
@@ -74,8 +72,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if kube and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
         if item.get_closest_marker("integration") and not item.get_closest_marker("xdist_group"):
-            group = "kube" if kube else "sudo-bed" if item.get_closest_marker("sudo_bed") else item.path.stem
-            item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.xdist_group("kube" if kube else item.path.stem))
     recorded = _recorded_group_seconds()
     counts = Counter(g for g in map(_group, items) if g)
     # A group never timed counts as 3 s a test; the sort is stable, so each group keeps its order.

@@ -175,6 +175,9 @@ def sudo_hub(
         text=True,
         check=True,
     ).stdout
+    # sudo's aliases are global to all of /etc/sudoers.d: with the bed's tag in their names
+    # several beds (parallel test modules) coexist, where a second GPULAB_HUB is refused.
+    rule = rule.replace("GPULAB_", f"GPULAB_{bed.tag.upper()}_")
     staged = bed.workdir / "gpulab.sudoers"
     staged.write_text(rule)
     checked = subprocess.run(["visudo", "-cf", str(staged)], capture_output=True, text=True)
