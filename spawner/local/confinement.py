@@ -50,7 +50,7 @@ from spawner.core.units import UnitError, parse_memory
 from .accounts import Account
 from .cgroups import V1, Cgroup, CgroupError, CgroupTree, choose_tree, join_cgroup, systemd_scope_argv, this_machine
 from .devices import allow_entries, deny_rules, nvidia_nodes
-from .namespaces import private_tmp
+from .namespaces import GPULAB_IMPORT_ROOT, private_tmp
 from .output_capture import DEFAULT_MAX_BYTES, capture_argv
 from .sudo import NONE, ROOT, SUDO
 
@@ -347,7 +347,7 @@ class Confiner:
         c = Confinement(name, limits)
         c.private_tmp = bool(self.status.private_tmp)
         c.tmp_size = parse_memory(s.tmp_size) if s.tmp_size else limits.memory
-        c.keep = tuple(dict.fromkeys(os.path.realpath(p) for p in (home, *keep, sys.prefix)))
+        c.keep = tuple(dict.fromkeys(os.path.realpath(p) for p in (home, *keep, sys.prefix, GPULAB_IMPORT_ROOT)))
         nodes = nvidia_nodes(s.device_dir) if self.status.devices else []
         if self.systemd:
             c.unit = f"gpulab-{name}-{os.urandom(3).hex()}"

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from . import home_files, processes
-from .namespaces import private_tmp
+from .namespaces import GPULAB_IMPORT_ROOT, private_tmp
 from .output_capture import capture_argv, server_log_path
 
 #: Largest request accepted on stdin.
@@ -151,7 +151,7 @@ def start(argv: list[str], env: dict[str, str], cwd: str, output: int, req: dict
         size = tmp.get("size") if isinstance(tmp, dict) else "bad"
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 1 << 50):
             raise Refused("private_tmp must be {'size': a positive number of bytes or null}")
-        keep = [os.path.realpath(me().pw_dir), os.path.realpath(sys.prefix)]
+        keep = [os.path.realpath(me().pw_dir), os.path.realpath(sys.prefix), GPULAB_IMPORT_ROOT]
 
         def preexec() -> None:
             private_tmp(size, keep=keep, user_namespace=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -50,6 +51,12 @@ def _call(result: int, what: str) -> None:
 
 def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+#: Where gpulab itself is imported from (site-packages, or a checkout with an editable
+#: install): servers and runners import it, so it stays reachable inside a private /tmp
+#: when it lies there (a checkout under /tmp; sys.prefix alone is only its virtualenv).
+GPULAB_IMPORT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _write_proc(name: str, text: str) -> None:

@@ -29,7 +29,7 @@ from spawner.local.accounts import Account, can_switch_users, lookup
 from spawner.local.cgroups import V1, join_cgroup, this_machine
 from spawner.local.confinement import Confiner, UserLimits
 from spawner.local.sudo import ROOT
-from tests.support.cgroups import own_folder, remove_tree
+from tests.support.cgroups import own_folder, remove_tree, tmp_scaffolds
 
 pytestmark = [
     pytest.mark.skipif(not can_switch_users(), reason="making cgroups and device nodes needs root (CI runs as root)"),
@@ -195,12 +195,12 @@ def test_private_tmp_each_workload_sees_only_its_own_files(parent, tmp_path):
         text=True,
     )
     try:
-        # Empty but for its own file and the folder on the way to the kept home.
-        scaffold = keep.relative_to("/tmp").parts[0]
+        # Empty but for its own file and the folders on the way to the kept home and to gpulab.
+        scaffolds = tmp_scaffolds(keep)
         first = writer.stdout.readline()
-        assert first.startswith(f"{sorted([tag, scaffold])} ['{tag}'] True"), first
+        assert first.startswith(f"{sorted([tag, *scaffolds])} ['{tag}'] True"), first
         reader = run_confined(b, me, "import os; print(os.listdir('/tmp'), os.listdir('/dev/shm'))")
-        assert reader.stdout.startswith(f"['{scaffold}'] []"), reader.stdout
+        assert reader.stdout.startswith(f"{scaffolds} []"), reader.stdout
         assert not (Path("/tmp") / tag).exists() and not (Path("/dev/shm") / tag).exists()  # the host's
     finally:
         writer.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -56,3 +57,17 @@ def remove_cgroup_parent(name: str) -> None:
             folder.rmdir()
         except OSError:
             pass
+
+
+def tmp_scaffolds(*kept: str | Path) -> list[str]:
+    """Names a private /tmp shows besides a workload's own files: the first folder on the way
+    to each kept path that lies under /tmp (gpulab's own checkout and virtualenv, which the
+    namespace binds back so the workload can import gpulab, and ``kept``, such as a home)."""
+    from spawner.local.namespaces import GPULAB_IMPORT_ROOT
+
+    names = set()
+    for path in (*kept, GPULAB_IMPORT_ROOT, sys.prefix):
+        real = Path(os.path.realpath(path))
+        if real.is_relative_to("/tmp") and real != Path("/tmp"):
+            names.add(real.relative_to("/tmp").parts[0])
+    return sorted(names)
