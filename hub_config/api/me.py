@@ -6,6 +6,7 @@ The lab extension's sidebar and the job dialog read this; admins may pass
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tornado import web
@@ -16,7 +17,14 @@ from spawner.core.idle import idle_timeout_for
 from spawner.core.jobspec import JOB_CLASSES
 from spawner.core.ledger import Ledger, TeamUsage
 from spawner.core.model import Team
-from spawner.core.policy import Capacity, ProfileChoice, choices_for_user, device_capacity, team_summary
+from spawner.core.policy import (
+    CapacityFn,
+    ProfileChoice,
+    choices_for_user,
+    device_capacity,
+    team_summary,
+    what_to_do,
+)
 
 
 def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:
@@ -32,22 +40,44 @@ def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:
     }
 
 
-def job_class_offers(
-    ledger: Ledger, choice: ProfileChoice, user: str, capacity: Capacity | None
-) -> dict[str, dict[str, Any]]:
-    """Would a job of each class be admitted with this profile now, and why not.
+def job_class_choices(
+    ledger: Ledger, choices: list[ProfileChoice], user: str, capacity: CapacityFn | None
+) -> dict[str, list[ProfileChoice]]:
+    """The user's choices as a job of each class would find them now (same order as ``choices``).
 
     A job's class, not the profile's priority class, decides whether it may
     burst above the team guarantee (``batch`` may, ``training`` never), so the
     job dialog reads these instead of the profile's own availability.
     """
-    milli = choice.effective_milli or choice.profile.gpu_milli
-    out = {}
+    out: dict[str, list[ProfileChoice]] = {}
     for name, priority in JOB_CLASSES.items():
-        d = ledger.admit(choice.team.name, user, milli, may_burst=priority.may_burst)
-        reason = d.reason or (capacity.reason if capacity is not None and not capacity.ok else "")
-        out[name] = {"available": d.allowed and not reason, "over_quota": d.over_quota, "reason": reason}
+        decided = []
+        for c in choices:
+            milli = c.effective_milli or c.profile.gpu_milli
+            d = ledger.admit(c.team.name, user, milli, may_burst=priority.may_burst)
+            cap = capacity(c.profile) if capacity is not None and c.profile.is_gpu else None
+            capacity_reason = cap.reason if cap is not None and not cap.ok else ""
+            decided.append(
+                replace(
+                    c,
+                    available=d.allowed and not capacity_reason,
+                    reason=d.reason or capacity_reason,
+                    over_quota=d.over_quota,
+                    blocked_by="quota" if not d.allowed else ("capacity" if capacity_reason else ""),
+                )
+            )
+        out[name] = decided
     return out
+
+
+def job_offer(choice: ProfileChoice, same_class: list[ProfileChoice], admin_contact: str) -> dict[str, Any]:
+    """One class's offer as the dialog shows it: may it run now, above the guarantee, why not, what to do."""
+    return {
+        "available": choice.available,
+        "over_quota": choice.over_quota,
+        "reason": choice.reason,
+        "todo": "" if choice.available else what_to_do(choice, same_class, admin_contact),
+    }
 
 
 def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
@@ -55,6 +85,7 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
     packer = runtime.packer
     capacity = (lambda p: device_capacity(packer, p)) if packer is not None else None
     choices = choices_for_user(runtime.catalog, runtime.ledger, user_name, groups, capacity)
+    by_class = job_class_choices(runtime.ledger, choices, user_name, capacity)
     teams: dict[str, dict[str, Any]] = {}
     for team in runtime.catalog.teams_for(user_name, groups):
         u = runtime.ledger.usage(team.name)
@@ -67,9 +98,8 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
             "summary": team_summary(runtime.ledger, team),
             "profiles": [],
         }
-    for c in choices:
+    for i, c in enumerate(choices):
         timeout, source = idle_timeout_for(c.profile, c.team, 0)
-        cap = capacity(c.profile) if capacity is not None and c.profile.is_gpu else None
         teams[c.team.name]["profiles"].append(
             {
                 "slug": c.profile.slug,
@@ -85,7 +115,10 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
                 "images": [{"slug": i.slug, "display_name": i.display_name} for i in c.profile.images],
                 # None: neither the profile nor the team sets one; the culler's default applies.
                 "idle_timeout_seconds": None if source == "default" else timeout,
-                "job_classes": job_class_offers(runtime.ledger, c, user_name, cap),
+                "job_classes": {
+                    name: job_offer(same_class[i], same_class, runtime.admin_contact)
+                    for name, same_class in by_class.items()
+                },
             }
         )
     holdings = [

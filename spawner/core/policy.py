@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import Catalog
-from .ledger import Ledger
+from .ledger import Ledger, notebook_key
 from .model import ImageChoice, Profile, Team
 from .packer import DevicePacker
 from .units import format_gpus
@@ -64,6 +64,9 @@ class ProfileChoice:
     blocked_by: str = ""
     #: GPUs the user already holds in this team (for the per-user cap).
     user_held_milli: int = 0
+    #: The user's own notebook servers in this team: ``(server name, milli-GPUs)``
+    #: (``""``: the default server), so a refusal can say what fills the team.
+    own_servers: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def choices_for_user(
     for team in catalog.teams_for(user, groups):
         summary = team_summary(ledger, team)
         held = ledger.user_held(team.name, user)
+        own = own_servers(ledger, team.name, user)
         for profile in catalog.profiles_for(team):
             milli = effective_milli(profile) if effective_milli else profile.gpu_milli
             decision = ledger.admit(team.name, user, milli, may_burst=profile.priority_class.may_burst)
@@ -128,9 +132,26 @@ def choices_for_user(
                     effective_milli=milli if milli != profile.gpu_milli else None,
                     blocked_by=blocked_by,
                     user_held_milli=held,
+                    own_servers=own,
                 )
             )
     return out
+
+
+def own_servers(ledger: Ledger, team: str, user: str) -> tuple[tuple[str, int], ...]:
+    """``user``'s notebook servers holding GPUs in ``team``: ``(server name, milli-GPUs)``, largest first."""
+    prefix = notebook_key(user, "")
+    held = [
+        (w.key[len(prefix) :], w.milli)
+        for w in ledger.workloads(team)
+        if w.kind == "notebook" and w.user == user and w.milli > 0 and w.key.startswith(prefix)
+    ]
+    return tuple(sorted(held, key=lambda s: -s[1]))
+
+
+def server_words(name: str) -> str:
+    """``""`` -> "your default server"; ``"big"`` -> "your server “big”"."""
+    return f"your server “{name}”" if name else "your default server"
 
 
 def smaller_fit(choice: ProfileChoice, choices: Iterable[ProfileChoice]) -> ProfileChoice | None:
@@ -150,7 +171,8 @@ def smaller_fit(choice: ProfileChoice, choices: Iterable[ProfileChoice]) -> Prof
 def what_to_do(choice: ProfileChoice, choices: Iterable[ProfileChoice], admin_contact: str = "") -> str:
     """What a user can do about an unavailable profile, as one sentence.
 
-    A smaller profile of the same team that fits now, when this one will fit
+    A smaller profile of the same team that fits now, the user's own servers
+    that hold GPUs of the team (often what fills it), when this one will fit
     (quota frees when a teammate stops a server; capacity when a GPU frees),
     and whom to ask for more (``c.GPULab.admin_contact``, else "an admin").
     """
@@ -159,10 +181,14 @@ def what_to_do(choice: ProfileChoice, choices: Iterable[ProfileChoice], admin_co
     if smaller is not None:
         steps.append(f"start {smaller.profile.display_name}, which fits now")
     team = choice.team
+    where = "on this server" if choice.blocked_by == "capacity" else f"of team {team.name}'s GPUs"
+    for name, milli in choice.own_servers[:2]:
+        steps.append(f"stop {server_words(name)}, which holds {format_gpus(milli)} GPU {where}")
     if choice.blocked_by == "capacity":
         steps.append("try again when a GPU on this server frees up")
     elif "one user may hold" in choice.reason:
-        steps.append("stop one of your servers in team " + team.name)
+        if not choice.own_servers:  # a job holds it: the servers named above are not the cause
+            steps.append("stop one of your servers or jobs in team " + team.name)
     else:
         steps.append(f"try again when quota frees (when someone in team {team.name} stops a server)")
     who = admin_contact.strip() or "an admin"

@@ -51,7 +51,7 @@ def test_running_batch_job_counts_in_the_quota_and_limits_training(hub):
     before = vision(hub.me("alice"))
     assert (before["held_milli"], before["in_quota_milli"]) == (0, 0)
     half = profile(before, "h100-half")
-    assert half["job_classes"]["training"] == {"available": True, "over_quota": False, "reason": ""}
+    assert half["job_classes"]["training"] == {"available": True, "over_quota": False, "reason": "", "todo": ""}
 
     job = submit(
         hub,
@@ -74,9 +74,11 @@ def test_running_batch_job_counts_in_the_quota_and_limits_training(hub):
 
     # 0.25 held + 0.5 asked > the 0.5 guarantee: a batch job would burst, a training job is refused.
     half = profile(team, "h100-half")
-    assert half["job_classes"]["batch"] == {"available": True, "over_quota": True, "reason": ""}
+    assert half["job_classes"]["batch"] == {"available": True, "over_quota": True, "reason": "", "todo": ""}
     training = half["job_classes"]["training"]
     assert training["available"] is False and "guarantee" in training["reason"], training
+    # What to do, as the spawn page says it, for a training job: the smaller profile training may use now.
+    assert training["todo"].startswith("Start 0.25 × H100, which fits now, try again when quota frees"), training
     quarter = profile(team, "h100-quarter")
     assert quarter["job_classes"]["training"]["available"] is True
     # The idle policy the sidebar shows for the session's profile.

@@ -76,8 +76,21 @@ def test_what_to_do_for_the_per_user_cap_says_stop_one_of_yours():
     half = by_slug["half"]  # fits the team's burst limit, not alice's cap of 0.75
     assert "GPUs one user may hold" in half.reason and half.user_held_milli == 500
     assert what_to_do(half, by_slug.values()) == (
-        "Start 0.25 × H100, which fits now, stop one of your servers in team vision, or ask an admin about "
-        "team vision's quota."
+        "Start 0.25 × H100, which fits now, stop your default server, which holds 0.5 GPU of team vision's "
+        "GPUs, or ask an admin about team vision's quota."
+    )
+
+
+def test_what_to_do_names_the_users_own_server_that_fills_the_team():
+    by_slug, ledger = choices(held_by_alice=500)
+    ledger.reserve("notebook:alice/big", "vision", "alice", 250)
+    ledger.reserve("notebook:bob/", "vision", "bob", 250)
+    one = {c.profile.slug: c for c in choices_for_user(CATALOG, ledger, "alice")}["one"]
+    assert one.own_servers == (("", 500), ("big", 250))  # alice's only, largest first
+    assert what_to_do(one, [one]) == (
+        "Stop your default server, which holds 0.5 GPU of team vision's GPUs, stop your server “big”, which "
+        "holds 0.25 GPU of team vision's GPUs, try again when quota frees (when someone in team vision stops a "
+        "server), or ask an admin about team vision's quota."
     )
 
 
