@@ -23,6 +23,7 @@ from spawner.core.catalog import Catalog, CatalogError, ConfigIssue, catalog_fro
 from spawner.core.catalog.write import catalog_to_dict
 from spawner.core.catalog.yaml_text import catalog_from_yaml
 from spawner.core.grant import GrantedShare
+from spawner.core.idle import IdleFacts
 from spawner.core.ledger import Ledger
 from spawner.core.packer import DevicePacker
 
@@ -177,9 +178,9 @@ class GPULabRuntime:
         #: Whether the hub's servers run as their users' own system accounts (``gpu-local``):
         #: its jobs then do too.
         self.user_accounts = False
-        #: Whether the hub runs the GPU idle culler (``c.GPULabIdle.culler_running``), set by the
-        #: hub's runtime hook; ``None``: unknown (the spawn page then says nothing about it).
-        self.culler_running: bool | None = None
+        #: What the hub knows of its GPU idle culler (whether it runs, "Keep my GPU"), set by the
+        #: hub's runtime hook; the default says "unknown" (every page's idle sentence then says so).
+        self.idle_facts = IdleFacts()
         #: ``last_choice(user) -> {"team", "profile", "image"} | None``: what the user last
         #: started, and ``remember_choice(user, team, profile, image)``; the hub installs
         #: readers and writers of gpulab's database.

@@ -180,6 +180,21 @@ def find_proxy() -> str:
     )
 
 
+#: JupyterLab setting defaults the embedded hub gives its users, one folder per choice: a Jupyter
+#: config folder whose ``labconfig/default_setting_overrides.json`` jupyterlab_server layers under
+#: each user's own settings (so a user may still change them in Settings).
+LAB_DEFAULTS = Path(__file__).with_name("lab_defaults")
+LAB_NEWS_CHOICES = ("off", "on", "ask")
+
+
+def lab_news_setting(value: str) -> str:
+    """``GPULAB_LAB_NEWS`` checked: one of :data:`LAB_NEWS_CHOICES`."""
+    choice = value.strip().lower()
+    if choice not in LAB_NEWS_CHOICES:
+        raise SystemExit(f"gpulab: GPULAB_LAB_NEWS={value!r}: use one of {', '.join(LAB_NEWS_CHOICES)}")
+    return choice
+
+
 @dataclass(frozen=True)
 class EmbeddedSettings:
     """What the ``GPULAB_*`` environment asks of the embedded hub (read once, nothing touched)."""
@@ -200,6 +215,9 @@ class EmbeddedSettings:
     #: ``c.UserLimits.enabled`` (auto, on, off) and ``cgroup_parent``, when set.
     limits: str | None = None
     cgroup_parent: str | None = None
+    #: JupyterLab's news feed for the users (``GPULAB_LAB_NEWS``): ``off`` (no prompt, no
+    #: fetch, no update check), ``on`` (fetched), or ``ask`` (JupyterLab's own prompt).
+    lab_news: str = "off"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> EmbeddedSettings:
@@ -220,6 +238,7 @@ class EmbeddedSettings:
             proxy_api_port=int(api_port) if api_port else None,
             limits=env.get("GPULAB_LIMITS") or None,
             cgroup_parent=env.get("GPULAB_CGROUP_PARENT") or None,
+            lab_news=lab_news_setting(env.get("GPULAB_LAB_NEWS", cls.lab_news)),
         )
 
     @property
@@ -305,6 +324,20 @@ def apply_hub(c: Any, settings: EmbeddedSettings, prepared: Prepared) -> None:
     c.Spawner.http_timeout = 60
     c.Spawner.start_timeout = 60
     c.GPULab.catalog_file = settings.catalog_file
+
+
+def apply_lab_defaults(c: Any, settings: EmbeddedSettings) -> None:
+    """The users' JupyterLab defaults: news announcements off unless ``GPULAB_LAB_NEWS`` says otherwise.
+
+    A platform decides for its users whether their labs fetch news from jupyter.org (and ask
+    about it on first start); the folder goes first on the servers' ``JUPYTER_CONFIG_PATH``.
+    """
+    if settings.lab_news == "ask":
+        return
+    env = dict(c.Spawner.get("environment") or {})
+    paths = [p for p in str(env.get("JUPYTER_CONFIG_PATH", "")).split(os.pathsep) if p]
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(LAB_DEFAULTS / f"news-{settings.lab_news}"), *paths])
+    c.Spawner.environment = env
 
 
 def apply_isolation(c: Any, settings: EmbeddedSettings, prepared: Prepared) -> None:
@@ -393,6 +426,7 @@ def configure_embedded(c: Any) -> None:
     - ``GPULAB_CATALOG`` (default: the demo teams): teams/profiles YAML
     - ``GPULAB_DEMO_AUTH`` (default ``1``), ``GPULAB_DEMO_PASSWORD`` (default ``gpulab-demo``)
     - ``GPULAB_ADMIN_USERS`` (default ``admin``), comma-separated
+    - ``GPULAB_LAB_NEWS`` (default ``off``): JupyterLab's news announcements (``on``, ``ask``)
 
     Read the settings, prepare the machine (checks, folders, ports), then apply them to
     ``c`` (the ``apply_*`` steps only write configuration).
@@ -401,6 +435,7 @@ def configure_embedded(c: Any) -> None:
     prepared = prepare(settings, UserAccounts(config=c))
     apply_hub(c, settings, prepared)
     apply_isolation(c, settings, prepared)
+    apply_lab_defaults(c, settings)
     announce(c, settings, prepared)
     if prepared.isolated:
         report_limits(c, settings, prepared.mode)

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from hub_config.domain.catalog_store import CatalogStore, GPULabCatalogStore, load_at_start
-from hub_config.domain.idle_records import GPULabIdle, reclaim_notice_for
+from hub_config.domain.idle_records import idle_facts, reclaim_notice_for
 from hub_config.domain.last_choice import last_choice, remember_choice
 from hub_config.domain.usage_records import attach as attach_usage
 from hub_config.storage.db import session_factory
@@ -35,6 +35,6 @@ def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     runtime.catalog_store = store
     runtime.usage = attach_usage(runtime, sessions, config)
     runtime.reclaim_notice = reclaim_notice_for
-    runtime.culler_running = GPULabIdle(config=config).culler_running
+    runtime.idle_facts = idle_facts(config)
     runtime.last_choice = partial(last_choice, sessions)
     runtime.remember_choice = partial(remember_choice, sessions)

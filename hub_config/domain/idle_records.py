@@ -21,7 +21,7 @@ from traitlets.config import Configurable
 
 from hub_config.domain.usage_records import freed_until, next_gpu_holds
 from hub_config.storage.db import Base, GPULabDB, iso, session_factory, to_epoch, utcnow
-from spawner.core.idle import KeepalivePolicy, gpu_hours_freed
+from spawner.core.idle import IdleFacts, KeepalivePolicy, gpu_hours_freed
 
 #: The culler's service name in the hub's configuration.
 CULLER_SERVICE = "gpulab-idle-culler"
@@ -166,6 +166,24 @@ def audit_json(sessions, events: list[IdleEventRow]) -> list[dict[str, Any]]:
     return out
 
 
+def culler_is_on(config) -> bool:
+    """Whether this hub runs the GPU idle culler: ``c.GPULabIdle.culler_running``, or a hub service of its name."""
+    settings = GPULabIdle(config=config)
+    services = config.JupyterHub.get("services", []) if config is not None and "JupyterHub" in config else []
+    as_service = any(isinstance(s, dict) and s.get("name") == CULLER_SERVICE for s in services)
+    return as_service if settings.culler_running is None else (settings.culler_running or as_service)
+
+
+def idle_facts(config) -> IdleFacts:
+    """What every page's idle sentence needs to know of this hub's culler."""
+    settings = GPULabIdle(config=config)
+    return IdleFacts(
+        culler_on=culler_is_on(config),
+        keepalive_uses=settings.keepalive_max_uses,
+        keepalive_seconds=settings.keepalive_extends_seconds,
+    )
+
+
 def idle_admin_view(config, limit: int = 50) -> dict[str, Any]:
     """The admin page's culler section: whether it runs (or why not) and its latest records."""
     settings = GPULabIdle(config=config)
@@ -174,9 +192,7 @@ def idle_admin_view(config, limit: int = 50) -> dict[str, Any]:
         events = list(
             reversed(session.scalars(select(IdleEventRow).order_by(IdleEventRow.id.desc()).limit(limit)).all())
         )
-    services = config.JupyterHub.get("services", []) if config is not None and "JupyterHub" in config else []
-    as_service = any(isinstance(s, dict) and s.get("name") == CULLER_SERVICE for s in services)
-    on = as_service if settings.culler_running is None else (settings.culler_running or as_service)
+    on = culler_is_on(config)
     if on:
         status = (
             settings.culler_status

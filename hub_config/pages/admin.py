@@ -22,6 +22,7 @@ from hub_config.domain.idle_records import idle_admin_view
 from hub_config.domain.usage import current_report, period_report
 from hub_config.domain.usage_records import GPULabUsage
 from hub_config.pages import whatif as whatif_page
+from spawner.core.idle import idle_timeout_words
 from spawner.core.priority import BY_SHORT_NAME
 from spawner.core.units import format_gpus
 from spawner.runtime import GPULabRuntime, get_runtime
@@ -182,6 +183,23 @@ def describe_change(entry: dict[str, Any]) -> list[str]:
     return []
 
 
+def profile_idle_words(runtime, slug: str) -> str:
+    """A profile's idle timeout in each team that may use it ("vision: 2h; nlp: 30m"), as the users'
+    own pages say it (:func:`spawner.core.idle.idle_timeout_words`); "not enforced" when the culler is off."""
+    catalog = runtime.catalog
+    profile = catalog.profile(slug)
+    if profile is None or not profile.is_gpu:
+        return ""
+    words = "; ".join(
+        f"{t.name}: {idle_timeout_words(profile, t)}"
+        for t in catalog.teams.values()
+        if catalog.team_may_use(t, profile)
+    )
+    if runtime.idle_facts.culler_on is False:
+        words += " (not enforced: the GPU idle culler is off on this hub)"
+    return words
+
+
 class GPULabAdminPageHandler(BaseHandler):
     """The admin page; needs the ``custom:gpulab:admin`` scope."""
 
@@ -217,7 +235,10 @@ class GPULabAdminPageHandler(BaseHandler):
         html = await self.render_template(
             "gpulab-admin.html",
             teams=teams,
-            profiles=[profile_view(runtime.catalog, s) for s in runtime.catalog.profiles],
+            profiles=[
+                {**profile_view(runtime.catalog, s), "idle": profile_idle_words(runtime, s)}
+                for s in runtime.catalog.profiles
+            ],
             priority_classes=list(BY_SHORT_NAME),
             now_usage=now,
             report=report,

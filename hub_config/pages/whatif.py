@@ -13,7 +13,8 @@ from tornado import web
 
 from hub_config.api.whatif import MAX_DAYS, catalog_sizes, offer_rules
 from hub_config.config.scopes import ADMIN
-from spawner.core.units import format_duration, format_gpus
+from spawner.core.idle import idle_timeout_words
+from spawner.core.units import format_gpus
 from spawner.runtime import get_runtime
 
 
@@ -32,13 +33,18 @@ class WhatIfPageHandler(BaseHandler):
                 "label": t.label,
                 "guarantee": format_gpus(t.guarantee_milli),
                 "burst": format_gpus(t.burst_milli),
-                "idle_timeout": format_duration(t.idle_timeout_seconds) if t.idle_timeout_seconds else "",
+                # What each of the team's GPU profiles gets today (the shorter of profile and team).
+                "idle_timeout": "; ".join(
+                    f"{p.display_name}: {idle_timeout_words(p, t)}" for p in catalog.profiles_for(t) if p.is_gpu
+                ),
             }
             for t in catalog.teams.values()
         ]
+        facts = runtime.idle_facts
         html = await self.render_template(
             "gpulab-whatif.html",
             teams=teams,
+            culler_off=facts.culler_on is False,
             sizes=", ".join(format_gpus(m) for m in catalog_sizes(catalog)),
             offers=offer_rules(runtime).label,
             max_days=MAX_DAYS,

@@ -2,17 +2,23 @@
  * "Run as GPU job": the form (notebook, name and time limit, job class, team,
  * profile with what a job of that class would get now, parameters from the
  * notebook's `parameters` cell) and the submit loop that shows the API's
- * errors as such. The profile starts as the last one used for a job (kept in
- * the browser's local storage, per hub user), else the server's own.
+ * errors in the dialog. The profile starts as the last one used for a job
+ * (kept in the browser's local storage, per hub user), else the server's own,
+ * when it fits now. After that the dialog never changes a choice: a choice
+ * that stops fitting stays selected, marked, with the reason and what to do,
+ * and Submit waits (or a training job may go as batch instead).
+ *
+ * The dialog is modal and follows the WAI-ARIA dialog pattern (./modal.ts).
  */
-import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { ReactWidget } from '@jupyterlab/ui-components';
-import React, { useState } from 'react';
+import { Widget } from '@lumino/widgets';
+import React, { useEffect, useRef, useState } from 'react';
 
 import { api } from './api';
-import { buildJobRequest, IJobForm, parameterText } from './logic';
+import { anyProfile, choiceStatus, initialProfile, profileOptionLabel } from './jobChoice';
+import { buildJobRequest, FieldErrors, fieldErrors, IJobForm, parameterText } from './logic';
+import { trapFocus } from './modal';
 import { IJob, IMe, ITeamView, JobClass } from './types';
-import { defaultProfile, offerFor, offerLabel } from './viewLogic';
 
 const CLASSES = [
   {
@@ -27,212 +33,365 @@ const CLASSES = [
   }
 ] as const;
 
+const TITLE_ID = 'gpulab-job-dialog-title';
+const STATUS_ID = 'gpulab-job-choice-status';
+
 function teamOf(me: IMe, name: string): ITeamView | undefined {
   return me.teams.find(t => t.name === name) ?? me.teams[0];
 }
 
-function JobFormView({
-  me,
-  initial,
-  errors,
-  onChange
-}: {
+/** A field's error, under the field; the field points at it (aria-describedby) and is marked invalid. */
+function FieldError({ id, text }: { id: string; text: string | undefined }): JSX.Element | null {
+  return text ? (
+    <span id={id} className="gpulab-field-error">
+      {text}
+    </span>
+  ) : null;
+}
+
+function invalid(id: string, text: string | undefined) {
+  return text ? { 'aria-invalid': true, 'aria-describedby': id } : {};
+}
+
+interface IJobDialogProps {
   me: IMe;
   initial: IJobForm;
-  errors: string[];
-  onChange: (form: IJobForm) => void;
-}): JSX.Element {
+  /** Send the form (as `jobClass` when given); resolves to the hub's refusal, or null once submitted. */
+  submit: (form: IJobForm) => Promise<string | null>;
+  cancel: () => void;
+}
+
+function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.Element {
   const [form, setForm] = useState<IJobForm>(initial);
-  const update = (patch: Partial<IJobForm>) => {
-    const next = { ...form, ...patch };
-    setForm(next);
-    onChange(next);
-  };
+  const [refusal, setRefusal] = useState<string | null>(null);
+  const [busy, setBusy] = useState(false);
+  // Field errors show once a field was left or Submit was pressed, not while the user types the first time.
+  const [shown, setShown] = useState<Set<string>>(new Set());
+  const rootRef = useRef<HTMLDivElement>(null);
+  const update = (patch: Partial<IJobForm>) => setForm(f => ({ ...f, ...patch }));
   const team = teamOf(me, form.team);
   const profiles = team?.profiles ?? [];
-  const setParam = (i: number, patch: Partial<{ name: string; value: string }>) => {
-    const parameters = form.parameters.map((p, j) => (j === i ? { ...p, ...patch } : p));
-    update({ parameters });
+  const status = choiceStatus(team, form.profile, form.jobClass);
+  const errors: FieldErrors = fieldErrors(form);
+  const visible = (key: string): string | undefined =>
+    shown.has(key) || shown.has('*') ? errors[key as keyof FieldErrors] : undefined;
+  const touch = (key: string) => setShown(s => new Set(s).add(key));
+  const chosenElsewhere =
+    form.profile && !profiles.some(p => p.slug === form.profile)
+      ? anyProfile(me, form.profile)
+      : undefined;
+
+  useEffect(() => {
+    const root = rootRef.current;
+    if (!root) {
+      return;
+    }
+    const release = trapFocus(root, cancel); // first: it remembers where focus was
+    root.querySelector<HTMLElement>('input[name="notebook"]')?.focus();
+    return release;
+  }, [cancel]);
+
+  const send = async (jobClass: JobClass) => {
+    const next = { ...form, jobClass };
+    const problems = fieldErrors(next);
+    if (Object.keys(problems).length > 0) {
+      setShown(new Set(['*']));
+      const first = Object.keys(problems)[0];
+      const selector = first.startsWith('param-')
+        ? `[data-param-name="${first.slice(6)}"]`
+        : `[name="${first}"]`;
+      rootRef.current?.querySelector<HTMLElement>(selector)?.focus();
+      return;
+    }
+    if (!choiceStatus(team, next.profile, jobClass).fits) {
+      return;
+    }
+    setBusy(true);
+    setForm(next);
+    const refused = await submit(next);
+    setBusy(false);
+    setRefusal(refused);
   };
-  const setClass = (jobClass: JobClass) => {
-    const current = profiles.find(p => p.slug === form.profile);
-    // Keep the choice when this class may use it; else the first profile it may use now.
-    const profile =
-      current && offerFor(current, jobClass).available
-        ? form.profile
-        : defaultProfile(team, jobClass, null, null);
-    update({ jobClass, profile });
+  const setParam = (i: number, patch: Partial<{ name: string; value: string }>) =>
+    update({ parameters: form.parameters.map((p, j) => (j === i ? { ...p, ...patch } : p)) });
+  const removeParam = (i: number) => {
+    update({ parameters: form.parameters.filter((_, j) => j !== i) });
+    // Focus stays in the list: the next row's name, else "Add parameter".
+    window.requestAnimationFrame(() => {
+      const root = rootRef.current;
+      const next =
+        root?.querySelector<HTMLElement>(`[data-param-name="${i}"]`) ??
+        root?.querySelector<HTMLElement>(`[data-param-name="${i - 1}"]`) ??
+        root?.querySelector<HTMLElement>('.gpulab-add-param');
+      next?.focus();
+    });
   };
+  const onEnter = (e: React.KeyboardEvent) => {
+    const el = e.target as HTMLElement;
+    if (e.key === 'Enter' && el.tagName === 'INPUT' && (el as HTMLInputElement).type !== 'radio') {
+      e.preventDefault();
+      void send(form.jobClass);
+    }
+  };
+
   return (
-    <form
-      className="gpulab-job-form"
-      onSubmit={e => e.preventDefault()}
-      aria-label="Run as GPU job"
+    <div
+      className="jp-Dialog-content gpulab-job-dialog"
+      role="dialog"
+      aria-modal="true"
+      aria-labelledby={TITLE_ID}
+      ref={rootRef}
     >
-      {errors.length > 0 && (
-        <div className="gpulab-error gpulab-form-errors" role="alert">
-          {errors.map((e, i) => (
-            <div key={i}>{e}</div>
-          ))}
-        </div>
-      )}
-      <label className="gpulab-field">
-        <span>Notebook</span>
-        <input
-          className="jp-mod-styled"
-          name="notebook"
-          value={form.notebook}
-          onChange={e => update({ notebook: e.target.value })}
-        />
-      </label>
-      <div className="gpulab-row">
-        <label className="gpulab-field gpulab-grow">
-          <span>Name (optional)</span>
-          <input
-            className="jp-mod-styled"
-            name="name"
-            value={form.name}
-            placeholder="from the notebook"
-            onChange={e => update({ name: e.target.value })}
-          />
-        </label>
-        <label className="gpulab-field gpulab-time-limit">
-          <span>Time limit (min)</span>
-          <input
-            className="jp-mod-styled"
-            name="time_limit"
-            type="number"
-            min={1}
-            step={1}
-            value={form.timeLimitMinutes}
-            onChange={e => update({ timeLimitMinutes: e.target.value })}
-          />
-        </label>
+      <div className="jp-Dialog-header">
+        <h2 id={TITLE_ID} className="jp-Dialog-title gpulab-dialog-title">
+          Run as GPU job
+        </h2>
       </div>
-      <fieldset className="gpulab-field">
-        <legend>Job class</legend>
-        <div className="gpulab-classes">
-          {CLASSES.map(c => (
-            <label key={c.value} className="gpulab-radio" title={c.help}>
-              <input
-                type="radio"
-                name="job_class"
-                value={c.value}
-                checked={form.jobClass === c.value}
-                onChange={() => setClass(c.value)}
-              />
-              <strong>{c.label}</strong> <span className="gpulab-muted">— {c.help}</span>
-            </label>
-          ))}
-        </div>
-      </fieldset>
-      <div className="gpulab-row">
-        {me.teams.length > 1 && (
-          <label className="gpulab-field">
-            <span>Team</span>
-            <select
-              className="jp-mod-styled"
-              name="team"
-              value={form.team}
-              onChange={e => {
-                const next = teamOf(me, e.target.value);
-                update({
-                  team: e.target.value,
-                  profile: defaultProfile(next, form.jobClass, form.profile, null)
-                });
-              }}
-            >
-              {me.teams.map(t => (
-                <option key={t.name} value={t.name}>
-                  {t.display_name || t.name}
-                </option>
-              ))}
-            </select>
-          </label>
-        )}
-        <label className="gpulab-field gpulab-grow">
-          <span>GPU profile</span>
-          <select
-            className="jp-mod-styled"
-            name="profile"
-            value={form.profile}
-            onChange={e => update({ profile: e.target.value })}
-          >
-            {form.profile === '' && <option value="">Choose…</option>}
-            {profiles.map(p => (
-              <option
-                key={p.slug}
-                value={p.slug}
-                disabled={!offerFor(p, form.jobClass).available && p.slug !== form.profile}
-              >
-                {offerLabel(p, form.jobClass)}
-              </option>
-            ))}
-          </select>
-        </label>
-      </div>
-      {team && <span className="gpulab-muted gpulab-team-summary">{team.summary}</span>}
-      <fieldset className="gpulab-field gpulab-params">
-        <legend>Parameters</legend>
-        {form.parameters.length === 0 && (
-          <div className="gpulab-muted">The notebook has no cell tagged “parameters”.</div>
-        )}
-        {form.parameters.map((p, i) => (
-          <div key={i} className="gpulab-param">
-            <input
-              className="jp-mod-styled"
-              aria-label={`Parameter ${i + 1} name`}
-              value={p.name}
-              onChange={e => setParam(i, { name: e.target.value })}
-            />
-            <span aria-hidden="true">=</span>
-            <input
-              className="jp-mod-styled"
-              aria-label={`Value of parameter ${p.name || i + 1}`}
-              name={`param-${p.name}`}
-              value={p.value}
-              onChange={e => setParam(i, { value: e.target.value })}
-            />
-          </div>
-        ))}
-        <button
-          type="button"
-          className="jp-mod-styled gpulab-small"
-          onClick={() => update({ parameters: [...form.parameters, { name: '', value: '' }] })}
+      <div className="jp-Dialog-body">
+        <form
+          className="gpulab-job-form"
+          onSubmit={e => e.preventDefault()}
+          onKeyDown={onEnter}
+          aria-labelledby={TITLE_ID}
+          noValidate
         >
-          Add parameter
-        </button>
-      </fieldset>
-    </form>
+          {refusal && (
+            <div className="gpulab-error gpulab-form-errors" role="alert">
+              {refusal}
+            </div>
+          )}
+          <label className="gpulab-field">
+            <span>Notebook</span>
+            <input
+              className="jp-mod-styled"
+              name="notebook"
+              value={form.notebook}
+              onChange={e => update({ notebook: e.target.value })}
+              onBlur={() => touch('notebook')}
+              {...invalid('gpulab-err-notebook', visible('notebook'))}
+            />
+            <FieldError id="gpulab-err-notebook" text={visible('notebook')} />
+          </label>
+          <div className="gpulab-row">
+            <label className="gpulab-field gpulab-grow">
+              <span>Name (optional)</span>
+              <input
+                className="jp-mod-styled"
+                name="name"
+                value={form.name}
+                placeholder="from the notebook"
+                onChange={e => update({ name: e.target.value })}
+              />
+            </label>
+            <label className="gpulab-field gpulab-time-limit">
+              <span>Time limit (min)</span>
+              <input
+                className="jp-mod-styled"
+                name="time_limit"
+                type="number"
+                min={1}
+                step={1}
+                value={form.timeLimitMinutes}
+                onChange={e => update({ timeLimitMinutes: e.target.value })}
+                onBlur={() => touch('time_limit')}
+                {...invalid('gpulab-err-time-limit', visible('time_limit'))}
+              />
+            </label>
+          </div>
+          <FieldError id="gpulab-err-time-limit" text={visible('time_limit')} />
+          <fieldset className="gpulab-field">
+            <legend>Job class</legend>
+            <div className="gpulab-classes">
+              {CLASSES.map(c => (
+                <label key={c.value} className="gpulab-radio">
+                  <input
+                    type="radio"
+                    name="job_class"
+                    value={c.value}
+                    checked={form.jobClass === c.value}
+                    onChange={() => update({ jobClass: c.value })}
+                    aria-label={c.label}
+                    aria-describedby={`gpulab-class-help-${c.value}`}
+                  />
+                  <strong>{c.label}</strong>{' '}
+                  <span className="gpulab-muted" id={`gpulab-class-help-${c.value}`}>
+                    — {c.help}
+                  </span>
+                </label>
+              ))}
+            </div>
+          </fieldset>
+          <div className="gpulab-row">
+            {me.teams.length > 1 && (
+              <label className="gpulab-field gpulab-team-field">
+                <span>Team</span>
+                <select
+                  className="jp-mod-styled"
+                  name="team"
+                  value={form.team}
+                  onChange={e => update({ team: e.target.value })}
+                >
+                  {me.teams.map(t => (
+                    <option key={t.name} value={t.name}>
+                      {t.display_name || t.name}
+                    </option>
+                  ))}
+                </select>
+              </label>
+            )}
+            <label className="gpulab-field gpulab-grow">
+              <span>GPU profile</span>
+              <select
+                className="jp-mod-styled"
+                name="profile"
+                value={form.profile}
+                onChange={e => update({ profile: e.target.value })}
+                aria-invalid={!status.fits}
+                aria-describedby={STATUS_ID}
+              >
+                {form.profile === '' && <option value="">Choose…</option>}
+                {chosenElsewhere && (
+                  <option value={chosenElsewhere.slug}>
+                    {profileOptionLabel(chosenElsewhere, form.jobClass, team)}
+                  </option>
+                )}
+                {profiles.map(p => (
+                  <option key={p.slug} value={p.slug}>
+                    {profileOptionLabel(p, form.jobClass, team)}
+                  </option>
+                ))}
+              </select>
+            </label>
+          </div>
+          <div
+            id={STATUS_ID}
+            className={
+              status.fits
+                ? 'gpulab-muted gpulab-choice-status'
+                : 'gpulab-choice-status gpulab-choice-refused'
+            }
+            aria-live="polite"
+          >
+            {status.fits ? (
+              <span className="gpulab-team-summary">
+                {status.overQuota ? 'Runs above the team guarantee: preemptible. ' : ''}
+                {team?.summary}
+              </span>
+            ) : (
+              <>
+                <strong className="gpulab-choice-reason">
+                  {form.profile ? 'Does not fit now: ' : ''}
+                  {status.reason}
+                </strong>
+                {status.todo && <span className="gpulab-todo"> {status.todo}</span>}
+                {status.batchFits && (
+                  <span className="gpulab-todo">
+                    {' '}
+                    As a batch job it would run now, above the guarantee (preemptible).
+                  </span>
+                )}
+              </>
+            )}
+          </div>
+          <fieldset className="gpulab-field gpulab-params">
+            <legend>Parameters</legend>
+            {form.parameters.length === 0 && (
+              <div className="gpulab-muted">
+                No parameters (the notebook’s cell tagged “parameters” sets none).
+              </div>
+            )}
+            {form.parameters.map((p, i) => {
+              const err = visible(`param-${i}`);
+              const label = p.name || `parameter ${i + 1}`;
+              return (
+                <div key={i} className="gpulab-param-row">
+                  <div className="gpulab-param">
+                    <input
+                      className="jp-mod-styled"
+                      aria-label={`Name of parameter ${i + 1}`}
+                      data-param-name={i}
+                      value={p.name}
+                      onChange={e => setParam(i, { name: e.target.value })}
+                      onBlur={() => touch(`param-${i}`)}
+                      {...invalid(`gpulab-err-param-${i}`, err)}
+                    />
+                    <span aria-hidden="true">=</span>
+                    <input
+                      className="jp-mod-styled"
+                      aria-label={`Value of ${label}`}
+                      name={`param-${p.name}`}
+                      value={p.value}
+                      onChange={e => setParam(i, { value: e.target.value })}
+                    />
+                    <button
+                      type="button"
+                      className="jp-mod-styled gpulab-small gpulab-remove-param"
+                      aria-label={`Remove ${label}`}
+                      title={`Remove ${label}`}
+                      onClick={() => removeParam(i)}
+                    >
+                      Remove
+                    </button>
+                  </div>
+                  <FieldError id={`gpulab-err-param-${i}`} text={err} />
+                </div>
+              );
+            })}
+            <button
+              type="button"
+              className="jp-mod-styled gpulab-small gpulab-add-param"
+              onClick={() => update({ parameters: [...form.parameters, { name: '', value: '' }] })}
+            >
+              Add parameter
+            </button>
+          </fieldset>
+        </form>
+      </div>
+      <div className="jp-Dialog-footer">
+        <div className="jp-Dialog-footerButtons">
+          {status.batchFits && (
+            <button
+              type="button"
+              className="jp-Dialog-button jp-mod-styled gpulab-batch-instead"
+              disabled={busy}
+              onClick={() => void send('batch')}
+            >
+              Submit as batch instead (preemptible)
+            </button>
+          )}
+          <button
+            type="button"
+            className="jp-Dialog-button jp-mod-reject jp-mod-styled"
+            onClick={cancel}
+          >
+            Cancel
+          </button>
+          <button
+            type="button"
+            className="jp-Dialog-button jp-mod-accept jp-mod-styled"
+            disabled={!status.fits || busy}
+            aria-describedby={status.fits ? undefined : STATUS_ID}
+            onClick={() => void send(form.jobClass)}
+          >
+            {busy ? 'Submitting…' : 'Submit job'}
+          </button>
+        </div>
+      </div>
+    </div>
   );
 }
 
-class JobFormBody extends ReactWidget implements Dialog.IBodyWidget<IJobForm> {
-  private _form: IJobForm;
-
-  constructor(
-    private readonly _me: IMe,
-    initial: IJobForm,
-    private readonly _errors: string[]
-  ) {
+/** The dialog's host: a full-window backdrop over the lab, as JupyterLab's dialogs have. */
+class JobDialog extends ReactWidget {
+  constructor(private readonly _props: IJobDialogProps) {
     super();
-    this._form = initial;
-    this.addClass('gpulab-job-dialog');
-  }
-
-  getValue(): IJobForm {
-    return this._form;
+    this.addClass('jp-Dialog');
+    this.addClass('jp-ThemedContainer');
+    this.addClass('gpulab-job-dialog-host');
   }
 
   render(): JSX.Element {
-    return (
-      <JobFormView
-        me={this._me}
-        initial={this._form}
-        errors={this._errors}
-        onChange={f => (this._form = f)}
-      />
-    );
+    return <JobDialogView {...this._props} />;
   }
 }
 
@@ -264,7 +423,8 @@ export function rememberJobChoice(user: string, choice: ILastJobChoice): void {
 
 /**
  * The form's starting values for `notebook` with its `parameters`: the team
- * and profile of the last job, else the server's own team and profile.
+ * and profile of the last job, else the server's own team and profile, when a
+ * batch job may use that profile now (else the first that fits, else none).
  */
 export function initialForm(
   me: IMe,
@@ -281,7 +441,7 @@ export function initialForm(
     notebook,
     jobClass: 'batch',
     team: t?.name ?? '',
-    profile: defaultProfile(
+    profile: initialProfile(
       t,
       'batch',
       lastProfile,
@@ -298,34 +458,29 @@ export function initialForm(
 
 /**
  * Show the dialog until the job is submitted or the user cancels. Problems in
- * the form and errors answered by the API are shown in the dialog itself.
+ * the form are said at their fields; what the hub refuses, at the top.
  */
-export async function runJobDialog(me: IMe, form: IJobForm): Promise<IJob | null> {
-  let errors: string[] = [];
-  if (me.teams.length === 0) {
-    errors = ['You are not in any gpulab team, so you cannot run GPU jobs.'];
-  }
-  for (;;) {
-    const body = new JobFormBody(me, form, errors);
-    const result = await showDialog<IJobForm>({
-      title: 'Run as GPU job',
-      body,
-      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit job' })],
-      focusNodeSelector: 'select[name="profile"]'
-    });
-    if (!result.button.accept || result.value === null) {
-      return null;
-    }
-    form = result.value;
-    const built = buildJobRequest(form);
-    if (built.request === null) {
-      errors = built.errors;
-      continue;
-    }
-    try {
-      return await api.submit(built.request);
-    } catch (e) {
-      errors = [`The hub refused the job: ${e instanceof Error ? e.message : String(e)}`];
-    }
-  }
+export function runJobDialog(me: IMe, form: IJobForm): Promise<IJob | null> {
+  return new Promise(resolve => {
+    let dialog: JobDialog | null = null;
+    const close = (job: IJob | null) => {
+      dialog?.dispose();
+      dialog = null;
+      resolve(job);
+    };
+    const submit = async (f: IJobForm): Promise<string | null> => {
+      const built = buildJobRequest(f);
+      if (built.request === null) {
+        return built.errors.join(' ');
+      }
+      try {
+        close(await api.submit(built.request));
+        return null;
+      } catch (e) {
+        return `The hub refused the job: ${e instanceof Error ? e.message : String(e)}`;
+      }
+    };
+    dialog = new JobDialog({ me, initial: form, submit, cancel: () => close(null) });
+    Widget.attach(dialog, document.body);
+  });
 }

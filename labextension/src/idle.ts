@@ -25,8 +25,8 @@ import { GpuStatusModel } from './model';
 import { announceStopped, hubHome } from './stopped';
 import { IGpuStatus } from './tokens';
 
-/** "Keep my GPU" from the toast: the hub's answer as a notification. */
-async function keep(model: GpuStatusModel): Promise<void> {
+/** "Keep my GPU" from the toast or the command palette: the hub's answer as a notification. */
+export async function keep(model: GpuStatusModel): Promise<void> {
   try {
     const state = await model.keep();
     const until = state?.keepalive.until;

@@ -11,11 +11,13 @@
  * - `gpulab-labextension:launcher`: a Launcher card in a "GPU" category;
  * - `gpulab-labextension:notebook-toolbar`: a notebook toolbar button;
  * - `gpulab-labextension:filebrowser`: the file browser context menu on .ipynb;
+ * - `gpulab-labextension:palette`: gpulab's commands in the command palette
+ *   (run as job, open the GPU panel, stop server and release GPU, keep my GPU);
  * - `gpulab-labextension:idle-notifications` and `:connection-lost` (idle.ts):
  *   idle warnings wherever the user is, and the reclaim explained.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { MainAreaWidget, ToolbarButton } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, Notification, ToolbarButton } from '@jupyterlab/apputils';
 import { PathExt } from '@jupyterlab/coreutils';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { ILauncher } from '@jupyterlab/launcher';
@@ -24,11 +26,11 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { api } from './api';
 import { initialForm, rememberJobChoice, rememberedJobChoice, runJobDialog } from './dialog';
 import { gpuIcon } from './icons';
-import idlePlugins from './idle';
-import { notebookParameters } from './logic';
+import idlePlugins, { keep } from './idle';
+import { keepAliveState, notebookParameters } from './logic';
 import { JobLogWidget } from './logs';
 import { GpuStatusModel } from './model';
-import { GPUPanel } from './panel';
+import { confirmStop, GPUPanel, releasedWords } from './panel';
 import { announceStopped } from './stopped';
 import { IGpuStatus } from './tokens';
 import { IJob } from './types';
@@ -37,6 +39,8 @@ namespace CommandIDs {
   export const runAsJob = 'gpulab:run-as-job';
   export const openPanel = 'gpulab:open-panel';
   export const refreshJobs = 'gpulab:refresh-jobs';
+  export const stopServer = 'gpulab:stop-server';
+  export const keepGpu = 'gpulab:keep-gpu';
 }
 
 const OUTPUT_DIR = 'gpulab-outputs';
@@ -234,8 +238,54 @@ const fileBrowserMenu: JupyterFrontEndPlugin<void> = {
   }
 };
 
+const palette: JupyterFrontEndPlugin<void> = {
+  id: 'gpulab-labextension:palette',
+  description:
+    'gpulab in the command palette: run as GPU job, show the GPU panel, stop server and release GPU, keep my GPU.',
+  autoStart: true,
+  requires: [IGpuStatus],
+  optional: [ICommandPalette],
+  activate: (app: JupyterFrontEnd, model: GpuStatusModel, palette: ICommandPalette | null) => {
+    app.commands.addCommand(CommandIDs.stopServer, {
+      label: () => (model.session?.gpu ? 'Stop server and release GPU' : 'Stop server'),
+      caption: 'Ask the hub to stop this JupyterLab server (after a confirmation)',
+      isEnabled: () =>
+        model.session !== null && !['requested', 'stopping'].includes(model.stop?.state ?? ''),
+      execute: () =>
+        confirmStop(model, releasedWords(model.session), text =>
+          Notification.error(text, { autoClose: 10000 })
+        )
+    });
+    app.commands.addCommand(CommandIDs.keepGpu, {
+      label: 'Keep my GPU',
+      caption: 'Ask the idle culler for more time before it reclaims this GPU',
+      isEnabled: () => !!model.session?.gpu && !!model.idle && keepAliveState(model.idle).enabled,
+      execute: () => keep(model)
+    });
+    const changed = () => {
+      app.commands.notifyCommandChanged(CommandIDs.stopServer);
+      app.commands.notifyCommandChanged(CommandIDs.keepGpu);
+    };
+    model.sessionChanged.connect(changed);
+    model.idleChanged.connect(changed);
+    model.stopChanged.connect(changed);
+    if (palette) {
+      const category = 'GPU';
+      for (const command of [
+        CommandIDs.runAsJob,
+        CommandIDs.openPanel,
+        CommandIDs.stopServer,
+        CommandIDs.keepGpu
+      ]) {
+        palette.addItem({ command, category });
+      }
+    }
+  }
+};
+
 export default [
   status,
+  palette,
   sidebar,
   runAsJob,
   launcher,

@@ -276,43 +276,65 @@ export function parameterText(value: unknown): string {
   return typeof value === 'string' ? value : JSON.stringify(value);
 }
 
+/** The problems of the form's own fields, keyed by field (`param-N`: the Nth parameter's name). */
+export type FieldErrors = Partial<Record<'notebook' | 'time_limit' | `param-${number}`, string>>;
+
+export function fieldErrors(form: IJobForm): FieldErrors {
+  const out: FieldErrors = {};
+  if (!form.notebook.trim().replace(/^\/+/, '').endsWith('.ipynb')) {
+    out.notebook = 'Choose a notebook (.ipynb) to run.';
+  }
+  const minutes = Number(form.timeLimitMinutes);
+  if (
+    form.timeLimitMinutes.trim() === '' ||
+    !Number.isFinite(minutes) ||
+    minutes <= 0 ||
+    Math.floor(minutes) !== minutes
+  ) {
+    out.time_limit = 'The time limit must be a whole number of minutes above 0.';
+  }
+  const seen = new Set<string>();
+  form.parameters.forEach((p, i) => {
+    const name = p.name.trim();
+    if (!name) {
+      if (p.value.trim()) {
+        out[`param-${i}`] = 'Name this parameter, or remove it.';
+      }
+      return;
+    }
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+      out[`param-${i}`] = `"${name}" is not a valid Python parameter name.`;
+    } else if (seen.has(name)) {
+      out[`param-${i}`] = `"${name}" is a parameter twice.`;
+    }
+    seen.add(name);
+  });
+  return out;
+}
+
 /** The request for `POST /jobs`, or the problems that keep the form from being sent. */
 export function buildJobRequest(
   form: IJobForm
 ): { request: IJobRequest; errors: [] } | { request: null; errors: string[] } {
-  const errors: string[] = [];
-  const notebook = form.notebook.trim().replace(/^\/+/, '');
-  if (!notebook.endsWith('.ipynb')) {
-    errors.push('Choose a notebook (.ipynb) to run.');
-  }
+  const errors = Object.values(fieldErrors(form)).filter((e): e is string => !!e);
   if (!form.profile) {
     errors.push('Choose a GPU profile.');
-  }
-  const minutes = Number(form.timeLimitMinutes);
-  if (!Number.isFinite(minutes) || minutes <= 0 || Math.floor(minutes) !== minutes) {
-    errors.push('The time limit must be a whole number of minutes above 0.');
-  }
-  const parameters: Record<string, unknown> = {};
-  for (const p of form.parameters) {
-    const name = p.name.trim();
-    if (!name) {
-      continue;
-    }
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
-      errors.push(`"${name}" is not a valid Python parameter name.`);
-      continue;
-    }
-    parameters[name] = parameterValue(p.value);
   }
   if (errors.length) {
     return { request: null, errors };
   }
+  const parameters: Record<string, unknown> = {};
+  for (const p of form.parameters) {
+    if (p.name.trim()) {
+      parameters[p.name.trim()] = parameterValue(p.value);
+    }
+  }
   const request: IJobRequest = {
-    notebook,
+    notebook: form.notebook.trim().replace(/^\/+/, ''),
     job_class: form.jobClass,
     profile: form.profile,
     parameters,
-    time_limit_seconds: minutes * 60
+    time_limit_seconds: Number(form.timeLimitMinutes) * 60
   };
   if (form.team) {
     request.team = form.team;

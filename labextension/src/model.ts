@@ -5,13 +5,17 @@
  * One Lumino `Poll` refreshes it: it stands by while the tab is hidden, backs
  * off (up to `maxInterval`) while the server or the hub does not answer, and
  * asks the hub for the slower-moving parts (quota, idle state) only every few
- * ticks, or at once when a job changed state. Views subscribe to its signals;
- * none of them keeps a timer of its own.
+ * ticks, or at once when a job changed state. While one of the user's jobs is
+ * queued or running it ticks faster (`activeInterval`) and asks only the jobs
+ * on the extra ticks, so a job's change shows within about a second; with
+ * nothing running it goes back to its normal pace. Views subscribe to its
+ * signals; none of them keeps a timer of its own.
  */
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { Absence, GPULabAPIError, message } from './errors';
+import { isTerminal } from './logic';
 import { IIdleState, IJob, IMe, ISession, IStopState } from './types';
 
 /** What the model asks of the server extension (the real one is `api` in api.ts). */
@@ -41,6 +45,8 @@ export interface IGpuStatusOptions {
   client: IGpuLabClient;
   /** Milliseconds between ticks while all is well. */
   interval?: number;
+  /** Milliseconds between ticks while one of the user's jobs is queued, running or preempted. */
+  activeInterval?: number;
   /** Longest wait between ticks while backing off after errors. */
   maxInterval?: number;
   /** The quota and idle state are asked every `slowEvery` ticks (and whenever a job changes). */
@@ -67,11 +73,13 @@ export class GpuStatusModel {
   constructor(options: IGpuStatusOptions) {
     this._client = options.client;
     this._slowEvery = Math.max(1, options.slowEvery ?? 3);
+    this._interval = options.interval ?? 5000;
+    this._activeInterval = Math.min(options.activeInterval ?? 1000, this._interval);
     this._historySize = options.historySize ?? 30;
     this._poll = new Poll({
       factory: () => this._tick(),
       frequency: {
-        interval: options.interval ?? 5000,
+        interval: this._interval,
         backoff: true,
         max: options.maxInterval ?? 5 * 60 * 1000
       },
@@ -191,6 +199,11 @@ export class GpuStatusModel {
   }
 
   private async _tick(): Promise<void> {
+    // While jobs run, the extra ticks between two normal ones ask the jobs only.
+    if (this._jobsActive && Date.now() - this._lastNormal < this._interval - 10) {
+      return this._jobsTick();
+    }
+    this._lastNormal = Date.now();
     this._ticks++;
     this._now = Date.now();
     let full = this._fullNext || this._ticks % this._slowEvery === 1 || this._slowEvery === 1;
@@ -239,11 +252,8 @@ export class GpuStatusModel {
       const first = this._jobs === null;
       const changed = first || jobsSignature(jobs) !== jobsSignature(this._jobs);
       full = full || changed; // a job started or ended: the quota bar follows at once
-      this._jobs = jobs;
+      this._setJobs(jobs, changed);
       this._setHub('ok');
-      if (changed) {
-        this._jobsChanged.emit(jobs);
-      }
     } catch (e) {
       if (this._absent(e)) {
         this._changed.emit();
@@ -297,6 +307,36 @@ export class GpuStatusModel {
     }
   }
 
+  /** An extra tick while jobs run: the jobs only; a change brings the quota and idle state at once. */
+  private async _jobsTick(): Promise<void> {
+    let jobs: IJob[];
+    try {
+      jobs = await this._client.jobs();
+    } catch {
+      this._lastNormal = 0; // the next tick is a normal one: it reports and backs off as usual
+      return;
+    }
+    if (jobsSignature(jobs) === jobsSignature(this._jobs)) {
+      return;
+    }
+    this._fullNext = true;
+    this._lastNormal = 0;
+    return this._tick();
+  }
+
+  /** The new job list; the poll's pace follows whether any job is still queued or running. */
+  private _setJobs(jobs: IJob[], changed: boolean): void {
+    this._jobs = jobs;
+    this._jobsActive = jobs.some(j => !isTerminal(j.state));
+    this._poll.frequency = {
+      ...this._poll.frequency,
+      interval: this._jobsActive ? this._activeInterval : this._interval
+    };
+    if (changed) {
+      this._jobsChanged.emit(jobs);
+    }
+  }
+
   /** The server no longer answers after the user asked the hub to stop it: say so, and stop asking. */
   private _followStop(): void {
     this._stop = { ...this._stop!, state: 'stopping', message: STOPPING };
@@ -339,6 +379,12 @@ export class GpuStatusModel {
   private _poll: Poll;
   private _clock: Poll;
   private _slowEvery: number;
+  private _interval: number;
+  private _activeInterval: number;
+  /** One of the user's jobs is queued, running or preempted: the poll ticks at `activeInterval`. */
+  private _jobsActive = false;
+  /** When the last normal (not jobs-only) tick started. */
+  private _lastNormal = 0;
   private _historySize: number;
   private _ticks = 0;
   private _fullNext = false;

@@ -16,9 +16,9 @@ import { JobsList, IJobActions } from './jobs';
 import { formatCountdown, formatGPUs, keepAliveState, quotaSegments, sparklinePath } from './logic';
 import { reclaimedMessage, reclaimFromWarning } from './idleLogic';
 import { GpuStatusModel } from './model';
-import { hubHome } from './stopped';
-import { IIdleState, ITeamView } from './types';
-import { idlePolicyText, sessionProfile, sessionTeam } from './viewLogic';
+import { announceStopFailed, announceStopRequested, hubHome } from './stopped';
+import { IIdleState, ISession, ITeamView } from './types';
+import { sessionProfile, sessionTeam } from './viewLogic';
 
 /** What the panel asks of the rest of the extension. */
 export interface IPanelActions extends IJobActions {
@@ -157,8 +157,13 @@ function IdleWarning({
   );
 }
 
+/** What stopping this server releases, in words ("its GPU share (0.5 × H100-80GB)"). */
+export function releasedWords(session: ISession | null): string {
+  return session?.gpu && session.share ? `its GPU share (${session.share})` : 'its resources';
+}
+
 /** Confirm, then ask the hub to stop this server; the status line says what happens. */
-async function confirmStop(
+export async function confirmStop(
   model: GpuStatusModel,
   what: string,
   report: (text: string) => void
@@ -173,10 +178,16 @@ async function confirmStop(
   if (!result.button.accept) {
     return;
   }
+  await announceStopRequested(model);
   try {
-    await model.requestStop(); // the stop section shows its state from now on
+    const state = await model.requestStop(); // the stop section shows its state from now on
+    if (state.state === 'failed') {
+      announceStopFailed(model, state.message);
+    }
   } catch (e) {
-    report(`Stopping failed: ${message(e)}`);
+    const text = `Stopping failed: ${message(e)}`;
+    announceStopFailed(model, text);
+    report(text);
   }
 }
 
@@ -226,7 +237,7 @@ function GPUPanelView({
   const profile = sessionProfile(me, session);
   const utilReason =
     session === null || session.utilisation.available ? null : session.utilisation.reason;
-  const what = session?.gpu && session.share ? `its GPU share (${session.share})` : 'its resources';
+  const what = releasedWords(session);
   const stop = model.stop;
   return (
     <div className="gpulab-panel">
@@ -263,10 +274,9 @@ function GPUPanelView({
           </dl>
         )}
         {session?.gpu && <Sparkline values={model.history} reason={utilReason} />}
-        {session?.gpu && me && (
+        {session?.gpu && profile?.idle_policy && (
           <p className="gpulab-idle-policy">
-            <strong>Idle policy:</strong>{' '}
-            {idlePolicyText(profile, idle?.keepalive.max ? idle.keepalive.extends_seconds : null)}
+            <strong>Idle policy:</strong> {profile.idle_policy}.
           </p>
         )}
         {idle && session && (

@@ -11,6 +11,36 @@ export function hubHome(): string {
 }
 
 const announced = new WeakSet<GpuStatusModel>();
+/** The notification shown when the stop was asked, updated once the server is going. */
+const requested = new WeakMap<GpuStatusModel, string>();
+
+/**
+ * Say that the hub is asked to stop this server, and resolve once the toast is on the page
+ * (at most `waitMs`). JupyterLab loads its toasts' code on the first notification, from this
+ * very server: a first toast emitted once the server has gone never shows, so the stop
+ * request waits until this one is drawn (react-toastify's `.Toastify__toast`).
+ */
+export async function announceStopRequested(model: GpuStatusModel, waitMs = 2000): Promise<void> {
+  requested.set(
+    model,
+    Notification.emit('Asking the hub to stop this server…', 'in-progress', { autoClose: false })
+  );
+  const until = Date.now() + waitMs;
+  while (!document.querySelector('.Toastify__toast') && Date.now() < until) {
+    await new Promise(resolve => setTimeout(resolve, 50));
+  }
+}
+
+/** The stop request failed: the notification says so instead. */
+export function announceStopFailed(model: GpuStatusModel, text: string): void {
+  const id = requested.get(model);
+  requested.delete(model);
+  if (id) {
+    Notification.update({ id, message: text, type: 'error', autoClose: 10000 });
+  } else {
+    Notification.error(text, { autoClose: 10000 });
+  }
+}
 
 /**
  * Say, once, that the server is stopping and its GPU is being released,
@@ -22,17 +52,23 @@ export function announceStopped(model: GpuStatusModel): void {
     return;
   }
   announced.add(model);
-  Notification.info(STOPPING, {
-    autoClose: false,
+  const options = {
+    autoClose: false as const,
     actions: [
       {
         label: 'Go to the hub',
         caption: 'Start a server again from the hub home page',
-        displayType: 'accent',
+        displayType: 'accent' as const,
         callback: () => {
           window.location.href = hubHome();
         }
       }
     ]
-  });
+  };
+  const id = requested.get(model);
+  if (id) {
+    Notification.update({ id, message: STOPPING, type: 'info', ...options });
+  } else {
+    Notification.info(STOPPING, options);
+  }
 }

@@ -47,6 +47,8 @@ export interface IProfileChoice {
   capacity: string;
   /** The GPU idle culler's timeout for this profile (profile or team setting); null: the culler's default. */
   idle_timeout_seconds?: number | null;
+  /** What happens to an idle GPU of this profile, in the hub's one sentence (as the spawn page says it). */
+  idle_policy?: string;
   /** Would a job of each class be admitted with this profile now (a training job never bursts). */
   job_classes?: Record<JobClass, IJobOffer>;
 }
@@ -55,6 +57,8 @@ export interface IJobOffer {
   available: boolean;
   over_quota: boolean;
   reason: string;
+  /** What to do about it, as the spawn page says it ('' when available; absent from older hubs). */
+  todo?: string;
 }
 
 export interface ITeamView {

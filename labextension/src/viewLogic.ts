@@ -1,10 +1,9 @@
 /**
  * Pure helpers of the sidebar and the job dialog that read the hub's view
  * (no DOM, no network; tested in test/viewLogic.test.ts): the session's
- * profile by name, the idle policy in words, which profiles a job class may
- * use, the dialog's default profile, and a job's times and history.
+ * profile by name, which profiles a job class may use, and a job's times and
+ * history.
  */
-import { formatDuration, formatGPUs } from './logic';
 import { IJob, IMe, IProfileChoice, ISession, ITeamView, JobClass } from './types';
 
 /** The team the session's quota bar shows: the session's, else the user's first. */
@@ -33,80 +32,26 @@ export function sessionProfile(
   return undefined;
 }
 
-/** "30 min", "2 h", "1 h 30 min". */
-export function formatTimeout(seconds: number): string {
-  const m = Math.round(seconds / 60);
-  if (m < 60) {
-    return `${m} min`;
-  }
-  const h = Math.floor(m / 60);
-  return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
-}
-
-/** What the GPU idle culler will do to this session, in one sentence. */
-export function idlePolicyText(
-  profile: IProfileChoice | undefined,
-  keepaliveSeconds: number | null
-): string {
-  const timeout = profile?.idle_timeout_seconds;
-  const when =
-    typeof timeout === 'number'
-      ? `If the GPU stays idle for ${formatTimeout(timeout)}`
-      : "If the GPU stays idle for the culler's default timeout";
-  const keep = keepaliveSeconds
-    ? ` or press “Keep my GPU” (${formatDuration(keepaliveSeconds)} more)`
-    : '';
-  return `${when}, you get a warning; unless you use it${keep}, the server is then stopped and the GPU released.`;
-}
-
 /** Whether a job of `jobClass` may use `profile` now; the profile's own view when the hub is older. */
 export function offerFor(
   profile: IProfileChoice,
   jobClass: JobClass
-): { available: boolean; overQuota: boolean; reason: string } {
+): { available: boolean; overQuota: boolean; reason: string; todo: string } {
   const offer = profile.job_classes?.[jobClass];
   if (offer) {
-    return { available: offer.available, overQuota: offer.over_quota, reason: offer.reason };
+    return {
+      available: offer.available,
+      overQuota: offer.over_quota,
+      reason: offer.reason,
+      todo: offer.todo ?? ''
+    };
   }
-  return { available: profile.available, overQuota: profile.over_quota, reason: profile.reason };
-}
-
-/** The profile's line in the dialog's list: size and what a job of this class would get. */
-export function offerLabel(profile: IProfileChoice, jobClass: JobClass): string {
-  const o = offerFor(profile, jobClass);
-  const state = o.available
-    ? o.overQuota
-      ? 'available above the guarantee (preemptible)'
-      : 'available'
-    : `not now: ${o.reason}`;
-  return `${profile.display_name} (${formatGPUs(profile.gpu_milli)} GPU) — ${state}`;
-}
-
-/**
- * The profile the dialog starts with: the last one used for a job (if it is
- * still offered in the team), else the session's own profile, else the
- * first profile a job of this class may use now. Never "nothing" when the
- * team has profiles.
- */
-export function defaultProfile(
-  team: ITeamView | undefined,
-  jobClass: JobClass,
-  lastUsed: string | null,
-  sessionProfileSlug: string | null
-): string {
-  const profiles = team?.profiles ?? [];
-  for (const slug of [lastUsed, sessionProfileSlug]) {
-    if (slug && profiles.some(p => p.slug === slug)) {
-      return slug;
-    }
-  }
-  const gpu = profiles.filter(p => p.gpu_milli > 0);
-  const pick =
-    gpu.find(p => offerFor(p, jobClass).available) ??
-    profiles.find(p => offerFor(p, jobClass).available) ??
-    gpu[0] ??
-    profiles[0];
-  return pick?.slug ?? '';
+  return {
+    available: profile.available,
+    overQuota: profile.over_quota,
+    reason: profile.reason,
+    todo: ''
+  };
 }
 
 /** "14:05" (today) or "30 Nov 14:05", in the user's time zone (or `timeZone`). */

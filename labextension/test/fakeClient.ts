@@ -1,7 +1,28 @@
 /** A scripted stand-in for the server extension, recording when each part is asked. */
 import { GPULabAPIError } from '../src/errors';
 import { IGpuLabClient } from '../src/model';
-import { IIdleState, IJob, IMe, ISession, IStopState } from '../src/types';
+import { IIdleState, IJob, IMe, IProfileChoice, ISession, IStopState } from '../src/types';
+
+/** A profile as /hub/api/gpulab/me lists it: available, in quota, unless `extra` says otherwise. */
+export function profileChoice(
+  slug: string,
+  milli: number,
+  extra: Partial<IProfileChoice> = {}
+): IProfileChoice {
+  return {
+    slug,
+    display_name: slug,
+    description: '',
+    gpu_milli: milli,
+    gpu_model: 'H100-80GB',
+    priority_class: 'gpulab-development',
+    available: true,
+    reason: '',
+    over_quota: false,
+    capacity: '',
+    ...extra
+  };
+}
 
 export const SESSION: ISession = {
   user: 'alice',

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import {
   buildJobRequest,
   canCancel,
+  fieldErrors,
   formatCountdown,
   formatDuration,
   formatGPUs,
@@ -215,7 +216,7 @@ describe('buildJobRequest', () => {
     parameters: [
       { name: 'epochs', value: '5' },
       { name: 'greeting', value: 'hello world' },
-      { name: '', value: 'ignored' }
+      { name: '', value: '' }
     ],
     timeLimitMinutes: '30',
     name: '  ',
@@ -247,6 +248,31 @@ describe('buildJobRequest', () => {
     expect(r.request).toBeNull();
     expect(r.errors).toHaveLength(4);
     expect(buildJobRequest(form({ timeLimitMinutes: '2.5' })).errors[0]).toContain('whole number');
+  });
+
+  it('says which field is wrong, at the field', () => {
+    expect(fieldErrors(form())).toEqual({});
+    expect(
+      fieldErrors(
+        form({
+          notebook: '',
+          timeLimitMinutes: '',
+          parameters: [
+            { name: 'a', value: '1' },
+            { name: '', value: 'orphan' },
+            { name: 'a', value: '2' },
+            { name: 'not valid', value: '3' },
+            { name: '', value: '' }
+          ]
+        })
+      )
+    ).toEqual({
+      notebook: 'Choose a notebook (.ipynb) to run.',
+      time_limit: 'The time limit must be a whole number of minutes above 0.',
+      'param-1': 'Name this parameter, or remove it.',
+      'param-2': '"a" is a parameter twice.',
+      'param-3': '"not valid" is not a valid Python parameter name.'
+    });
   });
 
   it('types parameter text', () => {

@@ -55,6 +55,41 @@ describe('GpuStatusModel: one Lumino Poll for every view', () => {
     expect(client.count('me')).toBe(3);
   });
 
+  it('ticks every second while a job runs, asking only the jobs between normal ticks', async () => {
+    model.dispose();
+    model = new GpuStatusModel({
+      client,
+      interval: 5000,
+      activeInterval: 1000,
+      maxInterval: MAX,
+      slowEvery: 3
+    });
+    await vi.advanceTimersByTimeAsync(10);
+    await vi.advanceTimersByTimeAsync(5000);
+    expect([client.count('jobs'), client.count('session')]).toEqual([2, 2]); // nothing runs: every 5 s
+    client.jobList = [job(1, 'running')];
+    await vi.advanceTimersByTimeAsync(5000); // the normal tick sees the job: the quota follows at once
+    const [jobs, session, me] = ['jobs', 'session', 'me'].map(p => client.count(p));
+    expect(me).toBe(2);
+    await vi.advanceTimersByTimeAsync(3000);
+    // Three jobs-only ticks in 3 s; the session and the quota keep their pace.
+    expect(client.count('jobs')).toBe(jobs + 3);
+    expect([client.count('session'), client.count('me')]).toEqual([session, me]);
+    // The job ends: seen within a second, with the quota and idle state at once ...
+    const seen: string[] = [];
+    model.jobsChanged.connect((_, j) => seen.push(j[0].state));
+    client.jobList = [job(1, 'succeeded')];
+    await vi.advanceTimersByTimeAsync(1000);
+    expect(seen).toEqual(['succeeded']);
+    expect(client.count('me')).toBe(me + 1);
+    // ... and with nothing running the poll goes back to every 5 s.
+    const after = client.count('jobs');
+    await vi.advanceTimersByTimeAsync(4000);
+    expect(client.count('jobs')).toBe(after);
+    await vi.advanceTimersByTimeAsync(1000);
+    expect(client.count('jobs')).toBe(after + 1);
+  });
+
   it('backs off exponentially while the hub fails, up to the maximum, and recovers', async () => {
     vi.spyOn(Math, 'random').mockReturnValue(1 - 1e-9); // Lumino draws the next wait at random: take the longest
     await vi.advanceTimersByTimeAsync(10);

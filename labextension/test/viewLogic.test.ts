@@ -1,32 +1,8 @@
 import { describe, expect, it } from 'vitest';
 
-import { IMe, IProfileChoice, ITeamView } from '../src/types';
-import {
-  defaultProfile,
-  formatTimeout,
-  idlePolicyText,
-  jobHistory,
-  offerLabel,
-  sessionProfile,
-  shortTime
-} from '../src/viewLogic';
-import { job, SESSION } from './fakeClient';
-
-function profile(slug: string, milli: number, extra: Partial<IProfileChoice> = {}): IProfileChoice {
-  return {
-    slug,
-    display_name: slug,
-    description: '',
-    gpu_milli: milli,
-    gpu_model: 'H100-80GB',
-    priority_class: 'gpulab-development',
-    available: true,
-    reason: '',
-    over_quota: false,
-    capacity: '',
-    ...extra
-  };
-}
+import { IMe, ITeamView } from '../src/types';
+import { jobHistory, sessionProfile, shortTime } from '../src/viewLogic';
+import { job, profileChoice as profile, SESSION } from './fakeClient';
 
 const burstOnly = profile('h100-1', 1000, {
   over_quota: true,
@@ -60,38 +36,11 @@ const team: ITeamView = {
   ]
 };
 
-describe('the session and its idle policy', () => {
+describe('the session', () => {
   it('names the session profile as the catalog does', () => {
     const me: IMe = { user: 'alice', teams: [team], holdings: [] };
     expect(sessionProfile(me, SESSION)?.display_name).toBe('0.5 × H100');
     expect(sessionProfile(me, { ...SESSION, profile: 'gone' })).toBeUndefined();
-  });
-  it('says the timeout and what happens after it', () => {
-    expect(formatTimeout(1800)).toBe('30 min');
-    expect(formatTimeout(5400)).toBe('1 h 30 min');
-    expect(idlePolicyText(team.profiles[2], 3600)).toBe(
-      'If the GPU stays idle for 30 min, you get a warning; unless you use it or press “Keep my GPU” (1 h 00 min more), ' +
-        'the server is then stopped and the GPU released.'
-    );
-    expect(idlePolicyText(team.profiles[0], null)).toContain("the culler's default timeout");
-  });
-});
-
-describe('the job dialog', () => {
-  it('offers a training job no burst', () => {
-    expect(offerLabel(burstOnly, 'batch')).toBe(
-      'h100-1 (1 GPU) — available above the guarantee (preemptible)'
-    );
-    expect(offerLabel(burstOnly, 'training')).toMatch(
-      /^h100-1 \(1 GPU\) — not now: team vision holds/
-    );
-  });
-  it('starts from the last used profile, then the session profile, never "CPU only"', () => {
-    expect(defaultProfile(team, 'batch', 'h100-1', 'h100-half')).toBe('h100-1');
-    expect(defaultProfile(team, 'batch', 'retired', 'h100-half')).toBe('h100-half');
-    expect(defaultProfile(team, 'batch', null, null)).toBe('h100-1');
-    expect(defaultProfile(team, 'training', null, null)).toBe('h100-half'); // the first a training job may use
-    expect(defaultProfile(undefined, 'batch', null, null)).toBe('');
   });
 });
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from html import escape
 
-from .idle import idle_policy_text
+from .idle import IdleFacts, idle_policy_text
 from .policy import PolicyError, ProfileChoice, what_to_do
 from .units import format_gpus
 
@@ -19,7 +19,9 @@ FORM_CSS = """
 .gpulab-team h3 { font-size: 1.1em; margin: .4em 0; }
 .gpulab-team .gpulab-headroom { font-weight: normal; color: #555; font-size: .9em; margin-left: .5em; }
 .gpulab-profile { display: block; border: 1px solid #ddd; border-radius: 4px; padding: .5em .8em; margin: .3em 0; }
-.gpulab-profile.gpulab-unavailable { opacity: .6; background: #f6f6f6; }
+/* An unavailable card stays readable (no opacity): its reason and what to do are what the user needs. */
+.gpulab-profile.gpulab-unavailable { background: #f6f6f6; border-style: dashed; }
+.gpulab-profile.gpulab-unavailable strong { color: #555; }
 .gpulab-profile input[type=radio] { margin-right: .6em; }
 .gpulab-reason { color: #a94442; display: block; margin-left: 1.8em; font-size: .9em; }
 .gpulab-detail { color: #555; display: block; margin-left: 1.8em; font-size: .9em; }
@@ -33,6 +35,7 @@ FORM_CSS = """
 [data-bs-theme=dark] .gpulab-detail, [data-bs-theme=dark] .gpulab-inventory,
 [data-bs-theme=dark] .gpulab-team .gpulab-headroom { color: #adb5bd; }
 [data-bs-theme=dark] .gpulab-reason { color: #ea868f; }
+[data-bs-theme=dark] .gpulab-profile.gpulab-unavailable strong { color: #adb5bd; }
 </style>
 """
 
@@ -78,7 +81,7 @@ def render_options_form(
     selected: str = "",
     refused: str = "",
     start_again_url: str = "",
-    culler_on: bool | None = None,
+    idle: IdleFacts | None = None,
     admin_contact: str = "",
     admin_page_url: str = "",
 ) -> str:
@@ -89,12 +92,13 @@ def render_options_form(
     and marked even if now unavailable; else ``selected`` (the user's last
     choice) when it fits now; else the first available. ``start_again_url``:
     JupyterHub's spawn URL with ``selected`` in the query, shown as a
-    one-click button when that choice is available. ``culler_on``: whether the GPU idle
-    culler runs (idle timeouts are shown as not enforced when it does not).
+    one-click button when that choice is available. ``idle``: what the hub knows of
+    its GPU idle culler (idle timeouts are shown as not enforced when it does not run).
     ``admin_contact``: whom to ask for quota; ``admin_page_url``: set for
     admins, linked when they are in no team.
     """
     choices = list(choices)
+    idle = idle or IdleFacts()
     parts = [FORM_CSS]
     if notice:
         parts.append(notice_html(notice))
@@ -119,7 +123,8 @@ def render_options_form(
         by_team.setdefault(c.team.name, []).append(c)
     for team_name, team_choices in by_team.items():
         team = team_choices[0].team
-        parts.append(f'<fieldset class="gpulab-team" data-team="{escape(team_name)}">')
+        heading_id = "gpulab-team-" + escape(team_name) + "-h"
+        parts.append(f'<fieldset class="gpulab-team" data-team="{escape(team_name)}" aria-labelledby="{heading_id}">')
         cap = ""
         if team.per_user_cap_milli is not None:
             cap = (
@@ -127,13 +132,13 @@ def render_options_form(
                 f"you hold {format_gpus(team_choices[0].user_held_milli)}"
             )
         parts.append(
-            f'<h3>Team {escape(team.label)} <span class="gpulab-headroom">'
+            f'<h3 id="{heading_id}">Team {escape(team.label)} <span class="gpulab-headroom">'
             f"{escape(team_choices[0].team_summary)} "
             f"(guaranteed {format_gpus(team.guarantee_milli)}{escape(cap)})</span></h3>"
         )
         for c in team_choices:
             parts.extend(
-                _profile_html(c, choices, c is checked_choice, kept is c and not c.available, culler_on, admin_contact)
+                _profile_html(c, choices, c is checked_choice, kept is c and not c.available, idle, admin_contact)
             )
         parts.append("</fieldset>")
     return "\n".join(parts)
@@ -144,19 +149,15 @@ def _profile_html(
     choices: list[ProfileChoice],
     checked: bool,
     refused: bool,
-    culler_on: bool | None,
+    idle: IdleFacts,
     admin_contact: str,
 ) -> list[str]:
     p = c.profile
     value = choice_value(c)
     rid = "gpulab-" + value.replace(":", "--")
     cls = "gpulab-profile" + ("" if c.available else " gpulab-unavailable") + (" gpulab-kept" if refused else "")
-    out = [
-        f'<label class="{cls}" for="{escape(rid)}" data-choice="{escape(value)}">',
-        f'<input type="radio" name="choice" id="{escape(rid)}" value="{escape(value)}"'
-        f"{' checked' if checked else ''}{'' if c.available else ' disabled'}>"
-        f"<strong>{escape(p.display_name)}</strong>",
-    ]
+    # The radio's name is the profile's name; the rest of the card is its description.
+    parts: list[tuple[str, str, str]] = []  # (id suffix, class, text)
     details = []
     if p.description:
         details.append(p.description)
@@ -167,13 +168,23 @@ def _profile_html(
     if c.available and c.over_quota:
         details.append("above the team guarantee: will run preemptible")
     if details:
-        out.append(f'<span class="gpulab-detail">{escape(" · ".join(details))}</span>')
-    limits = limit_notes(c, culler_on)
+        parts.append(("details", "gpulab-detail", " · ".join(details)))
+    limits = limit_notes(c, idle)
     if limits:
-        out.append(f'<span class="gpulab-detail gpulab-limits">{escape(" · ".join(limits))}</span>')
+        parts.append(("limits", "gpulab-detail gpulab-limits", " · ".join(limits)))
     if not c.available:
-        out.append(f'<span class="gpulab-reason">Unavailable: {escape(c.reason)}</span>')
-        out.append(f'<span class="gpulab-todo">{escape(what_to_do(c, choices, admin_contact))}</span>')
+        parts.append(("reason", "gpulab-reason", f"Unavailable: {c.reason}"))
+        parts.append(("todo", "gpulab-todo", what_to_do(c, choices, admin_contact)))
+    described = " ".join(f"{rid}-{suffix}" for suffix, _, _ in parts)
+    out = [
+        f'<label class="{cls}" for="{escape(rid)}" data-choice="{escape(value)}">',
+        f'<input type="radio" name="choice" id="{escape(rid)}" value="{escape(value)}"'
+        f"{' checked' if checked else ''}{'' if c.available else ' disabled'}"
+        f' aria-labelledby="{escape(rid)}-name"' + (f' aria-describedby="{escape(described)}"' if parts else "") + ">"
+        f'<strong id="{escape(rid)}-name">{escape(p.display_name)}</strong>',
+    ]
+    for suffix, klass, text in parts:
+        out.append(f'<span class="{klass}" id="{escape(rid)}-{suffix}">{escape(text)}</span>')
     if len(p.images) > 1:
         out.append(
             f'<span class="gpulab-detail">Image: <select name="image-{escape(value)}"'
@@ -186,12 +197,12 @@ def _profile_html(
     return out
 
 
-def limit_notes(c: ProfileChoice, culler_on: bool | None) -> list[str]:
+def limit_notes(c: ProfileChoice, idle: IdleFacts) -> list[str]:
     """The profile's idle timeout and the team's per-user cap, as the spawn forms show them."""
     notes = []
-    idle = idle_policy_text(c.profile, c.team, culler_on)
-    if idle:
-        notes.append(idle)
+    policy = idle_policy_text(c.profile, c.team, idle)
+    if policy:
+        notes.append(policy)
     if c.profile.is_gpu and c.team.per_user_cap_milli is not None:
         notes.append(f"per-user cap in team {c.team.name}: {format_gpus(c.team.per_user_cap_milli)} GPUs")
     return notes

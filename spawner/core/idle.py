@@ -278,24 +278,50 @@ def idle_timeout_of(
     return from_profile or from_team or (default_seconds, "default")
 
 
-def idle_policy_text(profile: Profile, team: Team | None, culler_on: bool | None) -> str:
-    """What the spawn page says about a profile's GPU idle timeout.
+@dataclass(frozen=True)
+class IdleFacts:
+    """What the hub knows of its GPU idle culler, for the one idle sentence every page shows."""
 
-    ``culler_on``: whether this hub runs the GPU idle culler (``None``:
-    unknown, e.g. it runs outside the hub). A timeout that nothing enforces
-    is named as such, never promised.
+    #: Whether this hub runs the culler (``None``: unknown, e.g. it runs outside the hub's config).
+    culler_on: bool | None = None
+    #: "Keep my GPU": presses per server session (0: none), and how long each one keeps the GPU.
+    keepalive_uses: int = 0
+    keepalive_seconds: int = 0
+
+
+def idle_timeout_words(profile: Profile, team: Team | None) -> str:
+    """A GPU profile's idle timeout in ``team``: ``"2h"``, or "the culler's default idle time"."""
+    if profile.idle_timeout_seconds is None and (team is None or team.idle_timeout_seconds is None):
+        return "the culler's default idle time"
+    seconds, _ = idle_timeout_for(profile, team, 0)
+    return format_duration(seconds)
+
+
+def idle_policy_text(profile: Profile, team: Team | None, facts: IdleFacts) -> str:
+    """What happens to an idle GPU of this profile, in one sentence: the spawn page, the lab's
+    sidebar, the progress page, the admin page and the what-if page all say it with this.
+
+    The timeout (the shorter of the profile's and the team's, else the culler's default), the
+    warning and its grace period, "Keep my GPU", and whether this hub runs the culler at all:
+    a timeout that nothing enforces is named as such, never promised.
     """
     if not profile.is_gpu:
         return ""
-    p = profile.idle_timeout_seconds
-    t = team.idle_timeout_seconds if team is not None else None
-    if p is None and t is None:
-        text = "GPU idle timeout: the culler's default"
-    else:
-        seconds, _ = idle_timeout_for(profile, team, 0)
-        text = f"GPU freed after {format_duration(seconds)} idle"
-    if culler_on is False:
-        text += " (not enforced: the GPU idle culler is off on this hub)"
+    after = idle_timeout_words(profile, team)
+    if facts.culler_on is False:
+        return (
+            f"Idle timeout {after}, not enforced: the GPU idle culler is off on this hub, "
+            "so the server keeps its GPU until it is stopped"
+        )
+    text = (
+        f"After {after} with the GPU idle you get a warning; after a grace period the server is "
+        "stopped and its GPU released, unless you use the GPU"
+    )
+    if facts.keepalive_uses > 0:
+        times = "once" if facts.keepalive_uses == 1 else f"{facts.keepalive_uses} times"
+        text += f" or press “Keep my GPU” ({format_duration(facts.keepalive_seconds)} more, {times} per session)"
+    if facts.culler_on is None:
+        text += " (if this hub runs the GPU idle culler)"
     return text
 
 

@@ -55,15 +55,22 @@ def setup_messages(
     shares: Sequence[Sequence[int]],
     devices: Mapping[int, GPUDevice],
     runs_as: str,
+    idle_policy: str = "",
 ) -> list[str]:
-    """The progress page's lines, in the order the spawner did the work."""
+    """The progress page's lines, in the order the spawner did the work, then the idle policy
+    (:func:`spawner.core.idle.idle_policy_text`, the sentence every page uses)."""
     if milli <= 0:
         first = f"{profile.display_name} in team {team.name}: no GPU (CPU only)"
         return [first, f"Starting JupyterLab {runs_as}"]
-    return [
+    lines = [
         f"Reserved {format_gpus(milli)} GPU for {profile.display_name} in team {team.name}, "
         f"{quota_words(team, milli, over_quota)}",
         "Devices: " + (device_words(shares, devices) or "none placed"),
-        f"Starting JupyterLab {runs_as} with CUDA_VISIBLE_DEVICES set to "
-        + ("these devices" if len(shares) > 1 else "this device"),
     ]
+    if idle_policy:
+        lines.append(idle_policy)
+    lines.append(
+        f"Starting JupyterLab {runs_as} with CUDA_VISIBLE_DEVICES set to "
+        + ("these devices" if len(shares) > 1 else "this device")
+    )
+    return lines

@@ -228,7 +228,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
                 notes.append(c.capacity_summary)
             if c.available and c.over_quota:
                 notes.append("starts above the team guarantee, so it is preemptible")
-            notes.extend(limit_notes(c, None))  # the culler runs beside the hub: its state is not known here
+            notes.extend(limit_notes(c, self.runtime.idle_facts))
             entry: dict[str, Any] = {
                 "slug": choice_value(c),  # "team:profile", as on the single-server form
                 "display_name": p.display_name + (f" — team {c.team.label}" if several_teams else ""),

@@ -35,6 +35,7 @@ from spawner.admission import Admission, policy_refusal, refusal, user_groups
 from spawner.core.env import gpu_env
 from spawner.core.form import find_choice, options_from_formdata, refusal_sentence, render_options_form
 from spawner.core.grant import STATE_KEY, GrantedShare
+from spawner.core.idle import idle_policy_text
 from spawner.core.ledger import Workload, notebook_key
 from spawner.core.limits import LimitDefaults, WorkloadLimits, workload_limits
 from spawner.core.packer import DevicePacker, Placement, devices_from_inventory
@@ -119,6 +120,11 @@ class GPULocalMixin(_SpawnerBase):
     #: The memory, CPU and process limits of the server being started (profile, team, defaults).
     _workload_limits: WorkloadLimits | None = None
 
+    def runs_as_words(self) -> str:  # the process spawner that comes after the mixin says it
+        """Whose account the server runs as, in words for the progress page."""
+        words = getattr(super(), "runs_as_words", None)
+        return words() if callable(words) else "as an account the hub does not name"
+
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         orm = kwargs.get("orm_spawner")
@@ -199,7 +205,7 @@ class GPULocalMixin(_SpawnerBase):
             selected=selected,
             refused=refused,
             start_again_url=self.start_again_url(selected) if selected else "",
-            culler_on=self._culler_on(),
+            idle=self.gpulab.idle_facts,
             admin_contact=runtime.admin_contact,
             admin_page_url=f"{self.hub.base_url}gpulab/admin" if admin and not choices else "",
         )
@@ -221,9 +227,6 @@ class GPULocalMixin(_SpawnerBase):
         if self.name:
             path += "/" + quote(self.name, safe="")
         return f"{path}?opt-choice={quote(value, safe='')}"
-
-    def _culler_on(self) -> bool | None:
-        return self.gpulab.culler_running
 
     def reclaim_notice(self) -> str:
         """ "Your GPU was reclaimed at HH:MM ..." when the idle culler ended this server's last session."""
@@ -424,13 +427,10 @@ class GPULocalMixin(_SpawnerBase):
             granted.shares or (),
             self.packer.devices,
             self.runs_as_words(),
+            idle_policy_text(profile, team, runtime.idle_facts),
         )
         for i, message in enumerate(messages):
             yield {"progress": 20 + 60 * i // len(messages), "message": message}
-
-    def runs_as_words(self) -> str:
-        """ "as the hub's own account" / "as system account jupyter-alice" (progress page)."""
-        return "as the hub's own account"
 
     def _refused(self) -> None:
         self._refused_start = True
@@ -552,3 +552,8 @@ class GPULocalSpawner(GPULocalMixin, AccountProcessSpawner):
 
 class GPUSimpleLocalSpawner(GPULocalMixin, SimpleLocalProcessSpawner):
     """All servers as the hub's account (one-box demo / lab), with GPU profiles."""
+
+    def runs_as_words(self) -> str:
+        """Whose account the server runs as, for the progress page (GPULocalSpawner's is
+        AccountProcessSpawner's: "as system account jupyter-alice")."""
+        return "as the hub's own account"

@@ -14,27 +14,14 @@ from __future__ import annotations
 import pytest
 
 from tests.support.browser import browser_login, screenshots_dir
+from tests.support.catalogs import HUB_PAGES
 from tests.support.hub import RunningHub
 
 pytestmark = pytest.mark.docs_screenshots
 
 SHOTS = screenshots_dir("docs")
 CONTACT = "gpu-admins@example.org"
-CATALOG = """
-inventory:
-  - {model: H100-80GB, count: 2, memory_mib: 81559}
-prices: {H100-80GB: 2.5}
-profiles:
-  - {slug: cpu, display_name: "CPU only", gpus: 0}
-  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB, idle_timeout: 4h}
-  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB, idle_timeout: 2h}
-  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB, idle_timeout: 1h}
-teams:
-  - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1,
-     per_user_cap: 1, allowed_profiles: [cpu, h100-quarter, h100-half, h100-1]}
-  - {name: nlp, display_name: Language models, users: [alice], guarantee: 1, burst: 1,
-     allowed_profiles: [h100-quarter]}
-"""
+CATALOG = HUB_PAGES
 EXTRA = f"""
 c.GPULab.admin_contact = "{CONTACT}"
 c.GPULabUsage.currency = "EUR"
@@ -67,8 +54,9 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
     ctx, page = login(browser, hub, "alice")
     assert "/hub/spawn" in page.url  # a user without a server lands on the spawn page
     half = profile(page, "vision:h100-half")
-    assert "GPU freed after 2h idle" in half.inner_text()
-    assert "not enforced: the GPU idle culler is off on this hub" in half.inner_text()  # no NVIDIA driver here
+    # The one idle sentence (no NVIDIA driver here, so the embedded hub runs no culler).
+    idle = "Idle timeout 2h, not enforced: the GPU idle culler is off on this hub"
+    assert idle in half.inner_text()
     assert "per-user cap in team vision: 1 GPUs" in half.inner_text()
     assert "at most 1 GPUs per user, you hold 0" in page.locator('fieldset[data-team="vision"] h3').inner_text()
     one = profile(page, "vision:h100-1")
@@ -110,7 +98,11 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
         "Devices: GPU 1 (H100-80GB, declared): 0.5 of it, 39.8 GiB of its 79.6 GiB memory" in text
         or "Devices: GPU 0 (H100-80GB, declared): 0.5 of it, 39.8 GiB of its 79.6 GiB memory" in text
     )
-    assert "Starting JupyterLab as " in text
+    assert "Idle timeout 2h, not enforced: the GPU idle culler is off on this hub" in text  # the same sentence
+    # The account the server really runs as (the account spawner's, not the mixin's default words).
+    account = hub.account("alice")
+    runs_as = f"as system account {account.name}" if account is not None else "as the hub's own account"
+    assert f"Starting JupyterLab {runs_as}" in text, text
     page.screenshot(path=str(SHOTS / "spawn-progress.png"), full_page=True)
     page.wait_for_url("**/user/alice/lab**", timeout=90_000)
     page.wait_for_selector(".jp-LabShell", timeout=90_000)
@@ -191,6 +183,14 @@ def test_admin_in_no_team_lands_on_admin_page_in_dark_mode(hub, browser):
 
 def test_admin_chooses_gpu_model_and_a_typo_is_refused(hub, browser):
     ctx, page = login(browser, hub, "admin")
+    page.goto(hub.url + "/hub/gpulab/admin")
+    # The idle timeouts as the users' pages say them, per team, and that nothing enforces them here.
+    idle = page.locator('tr[data-profile="h100-quarter"] .gpulab-profile-idle').inner_text()
+    assert idle == "vision: 4h; nlp: 4h (not enforced: the GPU idle culler is off on this hub)", idle
+    page.goto(hub.url + "/hub/gpulab/admin/whatif")
+    today = page.locator('#whatif-quotas tr[data-team="vision"]').inner_text()
+    assert "0.25 × H100: 4h; 0.5 × H100: 2h; 1 × H100: 1h" in today, today
+    assert "not enforced: the GPU idle culler is off on this hub" in page.locator("#whatif-culler-off").inner_text()
     page.goto(hub.url + "/hub/gpulab/admin")
     page.locator("#gpulab-profile-editor summary").click()
     select = page.locator("#gpulab-gpu-model")

@@ -69,3 +69,22 @@ KUBE_SPAWNER = {
         "kai": {"queue": "gpulab-{team}"},
     },
 }
+
+
+#: The hub pages' catalog: two H100s, CPU and three H100 sizes with idle timeouts; vision (alice and
+#: bob, per-user cap 1) and nlp (alice): alice sees two teams, and bob's half GPU leaves vision 0.5.
+HUB_PAGES = """
+inventory:
+  - {model: H100-80GB, count: 2, memory_mib: 81559}
+prices: {H100-80GB: 2.5}
+profiles:
+  - {slug: cpu, display_name: "CPU only", gpus: 0}
+  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB, idle_timeout: 4h}
+  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB, idle_timeout: 2h}
+  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB, idle_timeout: 1h}
+teams:
+  - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1,
+     per_user_cap: 1, allowed_profiles: [cpu, h100-quarter, h100-half, h100-1]}
+  - {name: nlp, display_name: Language models, users: [alice], guarantee: 1, burst: 1,
+     allowed_profiles: [h100-quarter]}
+"""

@@ -16,7 +16,7 @@ from spawner.core.catalog import catalog_from_dict
 from spawner.core.catalog.sharing import known_gpu_models
 from spawner.core.catalog.yaml_text import unknown_gpu_model
 from spawner.core.form import refusal_sentence, render_options_form
-from spawner.core.idle import idle_policy_text
+from spawner.core.idle import IdleFacts, idle_policy_text, idle_timeout_words
 from spawner.core.ledger import Ledger
 from spawner.core.packer import GPUDevice
 from spawner.core.policy import choices_for_user, what_to_do
@@ -94,15 +94,23 @@ def test_what_to_do_names_the_users_own_server_that_fills_the_team():
     )
 
 
-def test_idle_policy_words_shorter_wins_and_unenforced_is_said():
+def test_one_idle_sentence_timeout_warning_grace_keepalive_and_whether_the_culler_runs():
     team = CATALOG.team("vision")
-    assert idle_policy_text(CATALOG.profile("one"), team, True) == "GPU freed after 30m idle"  # team's is shorter
-    assert idle_policy_text(CATALOG.profile("q"), None, True) == "GPU freed after 4h idle"
-    assert idle_policy_text(CATALOG.profile("half"), None, None) == "GPU idle timeout: the culler's default"
-    assert idle_policy_text(CATALOG.profile("q"), None, False).endswith(
-        "(not enforced: the GPU idle culler is off on this hub)"
+    on = IdleFacts(culler_on=True, keepalive_uses=2, keepalive_seconds=3600)
+    assert idle_policy_text(CATALOG.profile("one"), team, on) == (  # the team's 30m is shorter than the profile's
+        "After 30m with the GPU idle you get a warning; after a grace period the server is stopped and its GPU "
+        "released, unless you use the GPU or press “Keep my GPU” (1h more, 2 times per session)"
     )
-    assert idle_policy_text(CATALOG.profile("cpu"), team, True) == ""
+    assert idle_timeout_words(CATALOG.profile("q"), None) == "4h"
+    assert idle_timeout_words(CATALOG.profile("half"), None) == "the culler's default idle time"
+    no_keep = IdleFacts(culler_on=True, keepalive_uses=0)
+    assert idle_policy_text(CATALOG.profile("q"), None, no_keep).endswith("unless you use the GPU")
+    assert idle_policy_text(CATALOG.profile("q"), None, IdleFacts()).endswith("(if this hub runs the GPU idle culler)")
+    assert idle_policy_text(CATALOG.profile("q"), None, IdleFacts(culler_on=False)) == (
+        "Idle timeout 4h, not enforced: the GPU idle culler is off on this hub, so the server keeps its GPU "
+        "until it is stopped"
+    )
+    assert idle_policy_text(CATALOG.profile("cpu"), team, on) == ""
 
 
 def test_form_keeps_a_refused_choice_and_offers_the_last_one_in_one_click():
