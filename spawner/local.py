@@ -374,9 +374,46 @@ class GPULocalMixin(_SpawnerBase):
             raise
         runtime.ledger.confirm(key)
         self._fresh_record = False
+        self._save_started_state(result)
         self._remember_choice(request)
         await self._wait_until_answering(result)
         return result
+
+    def _save_started_state(self, address: Any) -> None:
+        """Store the started process (pid, address, devices) in the hub's database at once.
+
+        JupyterHub saves a spawner's state only when ``start()`` has returned, which
+        here is once the server answers (seconds later). A hub that dies in between
+        would find a server record without a pid after its restart, call the server
+        gone and free its share while the process still runs on that GPU. Saved
+        now, the restarted hub re-adopts it like any running server and finds it
+        at the saved address (:meth:`get_url`).
+        """
+        if self._gpulab_state is not None and isinstance(address, tuple) and len(address) == 2:
+            ip, port = address
+            self._gpulab_state["url"] = f"http://{ip or '127.0.0.1'}:{int(port)}"
+        orm = getattr(self, "orm_spawner", None)
+        db = getattr(getattr(self, "user", None), "db", None)
+        if orm is None or db is None:
+            return
+        try:
+            orm.state = self.get_state()
+            db.commit()
+        except Exception as e:  # JupyterHub saves it again when the spawn returns
+            db.rollback()
+            self.log.warning("gpulab: cannot save the state of %s before it answers: %s", self._key, e)
+
+    async def get_url(self) -> str:
+        """The server's URL from its saved address (JupyterHub asks after a restart).
+
+        A hub that restarted while this server was still starting knows its record,
+        not where it listens (the address is stored when the spawn returns); the
+        address saved at start (:meth:`_save_started_state`) says.
+        """
+        saved = (self._gpulab_state or {}).get("url")
+        if saved and self.server is not None:
+            return saved + self.server.base_url
+        return await super().get_url()
 
     async def _wait_until_answering(self, address: Any) -> None:
         """Return once the new server answers HTTP (or has died, or ``http_timeout`` passed).

@@ -1,0 +1,394 @@
+"""Faults on one server, with real processes: the hub killed, the proxy killed, a database
+locked by another writer, the data disk full.
+
+The real embedded hub (``configure_embedded``, as ``gpulab up`` runs it, through
+tests/hub_harness.py) on a declared inventory of six H100s (no driver needed: the
+packer places on declared devices exactly as on detected ones), twenty real
+JupyterLab servers of ten users and ten real papermill jobs. Each test checks what
+the hub says against what runs: the servers and job runners found in /proc with the
+GPU shares in their environment (:func:`tests.fault_helpers.gpu_shares_of_processes`),
+the ledger through ``/hub/api/gpulab/me`` and the admin usage API, the packer through
+``/hub/api/gpulab/devices``, and every job's outcome and usage interval in gpulab's
+database.
+
+Runs as root (these machines and CI do): each user is a real system account. Run it
+under ``flock /tmp/gpulab-sudo-tests.lock`` beside other tests that create accounts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fault_helpers import (
+    create_users,
+    device_use,
+    gpu_shares_of_processes,
+    kill_hub,
+    pids_of,
+    proxy_pid,
+    servers,
+    start_servers,
+    through_proxy,
+    wait_until,
+    write_gated_notebook,
+)
+from tests.hub_harness import RunningHub
+from tests.jobs_fixtures import FINAL, get_job, kill_job_runners, submit, user_token, wait_state
+
+pytestmark = pytest.mark.integration
+
+USERS = [f"u{i:02d}" for i in range(10)]
+CATALOG = f"""
+inventory:
+  - {{model: H100-80GB, count: 6, memory_mib: 81559}}
+profiles:
+  - {{slug: cpu, display_name: "CPU only", gpus: 0}}
+  - {{slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB}}
+  - {{slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB}}
+  - {{slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB}}
+teams:
+  - {{name: vision, users: [{", ".join(USERS[:5])}], guarantee: 12, burst: 12,
+     allowed_profiles: [cpu, h100-quarter, h100-half, h100-1]}}
+  - {{name: nlp, users: [{", ".join(USERS[5:])}], guarantee: 12, burst: 12,
+     allowed_profiles: [cpu, h100-quarter, h100-half, h100-1]}}
+"""
+EXTRA = """
+c.GPULabJobs.poll_interval = 0.3
+c.GPULabJobs.stop_grace_seconds = 3
+"""
+TEAM = {u: "vision" if i < 5 else "nlp" for i, u in enumerate(USERS)}
+MILLI = {"cpu": 0, "h100-quarter": 250, "h100-half": 500, "h100-1": 1000}
+
+#: Twenty servers in three waves (each wave started at once): seven quarters on devices 0-1
+#: (a quarter of device 1 left), four halves filling devices 2-3, nine CPU-only servers;
+#: devices 4 and 5 stay for the jobs.
+WAVES = [
+    [(u, "", TEAM[u], "h100-quarter") for u in USERS[:7]],
+    [(u, "b", TEAM[u], "h100-half") for u in USERS[:4]],
+    [(u, "b", TEAM[u], "cpu") for u in USERS[4:]] + [(u, "", TEAM[u], "cpu") for u in USERS[7:]],
+]
+SERVERS = [spec for wave in WAVES for spec in wave]
+#: Started just before the kill, in the last free quarter: its process runs, its spawn
+#: has not returned (JupyterLab is still starting) when the hub dies.
+SPAWNING = ("u09", "gpu", "nlp", "h100-quarter")
+assert len(SERVERS) == 20
+
+#: Wall seconds of each fault, printed at the end of the module for the suite's budget.
+TIMINGS: dict[str, float] = {}
+
+
+def key_of(user: str, name: str) -> str:
+    return f"notebook:{user}/{name}"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = RunningHub(tmp_path_factory.mktemp("faults"), CATALOG, extra_config=EXTRA)
+    h.start()
+    yield h
+    h.stop()
+    kill_job_runners(h)
+    h.close()
+    for what, seconds in TIMINGS.items():
+        print(f"\nfault timing: {what}: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def tokens(hub):
+    create_users(hub, USERS)
+    return {u: user_token(hub, u) for u in USERS}
+
+
+@pytest.fixture(scope="module")
+def gates(hub, tokens):
+    """Each user's gated notebook, and the folder where the test drops release files."""
+    out = {}
+    for u in USERS:
+        home = hub.home(u)
+        hub.give(u, write_gated_notebook(home / "exp" / "gated.ipynb"))
+        flags = home / "flags"
+        flags.mkdir(exist_ok=True)
+        hub.give(u, flags)
+        out[u] = flags
+    return out
+
+
+def submit_gated(hub, tokens, gates, user: str, profile: str, name: str, **params) -> dict:
+    params.setdefault("release_file", str(gates[user] / name))
+    return submit(
+        hub,
+        tokens[user],
+        notebook="exp/gated.ipynb",
+        job_class="batch",
+        profile=profile,
+        parameters=params,
+        time_limit_seconds=3600,
+        name=name,
+    )
+
+
+def release(gates, user: str, name: str) -> None:
+    (gates[user] / name).write_text("go")
+
+
+def ledger(hub: RunningHub) -> dict[str, int]:
+    """Every ledger holding, ``key -> milli`` (through the hub API)."""
+    return {w["key"]: w["gpu_milli"] for w in hub.holdings()}
+
+
+def devices(hub: RunningHub) -> dict:
+    r = hub.api("GET", "/gpulab/devices")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def packer_shares(view: dict) -> dict[str, list[tuple[int, int]]]:
+    out: dict[str, list[tuple[int, int]]] = {}
+    for d in view["devices"]:
+        for h in d["holders"]:
+            out.setdefault(h["key"], []).append((d["index"], h["milli"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def sorted_shares(shares: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+    return {k: sorted(v) for k, v in shares.items()}
+
+
+def usage_rows(hub: RunningHub, key: str) -> list[tuple[str, str | None]]:
+    """gpulab's usage intervals of ``key`` (read-only, as an admin's sqlite3 would)."""
+    db = sqlite3.connect(f"file:{hub.state_dir / 'gpulab.sqlite'}?mode=ro", uri=True)
+    try:
+        return db.execute("select started_at, ended_at from gpulab_usage where key = ? order by id", (key,)).fetchall()
+    finally:
+        db.close()
+
+
+def check_consistent(hub: RunningHub, expect_servers: set[tuple[str, str]]) -> dict[str, list[tuple[int, int]]]:
+    """The hub's servers, ledger and packer agree with the processes that run; returns their shares."""
+    listed = servers(hub)
+    assert set(listed) == expect_servers, sorted(set(listed) ^ expect_servers)
+    assert all(m["ready"] for m in listed.values()), [k for k, m in listed.items() if not m["ready"]]
+    running = sorted_shares(gpu_shares_of_processes(hub))
+    view = devices(hub)
+    # The packer holds exactly what the processes hold, share for share.
+    assert packer_shares(view) == {k: v for k, v in running.items() if v}, (packer_shares(view), running)
+    used = device_use(running)
+    for d in view["devices"]:
+        assert d["used_milli"] == used.get(d["index"], 0) <= 1000, d
+    # The ledger holds every live server (CPU-only ones at 0) and every job not yet final.
+    jobs = {j["id"]: j for j in hub.api("GET", "/gpulab/jobs").json()["jobs"]}
+    want = {key_of(u, n): MILLI[m["user_options"]["profile"]] for (u, n), m in listed.items()}
+    want.update({f"job:{i}": j["gpu_milli"] for i, j in jobs.items() if j["state"] not in FINAL})
+    assert ledger(hub) == want
+    # ... and the admin usage report's "now" says the same per team.
+    now = {t["team"]: t["held_milli"] for t in hub.api("GET", "/gpulab/usage").json()["now"]}
+    per_team: dict[str, int] = {}
+    for w in hub.holdings():
+        per_team[w["team"]] = per_team.get(w["team"], 0) + w["gpu_milli"]
+    assert {t: now.get(t, 0) for t in per_team} == per_team
+    return running
+
+
+# -- the hub killed ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(hub, tokens, gates):
+    """Twenty servers and ten jobs (running, queued, about to finish), all live."""
+    seconds = [start_servers(hub, wave) for wave in WAVES]
+    TIMINGS["20 servers started (3 concurrent waves)"] = sum(seconds)
+    jobs = {
+        # Devices 4 and 5 for two whole-GPU jobs; the one on 5 is released at the kill.
+        "long": submit_gated(hub, tokens, gates, "u00", "h100-1", "long"),
+        "finisher": submit_gated(hub, tokens, gates, "u01", "h100-1", "finisher", fail="planned failure at the kill"),
+    }
+    wait_state(hub, jobs["long"]["id"], "running")
+    wait_state(hub, jobs["finisher"]["id"], "running")
+    # No device left for these: they wait, holding their quota.
+    for user, profile, name in (
+        ("u02", "h100-1", "queued-1"),
+        ("u03", "h100-1", "queued-2"),
+        ("u04", "h100-1", "queued-3"),
+        ("u05", "h100-1", "queued-4"),
+        ("u09", "h100-1", "queued-5"),
+    ):
+        jobs[name] = submit_gated(hub, tokens, gates, user, profile, name)
+    jobs["cpu-long"] = submit_gated(hub, tokens, gates, "u06", "cpu", "cpu-long")
+    jobs["cpu-finisher"] = submit_gated(hub, tokens, gates, "u07", "cpu", "cpu-finisher")
+    jobs["cpu-killed"] = submit_gated(hub, tokens, gates, "u08", "cpu", "cpu-killed")
+    for name in ("cpu-long", "cpu-finisher", "cpu-killed"):
+        wait_state(hub, jobs[name]["id"], "running")
+    for name in ("queued-1", "queued-2", "queued-3", "queued-4", "queued-5"):
+        assert get_job(hub, jobs[name]["id"])["state"] == "queued"
+    assert len(jobs) == 10
+    check_consistent(hub, {(u, n) for u, n, _, _ in SERVERS})
+    return {k: v["id"] for k, v in jobs.items()}
+
+
+def test_hub_killed_then_restarted_readopts_or_releases_everything(hub, tokens, gates, live):
+    """SIGKILL the hub with 20 servers and 10 jobs live and one server still starting; while
+    it is down, one job finishes with a failure, one succeeds, one runner and two servers are
+    killed; restart it. Everything that runs is re-adopted, everything that ended is released
+    once, every job's outcome is recorded once."""
+    jobs = live
+    user, name, team, profile = SPAWNING
+    spawn = threading.Thread(
+        target=hub.api,
+        args=("POST", f"/users/{user}/servers/{name}"),
+        kwargs={"data": json.dumps({"team": team, "profile": profile})},
+    )
+    spawn.start()
+    wait_until(lambda: pids_of(hub, key_of(user, name)), 30, "the last server's process")
+    assert not servers(hub).get((user, name), {}).get("ready")
+    running_before = gpu_shares_of_processes(hub)
+    t0 = time.monotonic()
+    # The finishers are released at the moment of the kill: they end while the hub is down.
+    release(gates, "u01", "finisher")
+    release(gates, "u07", "cpu-finisher")
+    kill_hub(hub)
+    spawn.join(35)
+    gone_servers = {("u01", ""), ("u08", "")}  # a quarter-GPU server and a CPU-only one
+    for u, n in gone_servers:
+        for pid in pids_of(hub, key_of(u, n)):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids_of(hub, f"job:{jobs['cpu-killed']}"):
+        os.kill(pid, signal.SIGKILL)
+    for job in ("finisher", "cpu-finisher"):
+        key = f"job:{jobs[job]}"
+        wait_until(lambda k=key: not pids_of(hub, k), 60, f"job {job} ended while the hub was down")
+    wait_until(lambda: all(not pids_of(hub, key_of(u, n)) for u, n in gone_servers), 20, "servers killed")
+    t_restart = time.monotonic()
+    hub.start()
+    TIMINGS["hub restart after SIGKILL (start() to API up)"] = time.monotonic() - t_restart
+
+    # The server that was starting is adopted too: its process runs and holds its quarter.
+    expect = {(u, n) for u, n, _, _ in SERVERS} - gone_servers | {(user, name)}
+    wait_until(lambda: set(servers(hub)) == expect, 90, "the hub's server list after the restart")
+    wait_until(lambda: all(m["ready"] for m in servers(hub).values()), 90, "every listed server ready")
+    for u, n in sorted(expect):
+        assert through_proxy(hub, u, n, tokens[u]) == 200, (u, n)
+    # Every job's outcome, exactly once: the finisher's real failure, the CPU finisher's
+    # success, the killed runner failed with the reason, the rest as they were.
+    finisher = wait_state(hub, jobs["finisher"], FINAL, timeout=30)
+    assert finisher["state"] == "failed" and "planned failure at the kill" in finisher["reason"], finisher
+    assert wait_state(hub, jobs["cpu-finisher"], FINAL, timeout=30)["state"] == "succeeded"
+    killed = wait_state(hub, jobs["cpu-killed"], FINAL, timeout=30)
+    assert killed["state"] == "failed" and "gone when the hub restarted" in killed["reason"], killed
+    for job in ("finisher", "cpu-finisher", "cpu-killed"):
+        history = [h["state"] for h in get_job(hub, jobs[job])["history"]]
+        assert history == ["queued", "running", history[-1]] and history[-1] in FINAL, (job, history)
+        assert all(end is not None for _, end in usage_rows(hub, f"job:{jobs[job]}"))
+    assert len(usage_rows(hub, f"job:{jobs['finisher']}")) == 1
+    for job in ("long", "cpu-long"):
+        record = get_job(hub, jobs[job])
+        assert record["state"] == "running" and [h["state"] for h in record["history"]] == ["queued", "running"]
+    # The finisher's device went to the oldest queued job, which started once, after the restart.
+    started = wait_state(hub, jobs["queued-1"], "running", timeout=60)
+    assert [h["state"] for h in started["history"]] == ["queued", "running"], started
+    for job in ("queued-2", "queued-3", "queued-4", "queued-5"):
+        assert get_job(hub, jobs[job])["state"] == "queued"
+    running = check_consistent(hub, expect)
+    # The re-adopted servers hold the devices they held before the kill.
+    for u, n in expect:
+        k = key_of(u, n)
+        assert running.get(k, []) == sorted(running_before.get(k, [])), k
+    # Released exactly once: each dead server's usage interval is closed, once; each
+    # re-adopted GPU server still has its one open interval (not a second one).
+    for u, n in gone_servers:
+        assert all(end is not None for _, end in usage_rows(hub, key_of(u, n)))
+    assert len(usage_rows(hub, key_of("u01", ""))) == 1
+    for u, n in expect:
+        if running.get(key_of(u, n)):
+            rows = usage_rows(hub, key_of(u, n))
+            assert len(rows) == 1 and rows[0][1] is None, (u, n, rows)
+    TIMINGS["hub SIGKILL fault (kill to all checks done)"] = time.monotonic() - t0
+
+
+def test_no_gpu_is_handed_out_twice_after_the_restart(hub, tokens, gates, live):
+    """After the restart the only free share is the dead server's quarter: a new quarter
+    server lands exactly there, the next is refused. Stopping a re-adopted half-GPU server
+    frees its half, once, and a new server lands in it and nowhere else."""
+    expect = {(u, n) for u, n, _, _ in SERVERS} - {("u01", ""), ("u08", "")} | {SPAWNING[:2]}
+    free = [d for d in devices(hub)["devices"] if d["free_milli"]]
+    assert [d["free_milli"] for d in free] == [250], free
+    start_servers(hub, [("u01", "", "vision", "h100-quarter")])
+    expect |= {("u01", "")}
+    running = check_consistent(hub, expect)
+    assert running[key_of("u01", "")] == [(free[0]["index"], 250)]
+    r = hub.api("POST", "/users/u08/server", data=json.dumps({"team": "nlp", "profile": "h100-quarter"}))
+    assert r.status_code == 409, (r.status_code, r.text)
+    assert "0.25 × H100" in r.json()["message"], r.text
+    hub.wait_server("u08", "", ready=False)
+    r = hub.api("DELETE", "/users/u00/servers/b")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_server("u00", "b", ready=False)
+    expect -= {("u00", "b")}
+    freed = [d for d in devices(hub)["devices"] if d["free_milli"]]
+    assert [d["free_milli"] for d in freed] == [500], freed
+    rows = usage_rows(hub, key_of("u00", "b"))
+    assert len(rows) == 1 and rows[0][1] is not None, rows
+    start_servers(hub, [("u08", "", "nlp", "h100-quarter")])
+    expect |= {("u08", "")}
+    running = check_consistent(hub, expect)
+    assert running[key_of("u08", "")] == [(freed[0]["index"], 250)]
+    assert all(used <= 1000 for used in device_use(running).values())
+
+
+# -- the proxy killed ----------------------------------------------------------------------------
+
+
+def proxy_routes(hub: RunningHub) -> set[str]:
+    """The routes configurable-http-proxy holds (asked on its API with its own token)."""
+    import requests
+
+    env = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{proxy_pid(hub)}/environ").read_bytes().decode().split("\0")
+        if "=" in item
+    )
+    r = requests.get(
+        f"http://127.0.0.1:{hub.api_port}/api/routes",
+        headers={"Authorization": f"token {env['CONFIGPROXY_AUTH_TOKEN']}"},
+        timeout=10,
+    )
+    r.raise_for_status()
+    return set(r.json())
+
+
+def routes_now(hub: RunningHub) -> set[str] | None:
+    """:func:`proxy_routes`, or ``None`` while the proxy does not answer yet."""
+    import requests
+
+    try:
+        return proxy_routes(hub)
+    except (OSError, KeyError, requests.RequestException):
+        return None
+
+
+def test_proxy_killed_is_restarted_by_the_hub_with_every_route(hub, tokens, live):
+    """SIGKILL configurable-http-proxy: JupyterHub's proxy check (every
+    ``ConfigurableHTTPProxy.check_running_interval`` seconds) starts a new one and restores
+    the routes; every server answers through it again, and nothing was lost meanwhile."""
+    expect = set(servers(hub))
+    assert len(expect) == 20
+    held, placed = ledger(hub), packer_shares(devices(hub))
+    routes = proxy_routes(hub)
+    assert routes == {"/"} | {f"/user/{u}/{n}" if n else f"/user/{u}" for u, n in expect}  # as CHP keys them
+    old = proxy_pid(hub)
+    t0 = time.monotonic()
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: proxy_pid(hub) != old, 60, "a new proxy started by the hub")
+    wait_until(lambda: routes_now(hub) == routes, 60, "the routes restored")
+    for user, name in sorted(expect):
+        wait_until(lambda u=user, n=name: through_proxy(hub, u, n, tokens[u]) == 200, 30, f"{user}/{name} answers")
+    TIMINGS["proxy SIGKILL fault (kill to every server answering)"] = time.monotonic() - t0
+    assert ledger(hub) == held and packer_shares(devices(hub)) == placed
+    check_consistent(hub, expect)
