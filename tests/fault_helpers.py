@@ -177,8 +177,12 @@ def kill_hub(hub: RunningHub) -> int:
     return pid
 
 
-def proxy_pid(hub: RunningHub) -> int:
-    return int((hub.state_dir / "jupyterhub-proxy.pid").read_text().strip())
+def proxy_pid(hub: RunningHub) -> int | None:
+    """The pid in the proxy's pid file; ``None`` while there is none (the hub replaces it)."""
+    try:
+        return int((hub.state_dir / "jupyterhub-proxy.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 # -- a database held by another writer --------------------------------------------------------------

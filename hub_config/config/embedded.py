@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from hub_config.config.idle_service import configure_idle_culler
 from hub_config.config.setup import configure_gpulab
+from hub_config.storage.db import DEFAULT_BUSY_TIMEOUT
 from spawner.accounts import UserAccounts, unreachable_by_others
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
@@ -156,6 +157,8 @@ def configure_embedded(c) -> None:
     - ``GPULAB_CATALOG`` (default: the demo teams): teams/profiles YAML
     - ``GPULAB_DEMO_AUTH`` (default ``1``), ``GPULAB_DEMO_PASSWORD`` (default ``gpulab-demo``)
     - ``GPULAB_ADMIN_USERS`` (default ``admin``), comma-separated
+    - ``GPULAB_DB_BUSY_TIMEOUT`` (default 20): seconds a write to either SQLite database
+      waits for a lock another process holds
     """
     bind_url = os.environ.get("GPULAB_BIND", "http://127.0.0.1:8000")
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", ".gpulab")).resolve()
@@ -180,6 +183,11 @@ def configure_embedded(c) -> None:
     api_port = int(os.environ.get("GPULAB_PROXY_API_PORT") or port_near(port + 2))
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{api_port}"
     c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+    # Both databases wait as long for a lock another process holds (a backup, an admin's
+    # sqlite3), then fail: requests wait out a short lock instead of failing at once.
+    busy = float(os.environ.get("GPULAB_DB_BUSY_TIMEOUT") or DEFAULT_BUSY_TIMEOUT)
+    c.GPULabDB.busy_timeout = busy
+    c.JupyterHub.db_kwargs = {"connect_args": {"check_same_thread": False, "timeout": busy}}
     c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
-from hub_config.storage.db import session_factory, utcnow
+from hub_config.storage.db import session_factory, storage_failure, utcnow
 from spawner import jobspec
 from spawner.accounts import UserAccounts, lookup
 from spawner.config import GPULabRuntime, get_runtime
@@ -108,8 +108,12 @@ class JobService:
         while True:
             try:
                 await self.backend.tick()
-            except Exception:
-                log.exception("gpulab jobs: backend tick failed")
+            except Exception as e:
+                sentence = storage_failure(e)
+                if sentence is not None:  # the next tick does what this one could not record
+                    log.warning("gpulab jobs: the jobs wait: %s", sentence)
+                else:
+                    log.exception("gpulab jobs: backend tick failed")
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)

@@ -77,6 +77,9 @@ class LocalJobBackend(JobBackend):
         self.stopping: dict[int, tuple[float, str | None]] = {}
         #: victim job id -> the training job it was preempted for.
         self.preempting: dict[int, int] = {}
+        #: job id -> (reason, fields) of a start whose runner runs but whose record could not
+        #: be written (the database was locked or its disk full): written at the next tick.
+        self.unrecorded_starts: dict[int, tuple[str, dict[str, Any]]] = {}
         #: The hub is not root: it acts as the owners through the mediator over sudo.
         self.sudo = service.owner_accounts and service.accounts.uses_sudo()
         self.state_dir = Path(self.settings.state_dir)
@@ -170,9 +173,17 @@ class LocalJobBackend(JobBackend):
     # -- the loop ---------------------------------------------------------------------
 
     async def tick(self) -> None:
+        # Every step writes its record before it forgets a process or frees its devices: a
+        # write that fails (database locked, disk full) leaves the step to the next tick.
+        self._record_starts()
         self._reap()
         self._enforce_time_limits()
         self._schedule()
+
+    def _record_starts(self) -> None:
+        for job_id, (reason, fields) in list(self.unrecorded_starts.items()):
+            self.service.transition(job_id, jobspec.RUNNING, reason, **fields)
+            del self.unrecorded_starts[job_id]
 
     def _reap(self) -> None:
         for job_id, pid in list(self.pids.items()):
@@ -183,18 +194,19 @@ class LocalJobBackend(JobBackend):
                 if deadline is not None and time.monotonic() > deadline:
                     self._signal(job_id, pid, signal.SIGKILL)
                 continue
+            if job_id in self.stopping:
+                _, then = self.stopping[job_id]
+                if then:
+                    self.service.transition(job_id, then, "requeued after preemption")
+                del self.stopping[job_id]
+                self.preempting.pop(job_id, None)
+            else:
+                rec = self.service.get(job_id)
+                if rec is not None and rec.state == jobspec.RUNNING:
+                    self._finish_from_status(rec, gone_reason="the runner exited without an exit status")
             self.pids.pop(job_id, None)
             self.procs.pop(job_id, None)
             self._release_devices(job_id)
-            if job_id in self.stopping:
-                _, then = self.stopping.pop(job_id)
-                self.preempting.pop(job_id, None)
-                if then:
-                    self.service.transition(job_id, then, "requeued after preemption")
-                continue
-            rec = self.service.get(job_id)
-            if rec is not None and rec.state == jobspec.RUNNING:
-                self._finish_from_status(rec, gone_reason="the runner exited without an exit status")
 
     def _finish_from_status(self, rec: JobRecord, gone_reason: str) -> None:
         path = self.status_path(rec, rec.attempts)
@@ -205,7 +217,6 @@ class LocalJobBackend(JobBackend):
             status = None
         if not isinstance(status, dict):
             status = None
-        self._release_devices(rec.id)
         if status is None:
             self.service.transition(rec.id, jobspec.FAILED, gone_reason)
         elif status.get("returncode") == 0:
@@ -214,6 +225,7 @@ class LocalJobBackend(JobBackend):
             self.service.transition(
                 rec.id, jobspec.FAILED, status.get("error") or f"papermill exited with {status.get('returncode')}"
             )
+        self._release_devices(rec.id)
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
@@ -225,7 +237,8 @@ class LocalJobBackend(JobBackend):
                 self._terminate(rec.id, None)
 
     def _schedule(self) -> None:
-        waiting = [r for r in self.service.active(self.name) if r.state == jobspec.QUEUED]
+        # A job whose runner already runs (its start not yet recorded) is not started again.
+        waiting = [r for r in self.service.active(self.name) if r.state == jobspec.QUEUED and r.id not in self.pids]
         waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
         for rec in waiting:
             key = jobspec.workload_key(rec.id)
@@ -280,10 +293,10 @@ class LocalJobBackend(JobBackend):
         if not fits:
             return
         for victim_id, _ in victims:
-            self.preempting[victim_id] = rec.id
             self.service.transition(
                 victim_id, jobspec.PREEMPTED, f"preempted by training job {rec.id}, which needs its GPU"
             )
+            self.preempting[victim_id] = rec.id
             self._terminate(victim_id, jobspec.QUEUED)
 
     # -- processes -------------------------------------------------------------------------
@@ -365,14 +378,13 @@ class LocalJobBackend(JobBackend):
             self.service.transition(rec.id, jobspec.FAILED, f"cannot start papermill: {e}")
             return
         self.pids[rec.id] = pid
-        self.service.transition(
-            rec.id,
-            jobspec.RUNNING,
-            f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
-            pid=pid,
-            shares_json=json.dumps(shares),
-            attempts=attempt,
-        )
+        reason = f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}"
+        fields: dict[str, Any] = {"pid": pid, "shares_json": json.dumps(shares), "attempts": attempt}
+        try:
+            self.service.transition(rec.id, jobspec.RUNNING, reason, **fields)
+        except Exception:  # the runner runs: record it at the next tick, never start it twice
+            self.unrecorded_starts[rec.id] = (reason, fields)
+            raise
         log.info(
             "gpulab jobs: started job %d (%s) pid %d as %s, %s",
             rec.id,
