@@ -293,6 +293,9 @@ class GPULocalMixin(_SpawnerBase):
     def _resolve(self, options: dict[str, Any], check_now: bool = False) -> SpawnRequest:
         runtime = self.gpulab
         request = resolve_request(runtime.catalog, self.user.name, self._groups(), options)
+        full = runtime.disk_full()
+        if full is not None:  # before anything is reserved or written
+            raise PolicyError(full, 507)
         if check_now:
             # Early feedback on the form; start() decides for real, atomically.
             decision = runtime.ledger.admit(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +153,7 @@ def device_use(shares_by_key: dict[str, list[tuple[int, int]]]) -> dict[int, int
 def pids_of(hub: RunningHub, key: str) -> list[int]:
     """Live processes holding ``key`` (a server with its kernels, or a job runner with its kernel)."""
     marker = f"http://127.0.0.1:{hub.hub_port}/"
+    homes = str(hub.data_dir.resolve())
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -162,8 +164,8 @@ def pids_of(hub: RunningHub, key: str) -> list[int]:
         if key.startswith("notebook:") and env.get("JUPYTERHUB_API_URL", "").startswith(marker):
             if f"notebook:{env.get('JUPYTERHUB_USER')}/{env.get('JUPYTERHUB_SERVER_NAME', '')}" == key:
                 found.append(int(entry))
-        elif key.startswith("job:") and env.get("GPULAB_JOB_ID") == key[4:]:
-            found.append(int(entry))
+        elif key.startswith("job:") and env.get("GPULAB_JOB_ID") == key[4:] and env.get("HOME", "").startswith(homes):
+            found.append(int(entry))  # this hub's job (other hubs number their jobs from 1 too)
     return found
 
 
@@ -220,14 +222,21 @@ def exclusive_lock(path: Path, seconds: float) -> Iterator[subprocess.Popen]:
 
 
 @contextlib.contextmanager
-def small_filesystem(size_mib: int) -> Iterator[Path]:
-    """A tmpfs of ``size_mib`` MiB mounted on a fresh folder under /tmp (root only), unmounted after."""
-    mountpoint = Path(tempfile.mkdtemp(prefix="gpulab-test-fs-", dir="/tmp"))
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0711", "tmpfs", str(mountpoint)],
-        check=True,
-        capture_output=True,
-    )
+def small_filesystem(size_mib: int, reserved_percent: int = 10) -> Iterator[Path]:
+    """An ext4 image of ``size_mib`` MiB, loop-mounted on a fresh folder under /tmp (root only).
+
+    Like any ext4 disk it keeps ``reserved_percent`` of its blocks for root: users' writes
+    stop at "disk full" while a root hub can still write its records.
+    """
+    work = Path(tempfile.mkdtemp(prefix="gpulab-test-fs-", dir="/tmp"))
+    os.chmod(work, 0o711)  # the users' accounts reach their homes on it
+    image, mountpoint = work / "disk.img", work / "mnt"
+    mountpoint.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(size_mib << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", str(reserved_percent), str(image)], check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mountpoint)], check=True, capture_output=True)
+    os.chmod(mountpoint, 0o711)
     try:
         yield mountpoint
     finally:
@@ -237,23 +246,45 @@ def small_filesystem(size_mib: int) -> Iterator[Path]:
             time.sleep(0.5)
         else:
             subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
-        with contextlib.suppress(OSError):
-            mountpoint.rmdir()
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def fill_disk(folder: Path) -> Path:
-    """Write a file into ``folder`` until the filesystem refuses (ENOSPC); its path."""
-    filler = folder / "filler.bin"
-    chunk = b"\0" * (64 << 10)
-    with open(filler, "wb", buffering=0) as f:
-        while True:  # a short write fills the last pages; the next one raises ENOSPC
-            try:
-                f.write(chunk)
-            except OSError:
-                break
-    return filler
+_FILL = """
+import sys
+chunk = bytes(64 << 10)
+with open(sys.argv[1], "wb", buffering=0) as f:
+    while True:  # a short write fills the last blocks; the next one raises ENOSPC
+        try:
+            f.write(chunk)
+        except OSError:
+            break
+"""
 
 
-def free_bytes(folder: Path) -> int:
+def fill_disk(path: Path, account=None) -> Path:
+    """Write ``path`` until its filesystem refuses (ENOSPC), as ``account`` (a user's process
+    filling her home) or as root (then the blocks reserved for root go too); ``path``."""
+    switch = {"user": account.uid, "group": account.gid, "extra_groups": []} if account is not None else {}
+    subprocess.run([sys.executable, "-c", _FILL, str(path)], check=True, timeout=120, **switch)
+    return path
+
+
+def root_can_write(folder: Path, size: int = 64 << 10) -> bool:
+    """Can root still write ``size`` bytes there? (ext4 keeps a few blocks even from root,
+    so ``statvfs``'s free count alone does not say the disk is full to the last byte.)"""
+    probe = folder / ".gpulab-test-probe"
+    try:
+        with open(probe, "wb", buffering=0) as f:
+            f.write(bytes(size))
+            os.fsync(f.fileno())
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def free_bytes(folder: Path, for_root: bool = False) -> int:
+    """Free bytes on ``folder``'s filesystem for users (or, ``for_root``, with root's reserve)."""
     st = os.statvfs(folder)
-    return st.f_bavail * st.f_frsize
+    return (st.f_bfree if for_root else st.f_bavail) * st.f_frsize

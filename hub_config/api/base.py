@@ -17,7 +17,7 @@ from jupyterhub.scopes import Scope
 from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
 
-from hub_config.storage.db import GPULabDB, sqlite_file, storage_failure
+from hub_config.storage.db import StorageUnavailable, database_file, sqlite_file, storage_failure
 from spawner.config import GPULabRuntime, get_runtime
 
 #: Largest JSON body any gpulab endpoint accepts.
@@ -110,14 +110,13 @@ class GPULabAPIHandler(APIHandler):
 
     # -- databases that cannot be used now ------------------------------------
 
-    def storage_sentence(self, error: BaseException | None) -> str | None:
+    def storage_failure(self, error: BaseException | None) -> StorageUnavailable | None:
         """What to tell the caller about ``error`` when it is a database that cannot be used now."""
         config = self.settings.get("config")
-        gpulab_db = sqlite_file(GPULabDB(config=config).db_url) if config is not None else None
         hub_section = config.get("JupyterHub", {}) if config is not None else {}
         hub_url = hub_section.get("db_url", "") if "db_url" in hub_section else ""
         hub_db = sqlite_file(str(hub_url)) if hub_url else None
-        return storage_failure(error, str(gpulab_db or ""), str(hub_db or ""))
+        return storage_failure(error, database_file(config), str(hub_db or ""))
 
     async def get_current_user(self) -> Any:
         try:
@@ -127,9 +126,9 @@ class GPULabAPIHandler(APIHandler):
             raise
 
     def _refuse_when_the_lookup_failed(self) -> None:
-        sentence = self.storage_sentence(self._auth_storage_error)
-        if sentence is not None:
-            raise web.HTTPError(503, f"cannot tell who is asking: {sentence}")
+        failure = self.storage_failure(self._auth_storage_error)
+        if failure is not None:
+            raise StorageUnavailable(f"the hub cannot tell who is asking: {failure}", failure.status)
 
     async def prepare(self) -> None:
         await super().prepare()
@@ -140,22 +139,25 @@ class GPULabAPIHandler(APIHandler):
         return super().check_xsrf_cookie()
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        sentence = self.storage_sentence(value)
-        if sentence is None:
+        failure = self.storage_failure(value)
+        if failure is None:
             super().log_exception(typ, value, tb)
             return
-        self.log.warning("gpulab: %s %s answered 503: %s", self.request.method, self.request.path, sentence)
+        self.log.warning(
+            "gpulab: %s %s answered %d: %s", self.request.method, self.request.path, failure.status, failure
+        )
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc_info = kwargs.get("exc_info")
-        sentence = self.storage_sentence(exc_info[1] if exc_info else None)
-        if sentence is None:
+        failure = self.storage_failure(exc_info[1] if exc_info else None)
+        if failure is None:
             super().write_error(status_code, **kwargs)
             return
-        self.set_status(503)
-        self.set_header("Retry-After", "10")
+        self.set_status(failure.status)
+        if failure.status == 503:
+            self.set_header("Retry-After", "10")
         self.set_header("Content-Type", "application/json")
-        self.write(json.dumps({"status": 503, "message": sentence}))
+        self.write(json.dumps({"status": failure.status, "message": str(failure)}))
 
     def has_scope(self, scope: str, user_name: str | None = None) -> bool:
         """Does the caller hold ``scope`` (for ``user_name``'s resources, if given)?"""

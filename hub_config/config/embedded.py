@@ -194,6 +194,12 @@ def configure_embedded(c) -> None:
     c.ConfigurableHTTPProxy.command = [find_proxy()]
     c.GPULabDB.db_url = f"sqlite:///{state_dir / 'gpulab.sqlite'}"
     c.GPULabJobs.state_dir = str(data_dir / "jobs")
+    # New work waits for room on these; running servers and jobs are left alone.
+    c.GPULab.data_disks = {
+        "the hub's databases": str(state_dir),
+        "the job status folder": str(data_dir / "jobs"),
+        "the users' homes": str(home_root),
+    }
     c.JupyterHub.allow_named_servers = True
     c.JupyterHub.named_server_limit_per_user = 4
     c.JupyterHub.cleanup_servers = False  # servers survive a hub restart and are counted again

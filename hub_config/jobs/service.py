@@ -29,7 +29,7 @@ from sqlalchemy import select
 from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
-from hub_config.storage.db import session_factory, storage_failure, utcnow
+from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
 from spawner import jobspec
 from spawner.accounts import UserAccounts, lookup
 from spawner.config import GPULabRuntime, get_runtime
@@ -109,9 +109,9 @@ class JobService:
             try:
                 await self.backend.tick()
             except Exception as e:
-                sentence = storage_failure(e)
-                if sentence is not None:  # the next tick does what this one could not record
-                    log.warning("gpulab jobs: the jobs wait: %s", sentence)
+                failure = storage_failure(e, database_file(self.config))
+                if failure is not None:  # the next tick does what this one could not record
+                    log.warning("gpulab jobs: the jobs wait: %s", failure)
                 else:
                     log.exception("gpulab jobs: backend tick failed")
             self._wake.clear()
@@ -290,6 +290,9 @@ class JobService:
         """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
         groups = list(groups)
         v = self._validate(user, groups, body)
+        full = self.runtime.disk_full()
+        if full is not None:  # before anything is written
+            raise JobSpecError(full, 507)
         if v["idempotency_key"]:
             with self.db() as s:
                 existing = s.scalars(

@@ -94,12 +94,23 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database).resolve()
 
 
+def database_file(config=None) -> str:
+    """gpulab's SQLite file, as text ('' for another database): the sentences name it."""
+    url = GPULabDB(config=config).db_url if config is not None else GPULabDB().db_url
+    return str(sqlite_file(url) or "")
+
+
 class StorageUnavailable(RuntimeError):
-    """A database gpulab needs cannot be written (or read) now; the message is the sentence to show."""
+    """A database cannot be used now; the message is the sentence to show, ``status`` the HTTP
+    status to answer with (507 for a full disk, 503 otherwise)."""
+
+    def __init__(self, sentence: str, status: int = 503):
+        super().__init__(sentence)
+        self.status = status
 
 
-def storage_failure(error: BaseException | None, gpulab_db: str = "", hub_db: str = "") -> str | None:
-    """The sentence for a database error a request cannot fix (locked, full disk, I/O), else ``None``.
+def storage_failure(error: BaseException | None, gpulab_db: str = "", hub_db: str = "") -> StorageUnavailable | None:
+    """What a database error a request cannot fix (locked, full disk, I/O) means, else ``None``.
 
     These are the operator's to fix (or to wait out), not the request's: the API answers
     them with a 503 and the sentence, never a 500 and a traceback. ``gpulab_db`` and
@@ -107,7 +118,7 @@ def storage_failure(error: BaseException | None, gpulab_db: str = "", hub_db: st
     told by the statement (gpulab's tables all start with ``gpulab_``).
     """
     if isinstance(error, StorageUnavailable):
-        return str(error)
+        return error
     if not isinstance(error, OperationalError | DBAPIError):
         return None
     text = str(getattr(error, "orig", error) or error).lower()
@@ -117,14 +128,19 @@ def storage_failure(error: BaseException | None, gpulab_db: str = "", hub_db: st
     else:
         what = f"gpulab's database ({gpulab_db})" if gpulab_db else "gpulab's database"
     if "locked" in text or "busy" in text:
-        return (
+        return StorageUnavailable(
             f"{what} is locked by another process (a backup, or an open sqlite3 session?) and stayed "
             "locked longer than gpulab waits; the request was not carried out: try again in a moment"
         )
     if "full" in text:
-        return f"the disk holding {what} is full; the request was not carried out: an admin must free space there"
+        return StorageUnavailable(
+            f"the disk holding {what} is full; the request was not carried out: an admin must free space there", 507
+        )
     if "disk i/o" in text or "readonly" in text or "unable to open" in text:
-        return f"{what} cannot be written ({text.strip()[:120]}); the request was not carried out: an admin must check its disk"
+        return StorageUnavailable(
+            f"{what} cannot be written ({text.strip()[:120]}); the request was not carried out: "
+            "an admin must check its disk"
+        )
     return None
 
 
