@@ -114,11 +114,17 @@ def sudoers(args: argparse.Namespace) -> int:
 def check_isolation() -> int:
     """Say which mode a hub started by this account would run in: root, sudo or not isolated."""
     from spawner.accounts import UserAccounts
+    from spawner.confinement import Confiner, LimitsUnavailable, UserLimits
     from spawner.sudo import NONE, isolation_mode
 
     accounts = UserAccounts()
     mode, why = isolation_mode(accounts.mediator, accounts.sudo)
     print(f"isolation mode: {mode} ({why})")
+    try:  # what a hub of this account gets: limits, GPU device rules, private /tmp
+        for line in Confiner(UserLimits(), mode).status.lines():
+            print(line)
+    except LimitsUnavailable as e:
+        print(f"limits: {e}", file=sys.stderr)
     if mode == NONE:
         print(
             "users would NOT be isolated: run the hub as root, or install the drop-in from "

@@ -65,14 +65,15 @@ fi
 STAMP=.venv/.gpulab-install
 EXTRAS="kubernetes,lab"
 [[ $WANT_TEST == 1 ]] && EXTRAS="kubernetes,lab,test"
-PYPROJECT_HASH=$(sha256sum pyproject.toml | cut -c1-16)
-# The stamp records the pyproject hash and the extras installed; a test
+# The exact versions come from requirements.lock (scripts/lock writes it).
+PYPROJECT_HASH=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
+# The stamp records the hash of pyproject.toml and the lock and the extras installed; a test
 # install also satisfies the run install.
 if ! grep -qx -- "$PYPROJECT_HASH $EXTRAS" "$STAMP" 2>/dev/null \
    && ! { [[ $WANT_TEST == 0 ]] && grep -qx -- "$PYPROJECT_HASH kubernetes,lab,test" "$STAMP" 2>/dev/null; }; then
   log "pip install -e .[$EXTRAS]"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+  .venv/bin/python -m pip install -q --upgrade -c requirements.lock pip >/dev/null
+  .venv/bin/python -m pip install -q -c requirements.lock -e ".[$EXTRAS]"
   # jsonschema[format-nongpl] (via jupyter_events and nbformat) brings rfc3987-syntax,
   # which builds ~35 Lark parsers when imported: about 0.8 s of CPU at the start of
   # every hub, JupyterLab server and notebook job, for the "iri" format no Jupyter

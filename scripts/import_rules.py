@@ -31,9 +31,17 @@ ADAPTERS = frozenset(
         "spawner.accounts",
         "spawner.sudo",
         "spawner.mediator",
+        "spawner.mediator_client",
+        "spawner.home_files",
+        "spawner.processes",
         "spawner.account_spawner",
         "spawner.kube_ledger",
         "spawner.config",
+        "spawner.cgroups",
+        "spawner.devices",
+        "spawner.namespaces",
+        "spawner.output_capture",
+        "spawner.confinement",
         "spawner",
     }
 )

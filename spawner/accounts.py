@@ -10,14 +10,21 @@ signals.
 Switching users needs root, or a sudoers rule: a root hub switches itself
 (:func:`demote_kwargs`); a hub that is not root runs the mediator
 ``gpulab-launch`` as the account through ``sudo -n`` (:mod:`spawner.sudo`,
-``c.UserAccounts.switch``). A hub that can do neither cannot isolate users and
+``c.UserAccounts.switch``). In both modes every read of a file the user
+controls, and the claim of the home for this hub, is a run of the mediator as
+the account (:attr:`UserAccounts.launcher`), so the hub never opens a user's
+file with its own rights. A hub that can do neither cannot isolate users and
 says so; see docs/single-server.md.
 
-Plain Python (``pwd``, ``grp``, ``subprocess``): no tornado, no JupyterHub.
+An account name that maps to root or to a system account (uid below
+``c.UserAccounts.min_uid``) is refused, never run as.
+
+Plain Python (``pwd``, ``grp``, ``subprocess``, asyncio): no tornado, no JupyterHub.
 """
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import hashlib
 import logging
@@ -30,17 +37,18 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from traitlets import Bool, Enum, Unicode, default
+from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Configurable
 
-from .sudo import SudoError, SudoLauncher, useradd_argv
+from .mediator_client import AccountMediator, MediatorClient, MediatorError
+from .sudo import SudoLauncher, useradd_argv
 
 log = logging.getLogger("gpulab.accounts")
 
 #: One account creation at a time in this process: concurrent ``useradd`` runs for
 #: one name were seen to each "succeed" with a different uid, the last one winning.
 _create_lock = threading.Lock()
-#: Accounts whose home the mediator has checked in this process (sudo mode).
+#: Accounts whose home the mediator has checked and claimed in this process.
 _prepared: set[str] = set()
 
 #: Longest account name ``useradd`` accepts on Linux.
@@ -50,6 +58,10 @@ _UNSAFE = re.compile(r"[^a-z0-9_-]")
 
 class AccountError(RuntimeError):
     """An account cannot be created or used; the message says what to fix."""
+
+
+class AccountRefused(AccountError):
+    """A hub user may not run as this account (root's, a system account, another hub's)."""
 
 
 @dataclass(frozen=True)
@@ -134,42 +146,131 @@ class UserAccounts(Configurable):
         the hub's account.""",
     )
     sudo = Unicode("sudo", config=True, help="The sudo program (a name on PATH or an absolute path).")
+    mediator_timeout = Float(
+        10.0,
+        config=True,
+        help="""Seconds the hub waits for one run of the mediator as a user's account (a read
+        of a job's log, a server or job start through sudo, a signal). A run that has not
+        answered by then is stopped, and only that user's request fails, with a sentence: the
+        account's own processes, which the user may stop, never hold up anyone else.""",
+    )
+    mediator_max_pending = Int(
+        4,
+        config=True,
+        help="""Most runs of the mediator as one account that may wait for an answer at once;
+        more are refused at once until they end.""",
+    )
+    min_uid = Int(
+        config=True,
+        help="""Lowest uid a hub user's account may have. A hub user whose account is root
+        (uid or gid 0), a system account, or any uid below this is refused with a sentence,
+        never run as. Default: UID_MIN of /etc/login.defs (1000 when it says nothing).""",
+    )
+    hub_id = Unicode(
+        config=True,
+        help="""What this hub writes into each account's `~/.gpulab/hub` on first use. An account
+        whose marker names another hub is refused with a sentence: two hubs with the same
+        account prefix would otherwise share accounts and homes. Default: the real path of
+        `$GPULAB_DATA_DIR` (the hub's data folder), else of the hub's working directory.""",
+    )
 
     @default("mediator")
     def _default_mediator(self) -> str:
         return str(Path(sys.executable).with_name("gpulab-launch"))
+
+    @default("min_uid")
+    def _default_min_uid(self) -> int:
+        return login_defs_uid_min()
+
+    @default("hub_id")
+    def _default_hub_id(self) -> str:
+        return os.path.realpath(os.environ.get("GPULAB_DATA_DIR") or os.getcwd())
 
     def uses_sudo(self) -> bool:
         """Does this hub act as the accounts through sudo (rather than as root)?"""
         return self.switch == "sudo" or (self.switch == "auto" and not can_switch_users())
 
     @property
-    def launcher(self) -> SudoLauncher:
-        return SudoLauncher(self.mediator, self.sudo)
+    def launcher(self) -> MediatorClient:
+        """How this hub runs the mediator as an account: through sudo, or (root) switched to it."""
+        if self.uses_sudo():
+            return SudoLauncher(self.mediator, self.sudo, self.mediator_timeout, self.mediator_max_pending)
+        return AccountMediator(self.mediator, self.mediator_timeout, self.mediator_max_pending)
 
     def name_for(self, username: str) -> str:
         return account_name(self.prefix, username)
 
-    def account_for(self, username: str) -> Account:
-        """The user's account; created when missing and :attr:`create` is on."""
+    def checked(self, account: Account, username: str) -> Account:
+        """``account`` when a hub user may run as it; :class:`AccountError` (a sentence) otherwise."""
+        if account.uid == 0 or account.gid == 0:
+            raise AccountRefused(
+                f"hub user {username} maps to system account {account.name} (uid {account.uid}, "
+                f"gid {account.gid}), which is root's: gpulab never runs a hub user as root"
+            )
+        if account.uid < self.min_uid:
+            raise AccountRefused(
+                f"hub user {username} maps to system account {account.name} with uid {account.uid}, "
+                f"below {self.min_uid} (c.UserAccounts.min_uid): gpulab never runs a hub user as a system account"
+            )
+        return account
+
+    def existing(self, username: str) -> Account:
+        """The user's account as it is: never created, and no process of the account's is run."""
         name = self.name_for(username)
-        if self.uses_sudo():
-            return self._sudo_account(name, username)
-        if self.create:
-            return ensure_account(name, self.home_root, shell=self.shell, group=self.group)
         account = lookup(name)
         if account is None:
+            raise AccountError(f"system account {name} for hub user {username} does not exist")
+        return self.checked(account, username)
+
+    def account_for(self, username: str) -> Account:
+        """The user's account; created when missing and :attr:`create` is on (root's ``useradd``).
+
+        Runs no process as the account: :meth:`prepare` also claims the home, as the account.
+        """
+        name = self.name_for(username)
+        found = lookup(name)
+        if found is not None:
+            self.checked(found, username)  # before anything touches a system account's home
+        if self.uses_sudo():
+            return self.checked(self._sudo_account(name, username), username)
+        if self.create:
+            return self.checked(ensure_account(name, self.home_root, shell=self.shell, group=self.group), username)
+        if found is None:
             raise AccountError(
                 f"system account {name} for hub user {username} does not exist "
                 "(c.UserAccounts.create is off): create it first"
             )
+        return found
+
+    async def prepare(self, username: str) -> Account:
+        """The user's account, created if needed, its home 0700 and claimed for this hub.
+
+        The claim runs the mediator as the account (with its deadline); an
+        account another hub claimed first is refused with a sentence.
+        """
+        account = await asyncio.to_thread(self.account_for, username)
+        if account.name in _prepared:
+            return account
+        try:
+            reply = await self.launcher.prepare_home(account.name, self.hub_id)
+        except MediatorError as e:
+            raise AccountError(f"cannot prepare the home of {account.name}: {e}") from None
+        owner = reply.get("owner", self.hub_id)
+        if owner != self.hub_id:
+            raise AccountRefused(
+                f"system account {account.name} belongs to another gpulab hub ({str(owner)[:200]}): two "
+                f"hubs with the account prefix {self.prefix!r} would share its home. Give each hub its own "
+                "prefix (GPULAB_ACCOUNT_PREFIX, c.UserAccounts.prefix); to move the account to this hub, "
+                f"remove {account.home}/.gpulab/hub"
+            )
+        _prepared.add(account.name)
         return account
 
     def _sudo_account(self, name: str, username: str) -> Account:
-        """The account, created with the drop-in's one ``useradd`` line; its home made 0700 by itself."""
+        """The account, created with the drop-in's one ``useradd`` line."""
         try:
             return self._sudo_account_unchecked(name, username)
-        except SudoError as e:
+        except MediatorError as e:
             raise AccountError(str(e)) from None
 
     def _sudo_account_unchecked(self, name: str, username: str) -> Account:
@@ -186,20 +287,29 @@ class UserAccounts(Configurable):
                         "c.UserAccounts.group must name the group of the sudoers rule "
                         "(e.g. jupyterhub-users) for a hub that is not root"
                     )
-                self.launcher.create_account(name, self.home_root, self.shell, self.group)
+                SudoLauncher(self.mediator, self.sudo).create_account(name, self.home_root, self.shell, self.group)
                 log.info("gpulab: created system account %s through sudo", name)
                 account = lookup(name)
                 if account is None:
                     raise AccountError(f"useradd reported success but account {name} does not exist")
-        if name not in _prepared:
-            self.launcher.prepare_home(name)
-            _prepared.add(name)
         return account
 
     def home_of(self, username: str) -> Path:
         """Where the user's home is (or will be once the account exists)."""
         account = lookup(self.name_for(username))
         return account.home if account is not None else Path(self.home_root) / self.name_for(username)
+
+
+def login_defs_uid_min(path: str = "/etc/login.defs") -> int:
+    """``UID_MIN`` of ``/etc/login.defs`` (the lowest uid useradd gives a regular account); 1000 if unset."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == "UID_MIN" and fields[1].isdigit():
+                return int(fields[1])
+    except OSError:
+        pass
+    return 1000
 
 
 def unreachable_by_others(path: str | Path) -> Path | None:
@@ -244,11 +354,19 @@ def ensure_account(name: str, home_root: str | Path, *, shell: str = "/bin/bash"
     home = account.home
     if not home.is_dir():
         home.mkdir(parents=True, mode=0o700)
-    st = home.lstat()
-    if st.st_uid != account.uid or st.st_gid != account.gid:
-        os.chown(home, account.uid, account.gid, follow_symlinks=False)
-    if st.st_mode & 0o777 != 0o700:
-        os.chmod(home, 0o700)
+    # The home itself, never what a symlink in its place leads to.
+    try:
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise AccountError(f"the home {home} of {name} is not a folder of its own: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != account.uid or st.st_gid != account.gid:
+            os.fchown(fd, account.uid, account.gid)
+        if st.st_mode & 0o777 != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return account
 
 

@@ -21,6 +21,7 @@ from .catalog_kube import (
     check_preferred_term,
     check_toleration,
 )
+from .limits import TEAM_LIMIT_KEYS, read_team_limits
 from .model import SLUG_RE, ImageChoice, Profile, Team, is_slug
 from .priority import BY_SHORT_NAME, get_priority_class
 from .sharing import SHARING_BACKENDS, sharing_config_issues
@@ -264,6 +265,7 @@ _TEAM_KEYS = {
     "allowed_profiles",
     "namespace",
     "idle_timeout",
+    "limits",
 }
 #: Highest price per GPU-hour: costs of a year of a whole cluster stay finite numbers.
 MAX_PRICE = 1_000_000
@@ -442,6 +444,12 @@ def _read_team(r: _Reader, spec: Any, path: Path, name: str | None = None) -> Te
     idle = None
     if d.get("idle_timeout") is not None:
         idle = r.convert(parse_duration, d["idle_timeout"], path + ("idle_timeout",))
+    limits = read_team_limits(
+        d.get("limits"),
+        lambda v: r.mapping(v, path + ("limits",), TEAM_LIMIT_KEYS),
+        lambda fn, v, key: r.convert(fn, v, path + ("limits", key)),
+        lambda key, message: r.error(path + ("limits", key), message),
+    )
     if len(r.issues) > n_before or name is None:
         return None
     return Team(
@@ -455,6 +463,7 @@ def _read_team(r: _Reader, spec: Any, path: Path, name: str | None = None) -> Te
         allowed_profiles=allowed,
         namespace=namespace,
         idle_timeout_seconds=idle,
+        limits=limits,
     )
 
 

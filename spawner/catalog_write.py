@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .catalog import Catalog
+from .limits import team_limits_to_dict
 from .model import Profile, Team
 from .priority import short_name
 from .units import format_duration, format_gpus, format_memory
@@ -58,6 +59,8 @@ def team_to_dict(t: Team) -> dict[str, Any]:
         d["namespace"] = t.namespace
     if t.idle_timeout_seconds is not None:
         d["idle_timeout"] = format_duration(t.idle_timeout_seconds)
+    if not t.limits.empty:
+        d["limits"] = team_limits_to_dict(t.limits)
     return d
 
 

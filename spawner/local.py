@@ -34,9 +34,12 @@ from traitlets.config import LoggingConfigurable
 
 from .account_spawner import AccountProcessSpawner
 from .config import GPULabRuntime, get_runtime
+from .confinement import UserLimits
+from .devices import placed_minors
 from .env import gpu_env
 from .form import find_choice, options_from_formdata, refusal_sentence, render_options_form
 from .ledger import Workload
+from .limits import LimitDefaults, WorkloadLimits, workload_limits
 from .nvml import detect_gpus
 from .packer import DevicePacker, Placement, devices_from_inventory
 from .policy import (
@@ -122,6 +125,8 @@ class GPULocalMixin(_SpawnerBase):
     _fresh_record: bool = False
     #: start() refused the request (quota, capacity, options): JupyterHub stops the server next.
     _refused_start: bool = False
+    #: The memory, CPU and process limits of the server being started (profile, team, defaults).
+    _workload_limits: WorkloadLimits | None = None
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -354,6 +359,12 @@ class GPULocalMixin(_SpawnerBase):
         for trait in _PROFILE_LIMIT_TRAITS:
             value = getattr(profile, trait)
             setattr(self, trait, self._configured_limits[trait] if value is None else value)
+        # What the server's cgroup enforces (the team may cap the profile): MEM_LIMIT says the same.
+        self._workload_limits = workload_limits(profile, request.team, self.limit_defaults())
+        if self._workload_limits.memory is not None:
+            self.mem_limit = self._workload_limits.memory
+        if self._workload_limits.cpu is not None:
+            self.cpu_limit = self._workload_limits.cpu
         self._gpulab_state = {
             "team": request.team.name,
             "profile": profile.slug,
@@ -508,6 +519,22 @@ class GPULocalMixin(_SpawnerBase):
             await super().stop(now=now)
         finally:
             self._release()
+
+    # -- limits -------------------------------------------------------------
+
+    def limit_defaults(self) -> LimitDefaults:
+        """The hub's defaults for what the profile and team leave open (``c.UserLimits``)."""
+        return UserLimits(parent=self).defaults()
+
+    def workload_limits(self) -> WorkloadLimits:
+        if self._workload_limits is not None:
+            return self._workload_limits
+        d = self.limit_defaults()
+        return WorkloadLimits(memory=d.memory, cpu=d.cpu, processes=d.processes)
+
+    def placed_gpus(self) -> set[int]:
+        state = getattr(self, "_gpulab_state", None) or {}
+        return placed_minors((int(i) for i, _ in state.get("shares") or []), self.packer.devices)
 
     # -- environment --------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""``gpulab-launch``: what a non-root hub runs, through sudo, as a user's account.
+"""``gpulab-launch``: the one program the hub runs as a user's account.
 
-The hub runs ``sudo -n -u <account> -- <venv>/bin/gpulab-launch`` with a
-fixed argument list (none) and writes one JSON request to its stdin; this
-program answers with one JSON object on stdout. The sudoers rule
-(``scripts/gpulab.sudoers``) lets the hub's account run exactly this program,
-as members of the users' group only, so the hub never needs root.
+A non-root hub runs ``sudo -n -u <account> -- <venv>/bin/gpulab-launch``; a
+root hub runs the same program itself, switched to the account (uid, gid and
+groups set in the child before ``exec``). Either way the argument list is
+fixed (none), the hub writes one JSON request to its stdin, and this program
+answers with one JSON object on stdout. The sudoers rule
+(``scripts/gpulab.sudoers``) lets a non-root hub's account run exactly this
+program, as members of the users' group only.
 
 It can do five things, each as the account it runs as, nothing else:
 
@@ -12,10 +14,15 @@ It can do five things, each as the account it runs as, nothing else:
   program's interpreter) with the arguments and environment in the request;
 - ``start-job``: start the notebook job runner (``hub_config.jobs.runner``)
   of the same interpreter;
-- ``signal``: send a signal to one of this account's processes (or its group);
-- ``read``: read a file inside this account's home (the job log, output
-  notebook and exit status, which the hub cannot read itself);
-- ``prepare-home``: make the home ``0700`` and report the account.
+- ``signal``: send a signal to one of this account's processes (or its
+  group), named by pid and start time (:mod:`spawner.processes`);
+- ``read``: read a regular file below this account's home, never through a
+  symlink, without blocking on a FIFO, up to a size cap
+  (:mod:`spawner.home_files`): the job's log, output notebook and exit
+  status, and a submitted notebook. Every read of a file a user controls
+  happens here, with that user's credentials;
+- ``prepare-home``: make the home ``0700`` and claim it for the asking hub
+  (``~/.gpulab/hub``), or say which hub claimed it first.
 
 Tokens (``JUPYTERHUB_API_TOKEN``) travel in the request on stdin, never on a
 command line; the started program gets them in its environment, which only
@@ -24,7 +31,12 @@ minus variables that would change what a fixed program runs (``LD_PRELOAD``,
 ``PYTHONPATH``, ...); ``HOME``, ``USER``, ``LOGNAME`` and ``SHELL`` come from
 the account database, not from the hub.
 
-Standard library only: it starts fast, and what runs as the user is small.
+The account may stop, trace or replace this process (it is the account's
+own): the hub never waits on it past a deadline and trusts nothing in its
+answer beyond what the account could read or do anyway.
+
+Standard library only (and gpulab's standard-library helpers): it starts fast,
+and what runs as the user is small.
 """
 
 from __future__ import annotations
@@ -38,6 +50,10 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from spawner import home_files, processes
+from spawner.namespaces import private_tmp
+from spawner.output_capture import capture_argv, server_log_path
 
 #: Largest request accepted on stdin.
 MAX_REQUEST = 1 << 20
@@ -123,8 +139,23 @@ def strings(value: Any, what: str) -> list[str]:
     return value
 
 
-def start(argv: list[str], env: dict[str, str], cwd: str, output: int) -> dict:
-    """Start ``argv`` in a session of its own (its pid is its group), detached from us."""
+def start(argv: list[str], env: dict[str, str], cwd: str, output: int, req: dict | None = None) -> dict:
+    """Start ``argv`` in a session of its own (its pid is its group), detached from us.
+
+    ``req["private_tmp"]`` (``{"size": bytes or null}``): in a private /tmp and
+    /dev/shm, made here as this account in a user namespace of its own.
+    """
+    preexec = None
+    tmp = (req or {}).get("private_tmp")
+    if tmp is not None:
+        size = tmp.get("size") if isinstance(tmp, dict) else "bad"
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 1 << 50):
+            raise Refused("private_tmp must be {'size': a positive number of bytes or null}")
+        keep = [os.path.realpath(me().pw_dir), os.path.realpath(sys.prefix)]
+
+        def preexec() -> None:
+            private_tmp(size, keep=keep, user_namespace=True)
+
     try:
         proc = subprocess.Popen(
             argv,
@@ -135,17 +166,28 @@ def start(argv: list[str], env: dict[str, str], cwd: str, output: int) -> dict:
             stderr=output,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=preexec,
         )
-    except OSError as e:
-        raise Refused(f"cannot start {argv[0]}: {e}") from None
+    except (OSError, subprocess.SubprocessError) as e:
+        what = "make a private /tmp for" if isinstance(e, subprocess.SubprocessError) and tmp is not None else "start"
+        raise Refused(f"cannot {what} {argv[0]}: {e}") from None
     return {"ok": True, "pid": proc.pid}
 
 
 def start_server(req: dict) -> dict:
     singleuser = str(Path(sys.executable).with_name("jupyterhub-singleuser"))
     args = strings(req.get("args", []), "args")
-    # The server logs where the hub logs: our stderr is the hub's (sudo passes it on).
-    return start([singleuser, *args], clean_env(req.get("env", {})), me().pw_dir, 2)
+    env = clean_env(req.get("env", {}))
+    argv = [singleuser, *args]
+    cap = req.get("output_max_bytes")
+    if cap is not None:  # the server's output into a bounded file of this account's, not the hub's log
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 4096 <= cap < 1 << 40:
+            raise Refused("output_max_bytes must be a number of bytes from 4096")
+        log = server_log_path(me().pw_dir, env.get("JUPYTERHUB_SERVER_NAME", ""))
+        argv = capture_argv(sys.executable, log, cap) + argv
+        return start(argv, env, me().pw_dir, subprocess.DEVNULL, req)
+    # Without a capture the server logs where the hub logs: our stderr is the hub's.
+    return start(argv, env, me().pw_dir, 2, req)
 
 
 def start_job(req: dict) -> dict:
@@ -176,73 +218,93 @@ def start_job(req: dict) -> dict:
         "--attempt",
         str(attempt),
     ]
-    return start(argv, clean_env(req.get("env", {})), fields["cwd"], subprocess.DEVNULL)
+    return start(argv, clean_env(req.get("env", {})), fields["cwd"], subprocess.DEVNULL, req)
 
 
-def process_owner(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
+def _int(value: Any, what: str, lo: int = 0, hi: int = (1 << 62) - 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise Refused(f"{what} must be an integer from {lo} to {hi}")
+    return value
 
 
 def send_signal(req: dict) -> dict:
-    pid, sig = req.get("pid"), req.get("signal")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-        raise Refused("pid must be an integer above 1")
+    """A signal to one of this account's processes (or its group), identified by pid and start time."""
+    pid = _int(req.get("pid"), "pid", lo=2)
+    sig = req.get("signal")
     if sig not in SIGNALS:
         raise Refused(f"signal must be one of {sorted(SIGNALS)}")
-    if process_owner(pid) != os.getuid():
-        return {"ok": True, "alive": False}  # gone, or another account's pid now: not ours to touch
-    try:
-        if req.get("group"):
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        return {"ok": True, "alive": False}
-    return {"ok": True, "alive": True}
+    started = req.get("started")
+    if started is not None:
+        started = _int(started, "started")
+    # Gone, another account's pid, or a later process of ours: not the one the hub means.
+    send = processes.signal_group if req.get("group") else processes.signal_process
+    return {"ok": True, "alive": send(pid, os.getuid(), started, sig)}
 
 
 def read(req: dict) -> dict:
-    offset, limit = req.get("offset", 0), req.get("limit", MAX_READ)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, limit)):
-        raise Refused("offset and limit must be non-negative integers")
+    """A file below this account's home: never through a symlink, only a regular file, bounded."""
+    offset = _int(req.get("offset", 0), "offset")
+    limit = _int(req.get("limit", 0), "limit")
+    max_size = req.get("max_size")
+    if max_size is not None:
+        max_size = _int(max_size, "max_size")
     path = req.get("path")
-    try:
-        real = inside_home(path)
-    except Refused as e:
-        return {"ok": True, "state": "outside", "error": str(e)}
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return {"ok": True, "state": "absent"}
-    except PermissionError:
-        return {"ok": True, "state": "denied"}
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not (st.st_mode & 0o170000 == 0o100000):
-            return {"ok": True, "state": "not-a-file"}
-        f.seek(offset)
-        data = f.read(min(limit, MAX_READ))
-    return {"ok": True, "state": "ok", "real": str(real), "size": st.st_size, "data": base64.b64encode(data).decode()}
+    if not isinstance(path, str):
+        raise Refused("path must be a string")
+    found = home_files.read_beneath(me().pw_dir, path, offset, min(limit, MAX_READ), max_size)
+    reply: dict[str, Any] = {"ok": True, "state": found.state, "size": found.size}
+    if found.detail:
+        reply["detail"] = found.detail[:200]
+    if found.data:
+        reply["data"] = base64.b64encode(found.data).decode()
+    return reply
+
+
+#: The file in a home that names the hub using the account (see :func:`prepare_home`).
+OWNER_MARKER = ".gpulab/hub"
 
 
 def prepare_home(req: dict) -> dict:
+    """Make the home ``0700``; claim it for the asking hub, or say which hub holds it.
+
+    ``hub``: the asking hub's identity. A home whose marker names another hub is
+    left as it is and answered with ``"owner"``: two hubs with one account prefix
+    would otherwise share accounts and homes.
+    """
     account = me()
-    home = Path(account.pw_dir)
+    home = account.pw_dir
+    hub = req.get("hub", "")
+    if not isinstance(hub, str) or len(hub) > 1000 or "\0" in hub or "\n" in hub:
+        raise Refused("hub must be a one-line string")
     try:
-        st = home.lstat()
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise Refused(
             f"the home {home} of {account.pw_name} does not exist: create the account "
             "with its home (useradd --create-home)"
         ) from None
-    if st.st_uid != account.pw_uid:
-        raise Refused(f"the home {home} is not owned by {account.pw_name}")
-    if st.st_mode & 0o777 != 0o700:
-        os.chmod(home, 0o700)
-    return {"ok": True, "name": account.pw_name, "uid": account.pw_uid, "home": str(home)}
+    except OSError as e:
+        raise Refused(f"the home {home} of {account.pw_name} is not a folder: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != account.pw_uid:
+            raise Refused(f"the home {home} is not owned by {account.pw_name}")
+        if st.st_mode & 0o777 != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    reply: dict[str, Any] = {"ok": True, "name": account.pw_name, "uid": account.pw_uid, "home": home}
+    if hub:
+        marker = f"{home}/{OWNER_MARKER}"
+        try:
+            home_files.write_new_file(home, marker, hub.encode() + b"\n")
+        except home_files.Beneath as e:
+            raise Refused(f"~/{OWNER_MARKER} cannot be written: {e.state} {e.detail}") from None
+        found = home_files.read_beneath(home, marker, 0, 4096, 4096)
+        if found.state != home_files.OK:
+            raise Refused(f"~/{OWNER_MARKER} cannot be read: {found.state}")
+        reply["owner"] = found.data.decode(errors="replace").strip()
+    return reply
 
 
 ACTIONS = {
@@ -277,13 +339,15 @@ def main(argv: list[str] | None = None) -> int:
             raise Refused("request too large")
         try:
             request = json.loads(raw)
-        except ValueError:
-            raise Refused("the request is not JSON") from None
+        except (ValueError, RecursionError):  # Python's parser recurses: deep nesting is a refusal too
+            raise Refused("the request is not JSON of a depth this program reads") from None
         reply = answer(request)
     except Refused as e:
         reply = {"ok": False, "error": str(e)}
     except OSError as e:
         reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    except Exception as e:  # never a traceback: the hub shows this line to the user
+        reply = {"ok": False, "error": f"gpulab-launch failed: {type(e).__name__}: {str(e)[:200]}"}
     sys.stdout.write(json.dumps(reply))
     sys.stdout.flush()
     return 0 if reply.get("ok") else 1

@@ -77,6 +77,29 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class TeamLimits:
+    """Caps on each server and job of a team's members, and on how many jobs one member runs.
+
+    On one server they are enforced through cgroups (memory, CPU, process count) and
+    the job queue (running jobs); ``None`` = the hub's default (``c.UserLimits``,
+    ``c.GPULabJobs.max_running_jobs_per_user``).
+    """
+
+    #: Most memory one server or job may use, in bytes.
+    memory: int | None = None
+    #: Most CPU cores one server or job may use.
+    cpu: float | None = None
+    #: Most tasks (processes and threads) in one server or job.
+    processes: int | None = None
+    #: Most jobs one member runs at once (of every class, CPU-only included); more wait, queued.
+    running_jobs: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self == TeamLimits()
+
+
+@dataclass(frozen=True)
 class Team:
     """A team: who is in it and how many GPUs it may hold."""
 
@@ -96,6 +119,8 @@ class Team:
     namespace: str | None = None
     #: Per-team GPU idle timeout for the culler, in seconds.
     idle_timeout_seconds: int | None = None
+    #: Caps on each member's servers and jobs (memory, CPU, processes, running jobs).
+    limits: TeamLimits = TeamLimits()
 
     @property
     def label(self) -> str:

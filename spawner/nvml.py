@@ -47,7 +47,11 @@ def detect_gpus(node: str = "local") -> list[GPUDevice] | None:
             if isinstance(uuid, bytes):
                 uuid = uuid.decode()
             mem_mib = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024)
-            devices.append(GPUDevice(i, _model_name(name, mem_mib), mem_mib, uuid, node, "nvml"))
+            try:  # /dev/nvidia<minor>: the node the devices cgroup opens to this device only
+                minor: int | None = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+            except Exception:
+                minor = None
+            devices.append(GPUDevice(i, _model_name(name, mem_mib), mem_mib, uuid, node, "nvml", minor))
         return devices
     finally:
         try:

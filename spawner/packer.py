@@ -37,6 +37,8 @@ class GPUDevice:
     node: str = "local"
     #: ``nvml`` when detected from the driver, ``declared`` when from config.
     source: str = "declared"
+    #: The minor number of its device node ``/dev/nvidia<minor>`` (NVML's; ``None``: its index).
+    minor: int | None = None
 
 
 @dataclass(frozen=True)

@@ -10,27 +10,30 @@ through a shell, and no token is ever on a command line.
 
 Account creation is the one step that needs root: the drop-in allows exactly
 one ``useradd`` command line (a sudoers regular expression pins every option;
-only the prefixed name and home vary), or the admin creates the accounts
-ahead and turns creation off (``c.UserAccounts.create = False``).
+only the prefixed name varies, and useradd names the home for it), or the
+admin creates the accounts ahead and turns creation off (``c.UserAccounts.create = False``).
 
-Liveness is read from ``/proc`` (no sudo per poll): a pid is alive while it
-exists, is not a zombie and belongs to the account.
+Liveness is read from ``/proc`` (no sudo per poll): a process is alive while
+its pid exists, is not a zombie, belongs to the account and started when it
+was recorded (:mod:`spawner.processes`). Each call is asynchronous with a
+deadline (:mod:`spawner.mediator_client`).
 
-Plain Python (``subprocess``, ``json``): no tornado, no JupyterHub.
+Plain Python (``subprocess``, asyncio): no tornado, no JupyterHub.
 """
 
 from __future__ import annotations
 
-import base64
-import json
+import asyncio
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .mediator_client import MediatorClient, MediatorError
 
 log = logging.getLogger("gpulab.sudo")
 
@@ -42,28 +45,22 @@ USERADD = "/usr/sbin/useradd"
 ACCOUNT_COMMENT = "gpulab"
 
 
-class SudoError(RuntimeError):
+class SudoError(MediatorError):
     """sudo refused, or the mediator refused or failed; the message says what to fix."""
 
 
-@dataclass(frozen=True)
-class FileRead:
-    """What the mediator found at a path in the account's home."""
-
-    state: str  # ok, absent, denied, outside, not-a-file
-    data: bytes = b""
-    size: int = 0
-    real: str = ""
-
-
 def useradd_argv(name: str, home_root: str | Path, shell: str, group: str) -> list[str]:
-    """The one ``useradd`` command line a non-root hub may run (as root, through sudo)."""
+    """The one ``useradd`` command line a non-root hub may run (as root, through sudo).
+
+    The home is ``<home_root>/<name>`` because useradd makes it so (``--base-dir``):
+    no option names the home, so the sudoers rule cannot let a home differ from its account.
+    """
     groups = ["--groups", group] if group else []
     return [
         USERADD,
         "--create-home",
-        "--home-dir",
-        f"{Path(home_root)}/{name}",
+        "--base-dir",
+        str(Path(home_root)),
         "--shell",
         shell,
         "--user-group",
@@ -74,108 +71,45 @@ def useradd_argv(name: str, home_root: str | Path, shell: str, group: str) -> li
     ]
 
 
-class SudoLauncher:
+class SudoLauncher(MediatorClient):
     """Runs the mediator as a user's account: ``sudo -n -u <account> -- <mediator>``."""
 
-    def __init__(self, mediator: str, sudo: str = "sudo", timeout: float = 60):
-        self.mediator = mediator
+    how = "through sudo as"
+
+    def __init__(self, mediator: str, sudo: str = "sudo", timeout: float = 10.0, max_pending: int = 4):
+        super().__init__(mediator, timeout, max_pending)
         self.sudo = sudo
-        self.timeout = timeout
 
     def argv(self, account: str) -> list[str]:
         return [self.sudo, "-n", "-u", account, "--", self.mediator]
 
-    def call(self, account: str, request: dict[str, Any], hub_stderr: bool = False) -> dict[str, Any]:
-        """One request as ``account``; the mediator's answer.
+    def command(self, account: str) -> tuple[list[str], dict[str, Any]]:
+        return self.argv(account), {}
 
-        ``hub_stderr``: the mediator (and the program it starts) write to the
-        hub's own stderr (a server's log); otherwise its stderr is collected
-        for the error message.
+    async def stop(self, proc: asyncio.subprocess.Process) -> None:
+        """sudo runs as root with our real uid, so we may signal it (not the mediator, the account's).
+
+        sudo passes SIGTERM and SIGCONT on to the mediator (a stopped one wakes
+        up to die), then sudo itself is killed, which ends our wait.
         """
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            os.kill(proc.pid, sig)
         try:
-            proc = subprocess.run(
-                self.argv(account),
-                input=json.dumps(request).encode(),
-                stdout=subprocess.PIPE,
-                stderr=None if hub_stderr else subprocess.PIPE,
-                timeout=self.timeout,
-                cwd="/",
-                close_fds=True,
-                start_new_session=True,
-            )  # no terminal: sudo never puts it in a pty
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise SudoError(f"cannot run {self.mediator} as {account} through sudo: {e}") from None
-        try:
-            reply = json.loads(proc.stdout or b"null")
-        except ValueError:
-            reply = None
-        if not isinstance(reply, dict):
-            err = (proc.stderr or b"").decode(errors="replace").strip()[:500]
-            raise SudoError(
-                f"sudo -n -u {account} {self.mediator} exited with {proc.returncode}"
-                f"{': ' + err if err else ''} (is the sudoers rule installed, naming this path, and is "
-                f"{account} in its group? docs/single-server.md#the-sudoers-rule)"
-            )
-        if not reply.get("ok"):
-            raise SudoError(f"{self.mediator} as {account} refused {request.get('action')}: {reply.get('error')}")
-        return reply
+            await asyncio.wait_for(proc.wait(), 0.5)
+        except asyncio.TimeoutError:
+            os.kill(proc.pid, signal.SIGKILL)
 
-    # -- the actions ----------------------------------------------------------
-
-    def start_server(self, account: str, args: list[str], env: dict[str, str]) -> int:
-        reply = self.call(account, {"action": "start-server", "args": args, "env": env}, hub_stderr=True)
-        return int(reply["pid"])
-
-    def start_job(
-        self,
-        account: str,
-        env: dict[str, str],
-        *,
-        input: str,
-        output: str,
-        cwd: str,
-        status: str,
-        log: str,
-        attempt: int,
-    ) -> int:
-        reply = self.call(
-            account,
-            {
-                "action": "start-job",
-                "env": env,
-                "input": input,
-                "output": output,
-                "cwd": cwd,
-                "status": status,
-                "log": log,
-                "attempt": attempt,
-            },
+    def setup_hint(self, account: str) -> str:
+        return (
+            f" (is the sudoers rule installed, naming this path, and is {account} in its group? "
+            "docs/single-server.md#the-sudoers-rule)"
         )
-        return int(reply["pid"])
-
-    def signal(self, account: str, pid: int, sig: int, group: bool = False) -> bool:
-        """Send ``sig``; whether the process still existed."""
-        return bool(self.call(account, {"action": "signal", "pid": pid, "signal": int(sig), "group": group})["alive"])
-
-    def read(self, account: str, path: str | Path, offset: int = 0, limit: int = 64 << 20) -> FileRead:
-        reply = self.call(account, {"action": "read", "path": str(path), "offset": offset, "limit": limit})
-        return FileRead(
-            reply["state"],
-            base64.b64decode(reply.get("data") or ""),
-            int(reply.get("size") or 0),
-            reply.get("real") or "",
-        )
-
-    def prepare_home(self, account: str) -> dict[str, Any]:
-        return self.call(account, {"action": "prepare-home"})
 
     def create_account(self, name: str, home_root: str | Path, shell: str, group: str) -> None:
-        """``useradd`` through sudo: the drop-in allows this one command line."""
+        """``useradd`` through sudo: the drop-in allows this one command line (root's, not the user's)."""
         cmd = [self.sudo, "-n", "--", *useradd_argv(name, home_root, shell, group)]
         try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=self.timeout, cwd="/", start_new_session=True
-            )
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/", start_new_session=True)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SudoError(f"cannot create account {name} through sudo: {e}") from None
         if proc.returncode != 0:
@@ -226,7 +160,7 @@ def sudoers_rule(
     name = f"{_ere(prefix)}[a-z0-9_-]+"
     empty = "''"  # the empty prefix, as a shell takes it
     useradd = useradd_argv("NAME", home_root.rstrip("/") or "/", shell, group)
-    useradd_re = " ".join(useradd[1:]).replace("NAME", name)
+    useradd_re = " ".join(name if arg == "NAME" else _ere(arg) for arg in useradd[1:])
     lines = [
         "# gpulab: a JupyterHub that is not root runs each user's servers and notebook jobs",
         "# as the user's own account, through sudo (docs/single-server.md#the-sudoers-rule).",
@@ -244,7 +178,7 @@ def sudoers_rule(
     ]
     if create_accounts:
         lines += [
-            "# What it may run as root: this one useradd command line; only the name varies.",
+            "# What it may run as root: this one useradd command line; only the name varies (the home is named for it).",
             f"Cmnd_Alias GPULAB_USERADD = {USERADD} ^{useradd_re}$",
         ]
     lines += [
@@ -255,23 +189,6 @@ def sudoers_rule(
     if create_accounts:
         lines.append("GPULAB_HUB ALL = (root) NOPASSWD: GPULAB_USERADD")
     return "\n".join(lines) + "\n"
-
-
-def process_alive(pid: int, uid: int | None = None) -> bool:
-    """Is ``pid`` a live (non-zombie) process, owned by ``uid`` when given? Read from ``/proc``."""
-    if pid <= 0:
-        return False
-    try:
-        owner = os.stat(f"/proc/{pid}").st_uid
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if uid is not None and owner != uid:
-        return False  # the pid was reused by another account's process
-    try:
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except IndexError:
-        return True
 
 
 def sudo_allows(mediator: str, sudo: str = "sudo") -> tuple[bool, str]:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import nbformat
 
-from tests.hub_harness import REPO
+from tests.hub_harness import screenshots_dir
 
-#: Screenshots the docs show (docs/jupyterlab.md) are written here by the tests.
-DOCS_IMG = REPO / "docs" / "img"
+#: Screenshots the docs show (docs/jupyterlab.md): docs/img under scripts/screenshots only.
+DOCS_IMG = screenshots_dir("docs")
 #: Failure screenshots (not for the docs).
-FAILURES = REPO / "test-output" / "e2e-lab"
+FAILURES = screenshots_dir("e2e-lab")
 
 
 def write_notebook(path: Path) -> None:
@@ -44,7 +44,7 @@ def login_and_spawn(page, url: str, user: str, choice: str) -> None:
 
 
 def shot_docs(page, name: str, locator=None, failure: bool = False) -> Path:
-    """A screenshot for the docs (``docs/img/<name>.png``), or of a failure (``test-output/``)."""
+    """A screenshot for the docs (``docs/img/<name>.png`` under scripts/screenshots), or of a failure."""
     folder = FAILURES if failure else DOCS_IMG
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"

@@ -223,12 +223,13 @@ def exclusive_lock(path: Path, seconds: float) -> Iterator[subprocess.Popen]:
 
 @contextlib.contextmanager
 def small_filesystem(size_mib: int, reserved_percent: int = 10) -> Iterator[Path]:
-    """An ext4 image of ``size_mib`` MiB, loop-mounted on a fresh folder under /tmp (root only).
+    """An ext4 image of ``size_mib`` MiB, loop-mounted on a fresh folder under /var/tmp (root only).
 
     Like any ext4 disk it keeps ``reserved_percent`` of its blocks for root: users' writes
     stop at "disk full" while a root hub can still write its records.
     """
-    work = Path(tempfile.mkdtemp(prefix="gpulab-test-fs-", dir="/tmp"))
+    # Not under /tmp: servers and jobs get a private /tmp and would not see it there.
+    work = Path(tempfile.mkdtemp(prefix="gpulab-test-fs-", dir="/var/tmp"))
     os.chmod(work, 0o711)  # the users' accounts reach their homes on it
     image, mountpoint = work / "disk.img", work / "mnt"
     mountpoint.mkdir()

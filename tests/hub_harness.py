@@ -35,6 +35,24 @@ from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+#: Test artefacts (failure screenshots, logs kept for a reader) go under the system's
+#: temporary folder, never into the work tree: a test run changes no tracked file.
+TEST_OUTPUT = Path(os.environ.get("GPULAB_TEST_OUTPUT") or Path(tempfile.gettempdir()) / "gpulab-test-output")
+
+
+def screenshots_dir(name: str) -> Path:
+    """Where the browser tests write the screenshots called ``name`` ("docs" for the docs' images).
+
+    The docs' images land in ``docs/img`` only when the screenshot command asks for them
+    (``scripts/screenshots`` sets ``GPULAB_DOCS_SCREENSHOTS=1``); in a plain test run they go
+    under :data:`TEST_OUTPUT` like every other artefact.
+    """
+    if name == "docs" and os.environ.get("GPULAB_DOCS_SCREENSHOTS") == "1":
+        folder = REPO / "docs" / "img"
+    else:
+        folder = TEST_OUTPUT / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 class RunningHub:
@@ -66,18 +84,28 @@ class RunningHub:
         self.env = dict(env or {})
         #: The (non-root) account the hub process runs as; ``None``: this process's.
         self.run_as = run_as
+        #: Run in the hub's process before it execs, after it became ``run_as`` (e.g. to join
+        #: the cgroup subtree an admin delegated to the hub's account).
+        self.preexec: Any = None
         #: Real system accounts: their own prefix, a data folder they can reach (the
         #: workdir is in pytest's 0700 temporary folder), linked as ``workdir/data``.
         self.isolated = can_switch_users()
         self.account_prefix = f"gt{secrets.token_hex(3)}-"
         self.data_dir = self.workdir / "data"
         if self.isolated and not self.data_dir.exists():
-            real = Path(tempfile.mkdtemp(prefix="gpulab-test-data-", dir="/tmp"))
+            # Not under /tmp: each server and job has a private /tmp, as on a real server, where the
+            # data folder is /var/lib/gpulab and the homes /home.
+            real = Path(tempfile.mkdtemp(prefix="gpulab-test-data-", dir="/var/tmp"))
             os.chmod(real, 0o711)
             if run_as is not None:
                 os.chown(real, run_as.uid, run_as.gid)
             self.data_dir.symlink_to(real)
+        if self.isolated:  # the real path: a path through the link under /tmp is not one a server sees
+            self.data_dir = self.data_dir.resolve()
         self.env.setdefault("GPULAB_ACCOUNT_PREFIX", self.account_prefix)
+        #: The cgroups of this hub's servers and jobs: a parent of its own, removed in close().
+        self.cgroup_parent = f"gpulab-test-{self.account_prefix.rstrip('-')}"
+        self.env.setdefault("GPULAB_CGROUP_PARENT", self.cgroup_parent)
         if self.isolated:  # even when a fixture fails before its teardown could run
             atexit.register(self.remove_accounts)
         scopes = admin_scopes or [
@@ -135,6 +163,7 @@ class RunningHub:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=self.preexec,
             **switch,
         )
         deadline = time.monotonic() + timeout
@@ -201,8 +230,9 @@ class RunningHub:
         self.stop(kill_servers=True)
         if self.isolated:
             self.remove_accounts()
+            self.remove_cgroups()
             real = self.data_dir.resolve()
-            if real != self.data_dir and real.parent == Path("/tmp"):
+            if real.parent == Path("/var/tmp") and real.name.startswith("gpulab-test-data-"):
                 shutil.rmtree(real, ignore_errors=True)
 
     # -- users' system accounts ----------------------------------------------
@@ -245,18 +275,13 @@ class RunningHub:
             for line in Path("/etc/passwd").read_text().splitlines()
             if line.startswith(self.account_prefix)
         ]
-        uids = {lookup(n).uid for n in names if lookup(n) is not None}
-        for _ in range(3):
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    try:
-                        if entry.stat().st_uid in uids:
-                            os.kill(int(entry.name), signal.SIGKILL)
-                    except (OSError, ProcessLookupError):
-                        pass
-            time.sleep(0.2)
+        kill_uids({a.uid for a in map(lookup, names) if a is not None})
         for name in names:
             delete_account(name)
+
+    def remove_cgroups(self) -> None:
+        """Remove this hub's cgroups (their processes are this hub's accounts', killed before)."""
+        remove_cgroup_parent(self.cgroup_parent)
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -327,9 +352,50 @@ class RunningHub:
         return out
 
 
+def cgroup_parent_folders(name: str) -> list[Path]:
+    """The cgroup parent ``name`` (below this process's cgroup) in each hierarchy, where it exists."""
+    from spawner.cgroups import this_machine
+
+    mounts = this_machine()
+    roots = [(root, mounts.own.get(c, "/")) for c, root in mounts.v1.items()]
+    if mounts.v2 is not None:
+        roots.append((mounts.v2, mounts.own.get("", "/")))
+    folders = [root / own.lstrip("/") / name for root, own in roots]
+    return [f for f in folders if f.is_dir()]
+
+
+def remove_cgroup_parent(name: str) -> None:
+    """Remove the cgroup parent ``name`` and the (empty, or emptying) cgroups below it."""
+    for folder in cgroup_parent_folders(name):
+        for child in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            for _ in range(50):
+                try:
+                    child.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
 def _xsrf(html: str) -> str | None:
     m = re.search(r'name="_xsrf" value="([^"]+)"', html)
     return m.group(1) if m else None
+
+
+def kill_uids(uids: set[int]) -> None:
+    """SIGKILL every process of these uids (three sweeps: a dying process may still fork)."""
+    for _ in range(3):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid in uids:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                except (OSError, ProcessLookupError):
+                    pass
+        time.sleep(0.2)
 
 
 def process_env(pid: int) -> dict[str, str]:

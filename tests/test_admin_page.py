@@ -3,7 +3,7 @@
 The admin reaches the page from the hub's navigation bar, is told why a bad
 quota is refused, lowers team vision's burst limit, sees the change in the
 audit log; alice's next spawn is then refused with the new limit, on the spawn
-page and on the server. Screenshots: test-output/admin/.
+page and on the server. Screenshots: gpulab-test-output/admin/ under the temporary folder.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import os
 import pytest
 
 from tests.conftest import CHROMIUM
-from tests.hub_harness import REPO, RunningHub
+from tests.hub_harness import RunningHub, screenshots_dir
 
 pytestmark = pytest.mark.integration
 
-SHOTS = REPO / "test-output" / "admin"
+SHOTS = screenshots_dir("admin")
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 2, memory_mib: 81559}

@@ -7,6 +7,7 @@ ledger == packer, every arrival either served or refused), never timings.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -299,3 +300,14 @@ def test_login_to_lab_smoke(tmp_path):
     assert "GET /hub/spawn/USER 302" in doc["profile"]["gpulab"]["requests_ms_median"]
     assert doc["ratio_gpulab_over_vanilla"] > 0
     assert "ratio gpulab / vanilla" in proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the benchmark makes a user's account (CI runs as root)")
+def test_log_read_smoke(tmp_path):
+    doc, stdout = run_bench("log_read.py", tmp_path, "--smoke")
+    rows = doc["rows"]
+    assert set(rows) == {"open as the hub", "read_beneath in the hub", "mediator as the account"}
+    for name, r in rows.items():
+        assert r["reads"] == 10 and r["p99_ms"] >= r["p50_ms"] > 0, name
+    assert rows["open as the hub"]["p50_vs_open_as_the_hub"] == 1.0
+    assert "mediator as the account" in stdout

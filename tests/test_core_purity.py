@@ -17,8 +17,16 @@ ADAPTERS = {
     "accounts",
     "sudo",
     "mediator",
+    "mediator_client",
+    "home_files",
+    "processes",
     "account_spawner",
     "kube_ledger",
+    "cgroups",
+    "devices",
+    "namespaces",
+    "output_capture",
+    "confinement",
     "__init__",
 }
 

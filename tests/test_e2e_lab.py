@@ -6,7 +6,7 @@ alice logs in, starts a 0.25-GPU profile, opens the GPU sidebar (session and
 team quota), submits the open notebook as a batch job with a parameter from the
 "Run as GPU job" dialog, watches it reach `succeeded` in the sidebar, opens its
 output notebook and sees the parameter's effect. Screenshots go to
-test-output/e2e-lab/ (sidebar, dialog, finished job, output, dark theme).
+gpulab-test-output/e2e-lab/ under the temporary folder (sidebar, dialog, finished job, output, dark theme).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import pytest
 
 from tests.conftest import CHROMIUM
 from tests.e2e_lab_helpers import write_notebook
-from tests.hub_harness import REPO, RunningHub
+from tests.hub_harness import RunningHub, screenshots_dir
 
 pytestmark = pytest.mark.integration
 
-SHOTS = REPO / "test-output" / "e2e-lab"
+SHOTS = screenshots_dir("e2e-lab")
 CATALOG = """
 inventory:
   - {model: H100-80GB, count: 1, memory_mib: 81559}

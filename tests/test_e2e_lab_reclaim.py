@@ -22,7 +22,7 @@ from tests.conftest import CHROMIUM
 from tests.e2e_lab_helpers import login_and_spawn, shot_docs
 from tests.hub_harness import RunningHub
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docs_screenshots]
 
 CATALOG = """
 inventory:

@@ -23,7 +23,7 @@ from tests.conftest import CHROMIUM
 from tests.e2e_lab_helpers import login_and_spawn, shot_docs, write_notebook
 from tests.hub_harness import VENV_BIN, RunningHub
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docs_screenshots]
 
 CATALOG = """
 inventory:

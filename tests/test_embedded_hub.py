@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import html
 import json
+from pathlib import Path
 
 import pytest
 
+from spawner.accounts import can_switch_users
 from tests.hub_harness import RunningHub, process_env
 
 pytestmark = pytest.mark.integration
@@ -44,6 +46,18 @@ def server_pid(hub: RunningHub, user: str, name: str = "") -> int:
     return model["servers"][name]["state"]["pid"]
 
 
+def cgroup_value(pid: int, controller: str, name: str) -> str:
+    """A cgroup v1 interface file of the cgroup ``pid`` is in (these machines: v1)."""
+    from spawner.cgroups import this_machine
+
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            root = this_machine().v1[controller]
+            return (root / path.lstrip("/") / name).read_text().strip()
+    raise AssertionError(f"pid {pid} is in no {controller} cgroup")
+
+
 def test_login_page_explains_demo_login(hub):
     import requests
 
@@ -74,6 +88,12 @@ def test_spawn_half_gpu_sets_cuda_env(hub):
     # The profile's CPU and memory reach the server the way JupyterHub passes them.
     assert env["CPU_LIMIT"] == "4.0" and env["CPU_GUARANTEE"] == "2.0"
     assert env["MEM_LIMIT"] == str(16 * 2**30) and env["MEM_GUARANTEE"] == str(8 * 10**9)
+    # ... and, as root, the server's own cgroup enforces them (joined before it ran).
+    if can_switch_users():
+        pid = server_pid(hub, "alice")
+        assert cgroup_value(pid, "memory", "memory.limit_in_bytes") == str(16 * 2**30)
+        assert cgroup_value(pid, "cpu", "cpu.cfs_quota_us") == "400000"
+        assert cgroup_value(pid, "pids", "pids.max") == "4096"
     assert held(hub) == 500
 
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from spawner.accounts import can_switch_users, delete_account, ensure_account
-from tests.hub_harness import REPO, free_port
+from tests.hub_harness import REPO, free_port, remove_cgroup_parent
 
 pytestmark = pytest.mark.integration
 GPULAB = str(Path(sys.executable).with_name("gpulab"))
@@ -29,10 +29,21 @@ def reachable_tmp() -> Path:
     return path
 
 
+#: The cgroup parent of this module's hubs (the product's default, "gpulab", is left alone).
+CGROUP_PARENT = f"gpulab-test-up-{secrets.token_hex(3)}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cgroups():
+    yield
+    remove_cgroup_parent(CGROUP_PARENT)
+
+
 def env_for(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{REPO / 'node_modules' / '.bin'}:{env.get('PATH', '')}"
     env["GPULAB_ACCOUNT_PREFIX"] = f"gt{secrets.token_hex(3)}-"
+    env["GPULAB_CGROUP_PARENT"] = CGROUP_PARENT
     env.update(extra)
     return env
 

@@ -6,7 +6,7 @@ quota frees, whom to ask), keeps a refused choice selected with a sentence
 instead of "HTTP 403"; the progress page says what is being set up; the hub
 home offers "Start again with ..." in one click and shows which GPU each
 server holds. The admin lands on the admin page when in no team, chooses GPU
-models from a list, and reads the page in dark mode. Screenshots: docs/img/.
+models from a list, and reads the page in dark mode. Screenshots: docs/img/ (scripts/screenshots).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import os
 import pytest
 
 from tests.conftest import CHROMIUM
-from tests.hub_harness import REPO, RunningHub
+from tests.hub_harness import RunningHub, screenshots_dir
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docs_screenshots]
 
-SHOTS = REPO / "docs" / "img"
+SHOTS = screenshots_dir("docs")
 CONTACT = "gpu-admins@example.org"
 CATALOG = """
 inventory:

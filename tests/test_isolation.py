@@ -92,6 +92,7 @@ def targets(hub: RunningHub, world: dict) -> dict:
             "bob's notebook": str(bob_home / "exp" / "calc.ipynb"),
             "bob's job output": str(bob_home / job["output_path"]),
             "bob's job log": str(bob_home / job["log_path"]),
+            "bob's job status": str(bob_home / ".gpulab" / "jobs" / f"job-{job['id']}-attempt-1.json"),
             "jupyterhub.sqlite": str(state / "jupyterhub.sqlite"),
             "gpulab.sqlite": str(state / "gpulab.sqlite"),
             "cookie secret": str(state / "jupyterhub_cookie_secret"),
@@ -101,7 +102,7 @@ def targets(hub: RunningHub, world: dict) -> dict:
             "bob's home": str(bob_home),
             "bob's job folder": str((bob_home / job["output_path"]).parent),
             "hub state": str(state),
-            "job status folder": str(hub.data_dir / "jobs"),
+            "bob's job status folder": str(bob_home / ".gpulab" / "jobs"),
         },
         "list": {"bob's home": str(bob_home), "hub state": str(state), "homes": str(hub.data_dir / "homes")},
         "environ": {"bob's server": server_pid(hub, "bob"), "hub": hub.proc.pid, "proxy": proxy_pid(hub)},
@@ -121,6 +122,7 @@ EXPECTED = {
     "read bob's notebook": "denied",
     "read bob's job output": "denied",
     "read bob's job log": "denied",
+    "read bob's job status": "denied",
     "read jupyterhub.sqlite": "denied",
     "read gpulab.sqlite": "denied",
     "read cookie secret": "denied",
@@ -128,7 +130,7 @@ EXPECTED = {
     "write bob's home": "denied",
     "write bob's job folder": "denied",
     "write hub state": "denied",
-    "write job status folder": "denied",
+    "write bob's job status folder": "denied",
     "list bob's home": "denied",
     "list hub state": "denied",
     "list homes": "denied",
@@ -172,14 +174,16 @@ def test_hub_state_is_private_to_the_hub(hub, world):
     assert stat.S_IMODE(state.stat().st_mode) == 0o700 and state.stat().st_uid == os.getuid()
     for name in ("jupyterhub.sqlite", "gpulab.sqlite", "jupyterhub_cookie_secret", "jupyterhub-proxy.pid"):
         assert (state / name).exists(), name
-    # Nothing of the hub's lands beside it or in the hub's working directory.
+    # Nothing of the hub's lands beside it or in the hub's working directory, and no folder
+    # shared by every user holds anything of the jobs (their status files are in the homes).
     assert not list(hub.workdir.glob("*.sqlite*")) and not (hub.workdir / "jobs").exists()
+    assert not (hub.data_dir / "jobs").exists()
 
 
 def test_job_outputs_and_logs_belong_to_their_owner(hub, world):
     bob = hub.account("bob")
     job = world["bob_job"]
-    for rel in (job["output_path"], job["log_path"]):
+    for rel in (job["output_path"], job["log_path"], f".gpulab/jobs/job-{job['id']}-attempt-1.json"):
         path = hub.home("bob") / rel
         st = path.stat()
         assert (st.st_uid, st.st_gid) == (bob.uid, bob.gid), rel

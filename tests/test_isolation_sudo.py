@@ -17,22 +17,21 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import signal
 import sqlite3
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
 
-from spawner.accounts import Account, can_switch_users, delete_account, ensure_account, lookup
-from spawner.sudo import process_alive, useradd_argv
+from spawner.accounts import Account, can_switch_users, lookup
+from spawner.processes import process_alive
+from spawner.sudo import useradd_argv
 from tests.hub_harness import VENV_BIN, RunningHub, process_env
-from tests.jobs_fixtures import kill_job_runners, submit, wait_state, write_notebook
+from tests.jobs_fixtures import submit, wait_state, write_notebook
+from tests.sudo_bed import MEDIATOR, SudoBed, as_account, hub_account_of, sudo_bed, sudo_hub
 from tests.test_isolation import (
     CATALOG,
     probe_as_alice,
@@ -48,168 +47,27 @@ pytestmark = [
     ),
 ]
 
-DROPIN_DIR = Path("/etc/sudoers.d")
-DROPIN_PREFIX = "gpulab-test-sudo-"
-MEDIATOR = str(VENV_BIN / "gpulab-launch")
-
-
-@dataclass
-class SudoBed:
-    """The names one run of this file uses, all derived from its tag."""
-
-    tag: str
-
-    @property
-    def hub_user(self) -> str:
-        return f"gthub{self.tag}"
-
-    @property
-    def prefix(self) -> str:
-        return f"gtsu{self.tag}-"
-
-    @property
-    def group(self) -> str:
-        return f"gtsu{self.tag}-users"
-
-    @property
-    def dropin(self) -> Path:
-        return DROPIN_DIR / f"{DROPIN_PREFIX}{self.tag}"
-
-    @property
-    def workdir(self) -> Path:
-        return Path("/tmp") / f"gpulab-sudo-{self.tag}"
-
-
-def kill_uids(uids: set[int]) -> None:
-    for _ in range(3):
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if entry.stat().st_uid in uids:
-                        os.kill(int(entry.name), signal.SIGKILL)
-                except (OSError, ProcessLookupError):
-                    pass
-        time.sleep(0.2)
-
-
-def remove_bed(bed: SudoBed) -> None:
-    """Remove the drop-in first (nothing may use it any more), then processes, accounts, group, files."""
-    bed.dropin.unlink(missing_ok=True)
-    names = [
-        line.split(":", 1)[0]
-        for line in Path("/etc/passwd").read_text().splitlines()
-        if line.startswith((bed.prefix, bed.hub_user + ":"))
-    ]
-    kill_uids({a.uid for a in map(lookup, names) if a is not None})
-    for name in names:
-        delete_account(name)
-    subprocess.run(["groupdel", bed.group], capture_output=True)
-    shutil.rmtree(bed.workdir, ignore_errors=True)
-
-
-def remove_leftovers() -> None:
-    """Beds of runs that were killed: the pytest process that made them is gone (its hub may live on)."""
-    for dropin in DROPIN_DIR.glob(DROPIN_PREFIX + "*"):
-        bed = SudoBed(dropin.name[len(DROPIN_PREFIX) :])
-        try:
-            maker = (bed.workdir / "made-by").read_text()
-        except OSError:
-            maker = ""
-        if maker != process_identity(int(maker.split()[0]) if maker else -1):
-            remove_bed(bed)
-
-
-def process_identity(pid: int) -> str:
-    """``"<pid> <start time>"``: a pid never names two processes (``""`` when there is none)."""
-    try:
-        return f"{pid} {Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
-    except (OSError, IndexError):
-        return ""
-
-
-def as_hub(bed_hub: Account, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
-    """Run ``argv`` with exactly the hub account's credentials (no groups of root's, no capabilities)."""
-    return subprocess.run(
-        argv,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-        user=bed_hub.uid,
-        group=bed_hub.gid,
-        extra_groups=[],
-        start_new_session=True,
-        env={"PATH": os.environ["PATH"], "HOME": str(bed_hub.home), "USER": bed_hub.name},
-    )
-
 
 @pytest.fixture(scope="module")
 def bed():
-    remove_leftovers()
-    if shutil.which("sudo") is None or shutil.which("visudo") is None:
-        pytest.fail("sudo is not installed: run scripts/bootstrap.sh --test (it installs Debian's sudo)")
-    b = SudoBed(secrets.token_hex(3))
-    try:
-        b.workdir.mkdir(mode=0o755)
-        (b.workdir / "made-by").write_text(process_identity(os.getpid()))
-        subprocess.run(["groupadd", b.group], check=True, capture_output=True)
+    with sudo_bed() as b:
         yield b
-    finally:
-        remove_bed(b)
 
 
 @pytest.fixture(scope="module")
 def hub_account(bed: SudoBed) -> Account:
-    return ensure_account(bed.hub_user, bed.workdir)
+    return hub_account_of(bed)
 
 
 @pytest.fixture(scope="module")
 def hub(bed: SudoBed, hub_account: Account):
-    run = bed.workdir / "run"
-    h = RunningHub(
-        run,
-        CATALOG,
-        extra_config="c.GPULabJobs.poll_interval = 0.3\n",
-        env={"GPULAB_ACCOUNT_PREFIX": bed.prefix, "GPULAB_ACCOUNT_GROUP": bed.group, "GPULAB_ISOLATION": "sudo"},
-        run_as=hub_account,
-    )
-    h.account_prefix = bed.prefix
-    for path in (run, *run.iterdir()):
-        if not path.is_symlink():
-            os.chown(path, hub_account.uid, hub_account.gid)
-    rule = subprocess.run(
-        [
-            str(VENV_BIN / "gpulab"),
-            "sudoers",
-            "--hub-user",
-            bed.hub_user,
-            "--group",
-            bed.group,
-            "--mediator",
-            MEDIATOR,
-            "--prefix",
-            bed.prefix,
-            "--home-root",
-            str(h.data_dir.resolve() / "homes"),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    staged = bed.workdir / "gpulab.sudoers"
-    staged.write_text(rule)
-    checked = subprocess.run(["visudo", "-cf", str(staged)], capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    shutil.copyfile(staged, bed.dropin)
-    os.chmod(bed.dropin, 0o440)
-    try:
-        h.start()
+    with sudo_hub(bed, hub_account, CATALOG, "c.GPULabJobs.poll_interval = 0.3\n") as h:
         yield h
-    finally:
-        h.stop()
-        kill_job_runners(h)
-        h.close()
+
+
+def as_hub(bed_hub: Account, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
+    """Run ``argv`` with exactly the hub account's credentials (no groups of root's, no capabilities)."""
+    return as_account(bed_hub, argv, stdin)
 
 
 def uids_of(pid: int) -> list[int]:
@@ -314,6 +172,14 @@ def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed
             "-n",
             *useradd_argv(bed.prefix + "evil", hub.data_dir.resolve() / "homes", "/bin/bash", "sudo"),
         ],
+        "useradd with a home named for another account": [
+            "sudo",
+            "-n",
+            *useradd_argv(bed.prefix + "evil", hub.data_dir.resolve() / "homes", "/bin/bash", bed.group)[:-1],
+            "--home-dir",
+            str(hub.data_dir.resolve() / "homes" / (bed.prefix + "bob")),
+            bed.prefix + "evil",
+        ],
         "useradd of an unprefixed name": [
             "sudo",
             "-n",
@@ -339,7 +205,7 @@ def test_the_hub_account_gets_nothing_from_sudo_but_the_mediator(hub, world, bed
     link = alice.home / "bobs-secret"
     link.symlink_to(bob.home / "secret.txt")
     os.lchown(link, alice.uid, alice.gid)
-    assert mediate(alice, {"action": "read", "path": str(link)})["state"] == "outside"
+    assert mediate(alice, {"action": "read", "path": str(link)})["state"] == "symlink"  # never followed
     # Signals go only to the account's own processes: bob's server survives alice's mediator.
     bob_server = server_pid(hub, "bob")
     reply = mediate(alice, {"action": "signal", "pid": bob_server, "signal": int(signal.SIGKILL)})

@@ -7,6 +7,8 @@ tests/test_kube_cluster_jobs.py.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from spawner.config import set_runtime
@@ -62,7 +64,9 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     c = kube_jobs_config(tmp_path, monkeypatch, kueue=True)
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)  # no cluster here
-    rec, _ = service.submit("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-half"})
+    rec, _ = asyncio.run(
+        service.submit("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-half"})
+    )
     key = jobspec.workload_key(rec.id)
     service.transition(rec.id, jobspec.QUEUED, "", kube_namespace=NS, kube_name=f"gpulab-job-{rec.id}")
     service.transition(rec.id, jobspec.RUNNING)
@@ -112,7 +116,9 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
     c.KubeSpawner.image_pull_secrets = ["image-pull-secret"]
     service = JobService(config=c)
     monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
-    rec, _ = service.submit("jo_smith", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-1"})
+    rec, _ = asyncio.run(
+        service.submit("jo_smith", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "h100-1"})
+    )
     job = service.backend.manifest(service.get(rec.id))
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
     md, spec = job["metadata"], job["spec"]

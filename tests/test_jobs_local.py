@@ -381,7 +381,8 @@ def test_hub_restart_readopts_running_and_queued_jobs(hub, tokens):
         notebook="exp/calc.ipynb",
         job_class="batch",
         profile="h100-1",
-        parameters={"x": 7, "sleep_seconds": 10},
+        # Long enough to outlive the hub's restart on a loaded machine (seen: > 8 s under load 9).
+        parameters={"x": 7, "sleep_seconds": 30},
         name="long",
     )
     wait_state(hub, running["id"], "running")
@@ -400,7 +401,7 @@ def test_hub_restart_readopts_running_and_queued_jobs(hub, tokens):
     held = sorted(w["key"] for w in job_holdings(hub))
     assert held == sorted([f"job:{running['id']}", f"job:{queued['id']}"])
     assert get_job(hub, running["id"])["state"] == "running"
-    done = wait_state(hub, running["id"], "succeeded", timeout=60)
+    done = wait_state(hub, running["id"], "succeeded", timeout=90)
     assert [h["state"] for h in done["history"]] == ["queued", "running", "succeeded"]
     wait_state(hub, queued["id"], "succeeded", timeout=60)
     wait_no_job_holdings(hub)

@@ -44,6 +44,8 @@ def test_the_shipped_drop_in_is_what_gpulab_sudoers_prints_for_the_defaults():
     assert 'Cmnd_Alias GPULAB_LAUNCH = /opt/gpulab/bin/gpulab-launch ""' in out  # no arguments allowed
     assert "Runas_Alias GPULAB_USERS = %jupyterhub-users" in out
     assert "ALL = (ALL)" not in out and "NOPASSWD: ALL" not in out
+    # No option names the home: useradd names it for the account (--base-dir), so they cannot differ.
+    assert "--home-dir" not in out and "--base-dir /home --shell" in out
 
 
 def test_visudo_accepts_the_drop_in(tmp_path):
@@ -140,8 +142,19 @@ def test_the_mediator_refuses_malformed_requests(request_, action):
 
 
 def test_the_mediator_reads_only_inside_the_home():
-    assert mediator.read({"path": "relative/file"})["state"] == "outside"
-    assert mediator.read({"path": "/etc/hostname"})["state"] == "outside"
+    assert mediator.read({"path": "relative/file", "limit": 10})["state"] == "outside"
+    assert mediator.read({"path": "/etc/hostname", "limit": 10})["state"] == "outside"
+    home = mediator.me().pw_dir
+    assert mediator.read({"path": f"{home}/../etc/hostname", "limit": 10})["state"] == "outside"
     with pytest.raises(mediator.Refused, match="not inside the home"):
         mediator.inside_home("/etc/passwd")
-    assert mediator.inside_home(mediator.me().pw_dir) == Path(os.path.realpath(mediator.me().pw_dir))
+    assert mediator.inside_home(home) == Path(os.path.realpath(home))
+
+
+def test_a_deeply_nested_request_gets_a_refusal_not_a_traceback():
+    out = subprocess.run(
+        [str(VENV_BIN / "gpulab-launch")], input="[" * 100_000, capture_output=True, text=True, timeout=60
+    )
+    reply = json.loads(out.stdout)
+    assert out.returncode == 1 and reply["ok"] is False and "not JSON of a depth" in reply["error"]
+    assert "Traceback" not in out.stderr, out.stderr

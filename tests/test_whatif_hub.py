@@ -3,7 +3,7 @@
 The history (usage intervals and utilisation samples, the rows the hub's
 usage recorder writes) is written into the hub's own gpulab database, then
 replayed through ``/hub/api/gpulab/whatif`` and the what-if page in Chromium.
-Screenshot: docs/img/admin-whatif.png.
+Screenshot: docs/img/admin-whatif.png (scripts/screenshots).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from hub_config.domain.usage_records import UsageInterval, UtilisationSample
 from hub_config.storage.db import session_factory
 from tests.conftest import CHROMIUM
-from tests.hub_harness import REPO, RunningHub
+from tests.hub_harness import RunningHub, screenshots_dir
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docs_screenshots]
 
 CATALOG = """
 inventory:
@@ -212,7 +212,7 @@ def test_the_whatif_page_in_chromium(hub, browser):
     assert page.locator("#whatif-error").is_hidden()
     rows = page.locator("#whatif-table tbody tr")
     assert rows.nth(6).inner_text().split("\t")[-1].strip() == "1 of 2"
-    shots = REPO / "docs" / "img"
+    shots = screenshots_dir("docs")
     page.screenshot(path=str(shots / "admin-whatif.png"), full_page=True)
     context.close()
 

@@ -21,12 +21,15 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from traitlets import TraitError
+
 from hub_config.config.idle_service import configure_idle_culler
 from hub_config.config.setup import configure_gpulab
 from hub_config.storage.db import DEFAULT_BUSY_TIMEOUT
 from spawner.accounts import UserAccounts, unreachable_by_others
 from spawner.catalog import CatalogError
 from spawner.config import GPULab
+from spawner.confinement import LimitsUnavailable, UserLimits, get_confiner
 from spawner.sudo import NONE, ROOT, SUDO, isolation_mode
 
 HUB_CONFIG = Path(__file__).resolve().parents[1]
@@ -131,6 +134,37 @@ def check_reachable(paths: dict[str, Path | str]) -> None:
         )
 
 
+def report_limits(c, mode: str) -> None:
+    """Set up (once) and print what confines each server and job; refuse to start when it must and cannot.
+
+    ``GPULAB_LIMITS`` (auto, on, off) and ``GPULAB_CGROUP_PARENT`` set ``c.UserLimits.enabled``
+    and ``cgroup_parent`` (a hub that is not root: the subtree delegated to it).
+    """
+    if os.environ.get("GPULAB_LIMITS"):
+        c.UserLimits.enabled = os.environ["GPULAB_LIMITS"]
+    if os.environ.get("GPULAB_CGROUP_PARENT"):
+        c.UserLimits.cgroup_parent = os.environ["GPULAB_CGROUP_PARENT"]
+    try:
+        settings = UserLimits(config=c)
+    except TraitError as e:
+        raise SystemExit(f"gpulab: GPULAB_LIMITS: {e}") from None
+    try:
+        confiner = get_confiner(settings, mode)
+    except LimitsUnavailable as e:
+        raise SystemExit(f"gpulab: refusing to start: {e}") from None
+    confiner.remove_leftovers(c.UserAccounts.prefix)
+    for line in confiner.status.lines():
+        print(f"gpulab: {line}", file=sys.stderr, flush=True)
+    print(
+        "gpulab: servers' output goes to ~/.gpulab/logs/server[-<name>].log in each user's home "
+        f"(kept under 2 × {settings.server_output_max_bytes} bytes), not to this log"
+        if settings.server_output_max_bytes > 0
+        else "gpulab: servers' output goes to this log (c.UserLimits.server_output_max_bytes = 0)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def find_proxy() -> str:
     for candidate in (
         os.environ.get("GPULAB_CHP"),
@@ -211,6 +245,7 @@ def configure_embedded(c) -> None:
         c.UserAccounts.switch = mode
         c.UserAccounts.home_root = str(home_root)
         c.UserAccounts.prefix = os.environ.get("GPULAB_ACCOUNT_PREFIX", "jupyter-")
+        c.UserAccounts.hub_id = str(data_dir)  # claimed in each home: a second hub on one prefix is refused
         if mode == SUDO:  # the group the sudoers rule lets the hub act as
             c.UserAccounts.group = os.environ.get("GPULAB_ACCOUNT_GROUP", "jupyterhub-users")
         if home_root == data_dir / "homes":  # ours: others may enter their own home, not list the others
@@ -233,6 +268,7 @@ def configure_embedded(c) -> None:
             file=sys.stderr,
             flush=True,
         )
+        report_limits(c, mode)
     else:
         c.JupyterHub.spawner_class = "gpu-simple-local"
         c.SimpleLocalProcessSpawner.home_dir_template = str(home_root / "{username}")
@@ -249,6 +285,15 @@ def configure_embedded(c) -> None:
         catalog = GPULab(config=c).load_catalog()
     except CatalogError as e:
         raise SystemExit(f"gpulab: invalid configuration:\n{e}") from None
+    if isolated and not UserLimits(config=c).memory_limit:
+        unlimited = sorted(p.slug for p in catalog.profiles.values() if p.mem_limit is None)
+        if unlimited:
+            print(
+                f"gpulab: profiles without a memory limit (their servers and jobs may use all memory "
+                f"unless a team caps them): {', '.join(unlimited)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     members = sorted({u for t in catalog.teams.values() for u in t.users})
     if demo_auth:

@@ -6,7 +6,7 @@ import datetime
 import json
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, DateTime, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from hub_config.storage.db import Base, iso, utcnow
@@ -43,6 +43,9 @@ class JobRecord(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     #: Single server: the runner's process id (= its process group) and its device shares.
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: ... and when that process started (``/proc/<pid>/stat`` field 22): with the owner's uid, what
+    #: makes the pid this runner's and not a later process's.
+    pid_started: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shares_json: Mapped[str] = mapped_column(Text, default="[]")
     #: Kubernetes: where the Job object lives.
     kube_namespace: Mapped[str | None] = mapped_column(String(63), nullable=True)

@@ -10,8 +10,8 @@ and its kernel without a status file: the hub recorded why before it sent it.
 Parameters come as JSON in ``GPULAB_JOB_PARAMETERS``, never through a shell.
 
 It runs as the job's owner (when the hub switches users) and creates the
-output folder and the log itself, so both belong to the owner. The hub creates
-the status file for it; the runner only writes into it.
+output folder, the log and the exit-status file (``~/.gpulab/jobs/``) itself,
+so all of them belong to the owner; the hub reads them as the owner.
 """
 
 from __future__ import annotations
@@ -26,10 +26,7 @@ from pathlib import Path
 
 
 def write_status(path: str, status: dict) -> None:
-    """Fill the status file the hub made for this attempt (never follows a symlink).
-
-    Through sudo the file is this account's own, in its home: made here, folder included.
-    """
+    """Write this attempt's exit status (never through a symlink), its folder made here when missing."""
     Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -56,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="append stdout and stderr to this file (created if missing)")
     parser.add_argument("--attempt", type=int, default=1)
     args = parser.parse_args(argv)
+    # A status file an earlier run with this job id and attempt left must not be read as this run's.
+    Path(args.status).unlink(missing_ok=True)
     if args.log:
         try:
             open_log(args.log, args.attempt)

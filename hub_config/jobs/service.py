@@ -30,13 +30,13 @@ from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
-from spawner import jobspec
-from spawner.accounts import UserAccounts, lookup
+from spawner import home_files, jobspec
+from spawner.accounts import AccountError, AccountRefused, UserAccounts, lookup
 from spawner.config import GPULabRuntime, get_runtime
 from spawner.jobspec import FINAL_STATES, JobSpecError
 from spawner.ledger import RESERVED, RUNNING, Workload
+from spawner.mediator_client import MediatorBusy, MediatorError, MediatorTimeout
 from spawner.policy import PolicyError, resolve_request
-from spawner.sudo import SudoError
 
 #: Keys a submission may carry; anything else is refused (never silently ignored).
 SUBMIT_KEYS = frozenset(
@@ -56,8 +56,6 @@ class JobService:
         spawner_class = str(config_value(config, "JupyterHub", "spawner_class") or "")
         #: Jobs run as their owner's system account, like the owner's servers.
         self.owner_accounts = self.accounts.enabled or spawner_class in ("gpu-local", "spawner.local.GPULocalSpawner")
-        #: The hub is not root: what is in a home is read as its owner, through the mediator.
-        self.reads_as_owner = self.owner_accounts and self.accounts.uses_sudo()
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.backend = self._make_backend()
@@ -153,14 +151,12 @@ class JobService:
     # -- files in the user's home -----------------------------------------------
 
     def safe_path(self, user: str, path: Path, create_parent: bool = False) -> Path:
-        """``path`` inside ``user``'s home, refusing symlinks that lead out of it.
+        """``path`` inside ``user``'s home, refusing symlinks that lead out of it (jobs without accounts).
 
-        A hub that reads as the owner (sudo) cannot look inside the home; the
-        mediator applies the same rule to every read, and what the runner
-        writes, it writes as the owner.
+        Only for a hub whose jobs run as its own account: nothing then separates
+        the users from the hub, and the runner writes as the hub. Jobs run as
+        their owners write as their owners, and the hub checks nothing there itself.
         """
-        if self.reads_as_owner:
-            return path
         home = self.home_dir(user).resolve()
         if create_parent:
             parent = path.parent
@@ -181,48 +177,85 @@ class JobService:
                 409,
             )
 
-    def read_home_file(self, user: str, path: Path, offset: int = 0, limit: int | None = None) -> bytes:
-        """Bytes of a file in ``user``'s home: as the hub (root), or as the owner through the mediator.
+    async def read_home_file(
+        self, user: str, path: Path, offset: int = 0, limit: int = 0, max_size: int | None = None
+    ) -> home_files.Found:
+        """What is at ``path`` in ``user``'s home, read with the owner's credentials.
 
-        Raises ``FileNotFoundError`` when there is no such file, :class:`JobSpecError`
-        when it leads out of the home or cannot be read.
+        Jobs that run as their owners' accounts (root and sudo mode): the
+        mediator reads as the owner, with its deadline. Otherwise the hub reads
+        itself. Either way no symlink is followed below the home, only a regular
+        file is read, without blocking, and never more than ``limit`` bytes or a
+        file larger than ``max_size`` (:func:`spawner.home_files.read_beneath`).
+        Raises :class:`JobSpecError` (a sentence) when the owner's mediator fails.
         """
-        if not self.reads_as_owner:
-            self.safe_path(user, path)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read() if limit is None else f.read(limit)
-        name = self.accounts.name_for(user)
+        if not self.owner_accounts:
+            home = str(self.home_dir(user))
+            return await asyncio.to_thread(home_files.read_beneath, home, str(path), offset, limit, max_size)
         try:
-            found = self.accounts.launcher.read(name, path, offset, 64 << 20 if limit is None else limit)
-        except SudoError as e:
+            name = self.accounts.existing(user).name
+        except AccountRefused as e:
+            raise JobSpecError(str(e), 403) from None
+        except AccountError:
+            return home_files.Found(home_files.ABSENT, detail=self.accounts.name_for(user))
+        try:
+            return await self.accounts.launcher.read(name, str(path), offset, limit, max_size)
+        except MediatorTimeout:
+            raise JobSpecError(
+                f"reading {path.name} as {name} took longer than {self.accounts.mediator_timeout:g} s and was "
+                f"stopped: processes of {name} may be stopped or overloaded; try again",
+                504,
+            ) from None
+        except MediatorBusy as e:
+            raise JobSpecError(f"cannot read {path.name} now: {e}", 429) from None
+        except MediatorError as e:
             raise JobSpecError(f"cannot read {path.name} as {name}: {e}", 502) from None
-        if found.state == "absent":
-            raise FileNotFoundError(str(path))
-        if found.state != "ok":
-            raise JobSpecError(f"{path.name}: {found.state} (read as {name}); refusing to read it", 403)
-        return found.data
 
-    def read_log(self, rec: JobRecord, offset: int, limit: int) -> tuple[bytes, int]:
+    @staticmethod
+    def refusal(found: home_files.Found, what: str, limit_name: str = "") -> JobSpecError:
+        """The sentence (and status) for a file that could not be read."""
+        words = {
+            home_files.SYMLINK: (403, f"{what} is a symlink or lies below one; refusing to read through it"),
+            home_files.NOT_A_FILE: (403, f"{what} is not a regular file (a FIFO, socket, device or folder)"),
+            home_files.OUTSIDE: (403, f"{what} is not inside the home directory"),
+            home_files.DENIED: (403, f"{what} cannot be read by its owner"),
+            home_files.ABSENT: (404, f"{what} does not exist"),
+            home_files.TOO_LARGE: (
+                413,
+                f"{what} is {found.size} bytes, more than this hub serves ({limit_name}); open it from your server",
+            ),
+        }
+        status, sentence = words.get(found.state, (502, f"{what}: {found.state}"))
+        return JobSpecError(sentence, status)
+
+    async def read_log(self, rec: JobRecord, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to ``limit`` bytes of the job's log from ``offset``, and the next offset."""
         self._need_homes()
-        try:
-            data = self.read_home_file(rec.user, self.home_dir(rec.user) / rec.log_path, offset, limit)
-        except FileNotFoundError:
+        found = await self.read_home_file(rec.user, self.home_dir(rec.user) / rec.log_path, offset, limit)
+        if found.state == home_files.ABSENT:
+            if offset:
+                raise JobSpecError(f"offset {offset} is past the end of the log, which does not exist yet", 400)
             return b"", offset
-        return data, offset + len(data)
+        if found.state != home_files.OK:
+            raise self.refusal(found, "the job's log")
+        if offset > found.size:
+            raise JobSpecError(f"offset {offset} is past the end of the log ({found.size} bytes)", 400)
+        return found.data, offset + len(found.data)
 
-    def read_output(self, rec: JobRecord) -> bytes | None:
+    async def read_output(self, rec: JobRecord) -> bytes | None:
         """The executed notebook's bytes; ``None`` while there is none."""
         self._need_homes()
-        try:
-            return self.read_home_file(rec.user, self.home_dir(rec.user) / rec.output_path)
-        except FileNotFoundError:
+        cap = self.settings.max_output_bytes
+        found = await self.read_home_file(rec.user, self.home_dir(rec.user) / rec.output_path, 0, cap, cap)
+        if found.state == home_files.ABSENT:
             return None
+        if found.state != home_files.OK:
+            raise self.refusal(found, "the output notebook", f"c.GPULabJobs.max_output_bytes = {cap}")
+        return found.data
 
     # -- submitting ---------------------------------------------------------
 
-    def _validate(self, user: str, groups: Iterable[str], body: dict[str, Any]) -> dict[str, Any]:
+    async def _validate(self, user: str, groups: Iterable[str], body: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(str(k)[:40] for k in body if k not in SUBMIT_KEYS)
         if unknown:
             raise JobSpecError(
@@ -236,7 +269,7 @@ class JobService:
         except PolicyError as e:
             raise JobSpecError(str(e), e.status) from None
         notebook = jobspec.validate_notebook_path(body.get("notebook"))
-        self.check_notebook(user, notebook)
+        await self.check_notebook(user, notebook)
         name = jobspec.validate_name(body.get("name"), notebook)
         s = self.settings
         return {
@@ -252,44 +285,36 @@ class JobService:
             "idempotency_key": jobspec.validate_idempotency_key(body.get("idempotency_key")),
         }
 
-    def check_notebook(self, user: str, notebook: str) -> Path:
-        """The notebook's real path; refuses symlinks that leave the home and missing files."""
+    async def check_notebook(self, user: str, notebook: str) -> Path:
+        """The notebook's path in the home: a regular file, reached through no symlink (checked as its owner)."""
         home = self.home_dir(user)
+        path = home / notebook
         if not self.backend.sees_homes:
-            return home / notebook
-        if self.reads_as_owner:
-            return self._check_notebook_as_owner(user, home / notebook, notebook)
-        try:
-            real_home = home.resolve(strict=True)
-        except OSError:
-            raise JobSpecError("your home directory does not exist yet: start a server once", 404) from None
-        real = (home / notebook).resolve()
-        if real != real_home and real_home not in real.parents:
-            raise JobSpecError("notebook path leaves your home directory (through a symlink)", 403)
-        if not real.is_file():
-            raise JobSpecError(f"notebook {notebook!r} does not exist in your home directory", 404)
-        return real
-
-    def _check_notebook_as_owner(self, user: str, path: Path, notebook: str) -> Path:
-        name = self.accounts.name_for(user)
-        if lookup(name) is None:
+            return path
+        if self.owner_accounts and lookup(self.accounts.name_for(user)) is None:
             raise JobSpecError("your home directory does not exist yet: start a server once", 404)
-        try:
-            found = self.accounts.launcher.read(name, path, 0, 0)
-        except SudoError as e:
-            raise JobSpecError(f"cannot check the notebook as {name}: {e}", 502) from None
-        if found.state == "outside":
-            raise JobSpecError("notebook path leaves your home directory (through a symlink)", 403)
-        if found.state != "ok":
+        found = await self.read_home_file(user, path)
+        if found.state == home_files.OK:
+            return path
+        if found.state == home_files.ABSENT:
+            if found.detail == str(home):
+                raise JobSpecError("your home directory does not exist yet: start a server once", 404)
             raise JobSpecError(f"notebook {notebook!r} does not exist in your home directory", 404)
-        return Path(found.real)
+        if found.state == home_files.SYMLINK:
+            raise JobSpecError(
+                f"notebook path {notebook!r} goes through a symlink ({found.detail}); give the real path in your home",
+                403,
+            )
+        if found.state == home_files.NOT_A_FILE:
+            raise JobSpecError(f"notebook {notebook!r} is not a regular file in your home directory", 404)
+        raise self.refusal(found, f"notebook {notebook!r}")
 
-    def submit(
+    async def submit(
         self, user: str, groups: Iterable[str], body: dict[str, Any], rerun_of: int | None = None
     ) -> tuple[JobRecord, bool]:
         """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
         groups = list(groups)
-        v = self._validate(user, groups, body)
+        v = await self._validate(user, groups, body)
         full = self.runtime.disk_full()
         if full is not None:  # before anything is written
             raise JobSpecError(full, 507)
@@ -367,7 +392,7 @@ class JobService:
         self.wake()
         return rec, True
 
-    def rerun(self, rec: JobRecord, groups: Iterable[str]) -> JobRecord:
+    async def rerun(self, rec: JobRecord, groups: Iterable[str]) -> JobRecord:
         body = {
             "notebook": rec.notebook,
             "job_class": rec.job_class,
@@ -377,7 +402,7 @@ class JobService:
             "time_limit_seconds": rec.time_limit_seconds,
             "name": rec.name,
         }
-        new, _ = self.submit(rec.user, groups, body, rerun_of=rec.id)
+        new, _ = await self.submit(rec.user, groups, body, rerun_of=rec.id)
         return new
 
     # -- state changes ------------------------------------------------------
@@ -423,6 +448,14 @@ class JobService:
         if changed:
             log.info("gpulab jobs: job %d -> %s%s", job_id, state, f" ({reason})" if reason else "")
         return rec
+
+    def set_reason(self, job_id: int, reason: str) -> None:
+        """Say why a job stays in its state (a queued job waiting for its owner's running jobs)."""
+        with self.db() as s:
+            rec = s.get(JobRecord, job_id)
+            if rec is not None and rec.reason != reason:
+                rec.reason = reason
+                s.commit()
 
     async def cancel(self, rec: JobRecord, by: str) -> JobRecord:
         if rec.state in FINAL_STATES:

@@ -34,6 +34,14 @@ class GPULabJobs(Configurable):
         spawner's `c.SimpleLocalProcessSpawner.home_dir_template` when set, else
         the user's system home (`~username`).""",
     )
+    max_output_bytes = Int(
+        32 * 1024 * 1024,
+        config=True,
+        help="""Largest output notebook the hub serves (`GET /jobs/<id>/output`), in bytes. A larger
+        one is refused with a 413 before any of it is read (its size is checked on the open file,
+        so a sparse file of any apparent size costs nothing); it can still be opened from the
+        user's own server.""",
+    )
     max_parameters_bytes = Int(
         16 * 1024,
         config=True,
@@ -54,6 +62,13 @@ class GPULabJobs(Configurable):
         config=True,
         help="Seconds between checks of running jobs (exits, time limits, queue, Kubernetes status).",
     )
+    max_running_jobs_per_user = Int(
+        4,
+        config=True,
+        help="""Most jobs one user runs at once on a single server, of every class (CPU-only
+        included); more wait, queued, with the reason. A team's `limits.running_jobs` overrides
+        it for its members' jobs in that team. 0: no cap.""",
+    )
     stop_grace_seconds = Float(
         10.0,
         config=True,
@@ -62,8 +77,10 @@ class GPULabJobs(Configurable):
     )
     state_dir = Unicode(
         config=True,
-        help="""Folder for the single-server runner's exit-status files. Default:
-        `jobs/` in `$GPULAB_DATA_DIR`.""",
+        help="""Folder for the single-server runner's exit-status files when jobs run as the
+        hub's own account (no user isolation). Jobs run as their owners' accounts keep theirs
+        in the owner's home (`~/.gpulab/jobs/`), where no other user can list or read them.
+        Default: `jobs/` in `$GPULAB_DATA_DIR`.""",
     )
     env_keep = List(
         Unicode(),

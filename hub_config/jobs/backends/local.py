@@ -9,48 +9,65 @@
   process group, the job is recorded ``preempted`` and, once its process is
   gone, ``queued`` again (it keeps its quota admission and runs again later).
 - Time limits: a job running longer than its limit is stopped and ``timed-out``.
+- Limits: each runner starts in a cgroup of its own with its profile's and team's
+  memory, CPU and process limits, only its placed GPU device nodes and a private
+  /tmp (:mod:`spawner.confinement`), and one user runs at most
+  ``max_running_jobs_per_user`` jobs (or her team's ``limits.running_jobs``) at
+  once, CPU-only ones included; the rest wait, queued, with the reason.
 - Users: when servers run as the users' own system accounts (``c.UserAccounts``),
   a job's runner runs as its owner's account too. The runner itself creates the
-  output folder and the log in the owner's home, so everything there is the
-  owner's and the hub never writes into a home as root. Its exit-status file is
-  created by the hub, owned by the owner, in a folder others cannot list.
-  A hub that is not root does all of this through the mediator over sudo
-  (:mod:`spawner.sudo`): the runner starts as the owner, signals go through
-  the mediator, and the exit-status file lives in the owner's home
-  (``~/.gpulab/jobs/``), where the hub reads it, like the log, as the owner.
+  output folder, the log and its exit-status file (``~/.gpulab/jobs/``) in the
+  owner's home, so everything there is the owner's, no other user can list or
+  read it, and the hub never writes into a home. The hub reads the log, the
+  output and the exit status as the owner, through the mediator
+  (:mod:`spawner.mediator`: as root switched to the account, or over sudo). A hub
+  that is not root also starts and signals the runner through the mediator.
+- Nothing a user can stop holds up another user: every start, signal and
+  exit-status read that runs the mediator is a task of its own job, awaited
+  with the mediator's deadline, never inside the loop's tick.
+- A runner is known by its pid, its account's uid and its start time
+  (:mod:`spawner.processes`), recorded at start: a pid that now names another
+  process is neither counted alive nor signalled.
 - Hub restarts: runners live in their own session and outlive the hub; on start
-  a ``running`` job whose runner still lives is re-adopted (devices and quota),
-  one whose runner is gone is finished from its exit-status file, or marked
-  ``failed`` with the reason when there is none. Nothing is lost silently.
+  each job is recovered on its own: a ``running`` job whose runner still lives
+  is re-adopted (devices and quota), one whose runner is gone is finished from
+  its exit-status file -- whatever its owner put there: a file that cannot be
+  read, or is not the runner's, fails that job with the reason and nothing else.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.models import JobRecord
-from hub_config.storage.db import as_utc, utcnow
-from spawner import jobspec
-from spawner.accounts import Account, AccountError, demote_kwargs, lookup
+from hub_config.storage.db import as_utc, database_file, storage_failure, utcnow
+from spawner import home_files, jobspec
+from spawner.accounts import Account, AccountError, lookup
+from spawner.cgroups import CgroupError
+from spawner.confinement import Confinement, Confiner, UserLimits, get_confiner
+from spawner.devices import placed_minors
 from spawner.env import gpu_env
+from spawner.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
 from spawner.local import ensure_packer
+from spawner.mediator_client import MediatorError
+from spawner.model import Profile
 from spawner.packer import FULL
-from spawner.sudo import SudoError, process_alive
+from spawner.processes import owner, process_alive, signal_group, start_time
+from spawner.sudo import ROOT, SUDO
 
 RUNNER_MODULE = "hub_config.jobs.runner"
-
-
-def _alive(pid: int) -> bool:
-    """Is ``pid`` a live (non-zombie) process? (Runners outlive the hub: not always our children.)"""
-    return process_alive(pid)
+#: Largest exit-status file read (the runner writes a few hundred bytes).
+MAX_STATUS_BYTES = 64 * 1024
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -58,6 +75,32 @@ def _cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
+
+
+def outcome_from_status(found: home_files.Found, gone_reason: str) -> tuple[str, str]:
+    """``(final state, reason)`` from what an exit-status file holds, whatever its owner put there."""
+    if found.state == home_files.ABSENT or (found.state == home_files.OK and not found.data.strip()):
+        return jobspec.FAILED, gone_reason  # the runner never finished
+    if found.state != home_files.OK:
+        what = {
+            home_files.TOO_LARGE: f"{found.size} bytes, more than the runner ever writes",
+            home_files.SYMLINK: "a symlink",
+            home_files.NOT_A_FILE: "not a regular file",
+        }.get(found.state, found.state)
+        return jobspec.FAILED, f"its exit-status file could not be used ({what}): the job's outcome is unknown"
+    try:
+        status = json.loads(found.data)
+    except (ValueError, RecursionError):
+        status = None
+    code = status.get("returncode") if isinstance(status, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool):
+        return jobspec.FAILED, "its exit-status file is not the runner's (malformed): the job's outcome is unknown"
+    if code == 0:
+        return jobspec.SUCCEEDED, "the notebook ran to the end"
+    error = status.get("error") if isinstance(status, dict) else None
+    if isinstance(error, str) and error.strip():
+        return jobspec.FAILED, "".join(c if c.isprintable() else " " for c in error)[:500]
+    return jobspec.FAILED, f"papermill exited with {code}"
 
 
 class LocalJobBackend(JobBackend):
@@ -73,23 +116,37 @@ class LocalJobBackend(JobBackend):
         self.procs: dict[int, subprocess.Popen] = {}
         #: job id -> pid of every runner we track (children and adopted).
         self.pids: dict[int, int] = {}
+        #: job id -> (uid, start time) of its runner: what its pid must still name.
+        self.identities: dict[int, tuple[int | None, int | None]] = {}
         #: job id -> (SIGKILL deadline, state to enter once the process is gone or None).
         self.stopping: dict[int, tuple[float, str | None]] = {}
         #: victim job id -> the training job it was preempted for.
         self.preempting: dict[int, int] = {}
+        #: job id -> its start or finish in progress (each job's own task: one stuck user stalls no other).
+        self.busy: dict[int, asyncio.Task] = {}
+        #: job ids with a signal on its way.
+        self.signalling: set[int] = set()
         #: job id -> (reason, fields) of a start whose runner runs but whose record could not
         #: be written (the database was locked or its disk full): written at the next tick.
         self.unrecorded_starts: dict[int, tuple[str, dict[str, Any]]] = {}
         #: The hub is not root: it acts as the owners through the mediator over sudo.
         self.sudo = service.owner_accounts and service.accounts.uses_sudo()
+        self.user_limits = UserLimits(config=service.config) if service.config is not None else UserLimits()
         self.state_dir = Path(self.settings.state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        if service.owner_accounts:  # runners (other accounts) reach their own file; nobody lists
-            os.chmod(self.state_dir, 0o711)
+        if not service.owner_accounts:  # the runners are the hub's account: its own folder
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.state_dir, 0o700)
 
     @property
     def packer(self):
         return ensure_packer(self.runtime)
+
+    @property
+    def confiner(self) -> Confiner:
+        return get_confiner(self.user_limits, SUDO if self.sudo else ROOT)
+
+    def cgroup_name(self, rec: JobRecord) -> str:
+        return f"{self.service.accounts.name_for(rec.user)}.job-{rec.id}"
 
     # -- the service's calls ---------------------------------------------------
 
@@ -120,55 +177,104 @@ class LocalJobBackend(JobBackend):
         elif rec.state == jobspec.RUNNING and rec.id in self.pids:
             self.service.transition(rec.id, jobspec.CANCELLED, reason)
             self._terminate(rec.id, None)
-        else:
+        else:  # queued (a start in progress sees the cancellation and starts nothing)
             self.service.transition(rec.id, jobspec.CANCELLED, reason)
             self._release_devices(rec.id)
 
     def status_path(self, rec: JobRecord, attempt: int) -> Path:
         """Where the runner of ``rec``'s attempt writes its exit status."""
         name = f"job-{rec.id}-attempt-{attempt}.json"
-        if self.sudo:  # the owner's file, in the owner's home: the hub reads it through the mediator
+        if self.service.owner_accounts:  # the owner's file, in the owner's home, read as the owner
             return self.service.home_dir(rec.user) / ".gpulab" / "jobs" / name
         return self.state_dir / name
+
+    def _uid_of(self, user: str) -> int | None:
+        """The uid a user's runners run as (``None``: the account is gone)."""
+        if not self.service.owner_accounts:
+            return os.getuid()
+        account = lookup(self.service.accounts.name_for(user))
+        return account.uid if account is not None else None
+
+    def _spawn(self, job_id: int, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as ``job_id``'s own task (at most one at a time per job)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.busy[job_id] = task
+
+        def done(t: asyncio.Task) -> None:
+            if self.busy.get(job_id) is t:
+                del self.busy[job_id]
+            error = None if t.cancelled() else t.exception()
+            failure = storage_failure(error, database_file(self.service.config)) if error is not None else None
+            if failure is not None:  # the next tick does what this task could not record
+                log.warning("gpulab jobs: job %d waits: %s", job_id, failure)
+            elif error is not None:
+                log.error("gpulab jobs: job %d: %s", job_id, error, exc_info=error)
+            self.service.wake()
+
+        task.add_done_callback(done)
 
     # -- restart ------------------------------------------------------------------
 
     async def recover(self) -> None:
+        """Each active job on its own: one whose files or processes are odd fails alone, with the reason."""
         self.packer  # noqa: B018 -- create the shared packer now, so /me shows capacity before any spawn
-        for rec in self.service.active(self.name):
-            if rec.state == jobspec.PREEMPTED:  # the hub stopped while the runner was being stopped
-                if rec.pid and _alive(rec.pid) and RUNNER_MODULE in _cmdline(rec.pid):
-                    self.pids[rec.id] = rec.pid
-                    with self.runtime.lock:
-                        try:
-                            self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
-                        except Exception as e:
-                            log.error("gpulab jobs: cannot re-adopt devices of job %d: %s", rec.id, e)
-                    self._terminate(rec.id, jobspec.QUEUED)
-                else:
-                    self.service.transition(rec.id, jobspec.QUEUED, "requeued after preemption")
-                continue
-            if rec.state != jobspec.RUNNING:
-                continue
-            key = jobspec.workload_key(rec.id)
-            cmd = _cmdline(rec.pid) if rec.pid else []
-            status = str(self.status_path(rec, rec.attempts))
-            if rec.pid and _alive(rec.pid) and RUNNER_MODULE in cmd and status in cmd:
-                try:
-                    with self.runtime.lock:
-                        self.packer.adopt(key, rec.shares)
-                except Exception as e:  # devices changed under us: the job goes on, say so
-                    log.error("gpulab jobs: cannot re-adopt devices %s of job %d: %s", rec.shares, rec.id, e)
-                self.pids[rec.id] = rec.pid  # the ledger adopted it in JobService.start()
-                log.info("gpulab jobs: re-adopted running job %d (pid %d)", rec.id, rec.pid)
+        records = self.service.active(self.name)
+        await asyncio.gather(*(self._recover_one(rec) for rec in records))
+
+    async def _recover_one(self, rec: JobRecord) -> None:
+        try:
+            await self._recover(rec)
+        except Exception as e:  # noqa: BLE001 -- whatever it was, the other jobs still recover
+            log.exception("gpulab jobs: cannot recover job %d", rec.id)
+            self.pids.pop(rec.id, None)
+            self._release_devices(rec.id)
+            self.service.transition(
+                rec.id, jobspec.FAILED, f"could not be recovered after the hub restarted: {type(e).__name__}: {e}"[:500]
+            )
+
+    def _runner_lives(self, rec: JobRecord, status: str) -> bool:
+        """Is ``rec.pid`` still this job's runner: the owner's uid, the recorded start time?"""
+        uid = self._uid_of(rec.user)
+        if not rec.pid or uid is None or not process_alive(rec.pid, uid, rec.pid_started):
+            return False
+        if rec.pid_started is not None:
+            return True
+        cmd = _cmdline(rec.pid)  # recorded before start times were: the command line must match too
+        return RUNNER_MODULE in cmd and status in cmd
+
+    async def _recover(self, rec: JobRecord) -> None:
+        status = str(self.status_path(rec, rec.attempts))
+        pid = rec.pid or 0
+        if rec.state == jobspec.PREEMPTED:  # the hub stopped while the runner was being stopped
+            if self._runner_lives(rec, status):
+                self._track(rec.id, pid, self._uid_of(rec.user), rec.pid_started)
+                with self.runtime.lock:
+                    try:
+                        self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
+                    except Exception as e:
+                        log.error("gpulab jobs: cannot re-adopt devices of job %d: %s", rec.id, e)
+                self._terminate(rec.id, jobspec.QUEUED)
             else:
-                self._finish_from_status(
-                    rec,
-                    gone_reason=(
-                        "its process was gone when the hub restarted and left no exit status "
-                        "(killed together with the hub?)"
-                    ),
-                )
+                self.service.transition(rec.id, jobspec.QUEUED, "requeued after preemption")
+            return
+        if rec.state != jobspec.RUNNING:
+            return
+        if self._runner_lives(rec, status):
+            try:
+                with self.runtime.lock:
+                    self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
+            except Exception as e:  # devices changed under us: the job goes on, say so
+                log.error("gpulab jobs: cannot re-adopt devices %s of job %d: %s", rec.shares, rec.id, e)
+            self._track(rec.id, pid, self._uid_of(rec.user), rec.pid_started)  # the ledger adopted it
+            log.info("gpulab jobs: re-adopted running job %d (pid %d)", rec.id, pid)
+        else:
+            await self._finish_from_status(
+                rec,
+                gone_reason=(
+                    "its process was gone when the hub restarted and left no exit status "
+                    "(killed together with the hub?)"
+                ),
+            )
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -180,16 +286,37 @@ class LocalJobBackend(JobBackend):
         self._enforce_time_limits()
         self._schedule()
 
+    def _track(self, job_id: int, pid: int, uid: int | None, started: int | None) -> None:
+        self.pids[job_id] = pid
+        self.identities[job_id] = (uid, started)
+
+    def _runner_gone(self, job_id: int, pid: int) -> bool:
+        proc = self.procs.get(job_id)
+        if proc is not None:
+            return proc.poll() is not None  # our child: exact
+        uid, started = self.identities.get(job_id, (None, None))
+        return uid is None or not process_alive(pid, uid, started)
+
     def _record_starts(self) -> None:
         for job_id, (reason, fields) in list(self.unrecorded_starts.items()):
-            self.service.transition(job_id, jobspec.RUNNING, reason, **fields)
+            now = self.service.transition(job_id, jobspec.RUNNING, reason, **fields)
             del self.unrecorded_starts[job_id]
+            if (now is None or now.state != jobspec.RUNNING) and job_id in self.pids:  # cancelled meanwhile
+                self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+                self._signal(job_id, self.pids[job_id], signal.SIGTERM)
+
+    def _forget(self, job_id: int) -> None:
+        """The job's runner is gone and its record says so: stop tracking it, free its devices."""
+        self.pids.pop(job_id, None)
+        self.procs.pop(job_id, None)
+        self.identities.pop(job_id, None)
+        self._release_devices(job_id)
 
     def _reap(self) -> None:
         for job_id, pid in list(self.pids.items()):
-            proc = self.procs.get(job_id)
-            done = proc.poll() is not None if proc is not None else not _alive(pid)
-            if not done:
+            if job_id in self.busy:  # its start (or its outcome) is still being recorded
+                continue
+            if not self._runner_gone(job_id, pid):
                 deadline, _ = self.stopping.get(job_id, (None, None))
                 if deadline is not None and time.monotonic() > deadline:
                     self._signal(job_id, pid, signal.SIGKILL)
@@ -200,32 +327,44 @@ class LocalJobBackend(JobBackend):
                     self.service.transition(job_id, then, "requeued after preemption")
                 del self.stopping[job_id]
                 self.preempting.pop(job_id, None)
+                self._forget(job_id)
+                continue
+            rec = self.service.get(job_id)
+            if rec is not None and rec.state == jobspec.RUNNING:
+                oom = self._oom_note(job_id)  # read before its cgroup goes
+                # It forgets the runner once the outcome is written; a failed write tries again.
+                self._spawn(
+                    job_id,
+                    self._finish_from_status(rec, gone_reason="the runner exited without an exit status", note=oom),
+                )
             else:
-                rec = self.service.get(job_id)
-                if rec is not None and rec.state == jobspec.RUNNING:
-                    self._finish_from_status(rec, gone_reason="the runner exited without an exit status")
-            self.pids.pop(job_id, None)
-            self.procs.pop(job_id, None)
-            self._release_devices(job_id)
+                self._forget(job_id)
 
-    def _finish_from_status(self, rec: JobRecord, gone_reason: str) -> None:
+    def _oom_note(self, job_id: int) -> str:
+        """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
+        rec = self.service.get(job_id)
+        if rec is None or not self.service.owner_accounts:
+            return ""
+        kills = self.confiner.oom_kills(self.cgroup_name(rec))
+        if not kills:
+            return ""
+        return f"; it reached its memory limit: the kernel ended {kills} of its processes (out of memory)"
+
+    async def _finish_from_status(self, rec: JobRecord, gone_reason: str, note: str = "") -> None:
         path = self.status_path(rec, rec.attempts)
         try:
-            # Through sudo the file is in the owner's home: read as the owner; else it is the hub's own.
-            status = json.loads(self.service.read_home_file(rec.user, path) if self.sudo else path.read_bytes())
-        except (OSError, ValueError, jobspec.JobSpecError):  # missing, or empty: the runner never finished
-            status = None
-        if not isinstance(status, dict):
-            status = None
-        if status is None:
-            self.service.transition(rec.id, jobspec.FAILED, gone_reason)
-        elif status.get("returncode") == 0:
-            self.service.transition(rec.id, jobspec.SUCCEEDED, "the notebook ran to the end")
+            if self.service.owner_accounts:
+                found = await self.service.read_home_file(rec.user, path, 0, MAX_STATUS_BYTES, MAX_STATUS_BYTES)
+            else:  # the hub's own folder, written by runners of the hub's own account
+                found = await asyncio.to_thread(
+                    home_files.read_beneath, str(self.state_dir), str(path), 0, MAX_STATUS_BYTES, MAX_STATUS_BYTES
+                )
+        except jobspec.JobSpecError as e:  # the owner's mediator did not answer: say so, on this job only
+            state, reason = jobspec.FAILED, f"its exit status could not be read: {e}"
         else:
-            self.service.transition(
-                rec.id, jobspec.FAILED, status.get("error") or f"papermill exited with {status.get('returncode')}"
-            )
-        self._release_devices(rec.id)
+            state, reason = outcome_from_status(found, gone_reason)
+        self.service.transition(rec.id, state, reason + note if state == jobspec.FAILED else reason)
+        self._forget(rec.id)
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
@@ -237,10 +376,18 @@ class LocalJobBackend(JobBackend):
                 self._terminate(rec.id, None)
 
     def _schedule(self) -> None:
+        active = self.service.active(self.name)
         # A job whose runner already runs (its start not yet recorded) is not started again.
-        waiting = [r for r in self.service.active(self.name) if r.state == jobspec.QUEUED and r.id not in self.pids]
+        waiting = [r for r in active if r.state == jobspec.QUEUED and r.id not in self.busy and r.id not in self.pids]
         waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
+        # Runners alive per user (running, or on their way out after a preemption).
+        running: dict[str, int] = {}
+        for r in active:
+            if r.id in self.pids or (r.id in self.busy and r.state == jobspec.QUEUED):  # running, or starting
+                running[r.user] = running.get(r.user, 0) + 1
         for rec in waiting:
+            if self._over_running_cap(rec, running.get(rec.user, 0)):
+                continue
             key = jobspec.workload_key(rec.id)
             profile = self.runtime.catalog.profile(rec.profile)
             models = {profile.gpu_model} if profile is not None and profile.gpu_model else None
@@ -255,7 +402,19 @@ class LocalJobBackend(JobBackend):
                     if rec.job_class == "training":
                         self._preempt_for(rec, models)
                     continue
-            self._start(rec, [list(s) for s in placement.shares] if placement else [])
+            self._spawn(rec.id, self._start(rec, [list(s) for s in placement.shares] if placement else []))
+            running[rec.user] = running.get(rec.user, 0) + 1  # its start is under way
+
+    def _over_running_cap(self, rec: JobRecord, running: int) -> bool:
+        """Does ``rec``'s owner already run as many jobs as she may? Then it waits, and says why."""
+        team = self.runtime.catalog.team(rec.team)
+        cap = running_jobs_cap(team, LimitDefaults(running_jobs=self.settings.max_running_jobs_per_user or None))
+        if cap is None or running < cap:
+            return False
+        reason = running_jobs_reason(rec.user, running, cap, team)
+        if rec.reason != reason:
+            self.service.set_reason(rec.id, reason)
+        return True
 
     # -- preemption ----------------------------------------------------------------------
 
@@ -301,32 +460,37 @@ class LocalJobBackend(JobBackend):
 
     # -- processes -------------------------------------------------------------------------
 
-    def _start(self, rec: JobRecord, shares: list[list[int]]) -> None:
+    def _still_queued(self, job_id: int) -> bool:
+        rec = self.service.get(job_id)
+        return rec is not None and rec.state == jobspec.QUEUED
+
+    def _give_up(self, job_id: int, reason: str) -> None:
+        self._release_devices(job_id)
+        if self._still_queued(job_id):  # a job cancelled meanwhile stays cancelled
+            self.service.transition(job_id, jobspec.FAILED, reason)
+
+    async def _start(self, rec: JobRecord, shares: list[list[int]]) -> None:
+        """Check the job's files as its owner, start its runner, and record it running (the job's own task)."""
         key = jobspec.workload_key(rec.id)
         account: Account | None = None
         try:
             if self.service.owner_accounts:
-                account = self.service.accounts.account_for(rec.user)
+                account = await self.service.accounts.prepare(rec.user)
             home = self.service.home_dir(rec.user)
-            source = self.service.check_notebook(rec.user, rec.notebook)
+            source = await self.service.check_notebook(rec.user, rec.notebook)
             output = home / rec.output_path
             log_file = home / rec.log_path
-            # Checked here, created by the runner as the owner: never by the hub inside a home.
-            self.service.safe_path(rec.user, output, create_parent=account is None)
-            self.service.safe_path(rec.user, log_file)
+            if account is None:  # the runner writes as the hub: check what it would write through
+                self.service.safe_path(rec.user, output, create_parent=True)
+                self.service.safe_path(rec.user, log_file)
         except (jobspec.JobSpecError, AccountError) as e:  # e.g. the file went away while queued
+            self._give_up(rec.id, str(e))
+            return
+        if not self._still_queued(rec.id):  # cancelled while its files were checked
             self._release_devices(rec.id)
-            self.service.transition(rec.id, jobspec.FAILED, str(e))
             return
         attempt = rec.attempts + 1
-        status = self.status_path(rec, attempt)
-        try:
-            if not self.sudo:  # through sudo, the mediator clears it and the runner creates it
-                self._create_status_file(status, account)
-        except OSError as e:
-            self._release_devices(rec.id)
-            self.service.transition(rec.id, jobspec.FAILED, f"cannot create the job's status file: {e}")
-            return
+        status = self.status_path(rec, attempt)  # the runner makes it (as the owner)
         env = {k: os.environ[k] for k in self.settings.env_keep if k in os.environ}
         env.update(gpu_env(rec.team, rec.profile, rec.gpu_milli, rec.over_quota, shares, self.packer.devices))
         env.update(
@@ -342,6 +506,12 @@ class LocalJobBackend(JobBackend):
         )
         if account is not None:
             env.update({"USER": account.name, "LOGNAME": account.name, "SHELL": account.shell})
+        try:
+            confinement = self._confine(rec, account, shares, home)
+        except (CgroupError, OSError) as e:
+            self._release_devices(rec.id)
+            self.service.transition(rec.id, jobspec.FAILED, f"cannot set up the job's limits: {e}")
+            return
         files = {
             "input": str(source),
             "output": str(output),
@@ -349,11 +519,22 @@ class LocalJobBackend(JobBackend):
             "status": str(status),
             "log": str(log_file),
         }
+        uid = account.uid if account is not None else os.getuid()
         try:
             if self.sudo and account is not None:  # the mediator starts it in a session of its own
-                pid = self.service.accounts.launcher.start_job(account.name, env, attempt=attempt, **files)
+                pid = await self.service.accounts.launcher.start_job(
+                    account.name,
+                    env,
+                    attempt=attempt,
+                    preexec=confinement.sudo_preexec() if confinement else None,
+                    extra=confinement.mediator_request() if confinement else None,
+                    **files,
+                )
+                if owner(pid) != account.uid:  # the answer is the account's word: check it
+                    raise MediatorError(f"the mediator answered pid {pid}, which is not a process of {account.name}")
             else:
                 cmd = [
+                    *(confinement.argv_prefix if confinement else []),
                     sys.executable,
                     "-m",
                     RUNNER_MODULE,
@@ -369,22 +550,32 @@ class LocalJobBackend(JobBackend):
                     stderr=subprocess.DEVNULL,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # own group: SIGTERM reaches the kernel too
-                    **(demote_kwargs(account) if account is not None else {}),
+                    # In its cgroup, with its private /tmp, then as the owner: before papermill runs.
+                    preexec_fn=confinement.root_preexec(account) if confinement else None,
                 )
                 self.procs[rec.id] = proc
                 pid = proc.pid
-        except (OSError, subprocess.SubprocessError, SudoError) as e:
-            self._release_devices(rec.id)
-            self.service.transition(rec.id, jobspec.FAILED, f"cannot start papermill: {e}")
+        except (OSError, subprocess.SubprocessError, MediatorError) as e:
+            self._give_up(rec.id, f"cannot start papermill: {e}")
             return
-        self.pids[rec.id] = pid
+        started = start_time(pid)
+        self._track(rec.id, pid, uid, started)
         reason = f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}"
-        fields: dict[str, Any] = {"pid": pid, "shares_json": json.dumps(shares), "attempts": attempt}
+        fields: dict[str, Any] = {
+            "pid": pid,
+            "pid_started": started,
+            "shares_json": json.dumps(shares),
+            "attempts": attempt,
+        }
         try:
-            self.service.transition(rec.id, jobspec.RUNNING, reason, **fields)
+            now = self.service.transition(rec.id, jobspec.RUNNING, reason, **fields)
         except Exception:  # the runner runs: record it at the next tick, never start it twice
             self.unrecorded_starts[rec.id] = (reason, fields)
             raise
+        if now is None or now.state != jobspec.RUNNING:  # cancelled while the mediator started it
+            self.stopping[rec.id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+            self._signal(rec.id, pid, signal.SIGTERM)
+            return
         log.info(
             "gpulab jobs: started job %d (%s) pid %d as %s, %s",
             rec.id,
@@ -394,34 +585,56 @@ class LocalJobBackend(JobBackend):
             env.get("CUDA_VISIBLE_DEVICES"),
         )
 
-    @staticmethod
-    def _create_status_file(path: Path, account: Account | None) -> None:
-        """An empty status file only the runner's account (and the hub) may read or write."""
-        path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            if account is not None:
-                os.fchown(fd, account.uid, account.gid)
-        finally:
-            os.close(fd)
+    def _confine(
+        self, rec: JobRecord, account: Account | None, shares: list[list[int]], home: Path
+    ) -> Confinement | None:
+        """The job's cgroup (profile's and team's limits, its GPUs only) and private /tmp; ``None`` without accounts."""
+        if account is None:
+            return None
+        profile = self.runtime.catalog.profile(rec.profile)
+        team = self.runtime.catalog.team(rec.team)
+        # A profile edited away while the job waited: the defaults, under the team's cap.
+        limits = workload_limits(profile or Profile(rec.profile, rec.profile), team, self.user_limits.defaults())
+        gpus = placed_minors((int(i) for i, _ in shares), self.packer.devices)
+        status_folder = self.status_path(rec, rec.attempts + 1).parent
+        confinement = self.confiner.prepare(self.cgroup_name(rec), account, limits, gpus, home, (status_folder,))
+        log.info("gpulab jobs: job %d runs with %s", rec.id, confinement.words)
+        return confinement
 
-    def _signal(self, job_id: int, pid: int, sig: int) -> None:
-        """``sig`` to the runner's process group (papermill's kernel is in it)."""
-        if self.sudo:
-            rec = self.service.get(job_id)
-            account = lookup(self.service.accounts.name_for(rec.user)) if rec is not None else None
-            if account is None:
-                log.error("gpulab jobs: cannot signal job %d: its owner's account is gone", job_id)
-                return
-            try:
-                self.service.accounts.launcher.signal(account.name, pid, sig, group=True)
-            except SudoError as e:
-                log.error("gpulab jobs: cannot signal job %d: %s", job_id, e)
+    def _release_confinement(self, job_id: int) -> None:
+        rec = self.service.get(job_id)
+        if rec is None or not self.service.owner_accounts:
             return
         try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            self.confiner.release(self.cgroup_name(rec))
+        except (CgroupError, OSError) as e:
+            log.warning("gpulab jobs: cannot remove the cgroup of job %d: %s", job_id, e)
+
+    def _signal(self, job_id: int, pid: int, sig: int) -> None:
+        """``sig`` to the runner's process group (papermill's kernel is in it), while it is still the runner."""
+        uid, started = self.identities.get(job_id, (None, None))
+        if not self.sudo:
+            if uid is None:
+                log.error("gpulab jobs: cannot signal job %d: its owner's account is gone", job_id)
+            elif not signal_group(pid, uid, started, sig):
+                log.info("gpulab jobs: job %d: pid %d is no longer its runner; not signalled", job_id, pid)
+            return
+        if job_id in self.signalling:  # one on its way already; the next tick sends again if needed
+            return
+        self.signalling.add(job_id)
+        task = asyncio.get_running_loop().create_task(self._signal_as_owner(job_id, pid, sig, started))
+        task.add_done_callback(lambda _: self.signalling.discard(job_id))
+
+    async def _signal_as_owner(self, job_id: int, pid: int, sig: int, started: int | None) -> None:
+        rec = self.service.get(job_id)
+        account = lookup(self.service.accounts.name_for(rec.user)) if rec is not None else None
+        if account is None:
+            log.error("gpulab jobs: cannot signal job %d: its owner's account is gone", job_id)
+            return
+        try:
+            await self.service.accounts.launcher.signal(account.name, pid, sig, group=True, started=started)
+        except MediatorError as e:
+            log.error("gpulab jobs: cannot signal job %d: %s", job_id, e)
 
     def _terminate(self, job_id: int, then: str | None) -> None:
         pid = self.pids.get(job_id)
@@ -434,5 +647,7 @@ class LocalJobBackend(JobBackend):
         self._signal(job_id, pid, signal.SIGTERM)
 
     def _release_devices(self, job_id: int) -> None:
+        """The job's run ended (or never began): its devices, cgroup and what is left in it go."""
         with self.runtime.lock:
             self.packer.release(jobspec.workload_key(job_id))
+        self._release_confinement(job_id)
