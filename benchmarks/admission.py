@@ -1,7 +1,7 @@
 """Admission at scale: the quota ledger with many live workloads and teams.
 
 For every combination of live workloads (100, 1,000, 10,000) and teams (10,
-100, 1,000) this fills a real :class:`spawner.ledger.Ledger` and measures:
+100, 1,000) this fills a real :class:`spawner.core.ledger.Ledger` and measures:
 
 * ``reserve+release``: one admission that is allowed and recorded, then freed
   (what a spawn and a stop cost the hub), as latency per pair and as decisions
@@ -9,8 +9,8 @@ For every combination of live workloads (100, 1,000, 10,000) and teams (10,
 * ``admit``: the read-only check the spawn page runs per profile;
 * ``admit refused``: the same check for a request above the team's burst
   limit (builds the human-readable reason);
-* the spawn page: :func:`spawner.policy.choices_for_user` plus
-  :func:`spawner.form.render_options_form` for one user who is in 3 teams that
+* the spawn page: :func:`spawner.core.policy.choices_for_user` plus
+  :func:`spawner.core.form.render_options_form` for one user who is in 3 teams that
   each offer 20 profiles.
 
 The claim under test is that admission cost does not grow with the number of
@@ -35,11 +35,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import percentile, table, write_result  # noqa: E402
 
-from spawner.catalog import Catalog  # noqa: E402
-from spawner.form import render_options_form  # noqa: E402
-from spawner.ledger import RUNNING, Ledger, Workload  # noqa: E402
-from spawner.model import Profile, Team  # noqa: E402
-from spawner.policy import choices_for_user  # noqa: E402
+from spawner.core.catalog import Catalog  # noqa: E402
+from spawner.core.form import render_options_form  # noqa: E402
+from spawner.core.ledger import RUNNING, Ledger, Workload  # noqa: E402
+from spawner.core.model import Profile, Team  # noqa: E402
+from spawner.core.policy import choices_for_user  # noqa: E402
 
 #: Sizes workloads are drawn from, as offered by typical profiles.
 SIZES_MILLI = (250, 500, 1000, 2000, 4000)

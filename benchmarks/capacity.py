@@ -1,8 +1,8 @@
 """GPU capacity on a real trace: whole GPUs vs fractional profiles, time-slicing and MIG.
 
 Every GPU task of a pod list in the Alibaba ``cluster-trace-gpu-v2023`` format
-is admitted through the project's own :class:`spawner.ledger.Ledger` and placed
-by its :class:`spawner.packer.DevicePacker` on the GPUs of a node list, once
+is admitted through the project's own :class:`spawner.core.ledger.Ledger` and placed
+by its :class:`spawner.core.packer.DevicePacker` on the GPUs of a node list, once
 per allocation policy:
 
 ``whole``       every request rounded up to whole GPUs (no sharing);
@@ -11,9 +11,9 @@ per allocation policy:
 ``timeslice-4`` time-slicing with 4 replicas: shares rounded up to k/4 GPU;
 ``mig-a100-40gb`` HYPOTHETICAL: no GPU model of the Alibaba trace supports
                 MIG, so this pretends every GPU were an A100-40GB and uses
-                the MIG table and slice choice of :mod:`spawner.sharing`.
+                the MIG table and slice choice of :mod:`spawner.core.sharing`.
 
-The rounding itself is :mod:`spawner.sharing`'s (``timeslice_effective_milli``,
+The rounding itself is :mod:`spawner.core.sharing`'s (``timeslice_effective_milli``,
 ``mig_table``, ``pick_mig_slice``), not a copy.
 
 Two measures (see docs/benchmarks.md for why):
@@ -71,8 +71,8 @@ from capacity_sim import (  # noqa: E402
 )
 from trace_loader import PodTrace, default_trace_dir, load_nodes, load_pods, subset_nodes  # noqa: E402
 
-from spawner.advisor import demand_from, fill_work, recommend  # noqa: E402
-from spawner.packer import SCORINGS  # noqa: E402
+from spawner.core.advisor import demand_from, fill_work, recommend  # noqa: E402
+from spawner.core.packer import SCORINGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -400,7 +400,7 @@ def load_method(args, tasks, trace, devices, policies, result: dict[str, Any]) -
                         ]
                         for r in rows
                     ],
-                    title=f"Time replay (spawner.whatif engine) on the {label} cluster ({len(devs):,} GPUs on "
+                    title=f"Time replay (spawner.core.whatif engine) on the {label} cluster ({len(devs):,} GPUs on "
                     f"{cluster_summary(devs)['nodes']} nodes); refused = did not fit on arrival",
                 )
             )

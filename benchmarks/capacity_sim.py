@@ -1,9 +1,9 @@
 """The capacity simulation: allocation policies, and ledger + packer under a trace.
 
 Used by ``benchmarks/capacity.py`` (which reads the files and prints the
-tables). Every task goes through the project's own :class:`spawner.ledger.Ledger`
-and :class:`spawner.packer.DevicePacker`; the rounding of the sharing policies
-is :mod:`spawner.sharing`'s.
+tables). Every task goes through the project's own :class:`spawner.core.ledger.Ledger`
+and :class:`spawner.core.packer.DevicePacker`; the rounding of the sharing policies
+is :mod:`spawner.core.sharing`'s.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from typing import Any
 from _common import percentile
 from trace_loader import TraceTask
 
-from spawner.catalog_yaml import catalog_from_yaml
-from spawner.fragmentation import TaskClass
-from spawner.ledger import Ledger
-from spawner.model import Team
-from spawner.packer import FULL, DevicePacker, GPUDevice
-from spawner.sharing import mig_table, pick_mig_slice, timeslice_effective_milli
-from spawner.whatif import Proposal, RecordedSession
-from spawner.whatif import replay as replay_sessions
+from spawner.core.catalog.yaml_text import catalog_from_yaml
+from spawner.core.fragmentation import TaskClass
+from spawner.core.ledger import Ledger
+from spawner.core.model import Team
+from spawner.core.packer import FULL, DevicePacker, GPUDevice
+from spawner.core.sharing import mig_table, pick_mig_slice, timeslice_effective_milli
+from spawner.core.whatif import Proposal, RecordedSession
+from spawner.core.whatif import replay as replay_sessions
 
 #: The profile sizes the product brief offers (docs/benchmarks.md), in milli-GPUs.
 DEFAULT_PROFILE_SIZES = (250, 500, 1000, 2000, 4000, 8000)
-#: The GPU model whose MIG table (from spawner.sharing) the hypothetical MIG policy uses.
+#: The GPU model whose MIG table (from spawner.core.sharing) the hypothetical MIG policy uses.
 MIG_MODEL = "A100-40GB"
 TEAM = "cluster"
 OUTCOMES = ("placed", "not offered", "quota", "no device fits")
@@ -86,14 +86,14 @@ def timeslice_policy(replicas: int) -> Policy:
         f"timeslice-{replicas}",
         allocate,
         f"time-slicing, {replicas} replicas per GPU: shares rounded up to k/{replicas} GPU "
-        f"(spawner.sharing.timeslice_effective_milli)",
+        f"(spawner.core.sharing.timeslice_effective_milli)",
     )
 
 
 def mig_policy(model: str = MIG_MODEL) -> Policy:
     table = mig_table(model)
     if not table:
-        raise ValueError(f"spawner.sharing knows no MIG profiles for {model!r}")
+        raise ValueError(f"spawner.core.sharing knows no MIG profiles for {model!r}")
 
     def allocate(milli: int) -> int | None:
         if milli >= FULL:
@@ -105,13 +105,13 @@ def mig_policy(model: str = MIG_MODEL) -> Policy:
         f"mig-{model.lower()}",
         allocate,
         f"HYPOTHETICAL: no GPU of the trace supports MIG; every GPU is treated as an {model} "
-        f"with the MIG slices of spawner.sharing ({names}), each counted as the larger of its "
-        f"compute and memory share (spawner.sharing.pick_mig_slice)",
+        f"with the MIG slices of spawner.core.sharing ({names}), each counted as the larger of its "
+        f"compute and memory share (spawner.core.sharing.pick_mig_slice)",
     )
 
 
 def mig_capable(models: Iterable[str]) -> list[str]:
-    """The cluster's GPU models that spawner.sharing has a MIG table for."""
+    """The cluster's GPU models that spawner.core.sharing has a MIG table for."""
     return sorted(m for m in set(models) if mig_table(m))
 
 
@@ -352,7 +352,7 @@ def policy_sizes(policy: Policy, largest_milli: int) -> tuple[int, ...] | None:
 
 
 def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> dict[str, Any]:
-    """Replay creation/deletion times through the product's what-if engine (:mod:`spawner.whatif`).
+    """Replay creation/deletion times through the product's what-if engine (:mod:`spawner.core.whatif`).
 
     A task that does not fit on arrival is refused; one team, ``cluster``,
     whose guarantee and burst are the cluster's GPUs.
@@ -382,7 +382,7 @@ def replay(tasks: list[TraceTask], devices: list[GPUDevice], policy: Policy) -> 
     outcomes = {"placed": r.served, **r.refused}
     return {
         "policy": policy.name,
-        "engine": "spawner.whatif.replay",
+        "engine": "spawner.core.whatif.replay",
         "arrived": r.sessions,
         "zero_length_skipped": zero_length,
         "served_workloads": r.served,

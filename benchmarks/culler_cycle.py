@@ -247,7 +247,7 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
 
 
 def start_prometheus(workdir: Path, n_servers: int, at: float, window: int, interval: int, rules: bool = True):
-    from tests.dcgm_fake_exporter import RunningPrometheus
+    from tests.support.dcgm_fake_exporter import RunningPrometheus
 
     prom = RunningPrometheus(workdir, [], rules=rules, rule_interval=f"{interval}s")
     stamps = [at - k * interval for k in range(window // interval + 2, -1, -1)]
@@ -302,7 +302,7 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
     from traitlets.config import Config
 
     from idle_culler.app import GPUIdleCuller
-    from tests.hub_harness import free_port
+    from tests.support.hub import free_port
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -355,8 +355,8 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                 peer_stopped = peer["stopped"]
                 # What each culler did, checked every time (a benchmark of wrong work means nothing).
                 expected = {"warn": (half, 0), "reclaim": (0, half), "steady": (0, 0)}[kind]
-                assert (len(summary["warned"]), len(summary["reclaimed"])) == expected, (kind, summary["warned"][:3])
-                assert summary["queries"] == 1 and summary["gpu_servers"] == args.servers, summary["queries"]
+                assert (len(summary.warned), len(summary.reclaimed)) == expected, (kind, summary.warned[:3])
+                assert summary.queries == 1 and summary.gpu_servers == args.servers, summary.queries
                 assert ours.utilisation.last_subquery_series == 0
                 assert ours_req.get("POST gpulab/idle/cycle", 0) == (1 if kind != "steady" else 0)
                 idx = {int(n[4:]) for n in peer_stopped}
@@ -376,9 +376,9 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                         "peer_hub_requests": sum(peer["requests"].values()),
                         "gpulab_answer_bytes": ours.utilisation.last_answer_bytes,
                         # Waiting for Prometheus once the hub's list was read (it was asked at the start).
-                        "gpulab_prometheus_wait_s": summary.get("source_wait_seconds", 0.0),
-                        "gpulab_warned": len(summary["warned"]),
-                        "gpulab_reclaimed": len(summary["reclaimed"]),
+                        "gpulab_prometheus_wait_s": summary.source_wait_seconds or 0.0,
+                        "gpulab_warned": len(summary.warned),
+                        "gpulab_reclaimed": len(summary.reclaimed),
                         "peer_stopped": len(idx),
                         "peer_wrong_stops": sum(1 for i in idx if kind_of(i).startswith("busy")),
                         "peer_missed_idle": sum(

@@ -4,8 +4,8 @@ A synthetic trace with the statistics of a real per-GPU utilisation trace
 (30 s scrapes over 24 h; about two thirds of the samples at zero; idle runs
 with a long tail; one- and two-sample scrape holes common; a few holes of
 hours) is replayed through the culler's own decision
-(:func:`spawner.idle.judge_gpu_idle` on per-window summaries, as Prometheus
-answers them, and :func:`spawner.idle.next_step`), with a cull cycle every
+(:func:`spawner.core.idle.judge_gpu_idle` on per-window summaries, as Prometheus
+answers them, and :func:`spawner.core.idle.next_step`), with a cull cycle every
 60 s, at idle timeouts of 15, 30, 60 and 120 minutes.
 
 Figures, per timeout:
@@ -43,7 +43,7 @@ from itertools import pairwise
 
 from _common import table, write_result  # noqa: E402
 
-from spawner.idle import (  # noqa: E402
+from spawner.core.idle import (  # noqa: E402
     DeviceSummary,
     IdleWarning,
     Step,

@@ -7,9 +7,9 @@ one real log file in a real account's home (made for the run, removed after):
 * ``open as the hub`` -- what a root hub did before: ``open`` + ``seek`` + ``read``
   with its own rights (and following symlinks);
 * ``read_beneath in the hub`` -- the walk a hub without accounts does now
-  (:func:`spawner.home_files.read_beneath`: ``openat`` per component, ``fstat``);
+  (:func:`spawner.local.home_files.read_beneath`: ``openat`` per component, ``fstat``);
 * ``mediator as the account`` -- what a root hub does now: ``gpulab-launch`` started
-  switched to the account (:class:`spawner.mediator_client.AccountMediator`);
+  switched to the account (:class:`spawner.local.mediator_client.AccountMediator`);
 * ``mediator through sudo`` (``--sudo``) -- what a hub that is not root does: the same
   program through ``sudo -n -u``, timed by a process of a non-root hub account with the
   drop-in ``gpulab sudoers`` prints (installed for the run: use
@@ -39,10 +39,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, percentile, table, write_result  # noqa: E402
 
-from spawner.accounts import delete_account, ensure_account  # noqa: E402
-from spawner.home_files import read_beneath  # noqa: E402
-from spawner.mediator_client import AccountMediator  # noqa: E402
-from spawner.sudo import SudoLauncher, sudoers_rule, useradd_argv  # noqa: E402
+from spawner.local.accounts import delete_account, ensure_account  # noqa: E402
+from spawner.local.home_files import read_beneath  # noqa: E402
+from spawner.local.mediator_client import AccountMediator  # noqa: E402
+from spawner.local.sudo import SudoLauncher, sudoers_rule, useradd_argv  # noqa: E402
 
 MEDIATOR = str(Path(sys.executable).with_name("gpulab-launch"))
 CHUNK = 256 * 1024

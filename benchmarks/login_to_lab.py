@@ -46,8 +46,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, table, write_result  # noqa: E402
 
-from tests.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from tests.hub_harness import VENV_BIN, RunningHub, free_port  # noqa: E402
+from tests.support import VENV_BIN  # noqa: E402
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, chromium_missing  # noqa: E402
+from tests.support.hub import RunningHub, free_port  # noqa: E402
+from tests.support.processes import NotReady, wait_ready  # noqa: E402
 
 PASSWORD = "gpulab-demo"
 USER = "alice"
@@ -113,8 +115,6 @@ class VanillaHub:
     def start(self) -> VanillaHub:
         import subprocess
 
-        import requests
-
         env = dict(os.environ, PATH=f"{VENV_BIN}:{ROOT / 'node_modules' / '.bin'}:{os.environ.get('PATH', '')}")
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "jupyterhub"), "-f", str(self.workdir / "jupyterhub_config.py")],
@@ -124,17 +124,13 @@ class VanillaHub:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vanilla hub exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError("vanilla hub did not come up")
+        try:
+            wait_ready(self.proc, self.url + "/hub/api/", timeout=60)
+        except NotReady as e:
+            if e.returncode is not None:
+                raise RuntimeError(f"vanilla hub exited:\n{self.log_path.read_text()[-3000:]}") from None
+            raise RuntimeError("vanilla hub did not come up") from None
+        return self
 
     def api(self, method: str, path: str):
         import requests
@@ -242,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
     runs = 1 if args.smoke else args.runs
-    if not os.path.exists(CHROMIUM):
-        raise SystemExit(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
+    if chromium_missing():
+        raise SystemExit(chromium_missing())
     from playwright.sync_api import sync_playwright
 
     started = time.perf_counter()

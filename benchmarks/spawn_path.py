@@ -10,7 +10,7 @@ log, for that ServiceAccount only.
 * ``KubeSpawner`` gets a static ``profile_list`` whose entries set exactly the
   pod fields gpulab would set for the same profiles (GPU resources, node
   selector, priority class, CPU/memory), derived from
-  :func:`spawner.sharing.pod_gpu_spec` so the two are equivalent by
+  :func:`spawner.core.sharing.pod_gpu_spec` so the two are equivalent by
   construction;
 * ``GPUKubeSpawner`` gets the same profiles as a gpulab catalog with one team,
   and in addition validates the request, reserves quota in the ledger,
@@ -50,14 +50,14 @@ from kubernetes_asyncio.config import kube_config  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
-from spawner.catalog import catalog_from_dict  # noqa: E402
-from spawner.config import set_runtime  # noqa: E402
-from spawner.kube import GPUKubeSpawner  # noqa: E402
-from spawner.priority import ALL_PRIORITY_CLASSES, effective_priority_class  # noqa: E402
-from spawner.sharing import pod_gpu_spec  # noqa: E402
-from tests.kube.chart import Z2JH_HUB_RULES  # noqa: E402
-from tests.kube.pki import token_kubeconfig  # noqa: E402
-from tests.kube.testbed import Testbed, up  # noqa: E402
+from spawner.core.catalog import catalog_from_dict  # noqa: E402
+from spawner.core.priority import ALL_PRIORITY_CLASSES, effective_priority_class  # noqa: E402
+from spawner.core.sharing import pod_gpu_spec  # noqa: E402
+from spawner.kube.spawner import GPUKubeSpawner  # noqa: E402
+from spawner.runtime import set_runtime  # noqa: E402
+from tests.kube.bed.chart import Z2JH_HUB_RULES  # noqa: E402
+from tests.kube.bed.pki import token_kubeconfig  # noqa: E402
+from tests.kube.bed.testbed import Testbed, up  # noqa: E402
 
 IMAGE = "quay.io/jupyter/base-notebook:2024-10-07"
 TEAM = "bench"

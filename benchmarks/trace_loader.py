@@ -9,7 +9,7 @@ inflation measure but not for a time replay). Columns are found by name, so
 their order does not matter and extra columns are ignored.
 
 Nodes: ``sn,cpu_milli,memory_mib,gpu,model``; ``sn``, ``gpu`` and ``model``
-are required. Each node becomes ``gpu`` :class:`spawner.packer.GPUDevice`
+are required. Each node becomes ``gpu`` :class:`spawner.core.packer.GPUDevice`
 entries of its model.
 
 Errors name the file, the line and the column.
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spawner.packer import GPUDevice
+from spawner.core.packer import GPUDevice
 
 POD_REQUIRED = ("name", "num_gpu", "gpu_milli")
 NODE_REQUIRED = ("sn", "gpu", "model")

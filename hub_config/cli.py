@@ -11,12 +11,12 @@ from pathlib import Path
 
 import yaml
 
-from spawner.catalog import Catalog, CatalogError, catalog_from_dict
-from spawner.catalog_yaml import catalog_from_yaml, gpu_model_issues
-from spawner.kube_conventions import prepuller_extra_images
-from spawner.nvml import detect_gpus
-from spawner.sharing import known_gpu_models as sharing_known_models
-from spawner.units import format_gpus
+from spawner.core.catalog import Catalog, CatalogError, catalog_from_dict
+from spawner.core.catalog.sharing import known_gpu_models as sharing_known_models
+from spawner.core.catalog.yaml_text import catalog_from_yaml, gpu_model_issues
+from spawner.core.units import format_gpus
+from spawner.kube.conventions import prepuller_extra_images
+from spawner.local.nvml import detect_gpus
 
 CONFIG = Path(__file__).with_name("jupyterhub_config.py")
 
@@ -90,7 +90,7 @@ def known_gpu_models(catalog: Catalog, kubernetes: bool) -> set[str]:
 
 def sudoers(args: argparse.Namespace) -> int:
     """Print the sudoers drop-in for a hub running as ``--hub-user`` (see docs/single-server.md)."""
-    from spawner.sudo import sudoers_rule
+    from spawner.local.sudo import sudoers_rule
 
     try:
         print(
@@ -113,9 +113,9 @@ def sudoers(args: argparse.Namespace) -> int:
 
 def check_isolation() -> int:
     """Say which mode a hub started by this account would run in: root, sudo or not isolated."""
-    from spawner.accounts import UserAccounts
-    from spawner.confinement import Confiner, LimitsUnavailable, UserLimits
-    from spawner.sudo import NONE, isolation_mode
+    from spawner.local.accounts import UserAccounts
+    from spawner.local.confinement import Confiner, LimitsUnavailable, UserLimits
+    from spawner.local.sudo import NONE, isolation_mode
 
     accounts = UserAccounts()
     mode, why = isolation_mode(accounts.mediator, accounts.sudo)

@@ -5,8 +5,8 @@ A JupyterHub service (hub-managed or external). Each cycle it:
 1. lists the hub's ready servers (paginated, with their spawner state) and
    gpulab's idle state (warnings, keep-alives, per-profile/team timeouts);
 2. asks the utilisation source ONCE for every GPU server's samples;
-3. judges each server with :func:`spawner.idle.judge_gpu_idle` and steps the
-   warn -> grace -> reclaim machine (:func:`spawner.idle.next_step`);
+3. judges each server with :func:`spawner.core.idle.judge_gpu_idle` and steps the
+   warn -> grace -> reclaim machine (:func:`spawner.core.idle.next_step`);
 4. records warnings / clears / reclaims through the hub API, stops idle
    servers (or, with per-process NVML data, shuts down just the idle kernels).
 
@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from tornado.log import LogFormatter
@@ -29,7 +30,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode, default
 from traitlets.config import Application
 
-from spawner.idle import (
+from spawner.core.idle import (
     BUSY,
     SHORT,
     STATUSES,
@@ -37,22 +38,35 @@ from spawner.idle import (
     IdleWarning,
     Step,
     idle_gpu_hours_observed,
-    idle_timeout_for,
-    judge_gpu_idle,
+    idle_timeout_of,
     max_gap_for,
-    next_step,
 )
-from spawner.model import Profile, Team
+from spawner.core.idle_cycle import ReclaimClaim, WarningRecord
 
 from .dcgm_exporter_source import DCGMExporterSource
 from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, serve_metrics
 from .nvml_source import NVMLSource
+from .plan import CyclePlan, CycleSummary, Who, plan_cycle
 from .reclaim import record_and_reclaim
 from .sources import AnswerTooLarge, PrometheusSource, SourceUnavailable, UtilisationSource
 from .targets import ServerTarget, targets_from_users
 
 SOURCES = {"prometheus": PrometheusSource, "dcgm-exporter": DCGMExporterSource, "nvml": NVMLSource}
+
+
+@dataclass(frozen=True)
+class HubRead:
+    """What a cycle read from the hub: the users' servers and gpulab's idle state, at ``now``."""
+
+    users: list[dict[str, Any]]
+    profiles: dict[str, Any]
+    teams: dict[str, Any]
+    warnings: dict[Who, IdleWarning]
+    keepalives: dict[Who, float]
+    #: Servers ready or pending (a warning of any other server is void).
+    running: set[Who]
+    now: float
 
 
 class GPUIdleCuller(Application):
@@ -260,13 +274,11 @@ class GPUIdleCuller(Application):
         return self._timeout(target.profile, target.team, profiles, teams)
 
     def _timeout(self, slug: str, team_name: str, profiles: dict, teams: dict) -> tuple[int, str]:
-        p = profiles.get(slug) or {}
-        t = teams.get(team_name) or {}
-        profile = (
-            Profile(slug=slug, display_name=slug, idle_timeout_seconds=p.get("idle_timeout_seconds")) if slug else None
+        return idle_timeout_of(
+            (slug, (profiles.get(slug) or {}).get("idle_timeout_seconds")) if slug else None,
+            (team_name, (teams.get(team_name) or {}).get("idle_timeout_seconds")) if team_name else None,
+            self.default_timeout,
         )
-        team = Team(name=team_name, idle_timeout_seconds=t.get("idle_timeout_seconds")) if team_name else None
-        return idle_timeout_for(profile, team, self.default_timeout)
 
     def candidate_windows(self, profiles: dict, teams: dict) -> set[int]:
         """Every idle timeout a GPU server can have under the hub's catalog (usually a handful)."""
@@ -281,60 +293,74 @@ class GPUIdleCuller(Application):
             self.hub = self.make_hub_client()
         return self.hub
 
-    async def cycle(self) -> dict[str, Any]:
-        """One pass over every GPU server; returns what it did (for logs, tests and the benchmark)."""
+    async def cycle(self) -> CycleSummary:
+        """One pass over every GPU server: read, plan, apply; returns what it did."""
         started = time.monotonic()
-        hub = self.hub_client
         queries_before = self.utilisation.queries
-        summary: dict[str, Any] = {
-            "servers": 0,
-            "gpu_servers": 0,
-            "non_gpu": 0,
-            "warned": [],
-            "cleared": [],
-            "reclaimed": [],
-            "kernels": [],
-            "skipped": [],
-            "verdicts": {},
-            "held": [],
-            "source_error": None,
-        }
+        summary = CycleSummary()
         self.metrics.cycles.inc()
-        # The server list is the slow part (pages of users): Prometheus is asked meanwhile,
-        # for every timeout the catalog allows, so the cycle waits for the slower of the two.
+        try:
+            read = await self.read_hub()
+        except (HubAPIError, OSError) as e:
+            self.utilisation.cancel_prefetch()
+            self.metrics.errors.labels("hub").inc()
+            self.log.error("Cannot read the hub's servers; culling nothing this cycle: %s", e)
+            summary.source_error = f"hub: {e}"
+            self._finish(summary, started, queries_before)
+            return summary
+        targets = self.gpu_targets(read, summary)
+        timeouts = {t.key: self.timeout_for(t, read.profiles, read.teams) for t in targets}
+        try:
+            data = await self.read_utilisation(targets, timeouts, read.now, summary)
+        except SourceUnavailable as e:
+            # Fail safe: no data means no decision at all -- no warning, no clear, no reclaim.
+            reason = "too-large" if isinstance(e, AnswerTooLarge) else "unavailable"
+            self.metrics.errors.labels("source").inc()
+            self.metrics.source_failures.labels(reason).inc()
+            self.metrics.skipped.inc(len(targets))
+            summary.skipped.extend(t.key for t in targets)
+            summary.source_error = str(e)
+            self.log.error("Utilisation source unavailable; culling nothing this cycle: %s", e)
+            self._finish(summary, started, queries_before)
+            return summary
+        plan = plan_cycle(
+            targets,
+            data,
+            read.warnings,
+            read.keepalives,
+            timeouts,
+            read.running,
+            now=read.now,
+            threshold_percent=self.threshold_percent,
+            max_gap_seconds=self.max_sample_gap,
+        )
+        batch = self.apply(plan, read.now, summary)
+        if not batch.empty and not self.dry_run:
+            await record_and_reclaim(self.hub_client, batch, summary, self.metrics, self.log)
+        self._finish(summary, started, queries_before)
+        return summary
+
+    async def read_hub(self) -> HubRead:
+        """The hub's servers and idle state. The server list is the slow part (pages of
+        users): the utilisation source may read ahead meanwhile, for every idle timeout the
+        catalog allows, so the cycle waits for the slower of the two."""
+        hub = self.hub_client
         users_task = asyncio.ensure_future(hub.ready_users())
-        prefetch: asyncio.Future | None = None
         try:
             idle_state = await hub.idle_state()
             profiles, teams = idle_state.get("profiles", {}), idle_state.get("teams", {})
             now = self._cycle_now = self.clock()
-            if isinstance(self.utilisation, PrometheusSource):
-                prefetch = asyncio.ensure_future(
-                    self.utilisation.fetch(
-                        now, self.candidate_windows(profiles, teams), threshold_percent=self.threshold_percent
-                    )
-                )
-                prefetch.add_done_callback(_retrieve)
+            self.utilisation.prefetch(now, self.candidate_windows(profiles, teams), self.threshold_percent)
             users = await users_task
-        except (HubAPIError, OSError) as e:
-            for task in (users_task, prefetch):
-                if task is not None:
-                    task.cancel()
-            self.metrics.errors.labels("hub").inc()
-            self.log.error("Cannot read the hub's servers; culling nothing this cycle: %s", e)
-            summary["source_error"] = f"hub: {e}"
-            self._finish(summary, started, queries_before)
-            return summary
-        targets, non_gpu, unmapped = targets_from_users(users, profiles, self.node_name)
-        summary["servers"] = sum(len(u.get("servers") or {}) for u in users)
-        summary["non_gpu"] = len(non_gpu)
-        targets = [t for t in targets if (self.cull_named_servers if t.server else self.cull_default_servers)]
-        summary["gpu_servers"] = len(targets)
-        for key in unmapped:
-            self.log.warning("Not culling %s: its state names neither a pod nor GPU devices", key)
-        summary["skipped"].extend(unmapped)
-        self.metrics.skipped.inc(len(unmapped))
-
+        except BaseException:
+            users_task.cancel()
+            raise
+        running = {
+            (u["name"], name)
+            for u in users
+            for name, srv in (u.get("servers") or {}).items()
+            if srv.get("ready") or srv.get("pending")
+        }
         warnings = {
             (w["user"], w["server"]): IdleWarning(
                 w["warned_at"], w["reclaim_at"], w.get("session", ""), bool(w.get("held"))
@@ -342,75 +368,50 @@ class GPUIdleCuller(Application):
             for w in idle_state.get("warnings", [])
         }
         keepalives = {(k["user"], k["server"]): k["until"] for k in idle_state.get("keepalives", [])}
-        timeouts = {t.key: self.timeout_for(t, profiles, teams) for t in targets}
-        windows = {k: sec for k, (sec, _) in timeouts.items()}
-        data: dict[str, list] = {}
-        if not targets and prefetch is not None:
-            prefetch.cancel()
-        elif targets:
-            source_started = time.monotonic()
-            try:
-                if prefetch is not None and isinstance(self.utilisation, PrometheusSource):
-                    answer = dict(await prefetch)
-                    asked = set(self.candidate_windows(profiles, teams))
-                    if set(windows.values()) - asked:  # cannot happen with one catalog; ask again if it does
-                        answer.update(
-                            await self.utilisation.fetch(
-                                now, set(windows.values()) - asked, threshold_percent=self.threshold_percent
-                            )
-                        )
-                    data = self.utilisation.join(answer, targets, windows)
-                else:
-                    data = await self.utilisation.collect(targets, now, windows)
-            except SourceUnavailable as e:
-                # Fail safe: no data means no decision at all -- no warning, no clear, no reclaim.
-                reason = "too-large" if isinstance(e, AnswerTooLarge) else "unavailable"
-                self.metrics.errors.labels("source").inc()
-                self.metrics.source_failures.labels(reason).inc()
-                self.metrics.skipped.inc(len(targets))
-                summary["skipped"].extend(t.key for t in targets)
-                summary["source_error"] = str(e)
-                self.log.error("Utilisation source unavailable; culling nothing this cycle: %s", e)
-                self._finish(summary, started, queries_before)
-                return summary
-            summary["source_wait_seconds"] = time.monotonic() - source_started
-            self.metrics.answer_bytes.set(getattr(self.utilisation, "last_answer_bytes", 0))
+        return HubRead(users, profiles, teams, warnings, keepalives, running, now)
 
-        counts: dict[str, int] = {}
+    def gpu_targets(self, read: HubRead, summary: CycleSummary) -> list[ServerTarget]:
+        """The GPU servers this culler judges (named and default servers as configured)."""
+        targets, non_gpu, unmapped = targets_from_users(read.users, read.profiles, self.node_name)
+        summary.servers = sum(len(u.get("servers") or {}) for u in read.users)
+        summary.non_gpu = len(non_gpu)
+        targets = [t for t in targets if (self.cull_named_servers if t.server else self.cull_default_servers)]
+        summary.gpu_servers = len(targets)
+        for key in unmapped:
+            self.log.warning("Not culling %s: its state names neither a pod nor GPU devices", key)
+        summary.skipped.extend(unmapped)
+        self.metrics.skipped.inc(len(unmapped))
+        return targets
+
+    async def read_utilisation(
+        self, targets: list[ServerTarget], timeouts: dict[str, tuple[int, str]], now: float, summary: CycleSummary
+    ) -> dict[str, list]:
+        """One read of the source for every server, each over its own idle window."""
+        if not targets:
+            self.utilisation.cancel_prefetch()
+            return {}
+        source_started = time.monotonic()
+        windows = {k: sec for k, (sec, _) in timeouts.items()}
+        data = await self.utilisation.collect(targets, now, windows)
+        summary.source_wait_seconds = time.monotonic() - source_started
+        self.metrics.answer_bytes.set(getattr(self.utilisation, "last_answer_bytes", 0))
+        return data
+
+    def apply(self, plan: CyclePlan, now: float, summary: CycleSummary) -> CycleBatch:
+        """Count, log and batch the plan's steps: what the hub is asked to record."""
         batch = CycleBatch()
-        # A warning for a server that is no longer running (stopped by its user) is void.
-        running = {(t.user, t.server) for t in targets}
-        running.update(
-            (u["name"], name)
-            for u in users
-            for name, srv in (u.get("servers") or {}).items()
-            if srv.get("ready") or srv.get("pending")
-        )
-        for user, server in warnings:
-            if (user, server) not in running:
-                batch.clear(user, server, "server not running")
-                summary["cleared"].append(f"{user}/{server}")
-        threshold, gap = self.threshold_percent, self.max_sample_gap
-        for t in targets:
-            seconds, origin = timeouts[t.key]
-            who = (t.user, t.server)
-            verdict = judge_gpu_idle(
-                data.get(t.key, ()),
-                now=now,
-                window_seconds=seconds,
-                threshold_percent=threshold,
-                max_gap_seconds=gap,
-                expected_devices=t.expected_devices,
-                started_at=t.started_at,
-            )
+        for user, server in plan.gone:
+            batch.clear(user, server, "server not running")
+            summary.cleared.append(f"{user}/{server}")
+        counts: dict[str, int] = {}
+        for s in plan.steps:
+            t, verdict, step, seconds, origin = s.target, s.verdict, s.step, s.timeout_seconds, s.timeout_from
             counts[verdict.status] = counts.get(verdict.status, 0) + 1
-            summary["verdicts"][t.key] = verdict.status
+            summary.verdicts[t.key] = verdict.status
             if verdict.missing_data and not (verdict.status == SHORT and "session_started_at" in verdict.evidence):
                 self.metrics.skipped.inc()
-                summary["skipped"].append(t.key)
+                summary.skipped.append(t.key)
                 self.log.debug("Not culling %s: %s", t.key, verdict.reason)
-            warning = warnings.get(who)
-            step = next_step(verdict, warning, keepalives.get(who), now, t.started)
             if step is Step.NOTHING or step is Step.WAIT:
                 continue
             if step is Step.WARN or step is Step.REWARN:
@@ -423,16 +424,18 @@ class GPUIdleCuller(Application):
                     self.grace_seconds,
                 )
                 batch.warn(
-                    self._record(
-                        t, verdict, seconds, origin, grace_seconds=self.grace_seconds, renew=step is Step.REWARN
+                    WarningRecord(
+                        **self._record(t, verdict, seconds, origin),
+                        grace_seconds=self.grace_seconds,
+                        renew=step is Step.REWARN,
                     )
                 )
                 self.metrics.warnings.labels(t.team).inc()
-                summary["warned"].append(t.key)
+                summary.warned.append(t.key)
             elif step is Step.HOLD:
                 self.log.info("Holding the warning of %s until its data returns: %s", t.key, verdict.reason)
                 batch.hold(t.user, t.server, t.started, verdict.reason)
-                summary["held"].append(t.key)
+                summary.held.append(t.key)
             elif step is Step.CLEAR or step is Step.VOID:
                 reason = (
                     "server restarted: the new session gets its full timeout and grace"
@@ -443,43 +446,43 @@ class GPUIdleCuller(Application):
                 )
                 self.log.info("Clearing the warning of %s: %s", t.key, reason)
                 batch.clear(t.user, t.server, reason)
-                summary["cleared"].append(t.key)
+                summary.cleared.append(t.key)
             elif step is Step.RECLAIM:
-                self._plan_reclaim(batch, t, verdict, warning, seconds, origin, now)
+                self._plan_reclaim(batch, t, verdict, s.warning, seconds, origin, now)
         for status in STATUSES:
             self.metrics.gpu_servers.labels(status).set(counts.get(status, 0))
-        if not batch.empty and not self.dry_run:
-            await record_and_reclaim(self.hub_client, batch, summary, self.metrics, self.log)
-        self._finish(summary, started, queries_before)
-        return summary
+        return batch
 
-    def _finish(self, summary: dict, started: float, queries_before: int) -> None:
-        summary["queries"] = self.utilisation.queries - queries_before
-        summary["seconds"] = time.monotonic() - started
-        self.metrics.cycle_seconds.set(summary["seconds"])
-        self.metrics.queries.set(summary["queries"])
+    def _finish(self, summary: CycleSummary, started: float, queries_before: int) -> None:
+        summary.queries = self.utilisation.queries - queries_before
+        summary.seconds = time.monotonic() - started
+        self.metrics.cycle_seconds.set(summary.seconds)
+        self.metrics.queries.set(summary.queries)
         self.log.info(
             "Cycle: %d servers, %d on GPUs, %d warned, %d held, %d cleared, %d reclaimed, %d kernels, "
             "%d skipped, %d metric queries, %.3fs",
-            summary["servers"],
-            summary["gpu_servers"],
-            len(summary["warned"]),
-            len(summary["held"]),
-            len(summary["cleared"]),
-            len(summary["reclaimed"]),
-            len(summary["kernels"]),
-            len(summary["skipped"]),
-            summary["queries"],
-            summary["seconds"],
+            summary.servers,
+            summary.gpu_servers,
+            len(summary.warned),
+            len(summary.held),
+            len(summary.cleared),
+            len(summary.reclaimed),
+            len(summary.kernels),
+            len(summary.skipped),
+            summary.queries,
+            summary.seconds,
         )
 
-    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str, **extra: Any) -> dict[str, Any]:
-        evidence = verdict.evidence
-        evidence["idle_timeout_seconds"] = seconds
-        evidence["idle_timeout_from"] = origin
-        evidence["hub_last_activity"] = t.last_activity  # kept to show activity is not utilisation
-        evidence["decided_at"] = self._cycle_now
-        evidence["source"] = self.source
+    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str) -> dict[str, Any]:
+        """What a warning and a reclaim claim both say about the server and the decision."""
+        evidence = {
+            **verdict.evidence,
+            "idle_timeout_seconds": seconds,
+            "idle_timeout_from": origin,
+            "hub_last_activity": t.last_activity,  # kept to show activity is not utilisation
+            "decided_at": self._cycle_now,
+            "source": self.source,
+        }
         return {
             "user": t.user,
             "server": t.server,
@@ -489,7 +492,6 @@ class GPUIdleCuller(Application):
             "gpu_milli": t.gpu_milli,
             "reason": verdict.reason,
             "evidence": evidence,
-            **extra,
         }
 
     def _plan_reclaim(
@@ -520,32 +522,26 @@ class GPUIdleCuller(Application):
             kernel_ids = sorted({h["kernel_id"] for h in holders})
             self.log.warning("Reclaiming GPU of %s: shutting down idle kernel(s) %s", t.key, ", ".join(kernel_ids))
             # The server keeps its GPU allocation; only the kernels' GPU memory is freed.
-            batch.reclaim(
-                self._record(
-                    t,
-                    verdict,
-                    seconds,
-                    origin,
-                    action="shutdown-kernel",
-                    kernel_ids=kernel_ids,
-                    idle_since=idle_since,
-                    idle_gpu_hours=0.0,
-                ),
-                t,
-                base,
+            claim = ReclaimClaim(
+                **self._record(t, verdict, seconds, origin),
+                action="shutdown-kernel",
+                kernel_ids=tuple(kernel_ids),
+                idle_since=idle_since,
+                idle_gpu_hours=0.0,
             )
+            batch.reclaim(claim, t, base)
             return
         hours = idle_gpu_hours_observed(t.gpu_milli, idle_since, now)
         self.log.warning(
             "Reclaiming GPU of %s: stopping the server (%.4f idle GPU-hours observed): %s", t.key, hours, verdict.reason
         )
-        batch.reclaim(
-            self._record(
-                t, verdict, seconds, origin, action="stop-server", idle_since=idle_since, idle_gpu_hours=hours
-            ),
-            t,
-            base,
+        claim = ReclaimClaim(
+            **self._record(t, verdict, seconds, origin),
+            action="stop-server",
+            idle_since=idle_since,
+            idle_gpu_hours=hours,
         )
+        batch.reclaim(claim, t, base)
 
     # -- service loop -------------------------------------------------------
 
@@ -580,12 +576,6 @@ class GPUIdleCuller(Application):
 
     def start(self) -> None:
         asyncio.run(self.run())
-
-
-def _retrieve(future: asyncio.Future) -> None:
-    """Mark a prefetch's exception as seen when the cycle ended before awaiting it."""
-    if not future.cancelled():
-        future.exception()
 
 
 def main(argv: list[str] | None = None) -> None:

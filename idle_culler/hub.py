@@ -11,6 +11,8 @@ from urllib.parse import quote
 import aiohttp
 from tornado.httputil import url_concat
 
+from spawner.core.idle_cycle import CycleRecords, CycleResult, Mark, ReclaimClaim, WarningRecord
+
 from .targets import ServerTarget
 
 
@@ -157,10 +159,10 @@ class HubClient:
     async def clear(self, user: str, server: str, reason: str) -> None:
         await self.request("DELETE", "/gpulab/idle/warnings", params={"user": user, "server": server, "reason": reason})
 
-    async def record_cycle(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def record_cycle(self, records: CycleRecords) -> CycleResult:
         """One cycle's warnings, holds, clears and reclaim claims in one request."""
-        _, doc = await self.request("POST", "/gpulab/idle/cycle", body)
-        return doc or {}
+        _, doc = await self.request("POST", "/gpulab/idle/cycle", records.to_json())
+        return CycleResult.from_json(doc or {})
 
     async def stop_server(self, user: str, server: str) -> int:
         """Stop a server (named or default); 202 = stopping, 204 = stopped."""
@@ -185,34 +187,35 @@ class HubClient:
 
 
 class CycleBatch:
-    """Everything one cycle records in the hub, sent as one request."""
+    """Everything one cycle records in the hub, sent as one request (:class:`CycleRecords`)."""
 
     def __init__(self) -> None:
-        self.warnings: list[dict] = []
-        self.holds: list[dict] = []
-        self.clears: list[dict] = []
-        self.claims: list[tuple[dict, ServerTarget, str | None]] = []
+        self.warnings: list[WarningRecord] = []
+        self.holds: list[Mark] = []
+        self.clears: list[Mark] = []
+        #: Each claim with the server it is for and the server's base URL (kernel reclaims).
+        self.claims: list[tuple[ReclaimClaim, ServerTarget, str | None]] = []
 
     @property
     def empty(self) -> bool:
         return not (self.warnings or self.holds or self.clears or self.claims)
 
-    def warn(self, body: dict) -> None:
-        self.warnings.append(body)
+    def warn(self, record: WarningRecord) -> None:
+        self.warnings.append(record)
 
     def hold(self, user: str, server: str, session: str, reason: str) -> None:
-        self.holds.append({"user": user, "server": server, "session": session, "reason": reason[:500]})
+        self.holds.append(Mark(user=user, server=server, session=session, reason=reason[:500]))
 
     def clear(self, user: str, server: str, reason: str) -> None:
-        self.clears.append({"user": user, "server": server, "reason": reason[:500]})
+        self.clears.append(Mark(user=user, server=server, reason=reason[:500]))
 
-    def reclaim(self, body: dict, target: ServerTarget, base: str | None) -> None:
-        self.claims.append((body, target, base))
+    def reclaim(self, claim: ReclaimClaim, target: ServerTarget, base: str | None) -> None:
+        self.claims.append((claim, target, base))
 
-    def body(self) -> dict[str, list]:
-        return {
-            "warnings": self.warnings,
-            "holds": self.holds,
-            "clears": self.clears,
-            "reclaims": [b for b, _, _ in self.claims],
-        }
+    def records(self) -> CycleRecords:
+        return CycleRecords(
+            warnings=tuple(self.warnings),
+            holds=tuple(self.holds),
+            clears=tuple(self.clears),
+            reclaims=tuple(c for c, _, _ in self.claims),
+        )

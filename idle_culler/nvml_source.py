@@ -1,7 +1,6 @@
 """Per-process GPU use from NVML on a single server (gpulab's embedded mode).
 
-:class:`NVMLAdapter` is the thin layer over nvidia-ml-py: it turns the few
-NVML calls the culler needs into plain Python values, and turns NVML's
+NVML itself is :class:`spawner.local.nvml.NVML`, the one adapter: it turns NVML's
 ``NOT_FOUND`` from ``nvmlDeviceGetProcessUtilization`` -- what NVML answers
 when no process used the GPU since the given timestamp -- into "no samples".
 Any other NVML error stays an error, and the device gets no sample that
@@ -20,56 +19,17 @@ import os
 import re
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
-from spawner.idle import DeviceSeries
+from spawner.core.idle import DeviceSeries
+from spawner.local.nvml import NVML
 
 from .sources import SourceUnavailable, UtilisationSource
 from .targets import DEVICE, ServerTarget, device_id
 
 KERNEL_FILE_RE = re.compile(r"kernel-([0-9a-fA-F-]{8,64})\.json")
-
-
-class NVMLAdapter:
-    """The NVML calls the culler makes, over the ``pynvml`` module (or a recording of it)."""
-
-    def __init__(self, nvml: Any = None):
-        if nvml is None:
-            import pynvml  # only where NVML is used: the culler runs without it elsewhere
-
-            nvml = pynvml
-        self.nvml = nvml
-        self._handles: dict[int, Any] = {}
-
-    def init(self) -> None:
-        self.nvml.nvmlInit()
-
-    def shutdown(self) -> None:
-        self.nvml.nvmlShutdown()
-
-    def _handle(self, index: int):
-        if index not in self._handles:
-            self._handles[index] = self.nvml.nvmlDeviceGetHandleByIndex(index)
-        return self._handles[index]
-
-    def device_count(self) -> int:
-        return int(self.nvml.nvmlDeviceGetCount())
-
-    def compute_processes(self, index: int) -> list[tuple[int, int | None]]:
-        """``(pid, used GPU memory bytes or None)`` of compute processes on device ``index``."""
-        procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(index))
-        return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
-
-    def process_utilization(self, index: int, since_us: int) -> list[tuple[int, int, int]]:
-        """``(pid, timestamp µs, SM %)`` samples newer than ``since_us``; ``[]`` when NVML has none."""
-        try:
-            samples = self.nvml.nvmlDeviceGetProcessUtilization(self._handle(index), int(since_us))
-        except self.nvml.NVMLError_NotFound:
-            return []  # no process used the GPU since since_us: an idle GPU, not an error
-        return [(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in samples]
 
 
 def read_process_table(proc_root: str = "/proc") -> dict[int, int]:
@@ -147,19 +107,14 @@ class NVMLSource(UtilisationSource):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.adapter = NVMLAdapter(self.nvml_module)
-        self._initialised = False
+        self.nvml = NVML(self.nvml_module)
         self._last_seen: dict[int, int] = {}
         self._history: dict[tuple[str, str, str], deque] = {}
         self._holders: dict[str, list[dict]] = {}
 
     def _ensure_init(self) -> None:
-        if not self._initialised:
-            try:
-                self.adapter.init()
-            except Exception as e:
-                raise SourceUnavailable(f"NVML: {e}") from None
-            self._initialised = True
+        if not self.nvml.start():
+            raise SourceUnavailable(self.nvml.reason)
 
     async def collect(self, targets, now, windows):
         window_seconds = max(windows.values(), default=0.0)
@@ -175,8 +130,8 @@ class NVMLSource(UtilisationSource):
         answered: set[int] = set()
         for index in devices:
             try:
-                procs = self.adapter.compute_processes(index)
-                samples = self.adapter.process_utilization(index, self._last_seen.get(index, 0))
+                procs = self.nvml.compute_processes(index)
+                samples = self.nvml.process_utilization(index, self._last_seen.get(index, 0))
             except Exception as e:  # any NVML error: no sample for this device this cycle
                 self.log.error("NVML device %d: %s", index, e)
                 continue

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+
+from spawner.core.idle_cycle import ReclaimClaim
 
 from .hub import CycleBatch, HubAPIError, HubClient
 from .metrics import CullerMetrics
+from .plan import CycleSummary
 from .targets import ServerTarget
 
 
 async def record_and_reclaim(
-    hub: HubClient, batch: CycleBatch, summary: dict[str, Any], metrics: CullerMetrics, log: logging.Logger
+    hub: HubClient, batch: CycleBatch, summary: CycleSummary, metrics: CullerMetrics, log: logging.Logger
 ) -> None:
     """Record the whole cycle in ONE hub request, then stop what the hub let us reclaim.
 
@@ -25,38 +27,38 @@ async def record_and_reclaim(
     GPU after this cycle read the idle state, and nothing is stopped for it.
     """
     try:
-        result = await hub.record_cycle(batch.body())
+        result = await hub.record_cycle(batch.records())
     except (HubAPIError, OSError) as e:
         metrics.errors.labels("record").inc()
         log.error("Recording this cycle's warnings and reclaims failed; stopping nothing: %s", e)
         return
     stops = []
     # One outcome per claim, in order; a shorter answer leaves the rest unreclaimed.
-    for outcome, (body, t, base) in zip(result.get("reclaims", []), batch.claims, strict=False):
-        if not outcome.get("accepted"):
-            log.info("Not reclaiming %s: %s", t.key, outcome.get("message", "refused by the hub"))
+    for answer, (claim, t, base) in zip(result.reclaims, batch.claims, strict=False):
+        if not answer.accepted:
+            log.info("Not reclaiming %s: %s", t.key, answer.message or "refused by the hub")
             continue
-        stops.append(carry_out(hub, body, t, base, summary, metrics, log))
+        stops.append(carry_out(hub, claim, t, base, summary, metrics, log))
     if stops:
         await asyncio.gather(*stops)
 
 
 async def carry_out(
     hub: HubClient,
-    body: dict[str, Any],
+    claim: ReclaimClaim,
     t: ServerTarget,
     base: str | None,
-    summary: dict[str, Any],
+    summary: CycleSummary,
     metrics: CullerMetrics,
     log: logging.Logger,
 ) -> None:
     """Shut down the idle kernels or stop the server of one granted claim."""
     try:
-        if body["action"] == "shutdown-kernel":
+        if claim.action == "shutdown-kernel":
             assert base is not None, "kernel reclaims are claimed only for servers with a URL"
-            for kid in body["kernel_ids"]:
+            for kid in claim.kernel_ids:
                 await hub.shutdown_kernel(base, kid)
-                summary["kernels"].append(f"{t.key}:{kid}")
+                summary.kernels.append(f"{t.key}:{kid}")
             metrics.reclaims.labels(t.team, "shutdown-kernel").inc()
             return
         code = await hub.stop_server(t.user, t.server)
@@ -67,6 +69,6 @@ async def carry_out(
     if code == 202:
         log.info("Server %s is slow to stop", t.key)
     metrics.reclaims.labels(t.team, "stop-server").inc()
-    metrics.idle_gpu_hours.labels(t.team).inc(body["idle_gpu_hours"])
+    metrics.idle_gpu_hours.labels(t.team).inc(claim.idle_gpu_hours)
     metrics.reclaimed_gpus.labels(t.team).inc(t.gpu_milli / 1000)
-    summary["reclaimed"].append(t.key)
+    summary.reclaimed.append(t.key)

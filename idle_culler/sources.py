@@ -13,8 +13,8 @@
   samples it saw over the window.
 - ``NVMLSource`` (:mod:`idle_culler.nvml_source`): per-process use on a single server.
 
-``collect()`` returns, per server key, the :class:`~spawner.idle.DeviceSeries`
-(raw samples) or :class:`~spawner.idle.DeviceSummary` (aggregates) of its GPUs; a source that cannot answer at all raises
+``collect()`` returns, per server key, the :class:`~spawner.core.idle.DeviceSeries`
+(raw samples) or :class:`~spawner.core.idle.DeviceSummary` (aggregates) of its GPUs; a source that cannot answer at all raises
 :class:`SourceUnavailable`, and then nothing is culled that cycle.
 """
 
@@ -26,7 +26,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -34,7 +34,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
-from spawner.idle import DeviceSeries, DeviceSummary
+from spawner.core.idle import DeviceSeries, DeviceSummary
 
 from .targets import DEVICE, ServerTarget, device_id
 
@@ -54,6 +54,14 @@ class UtilisationSource(LoggingConfigurable):
 
     #: Requests made to the metrics backend since start (the benchmark reads it).
     queries = 0
+
+    def prefetch(self, now: float, windows: Iterable[float], threshold_percent: float) -> None:
+        """Start reading ahead, while the culler still lists the hub's servers: the answer
+        for every idle window the catalog allows, used by the next :meth:`collect` at ``now``.
+        Sources that read per server (an exporter scrape, NVML) have nothing to read ahead."""
+
+    def cancel_prefetch(self) -> None:
+        """Drop a read ahead the cycle will not use (the hub did not answer, no GPU server)."""
 
     async def collect(
         self, targets: list[ServerTarget], now: float, windows: Mapping[str, float]
@@ -197,6 +205,9 @@ class PrometheusSource(UtilisationSource):
     the answer: larger, or refused by Prometheus, the cycle reclaims nothing
     and the log line and ``gpulab_culler_source_failures`` say what to change.
     """
+
+    #: The read ahead of this cycle (:meth:`prefetch`), until :meth:`collect` takes it.
+    _prefetched: _Prefetch | None = None
 
     prometheus_url = Unicode(
         "http://prometheus-server",
@@ -385,10 +396,34 @@ class PrometheusSource(UtilisationSource):
                 stats[key][stat] = math.nan
         return stats, label_sets
 
+    def prefetch(self, now: float, windows: Iterable[float], threshold_percent: float) -> None:
+        self.cancel_prefetch()
+        asked = frozenset(windows)
+        task = asyncio.ensure_future(self.fetch(now, asked, threshold_percent=threshold_percent))
+        task.add_done_callback(_retrieve)
+        self._prefetched = _Prefetch(now, asked, threshold_percent, task)
+
+    def cancel_prefetch(self) -> None:
+        if self._prefetched is not None:
+            self._prefetched.task.cancel()
+            self._prefetched = None
+
     async def collect(self, targets, now, windows, threshold_percent: float | None = None):
+        ahead, self._prefetched = self._prefetched, None
         if not targets:
+            if ahead is not None:
+                ahead.task.cancel()
             return {}
-        answer = await self.fetch(now, set(windows.values()), threshold_percent=threshold_percent)
+        wanted = set(windows.values())
+        if ahead is not None and ahead.now == now:
+            answer = dict(await ahead.task)
+            missing = wanted - ahead.windows  # cannot happen with one catalog; asked again if it does
+            if missing:
+                answer.update(await self.fetch(now, missing, threshold_percent=ahead.threshold_percent))
+        else:
+            if ahead is not None:
+                ahead.task.cancel()
+            answer = await self.fetch(now, wanted, threshold_percent=threshold_percent)
         return self.join(answer, targets, windows)
 
     async def fetch(
@@ -508,6 +543,22 @@ class PrometheusSource(UtilisationSource):
             max_gap=widest,
             finite=finite,
         )
+
+
+@dataclass(frozen=True)
+class _Prefetch:
+    """A read ahead: the time it reads at, the windows asked for, and the running request."""
+
+    now: float
+    windows: frozenset[float]
+    threshold_percent: float
+    task: asyncio.Future
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a read ahead's exception as seen when the cycle ended before awaiting it."""
+    if not future.cancelled():
+        future.exception()
 
 
 class AnswerTooLarge(SourceUnavailable):

@@ -10,8 +10,8 @@ with ``admin:server_state``, so each server model carries its spawner state):
   ``gpu`` = device index on this machine's ``Hostname``/``hostname``, or NVML
   processes descended from ``pid``.
 
-Team, profile and GPU amount come from ``state["gpulab"]`` (both gpulab
-spawners save it), else from ``user_options`` (``team`` + ``profile``, or the
+Team, profile and GPU amount come from ``state["gpulab"]``, the grant both gpulab
+spawners save (read as :class:`spawner.core.grant.GrantedShare`), else from ``user_options`` (``team`` + ``profile``, or the
 form's ``"team:profile"``) and the hub's catalog.
 """
 
@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+from spawner.core.grant import GrantedShare
 
 POD = "pod"
 DEVICE = "device"
@@ -105,17 +107,14 @@ def targets_from_users(
                 continue
             key = f"{user['name']}/{name}"
             state = server.get("state") or {}
-            raw_info = state.get("gpulab")
-            info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
+            grant = GrantedShare.from_state(state)
             options = server.get("user_options") or {}
-            profile = str(info.get("profile") or options.get("profile") or "")
-            team = str(info.get("team") or options.get("team") or "")
-            if ":" in profile and not info.get("profile"):  # the spawn form's "team:profile" choice value
+            profile = grant.profile if grant else str(options.get("profile") or "")
+            team = grant.team if grant else str(options.get("team") or "")
+            if ":" in profile and grant is None:  # the spawn form's "team:profile" choice value
                 form_team, _, profile = profile.partition(":")
                 team = team or form_team
-            raw_milli: Any = info.get("milli")
-            if raw_milli is None:
-                raw_milli = (profiles.get(profile) or {}).get("gpu_milli")
+            raw_milli: Any = grant.milli if grant else (profiles.get(profile) or {}).get("gpu_milli")
             milli: int | None
             try:
                 milli = int(raw_milli)
@@ -145,12 +144,8 @@ def targets_from_users(
                         mapping=POD, pod=str(state["pod_name"]), namespace=str(state.get("namespace") or ""), **common
                     )
                 )
-            elif info.get("shares"):
-                try:
-                    devices = tuple(sorted({int(d) for d, _ in info["shares"]}))
-                except (TypeError, ValueError):
-                    unmapped.append(key)
-                    continue
+            elif grant is not None and grant.shares:
+                devices = grant.devices
                 pid = state.get("pid")
                 targets.append(
                     ServerTarget(

@@ -7,41 +7,17 @@ carries no numbers. Nothing here ever invents a utilisation figure.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
+from spawner.local.nvml import NVML
+
 log = logging.getLogger("gpulab.labextension.nvml")
 
-_lock = threading.Lock()
-_initialised: bool | None = None  # None: not tried yet; False: tried and failed
-_init_error = ""
-
-
-def _nvml():
-    """The initialised ``pynvml`` module, or ``None`` (the reason in ``_init_error``)."""
-    global _initialised, _init_error
-    with _lock:
-        if _initialised is None:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                _initialised = True
-            except ImportError:
-                _initialised, _init_error = False, "nvidia-ml-py is not installed"
-            except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-                _initialised, _init_error = False, f"NVML is not available: {e}"
-                log.info("gpulab: %s; the GPU panel will show no utilisation data", _init_error)
-        if not _initialised:
-            return None
-        import pynvml
-
-        return pynvml
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+#: One NVML for the lab server's life: initialised on the first sample, never shut down;
+#: tried once (the panel polls every few seconds).
+_nvml = NVML(retry=False)
+_logged_unavailable = False
 
 
 def sample(visible_devices: list[str]) -> dict[str, Any]:
@@ -55,26 +31,24 @@ def sample(visible_devices: list[str]) -> dict[str, Any]:
     """
     if not visible_devices:
         return {"available": False, "reason": "this server has no GPU assigned"}
-    pynvml = _nvml()
-    if pynvml is None:
-        return {"available": False, "reason": _init_error}
+    global _logged_unavailable
+    if not _nvml.start():
+        if not _logged_unavailable:
+            log.info("gpulab: %s; the GPU panel will show no utilisation data", _nvml.reason)
+            _logged_unavailable = True
+        return {"available": False, "reason": _nvml.reason}
     out = []
     try:
         for dev in visible_devices:
-            if dev.isdigit():
-                handle = pynvml.nvmlDeviceGetHandleByIndex(int(dev))
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(dev)
-            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            used, total = _nvml.memory_mib(dev)
             out.append(
                 {
                     "id": dev,
-                    "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
-                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                    "gpu_percent": int(rates.gpu),
-                    "memory_used_mib": int(mem.used // (1024 * 1024)),
-                    "memory_total_mib": int(mem.total // (1024 * 1024)),
+                    "uuid": _nvml.uuid(dev),
+                    "name": _nvml.name(dev),
+                    "gpu_percent": _nvml.gpu_percent(dev),
+                    "memory_used_mib": used,
+                    "memory_total_mib": total,
                 }
             )
     except Exception as e:  # a device NVML does not know (declared inventory on a GPU box)

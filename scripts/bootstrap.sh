@@ -33,7 +33,7 @@ apt_install() {
 command -v node >/dev/null || apt_install nodejs npm
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 if [[ $WANT_TEST == 1 ]]; then
-  apt_install chromium prometheus sudo  # sudo: the non-root hub test (tests/test_isolation_sudo.py)
+  apt_install chromium prometheus sudo  # sudo: the non-root hub test (tests/integration/test_isolation_sudo.py)
 fi
 
 # 2. Python virtualenv with gpulab installed (editable).

@@ -1,12 +1,24 @@
-"""gpulab's import rules, checked statically over the source tree.
+"""gpulab's import rules, checked statically over the source tree, by path.
 
-- The policy core (``spawner/`` except its adapters) imports no framework
-  (tornado, kubernetes, jupyterhub, kubespawner) and no adapter module.
-- ``spawner/`` imports nothing from ``hub_config``, ``idle_culler`` or ``labextension``.
+Each module belongs to a room, the longest of the paths in :data:`ROOMS` that names
+it, and a room imports only the gpulab rooms :data:`ROOMS` lists for it:
+
+- ``spawner.core`` (the policy core) imports only ``spawner.core`` and the standard
+  library (and PyYAML, :data:`CORE_THIRD_PARTY`): no framework, no adapter, no I/O
+  library. A new module under ``spawner/core/`` is checked because of where it is.
+- ``spawner.local`` (the single server) and ``spawner.kube`` (Kubernetes) adapt the
+  core and never import each other; what both need lives at the top of ``spawner/``
+  (``spawner.runtime``), which imports the core only.
+- ``spawner/`` imports nothing from ``hub_config``, ``idle_culler`` or ``labextension``
+  (the hub side depends on the spawner, not the reverse).
 - ``idle_culler`` never imports ``hub_config`` (it talks to the hub over HTTP).
 - No import cycles between modules, counting imports inside functions (which hide
   a cycle from Python but not from a reader). Imports under ``if TYPE_CHECKING:``
   are for annotations only and do not count.
+
+The same paths drive mypy's strict section (``pyproject.toml``: ``spawner.core.*``) and
+the purity test (``tests/unit/test_core_purity.py`` imports every module under
+``spawner/core/``), so no list of modules is kept anywhere.
 
 Run ``python scripts/import_rules.py`` (exit 1 with one line per broken rule); the
 test suite and the pre-commit hook run it too.
@@ -21,31 +33,36 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("spawner", "hub_config", "idle_culler", "labextension")
-#: Modules of spawner/ that adapt the core to a framework or the machine; the rest is core.
-ADAPTERS = frozenset(
-    {
-        "spawner.local",
-        "spawner.kube",
-        "spawner.kube_conventions",
-        "spawner.nvml",
-        "spawner.accounts",
-        "spawner.sudo",
-        "spawner.mediator",
-        "spawner.mediator_client",
-        "spawner.home_files",
-        "spawner.processes",
-        "spawner.account_spawner",
-        "spawner.kube_ledger",
-        "spawner.config",
-        "spawner.cgroups",
-        "spawner.devices",
-        "spawner.namespaces",
-        "spawner.output_capture",
-        "spawner.confinement",
-        "spawner",
-    }
-)
-FRAMEWORKS = ("tornado", "kubernetes", "kubernetes_asyncio", "jupyterhub", "kubespawner")
+CORE = "spawner.core"
+#: The rooms by path, and the gpulab rooms each may import (its own always included).
+ROOMS: dict[str, frozenset[str]] = {
+    CORE: frozenset({CORE}),
+    # The top of spawner/ (the runtime): shared by both adapters, so it knows neither.
+    "spawner": frozenset({CORE}),
+    "spawner.local": frozenset({CORE, "spawner"}),
+    "spawner.kube": frozenset({CORE, "spawner"}),
+    "idle_culler": frozenset({CORE, "spawner.local"}),
+    "labextension": frozenset({CORE, "spawner.local"}),
+    "hub_config": frozenset({CORE, "spawner", "spawner.local", "spawner.kube"}),
+}
+#: What the core may import that is not the standard library: PyYAML, to read catalog
+#: text with the line of every node (``spawner/core/catalog/yaml_text.py``).
+CORE_THIRD_PARTY = frozenset({"yaml"})
+FRAMEWORKS = ("tornado", "kubernetes", "kubernetes_asyncio", "jupyterhub", "kubespawner", "traitlets")
+#: Why a room may not import another, for the sentence that reports it.
+_WHY = {
+    ("spawner.local", "spawner.kube"): "the single-server and Kubernetes adapters never import each other",
+    ("spawner.kube", "spawner.local"): "the single-server and Kubernetes adapters never import each other",
+}
+
+
+def room_of(module: str) -> str | None:
+    """The room a gpulab module belongs to: the longest path in :data:`ROOMS` naming it."""
+    best = None
+    for room in ROOMS:
+        if (module == room or module.startswith(room + ".")) and (best is None or len(room) > len(best)):
+            best = room
+    return best
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -167,23 +184,50 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def _room_violation(mod: str, room: str, name: str, target: str) -> str | None:
+    """The sentence for ``mod`` (in ``room``) importing gpulab module ``name`` (in ``target``)."""
+    if target == room or target in ROOMS[room]:
+        return None
+    if room == CORE:
+        return f"{mod}: the policy core imports the adapter {name}; pass what it needs in instead"
+    if target in ("hub_config", "idle_culler", "labextension") and room.startswith("spawner"):
+        return f"{mod}: spawner/ imports {target}; the hub side depends on the spawner, not the reverse"
+    if room == "idle_culler" and target == "hub_config":
+        return f"{mod}: idle_culler imports hub_config; the culler reaches the hub only over its HTTP API"
+    why = _WHY.get((room, target)) or f"{room} may import only {', '.join(sorted(ROOMS[room]))}"
+    return f"{mod}: {room} imports {name}; {why}: move the shared part to spawner/ or the core"
+
+
+def _core_violation(mod: str, name: str) -> str | None:
+    """The sentence for a core module importing a name from outside gpulab, if not allowed."""
+    top = name.split(".")[0]
+    if top in sys.stdlib_module_names or top in CORE_THIRD_PARTY or top == "__future__":
+        return None
+    if top in FRAMEWORKS:
+        return f"{mod}: the policy core imports the framework {name}; move that code to an adapter"
+    return (
+        f"{mod}: the policy core imports {name}, which is neither spawner.core nor the standard library; "
+        "move that code to an adapter"
+    )
+
+
 def violations(root: Path = REPO) -> list[str]:
     """One sentence per broken rule; empty when the tree follows them all."""
     graph = import_graph(root)
     out: list[str] = []
     for mod, names in sorted(graph.items()):
-        top = {n.split(".")[0] for n in names}
-        if mod.startswith("spawner") and mod not in ADAPTERS:
-            for n in sorted(names):
-                if n.split(".")[0] in FRAMEWORKS:
-                    out.append(f"{mod}: the policy core imports the framework {n}; move that code to an adapter")
-                elif n in ADAPTERS and n != "spawner":
-                    out.append(f"{mod}: the policy core imports the adapter {n}; pass what it needs in instead")
-        if mod.startswith("spawner"):
-            for pkg in sorted(top & {"hub_config", "idle_culler", "labextension"}):
-                out.append(f"{mod}: spawner/ imports {pkg}; the hub side depends on the spawner, not the reverse")
-        if mod.startswith("idle_culler") and "hub_config" in top:
-            out.append(f"{mod}: idle_culler imports hub_config; the culler reaches the hub only over its HTTP API")
+        room = room_of(mod)
+        if room is None:
+            continue
+        for name in sorted(names):
+            target = room_of(name) if name.split(".")[0] in PACKAGES else None
+            problem = (
+                _room_violation(mod, room, name, target)
+                if target is not None
+                else (_core_violation(mod, name) if room == CORE else None)
+            )
+            if problem:
+                out.append(problem)
     for comp in cycles(graph):
         out.append(
             "import cycle between "

@@ -1,48 +1,81 @@
-"""Shared fixtures: a real Debian Chromium driven by Playwright (no browser download)."""
+"""The tiers (by folder), the parallel groups, and the one session-wide test bed."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+#: The Kubernetes test bed's fixtures (tests/kube/bed): the session-wide control plane
+#: ``kube_testbed`` (also for the benchmarks' smoke run on it), ``kube`` and the chart's ``release``.
+pytest_plugins = ("tests.kube.bed.cluster", "tests.kube.bed.chart")
+
+TESTS = Path(__file__).resolve().parent
+#: The tier folders and the markers each gives its tests: the folder is the tier, so a new
+#: test file cannot forget its marker. ``smoke/`` keeps its tests' own markers (the
+#: benchmarks' smoke runs: most in-process, one with a hub, one on the test bed).
+TIERS: dict[str, tuple[str, ...] | None] = {
+    "unit": (),
+    "integration": ("integration",),
+    "browser": ("integration", "browser"),
+    "kube": ("integration", "kube"),
+    "smoke": None,
+}
+
+
+def _tier(item: pytest.Item) -> str:
+    rel = item.path.relative_to(TESTS).parts
+    if len(rel) < 2 or rel[0] not in TIERS:
+        raise pytest.UsageError(
+            f"tests/{'/'.join(rel)}: a test module lives in a tier folder ("
+            + ", ".join(f"tests/{t}/" for t in TIERS)
+            + "), which gives it its markers"
+        )
+    return rel[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tiers, parallel groups, and the longest groups first.
+    """Tiers from the folders, parallel groups, and the longest groups first.
 
-    A test on the Kubernetes test bed is an integration test too, so the fast tier
-    (``-m "not integration"``, scripts/test --fast) never starts a control plane.
+    A test's folder gives its markers (:data:`TIERS`): ``integration/``, ``browser/``
+    and ``kube/`` are all integration tests, so the fast tier (``-m "not integration"``,
+    scripts/test --fast) never starts a hub, a browser or a control plane. A test in
+    ``unit/`` marked as needing one belongs in another folder, and says so.
 
     With pytest-xdist (``--dist loadgroup``, as scripts/test runs the suite) an
     integration module runs whole, in order, on one worker: its tests share a
     module's hub and may build on each other's state. Every test on the one
-    Kubernetes test bed shares one worker (two sessions never share a bed).
+    Kubernetes test bed shares one worker (two sessions never share a bed), and so does
+    every module marked ``sudo_bed``: their sudoers drop-ins define the same aliases, which
+    sudo refuses twice.
 
     The groups are then ordered longest first, by the seconds the last full run
     recorded (:data:`GROUP_SECONDS`), and the fast tests, which need no group, fill
     in at the end (``--no-loadscope-reorder`` keeps this order): the run ends when
     its longest worker does.
     """
+    stems: dict[str, Path] = {}
     for item in items:
+        tier = _tier(item)
+        for marker in TIERS[tier] or ():
+            item.add_marker(marker)
+        if tier == "unit" and (item.get_closest_marker("integration") or item.get_closest_marker("kube")):
+            raise pytest.UsageError(f"{item.nodeid} needs real processes: move its module out of tests/unit/")
+        # The parallel groups (and the recorded seconds) are named by the module's file name.
+        if stems.setdefault(item.path.stem, item.path) != item.path:
+            raise pytest.UsageError(f"two test modules named {item.path.stem}: {stems[item.path.stem]}, {item.path}")
         kube = item.get_closest_marker("kube") is not None
         if kube and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
         if item.get_closest_marker("integration") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("kube" if kube else item.path.stem))
+            group = "kube" if kube else "sudo-bed" if item.get_closest_marker("sudo_bed") else item.path.stem
+            item.add_marker(pytest.mark.xdist_group(group))
     recorded = _recorded_group_seconds()
     counts = Counter(g for g in map(_group, items) if g)
     # A group never timed counts as 3 s a test; the sort is stable, so each group keeps its order.
@@ -116,19 +149,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="module")
-def browser():
-    """Headless Debian Chromium for the module's tests (fails, never skips, if missing)."""
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh --test installs Debian's chromium")
-    from playwright.sync_api import sync_playwright
+def start_hub(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    """Start a real hub for the module: ``start_hub(catalog_yaml, prepare=fn, **RunningHub kwargs)``.
 
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    ``prepare(hub)`` runs before the hub starts (files in the users' homes). Every hub it
+    started is stopped at the module's end, with the job runners it left and its accounts.
+    """
+    from tests.support.hub import RunningHub
+    from tests.support.jobs import kill_job_runners
 
+    hubs: list[RunningHub] = []
 
-# The real Kubernetes test bed (tests/kube): session-wide control plane, a
-# per-test Cluster view, and the gpulab chart installed into it.
-from tests.kube.chart import gpulab_release, release  # noqa: E402,F401
-from tests.kube.cluster import kube, kube_testbed  # noqa: E402,F401
+    def start(catalog_yaml: str | None = None, *, prepare: Callable[[RunningHub], Any] | None = None, **kwargs: Any):
+        hub = RunningHub(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]), catalog_yaml, **kwargs)
+        hubs.append(hub)
+        if prepare is not None:
+            prepare(hub)
+        return hub.start()
+
+    yield start
+    for hub in hubs:
+        hub.stop()
+        kill_job_runners(hub)
+        hub.close()

@@ -2,7 +2,7 @@
 
 Every endpoint needs ``custom:gpulab:admin``. Edits are applied to a copy of
 the catalog as the config file's dict, validated by
-:func:`spawner.catalog.catalog_from_dict` (the one validator), stored with an
+:func:`spawner.core.catalog.catalog_from_dict` (the one validator), stored with an
 audit entry in one transaction, then swapped into the runtime so the next
 spawn or job sees them. A refused edit changes neither the database nor the
 runtime.
@@ -31,12 +31,12 @@ from hub_config.config.scopes import ADMIN
 from hub_config.domain.catalog_store import CatalogStore, StaleCatalogError
 from hub_config.domain.usage import current_report, period_report
 from hub_config.storage.db import utcnow
-from spawner.catalog import Catalog, CatalogError, catalog_from_dict
-from spawner.catalog_write import catalog_to_dict, profile_to_dict, team_to_dict
-from spawner.catalog_yaml import unknown_gpu_model
-from spawner.model import is_slug
-from spawner.sharing import known_gpu_models
-from spawner.units import UnitError, format_gpus, parse_duration
+from spawner.core.catalog import Catalog, CatalogError, catalog_from_dict
+from spawner.core.catalog.sharing import known_gpu_models
+from spawner.core.catalog.write import catalog_to_dict, profile_to_dict, team_to_dict
+from spawner.core.catalog.yaml_text import unknown_gpu_model
+from spawner.core.model import is_slug
+from spawner.core.units import UnitError, format_gpus, parse_duration
 
 #: Admin bodies are small; anything bigger is refused before parsing.
 MAX_ADMIN_BODY = 64 * 1024
@@ -141,7 +141,7 @@ def profile_view(catalog: Catalog, slug: str) -> dict[str, Any]:
 def hub_known_gpu_models(runtime, spawner_class: Any) -> set[str]:
     """GPU models this hub's profiles may name: the single server's devices (NVML or
     declared), or on Kubernetes the products the sharing backends can select."""
-    from spawner.local import GPULocalMixin, ensure_packer
+    from spawner.local.spawner import GPULocalMixin, ensure_packer
 
     single_server = isinstance(spawner_class, type) and issubclass(spawner_class, GPULocalMixin)
     if not single_server:

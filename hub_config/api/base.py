@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
 
 from hub_config.storage.db import StorageUnavailable, database_file, sqlite_file, storage_failure
-from spawner.config import GPULabRuntime, get_runtime
+from spawner.runtime import GPULabRuntime, get_runtime
 
 #: Largest JSON body any gpulab endpoint accepts.
 MAX_BODY_BYTES = 256 * 1024

@@ -15,7 +15,7 @@ from tornado import web
 
 from hub_config.api.base import GPULabAPIHandler
 from hub_config.config.scopes import ADMIN
-from spawner.packer import FULL, DevicePacker
+from spawner.core.packer import FULL, DevicePacker
 
 
 def devices_view(packer: DevicePacker, source: str) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def devices_view(packer: DevicePacker, source: str) -> dict[str, Any]:
 class DevicesHandler(GPULabAPIHandler):
     async def get(self) -> None:
         self.require_scope(ADMIN)
-        from spawner.local import GPULocalMixin, ensure_packer
+        from spawner.local.spawner import GPULocalMixin, ensure_packer
 
         spawner_class = self.settings.get("spawner_class")
         if not (isinstance(spawner_class, type) and issubclass(spawner_class, GPULocalMixin)):

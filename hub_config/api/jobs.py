@@ -19,7 +19,7 @@ from hub_config.api.base import GPULabAPIHandler, ascii_id
 from hub_config.config.scopes import ADMIN, JOBS
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.service import get_service
-from spawner.jobspec import STATES, JobSpecError
+from spawner.core.jobspec import STATES, JobSpecError
 
 #: Largest submission body (parameters are limited separately, and more tightly).
 MAX_SUBMIT_BYTES = 64 * 1024

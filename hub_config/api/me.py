@@ -12,11 +12,11 @@ from tornado import web
 
 from hub_config.api.base import GPULabAPIHandler
 from hub_config.config.scopes import ADMIN, JOBS
-from spawner.idle import idle_timeout_for
-from spawner.jobspec import JOB_CLASSES
-from spawner.ledger import Ledger, TeamUsage
-from spawner.model import Team
-from spawner.policy import Capacity, ProfileChoice, choices_for_user, device_capacity, team_summary
+from spawner.core.idle import idle_timeout_for
+from spawner.core.jobspec import JOB_CLASSES
+from spawner.core.ledger import Ledger, TeamUsage
+from spawner.core.model import Team
+from spawner.core.policy import Capacity, ProfileChoice, choices_for_user, device_capacity, team_summary
 
 
 def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:

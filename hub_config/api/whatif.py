@@ -6,7 +6,7 @@
   "sizes": [0.25, 0.5, 1, 2], "quotas": {"vision": {"guarantee": 2, "burst": 4}},
   "idle_timeout": "1h" | null, "max_sizes": 6}``: the same, plus the proposal.
 
-Nothing is saved: the replay runs on copies (:mod:`spawner.whatif`, the engine
+Nothing is saved: the replay runs on copies (:mod:`spawner.core.whatif`, the engine
 the capacity benchmark uses). Needs ``custom:gpulab:admin``; a body that is
 malformed, too large or names unknown fields, teams or sizes the sharing
 backend cannot give is refused with 400/413 and a message saying which.
@@ -25,11 +25,11 @@ from tornado.ioloop import IOLoop
 from hub_config.api.admin import AdminAPIHandler
 from hub_config.domain.usage_records import UsageInterval, UtilisationSample
 from hub_config.storage.db import utcnow
-from spawner.advisor import AdvisorError, demand_from, fill_work, givable_sizes, recommend
-from spawner.catalog import Catalog
-from spawner.packer import GPUDevice, devices_from_inventory
-from spawner.units import UnitError, format_gpus, parse_duration, parse_gpus
-from spawner.whatif import Proposal, RecordedSession, replay
+from spawner.core.advisor import AdvisorError, demand_from, fill_work, givable_sizes, recommend
+from spawner.core.catalog import Catalog
+from spawner.core.packer import GPUDevice, devices_from_inventory
+from spawner.core.units import UnitError, format_gpus, parse_duration, parse_gpus
+from spawner.core.whatif import Proposal, RecordedSession, replay
 
 MAX_WHATIF_BODY = 16 * 1024
 MAX_DAYS = 90

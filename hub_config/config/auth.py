@@ -12,7 +12,7 @@ from secrets import compare_digest
 from jupyterhub.auth import Authenticator
 from traitlets import Unicode, default
 
-from spawner.config import get_runtime
+from spawner.runtime import get_runtime
 
 
 class DemoAuthenticator(Authenticator):

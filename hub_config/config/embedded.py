@@ -5,7 +5,7 @@ notebook jobs run as that user's own system account (``<prefix><name>``,
 created on first spawn, home 0700), and the hub's state (databases, cookie
 secret, pid files) sits in a 0700 folder of its own. The hub switches to the
 accounts itself when it is root, or through sudo and the mediator
-``gpulab-launch`` when a sudoers rule allows it (:mod:`spawner.sudo`). A hub
+``gpulab-launch`` when a sudoers rule allows it (:mod:`spawner.local.sudo`). A hub
 that can do neither runs everything as its own account, says so at start and
 on the login page, and listens on loopback only. See docs/single-server.md.
 """
@@ -26,11 +26,11 @@ from traitlets import TraitError
 from hub_config.config.idle_service import configure_idle_culler
 from hub_config.config.setup import configure_gpulab
 from hub_config.storage.db import DEFAULT_BUSY_TIMEOUT
-from spawner.accounts import UserAccounts, unreachable_by_others
-from spawner.catalog import CatalogError
-from spawner.config import GPULab
-from spawner.confinement import LimitsUnavailable, UserLimits, get_confiner
-from spawner.sudo import NONE, ROOT, SUDO, isolation_mode
+from spawner.core.catalog import CatalogError
+from spawner.local.accounts import UserAccounts, unreachable_by_others
+from spawner.local.confinement import LimitsUnavailable, UserLimits, get_confiner
+from spawner.local.sudo import NONE, ROOT, SUDO, isolation_mode
+from spawner.runtime import GPULab
 
 HUB_CONFIG = Path(__file__).resolve().parents[1]
 DEMO_CATALOG = str(HUB_CONFIG / "demo-teams.yaml")

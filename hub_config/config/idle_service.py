@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from hub_config.config.scopes import CULLER_SERVICE_SCOPES
 from hub_config.domain.idle_records import CULLER_SERVICE as SERVICE
-from spawner.nvml import detect_gpus
+from spawner.local.nvml import detect_gpus
 
 
 def configure_idle_culler(c, detect: Callable[[], list | None] | None = None) -> bool:

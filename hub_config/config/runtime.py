@@ -4,7 +4,7 @@
 created in the hub process: the catalog stored in gpulab's database (admin edits)
 replaces the file's when it should, the usage recorder follows the ledger, and the
 spawners get the reader of the idle culler's records. Everything it sets is a field
-declared on :class:`spawner.config.GPULabRuntime`.
+declared on :class:`spawner.runtime.GPULabRuntime`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hub_config.domain.idle_records import GPULabIdle, reclaim_notice_for
 from hub_config.domain.last_choice import last_choice, remember_choice
 from hub_config.domain.usage_records import attach as attach_usage
 from hub_config.storage.db import session_factory
-from spawner.config import GPULab, GPULabRuntime
+from spawner.runtime import GPULab, GPULabRuntime
 
 #: The import string configure_gpulab puts in ``c.GPULab.runtime_hooks``.
 HOOK = "hub_config.config.runtime.attach_runtime"

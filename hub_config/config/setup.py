@@ -41,8 +41,32 @@ def gpulab_handlers() -> list[tuple[str, type]]:
     ]
 
 
+#: The names ``c.JupyterHub.spawner_class`` may give GPUKubeSpawner (entry point, import string).
+KUBE_SPAWNER_NAMES = ("gpu-kube", "spawner.kube.GPUKubeSpawner")
+
+
+class SpawnerConfigError(SystemExit):
+    """The hub config contradicts the spawner; the hub refuses to start with what to change."""
+
+
+def check_spawner_config(c: Any) -> None:
+    """Refuse to start a GPUKubeSpawner hub whose config replaces the catalog's profile list
+    (Zero to JupyterHub's ``singleuser.profileList``); an empty one is fine, the spawner
+    treats it as unset."""
+    if str(c.JupyterHub.get("spawner_class", "")) not in KUBE_SPAWNER_NAMES:
+        return
+    from spawner.kube.conventions import profile_list_conflict
+
+    for section in ("KubeSpawner", "GPUKubeSpawner"):
+        if section in c and "profile_list" in c[section]:
+            conflict = profile_list_conflict(c[section]["profile_list"])
+            if conflict:
+                raise SpawnerConfigError(f"gpulab: refusing to start: {conflict}")
+
+
 def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:
     """Everything a hub needs for gpulab: handlers, runtime hook, metrics, jobs, scopes, roles, templates."""
+    check_spawner_config(c)
     c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + gpulab_handlers()
     # Stored catalog + usage history + the culler's notices (docs/admin.md), at runtime creation.
     hooks = list(c.GPULab.get("runtime_hooks", []))

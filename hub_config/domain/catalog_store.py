@@ -9,7 +9,7 @@ since. GitOps users who want the file to stay the single source set
 refuses edits. ``reseed_from_file = True`` replaces the stored catalog with the
 file's once (audited), then carries on as ``database``.
 
-Every stored version goes through :func:`spawner.catalog.catalog_from_dict`,
+Every stored version goes through :func:`spawner.core.catalog.catalog_from_dict`,
 the same validation as the config file.
 """
 
@@ -27,8 +27,8 @@ from traitlets import Bool, CaselessStrEnum
 from traitlets.config import Configurable
 
 from hub_config.storage.db import Base, iso, utcnow
-from spawner.catalog import Catalog, catalog_from_dict
-from spawner.catalog_write import catalog_to_dict
+from spawner.core.catalog import Catalog, catalog_from_dict
+from spawner.core.catalog.write import catalog_to_dict
 
 log = logging.getLogger("gpulab.catalog_store")
 

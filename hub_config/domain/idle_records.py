@@ -21,7 +21,7 @@ from traitlets.config import Configurable
 
 from hub_config.domain.usage_records import freed_until, next_gpu_holds
 from hub_config.storage.db import Base, GPULabDB, iso, session_factory, to_epoch, utcnow
-from spawner.idle import KeepalivePolicy, gpu_hours_freed
+from spawner.core.idle import KeepalivePolicy, gpu_hours_freed
 
 #: The culler's service name in the hub's configuration.
 CULLER_SERVICE = "gpulab-idle-culler"

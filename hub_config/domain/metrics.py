@@ -30,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from hub_config.domain.usage import period_report, reclaim_figures
 from hub_config.storage.db import utcnow
-from spawner.config import get_runtime
+from spawner.runtime import get_runtime
 
 log = logging.getLogger("gpulab.metrics")
 

@@ -29,8 +29,8 @@ from hub_config.domain.usage_records import (
 )
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, iso, to_epoch, utcnow
-from spawner.catalog import Catalog
-from spawner.idle import gpu_hours_freed
+from spawner.core.catalog import Catalog
+from spawner.core.idle import gpu_hours_freed
 
 log = logging.getLogger("gpulab.usage")
 

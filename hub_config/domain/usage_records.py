@@ -27,8 +27,8 @@ from traitlets import TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from hub_config.storage.db import Base, utcnow
-from spawner.config import GPULabRuntime
-from spawner.ledger import Workload
+from spawner.core.ledger import Workload
+from spawner.runtime import GPULabRuntime
 
 log = logging.getLogger("gpulab.usage")
 

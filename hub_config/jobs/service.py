@@ -7,7 +7,7 @@ a backend (:mod:`.local` or :mod:`.kube`), which reports state changes back
 through :meth:`JobService.transition`.
 
 Quota: a job is admitted at submission by :meth:`Ledger.reserve
-<spawner.ledger.Ledger.reserve>` -- the same ledger, the same rules as a
+<spawner.core.ledger.Ledger.reserve>` -- the same ledger, the same rules as a
 notebook spawn (``batch`` may burst above the guarantee as preemptible work,
 ``training`` never goes over quota) -- and holds its share until it reaches a
 final state. A refusal says why and stores nothing.
@@ -30,13 +30,14 @@ from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
-from spawner import home_files, jobspec
-from spawner.accounts import AccountError, AccountRefused, UserAccounts, lookup
-from spawner.config import GPULabRuntime, get_runtime
-from spawner.jobspec import FINAL_STATES, JobSpecError
-from spawner.ledger import RESERVED, RUNNING, Workload
-from spawner.mediator_client import MediatorBusy, MediatorError, MediatorTimeout
-from spawner.policy import PolicyError, resolve_request
+from spawner.core import jobspec
+from spawner.core.jobspec import FINAL_STATES, JobSpecError
+from spawner.core.ledger import RESERVED, RUNNING, Workload
+from spawner.core.policy import PolicyError, resolve_request
+from spawner.local import home_files
+from spawner.local.accounts import AccountError, AccountRefused, UserAccounts, lookup
+from spawner.local.mediator_client import MediatorBusy, MediatorError, MediatorTimeout
+from spawner.runtime import GPULabRuntime, get_runtime
 
 #: Keys a submission may carry; anything else is refused (never silently ignored).
 SUBMIT_KEYS = frozenset(
@@ -186,7 +187,7 @@ class JobService:
         mediator reads as the owner, with its deadline. Otherwise the hub reads
         itself. Either way no symlink is followed below the home, only a regular
         file is read, without blocking, and never more than ``limit`` bytes or a
-        file larger than ``max_size`` (:func:`spawner.home_files.read_beneath`).
+        file larger than ``max_size`` (:func:`spawner.local.home_files.read_beneath`).
         Raises :class:`JobSpecError` (a sentence) when the owner's mediator fails.
         """
         if not self.owner_accounts:

@@ -9,7 +9,7 @@ from pathlib import Path
 from traitlets import Bool, Float, Int, List, Type, Unicode, default
 from traitlets.config import Configurable
 
-from spawner.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
+from spawner.core.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
 
 
 class GPULabJobs(Configurable):
@@ -143,6 +143,17 @@ class GPULabJobs(Configurable):
     )
     kube_service_account = Unicode(
         "", config=True, help="Service account of the job pods (empty: the namespace default)."
+    )
+    kube_scheduler_name = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="""`schedulerName` of the job pods of whole-GPU, time-sliced and MIG profiles
+        (HAMi and KAI profiles always go to their own scheduler). Default: the spawner's
+        `c.KubeSpawner.scheduler_name` -- with Zero to JupyterHub, its user-scheduler --
+        so one scheduler binds the notebooks and jobs of a GPU pool: two schedulers would
+        both bind the last free GPU of a node and its kubelet would reject one of the pods.
+        Empty: the cluster's default scheduler.""",
     )
     kueue_enabled = Bool(
         False,

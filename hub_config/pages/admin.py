@@ -22,9 +22,9 @@ from hub_config.domain.idle_records import idle_admin_view
 from hub_config.domain.usage import current_report, period_report
 from hub_config.domain.usage_records import GPULabUsage
 from hub_config.pages import whatif as whatif_page
-from spawner.config import get_runtime
-from spawner.priority import BY_SHORT_NAME
-from spawner.units import format_gpus
+from spawner.core.priority import BY_SHORT_NAME
+from spawner.core.units import format_gpus
+from spawner.runtime import get_runtime
 
 PERIODS = [("24h", "24 hours"), ("7d", "7 days"), ("30d", "30 days"), ("90d", "90 days")]
 #: Colour per team in charts (Okabe-Ito, colour-blind safe; minus the two quota colours).

@@ -15,10 +15,10 @@ from functools import cached_property
 from typing import Any
 
 from hub_config.config.scopes import ADMIN
-from spawner.config import get_runtime
-from spawner.local import workload_key
-from spawner.policy import PolicyError, resolve_request
-from spawner.units import format_gpus
+from spawner.core.ledger import notebook_key
+from spawner.core.policy import PolicyError, resolve_request
+from spawner.core.units import format_gpus
+from spawner.runtime import get_runtime
 
 
 def _groups(user: Any) -> list[str]:
@@ -27,7 +27,7 @@ def _groups(user: Any) -> list[str]:
 
 def held_words(runtime, user_name: str, server_name: str) -> str:
     """ "0.5 × H100 on GPU 0 (H100-80GB) · team vision · in quota" for a server, or ''."""
-    key = workload_key(user_name, server_name)
+    key = notebook_key(user_name, server_name)
     w = runtime.ledger.get(key)
     if w is None:
         return ""

@@ -13,8 +13,8 @@ from tornado import web
 
 from hub_config.api.whatif import MAX_DAYS, catalog_sizes, offer_rules
 from hub_config.config.scopes import ADMIN
-from spawner.config import get_runtime
-from spawner.units import format_duration, format_gpus
+from spawner.core.units import format_duration, format_gpus
+from spawner.runtime import get_runtime
 
 
 class WhatIfPageHandler(BaseHandler):

@@ -7,7 +7,7 @@ import { IIdleState, IJob, IJobRequest, ITeamView, JobClass, JobState } from './
 
 const MILLI_PER_GPU = 1000;
 
-/** `500` -> `"0.5"`, `7500` -> `"7.5"`, `2000` -> `"2"` (as spawner/units.py format_gpus). */
+/** `500` -> `"0.5"`, `7500` -> `"7.5"`, `2000` -> `"2"` (as spawner/core/units.py format_gpus). */
 export function formatGPUs(milli: number): string {
   const whole = Math.floor(milli / MILLI_PER_GPU);
   const frac = milli % MILLI_PER_GPU;

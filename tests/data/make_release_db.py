@@ -5,7 +5,7 @@ Run with that release's source first on the path, e.g. for 0.1.0::
     git archive 525675b spawner hub_config | tar -x -C /tmp/rel
     PYTHONPATH=/tmp/rel python tests/data/make_release_db.py > tests/data/gpulab-0.1.0.sql
 
-The upgrade test (tests/test_db_migrations.py) loads the dump and upgrades it.
+The upgrade test (tests/unit/test_db_migrations.py) loads the dump and upgrades it.
 """
 
 import importlib

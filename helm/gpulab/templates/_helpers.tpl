@@ -1,5 +1,5 @@
 {{/*
-Shared helpers. GPU amounts are handled the way spawner/units.py does it:
+Shared helpers. GPU amounts are handled the way spawner/core/units.py does it:
 as integer milli-GPUs, never as floats, and quota units are rounded UP, so
 the cluster never refuses a pod that gpulab's exact ledger admitted.
 */}}
@@ -53,7 +53,7 @@ burst: {{ $b }}
 {{/*
 The GPU resources the catalog's profiles make pods request, as YAML
 {resource: {per: units per GPU}} or {resource: {share: milli-GPUs per unit}}.
-It follows spawner/sharing.py (the spawner's mapping), profile by profile:
+It follows spawner/core/sharing.py (the spawner's mapping), profile by profile:
   1 GPU or more, any backend   whole resource (whole.resource, hami.resource,
                                else <backend>.whole_resource; nvidia.com/gpu)  per 1
   fraction, timeslice          timeslice.resource (nvidia.com/gpu.shared)     per replicas (4)
@@ -66,6 +66,28 @@ HAMi's GPU-count resource is never quota'd: every fractional HAMi pod asks
 for one of it, so no number of GPUs bounds it.
 */}}
 {{- define "gpulab.gpuResources" -}}
+{{- $r := include "gpulab.gpuResourcesAndUncounted" . | fromYaml -}}
+{{- $out := $r.counted | default dict -}}
+{{- range $res, $_ := ($r.uncounted | default dict) -}}{{- $_ := unset $out $res -}}{{- end -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{/*
+The resources a team's Kueue ClusterQueue covers: gpulab.gpuResources, plus
+HAMi's GPU-count resource. Kueue admits a workload only if its ClusterQueue
+covers every resource it requests ("resource nvidia.com/gpu unavailable in
+ClusterQueue", pkg/scheduler/flavorassigner), and every HAMi pod requests it.
+Counted per 100 per GPU: a HAMi pod takes at least 1 % of a GPU's memory, so
+the memory percentage, not this count, is what bounds a team.
+*/}}
+{{- define "gpulab.kueueGpuResources" -}}
+{{- $r := include "gpulab.gpuResourcesAndUncounted" . | fromYaml -}}
+{{- $out := $r.counted | default dict -}}
+{{- range $res, $_ := ($r.uncounted | default dict) -}}{{- $_ := set $out $res (dict "per" 100) -}}{{- end -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{- define "gpulab.gpuResourcesAndUncounted" -}}
 {{- $v := .Values -}}
 {{- $sh := $v.gpulab.sharing | default dict -}}
 {{- $default := $sh.backend | default "whole" -}}
@@ -113,8 +135,7 @@ for one of it, so no number of GPUs bounds it.
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- range $res, $_ := $noQuota -}}{{- $_ := unset $out $res -}}{{- end -}}
-{{- toYaml $out -}}
+{{- toYaml (dict "counted" $out "uncounted" $noQuota) -}}
 {{- end }}
 
 {{/*

@@ -1,8 +1,8 @@
 """The Kubernetes job backend: one ``batch/v1`` Job per submission.
 
-The Job (built by :func:`spawner.jobspec.kube_job_manifest`) runs papermill in
+The Job (built by :func:`spawner.core.jobspec.kube_job_manifest`) runs papermill in
 the user's image, in the team's namespace, with the profile's GPU mapping from
-:mod:`spawner.sharing` (the code GPUKubeSpawner uses), the priority class of
+:mod:`spawner.core.sharing` (the code GPUKubeSpawner uses), the priority class of
 the job class (demoted to ``gpulab-over-quota`` above the guarantee), the
 ledger's labels, ``activeDeadlineSeconds`` from the time limit,
 ``ttlSecondsAfterFinished``, and a ``podFailurePolicy`` that fails the Job
@@ -26,11 +26,11 @@ from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, config_value, log
 from hub_config.jobs.models import JobRecord
-from spawner import jobspec
-from spawner.kube_conventions import expand_user_template
-from spawner.labels import workload_annotations, workload_labels
-from spawner.ledger import Workload
-from spawner.sharing import SharingError, pod_gpu_spec
+from spawner.core import jobspec
+from spawner.core.labels import workload_annotations, workload_labels
+from spawner.core.ledger import Workload
+from spawner.core.sharing import SharingError, pod_gpu_spec
+from spawner.kube.conventions import expand_user_template
 
 #: Seconds a job may go without its Job object after creation before it is failed
 #: (a list can race a create on a real API server).
@@ -98,6 +98,13 @@ class KubeJobBackend(JobBackend):
                 return value
         return None
 
+    def scheduler_name(self) -> str | None:
+        """The scheduler of the user's servers, unless the jobs' own setting says otherwise."""
+        name = self.settings.kube_scheduler_name
+        if name is None:
+            name = self._spawner_config("scheduler_name")
+        return str(name) if name else None
+
     def home_claim(self, user: str) -> str:
         """The user's home claim: the name KubeSpawner gave it (its ``pvc_name_template``,
         safe slugs), in the team's namespace, where GPUKubeSpawner creates it too."""
@@ -153,6 +160,7 @@ class KubeJobBackend(JobBackend):
             backoff_limit=s.kube_backoff_limit,
             kueue_queue=s.kueue_queue_template.format(team=rec.team) if s.kueue_enabled else None,
             service_account=s.kube_service_account or None,
+            scheduler_name=self.scheduler_name(),
             cpu_guarantee=profile.cpu_guarantee if profile else None,
             cpu_limit=profile.cpu_limit if profile else None,
             mem_guarantee=profile.mem_guarantee if profile else None,

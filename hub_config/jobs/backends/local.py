@@ -1,6 +1,6 @@
 """The single-server job backend: papermill processes on this machine's GPUs.
 
-- Placement goes through the runtime's :class:`~spawner.packer.DevicePacker`
+- Placement goes through the runtime's :class:`~spawner.core.packer.DevicePacker`
   -- the one the notebook spawner uses -- so jobs and notebooks never share
   more of a GPU than it has.
 - The queue is ordered by priority (training before batch), then age. A job
@@ -11,7 +11,7 @@
 - Time limits: a job running longer than its limit is stopped and ``timed-out``.
 - Limits: each runner starts in a cgroup of its own with its profile's and team's
   memory, CPU and process limits, only its placed GPU device nodes and a private
-  /tmp (:mod:`spawner.confinement`), and one user runs at most
+  /tmp (:mod:`spawner.local.confinement`), and one user runs at most
   ``max_running_jobs_per_user`` jobs (or her team's ``limits.running_jobs``) at
   once, CPU-only ones included; the rest wait, queued, with the reason.
 - Users: when servers run as the users' own system accounts (``c.UserAccounts``),
@@ -20,13 +20,13 @@
   owner's home, so everything there is the owner's, no other user can list or
   read it, and the hub never writes into a home. The hub reads the log, the
   output and the exit status as the owner, through the mediator
-  (:mod:`spawner.mediator`: as root switched to the account, or over sudo). A hub
+  (:mod:`spawner.local.mediator`: as root switched to the account, or over sudo). A hub
   that is not root also starts and signals the runner through the mediator.
 - Nothing a user can stop holds up another user: every start, signal and
   exit-status read that runs the mediator is a task of its own job, awaited
   with the mediator's deadline, never inside the loop's tick.
 - A runner is known by its pid, its account's uid and its start time
-  (:mod:`spawner.processes`), recorded at start: a pid that now names another
+  (:mod:`spawner.local.processes`), recorded at start: a pid that now names another
   process is neither counted alive nor signalled.
 - Hub restarts: runners live in their own session and outlive the hub; on start
   each job is recovered on its own: a ``running`` job whose runner still lives
@@ -51,19 +51,20 @@ from typing import Any
 from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, database_file, storage_failure, utcnow
-from spawner import home_files, jobspec
-from spawner.accounts import Account, AccountError, lookup
-from spawner.cgroups import CgroupError
-from spawner.confinement import Confinement, Confiner, UserLimits, get_confiner
-from spawner.devices import placed_minors
-from spawner.env import gpu_env
-from spawner.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
-from spawner.local import ensure_packer
-from spawner.mediator_client import MediatorError
-from spawner.model import Profile
-from spawner.packer import FULL
-from spawner.processes import owner, process_alive, signal_group, start_time
-from spawner.sudo import ROOT, SUDO
+from spawner.core import jobspec
+from spawner.core.env import gpu_env
+from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
+from spawner.core.model import Profile
+from spawner.core.packer import FULL
+from spawner.local import home_files
+from spawner.local.accounts import Account, AccountError, lookup
+from spawner.local.cgroups import CgroupError
+from spawner.local.confinement import Confinement, Confiner, UserLimits, get_confiner
+from spawner.local.devices import placed_minors
+from spawner.local.mediator_client import MediatorError
+from spawner.local.processes import owner, process_alive, signal_group, start_time
+from spawner.local.spawner import ensure_packer
+from spawner.local.sudo import ROOT, SUDO
 
 RUNNER_MODULE = "hub_config.jobs.runner"
 #: Largest exit-status file read (the runner writes a few hundred bytes).

@@ -1,0 +1,99 @@
+"""One cull cycle's decisions, made without I/O: what to do with each GPU server.
+
+:func:`plan_cycle` takes what the cycle read (the GPU servers, their utilisation, the
+hub's warnings and keep-alives, each server's idle timeout) and returns a
+:class:`CyclePlan`: the warnings of servers no longer running, and per server its
+verdict (:func:`spawner.core.idle.judge_gpu_idle`) and step
+(:func:`spawner.core.idle.next_step`). ``GPUIdleCuller.cycle`` reads, plans, applies
+(records in the hub, stops servers) and finishes with a :class:`CycleSummary`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spawner.core.idle import IdleVerdict, IdleWarning, Step, judge_gpu_idle, next_step
+
+from .targets import ServerTarget
+
+#: ``(user, server)``
+Who = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class ServerStep:
+    """One GPU server's verdict and step this cycle, and the timeout it was judged by."""
+
+    target: ServerTarget
+    verdict: IdleVerdict
+    step: Step
+    timeout_seconds: int
+    timeout_from: str
+    warning: IdleWarning | None
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    #: Warnings of servers that are no longer running (stopped by their users): cleared.
+    gone: tuple[Who, ...]
+    steps: tuple[ServerStep, ...]
+
+
+def plan_cycle(
+    targets: Sequence[ServerTarget],
+    data: Mapping[str, Sequence[Any]],
+    warnings: Mapping[Who, IdleWarning],
+    keepalives: Mapping[Who, float],
+    timeouts: Mapping[str, tuple[int, str]],
+    running: Iterable[Who],
+    *,
+    now: float,
+    threshold_percent: float,
+    max_gap_seconds: float,
+) -> CyclePlan:
+    """Decide every server of the cycle (pure: the same inputs, the same plan)."""
+    running = set(running)
+    gone = tuple(who for who in warnings if who not in running)
+    steps = []
+    for t in targets:
+        seconds, origin = timeouts[t.key]
+        verdict = judge_gpu_idle(
+            data.get(t.key, ()),
+            now=now,
+            window_seconds=seconds,
+            threshold_percent=threshold_percent,
+            max_gap_seconds=max_gap_seconds,
+            expected_devices=t.expected_devices,
+            started_at=t.started_at,
+        )
+        warning = warnings.get((t.user, t.server))
+        step = next_step(verdict, warning, keepalives.get((t.user, t.server)), now, t.started)
+        steps.append(ServerStep(t, verdict, step, seconds, origin, warning))
+    return CyclePlan(gone, tuple(steps))
+
+
+@dataclass
+class CycleSummary:
+    """What one cycle did, for the log line, the tests and the benchmark (``to_json``)."""
+
+    servers: int = 0
+    gpu_servers: int = 0
+    non_gpu: int = 0
+    warned: list[str] = field(default_factory=list)
+    cleared: list[str] = field(default_factory=list)
+    reclaimed: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    #: Verdict status per server key.
+    verdicts: dict[str, str] = field(default_factory=dict)
+    #: Why the cycle decided nothing (the hub or the source could not answer).
+    source_error: str | None = None
+    source_wait_seconds: float | None = None
+    queries: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,431 @@
+"""The GPU cull decision: plain data in, a verdict out (no I/O, no clocks).
+
+A server is *GPU-idle* only when we can prove it from **its own session**:
+the server started at least one idle timeout ago, and every sample of every
+GPU it holds over ``[now - timeout, now]`` is at or below the threshold, with
+samples covering the window. A hole of up to ``max_gap_seconds`` between two
+samples (one or two missed scrapes) is *unknown*: it neither proves idleness
+nor restarts the idle clock. Anything less -- no series, a missing device, a
+stale series, a longer hole, a NaN, a server younger than its timeout --
+means "not idle". The culler never guesses.
+
+Sources hand the decision either raw samples (:class:`DeviceSeries`: NVML,
+dcgm-exporter scraped directly) or a per-device summary computed elsewhere
+(:class:`DeviceSummary`: Prometheus aggregates the window itself and answers
+a few numbers per GPU). Both are judged by the same rules.
+
+Also here: which idle timeout applies (profile vs team), the
+warn -> grace -> reclaim state machine (warnings belong to one server
+session), the "keep my GPU" policy, and the two GPU-hour figures a reclaim
+is reported with. The culler service, the hub API and the benchmarks all
+call these functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from itertools import pairwise
+from typing import Any
+
+from .model import Profile, Team
+from .units import format_duration
+
+#: Verdict statuses. Only ``IDLE`` allows a warning or a reclaim.
+IDLE = "idle"
+BUSY = "busy"
+MISSING = "missing"  # no series at all for this server
+PARTIAL = "partial"  # some of its devices have no series, or a series has holes / bad values
+STALE = "stale"  # the newest sample is too old
+SHORT = "short"  # the samples (or the server's session) do not reach back to the start of the window
+STATUSES = (IDLE, BUSY, MISSING, PARTIAL, STALE, SHORT)
+
+
+@dataclass(frozen=True)
+class DeviceSeries:
+    """Utilisation samples of one GPU (or MIG instance) held by one server.
+
+    ``device`` identifies the device (``"node-1/gpu3"``, ``"node-1/gpu3/mig1"``),
+    ``samples`` are ``(unix_seconds, percent 0..100)`` pairs in any order.
+    """
+
+    device: str
+    samples: tuple[tuple[float, float], ...]
+    metric: str = ""
+    #: Extra identifying labels kept for the audit evidence (UUID, MIG profile...).
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    """What the decision needs to know about one device's samples over one window.
+
+    ``lead``: seconds from the window start to the first sample; ``tail``: age
+    of the newest sample; ``max_gap``: the widest hole between two samples
+    (``inf`` when unknown but known to be too wide). ``finite``: no NaN/inf
+    sample. ``peak``/``mean`` in percent. ``samples == 0`` means none in the window.
+    """
+
+    device: str
+    samples: int
+    peak: float
+    mean: float
+    lead: float
+    tail: float
+    max_gap: float
+    finite: bool = True
+    metric: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def summarize(series: DeviceSeries, *, start: float, now: float) -> DeviceSummary:
+    """Summarise raw samples over ``[start, now]`` (samples outside are ignored)."""
+    in_window = sorted((t, v) for t, v in series.samples if start <= t <= now)
+    if not in_window:
+        return DeviceSummary(
+            series.device, 0, 0.0, 0.0, math.inf, math.inf, math.inf, True, series.metric, series.labels
+        )
+    values = [v for _, v in in_window]
+    finite = all(math.isfinite(v) for v in values)
+    stamps = [t for t, _ in in_window]
+    gap = max((b - a for a, b in pairwise(stamps)), default=0.0)
+    peak = max(values) if finite else math.nan
+    mean = sum(values) / len(values) if finite else math.nan
+    return DeviceSummary(
+        series.device,
+        len(values),
+        peak,
+        mean,
+        stamps[0] - start,
+        now - stamps[-1],
+        gap,
+        finite,
+        series.metric,
+        series.labels,
+    )
+
+
+@dataclass(frozen=True)
+class IdleVerdict:
+    idle: bool
+    status: str
+    reason: str
+    evidence: dict[str, Any]
+
+    @property
+    def missing_data(self) -> bool:
+        """True when the verdict is "not idle" only because data was missing or unusable."""
+        return self.status in (MISSING, PARTIAL, STALE, SHORT)
+
+
+def judge_gpu_idle(
+    series: Sequence[DeviceSeries | DeviceSummary],
+    *,
+    now: float,
+    window_seconds: float,
+    threshold_percent: float,
+    max_gap_seconds: float,
+    expected_devices: Iterable[str] | int | None = None,
+    started_at: float | None = None,
+) -> IdleVerdict:
+    """Is this server's GPU idle over ``[now - window_seconds, now]``?
+
+    ``expected_devices``: the device ids the server holds (a set) or how many
+    devices it holds (an int); a server with fewer series than that is
+    ``partial``. ``started_at``: when the server (or kernel) started; samples
+    from before it belong to someone else's session, so a server younger than
+    the window is ``short`` whatever its GPU did before. Samples in the
+    future (clock skew) are ignored.
+    """
+    start = now - window_seconds
+    evidence: dict[str, Any] = {
+        "window_seconds": window_seconds,
+        "window_start": start,
+        "threshold_percent": threshold_percent,
+        "max_gap_seconds": max_gap_seconds,
+        "devices": {},
+    }
+    if started_at is not None:
+        evidence["session_started_at"] = started_at
+        if started_at > start:
+            return IdleVerdict(
+                False,
+                SHORT,
+                f"server started {_secs(now - started_at)} ago; its idle timeout is "
+                f"{_secs(window_seconds)}, so only its own samples count",
+                evidence,
+            )
+    if not series:
+        return IdleVerdict(False, MISSING, "no GPU utilisation samples for this server", evidence)
+
+    # Several metrics may describe one device; group them, every one must be idle.
+    problems: list[tuple[str, str]] = []
+    busy: list[str] = []
+    seen: set[str] = set()
+    for s in series:
+        if isinstance(s, DeviceSeries):
+            s = summarize(s, start=start, now=now)
+        seen.add(s.device)
+        info: dict[str, Any] = {"metric": s.metric, "samples": s.samples}
+        if s.labels:
+            info["labels"] = dict(s.labels)
+        evidence["devices"].setdefault(s.device, []).append(info)
+        if s.samples == 0:
+            problems.append((STALE, f"{s.device}: no sample in the last {_secs(window_seconds)}"))
+            continue
+        if not s.finite:
+            problems.append((PARTIAL, f"{s.device}: non-numeric sample"))
+            continue
+        # None, not NaN, for what the source did not measure: the evidence is strict JSON.
+        info.update(max=s.peak, mean=_round(s.mean), max_gap_seconds=_round(s.max_gap))
+        if s.peak > threshold_percent:
+            busy.append(f"{s.device} peaked at {s.peak:g}% (threshold {threshold_percent:g}%)")
+            continue
+        if s.tail > max_gap_seconds:
+            problems.append((STALE, f"{s.device}: newest sample is {_secs(s.tail)} old"))
+            continue
+        if s.lead > max_gap_seconds:
+            problems.append(
+                (
+                    SHORT,
+                    f"{s.device}: samples start only {_secs(window_seconds - s.lead)} ago, "
+                    f"window is {_secs(window_seconds)}",
+                )
+            )
+            continue
+        if s.max_gap > max_gap_seconds:
+            wide = f"a {_secs(s.max_gap)}" if math.isfinite(s.max_gap) else "a long"
+            problems.append(
+                (
+                    PARTIAL,
+                    f"{s.device}: {wide} hole in the samples (at most {_secs(max_gap_seconds)} counts as unknown)",
+                )
+            )
+            continue
+
+    if busy:
+        return IdleVerdict(False, BUSY, "GPU in use: " + "; ".join(busy), evidence)
+    if expected_devices is not None:
+        if isinstance(expected_devices, int):
+            if len(seen) < expected_devices:
+                problems.append((PARTIAL, f"samples for {len(seen)} of {expected_devices} GPU(s)"))
+        else:
+            absent = sorted(set(expected_devices) - seen)
+            if absent:
+                problems.append((PARTIAL, "no samples for " + ", ".join(absent)))
+    if problems:
+        status = problems[0][0]
+        return IdleVerdict(False, status, "not enough data: " + "; ".join(p for _, p in problems), evidence)
+    return IdleVerdict(
+        True,
+        IDLE,
+        f"every sample of {len(seen)} GPU(s) at or below {threshold_percent:g}% for {_secs(window_seconds)}",
+        evidence,
+    )
+
+
+def _round(x: float) -> float | None:
+    return round(x, 3) if math.isfinite(x) else None
+
+
+def _secs(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "unbounded"
+    seconds = int(round(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m{seconds % 60:02d}s" if seconds % 60 else f"{seconds // 60}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def max_gap_for(scrape_interval: float, missed_scrapes: int) -> float:
+    """The widest hole that still counts as *unknown*: ``missed_scrapes`` missing samples
+    in a row, plus half an interval of scrape jitter."""
+    return (missed_scrapes + 1.5) * scrape_interval
+
+
+# -- timeouts ---------------------------------------------------------------
+
+
+def idle_timeout_for(profile: Profile | None, team: Team | None, default_seconds: int) -> tuple[int, str]:
+    """The idle timeout for a server and where it came from.
+
+    When both the profile and the team set one, the **shorter wins**: the
+    profile's timeout reflects what the hardware costs (a 4-GPU session gets
+    30 minutes), the team's reflects the team's own policy; neither can
+    loosen the other. Otherwise whichever is set, else ``default_seconds``.
+    """
+    return idle_timeout_of(
+        (profile.slug, profile.idle_timeout_seconds) if profile is not None else None,
+        (team.name, team.idle_timeout_seconds) if team is not None else None,
+        default_seconds,
+    )
+
+
+def idle_timeout_of(
+    profile: tuple[str, int | None] | None, team: tuple[str, int | None] | None, default_seconds: int
+) -> tuple[int, str]:
+    """:func:`idle_timeout_for` from ``(name, timeout seconds or None)`` pairs, as the culler
+    reads them from the hub's idle state (it has no catalog objects)."""
+    from_profile = (profile[1], f"profile {profile[0]}") if profile is not None and profile[1] is not None else None
+    from_team = (team[1], f"team {team[0]}") if team is not None and team[1] is not None else None
+    if from_profile is not None and from_team is not None:
+        return from_team if from_team[0] < from_profile[0] else from_profile
+    return from_profile or from_team or (default_seconds, "default")
+
+
+def idle_policy_text(profile: Profile, team: Team | None, culler_on: bool | None) -> str:
+    """What the spawn page says about a profile's GPU idle timeout.
+
+    ``culler_on``: whether this hub runs the GPU idle culler (``None``:
+    unknown, e.g. it runs outside the hub). A timeout that nothing enforces
+    is named as such, never promised.
+    """
+    if not profile.is_gpu:
+        return ""
+    p = profile.idle_timeout_seconds
+    t = team.idle_timeout_seconds if team is not None else None
+    if p is None and t is None:
+        text = "GPU idle timeout: the culler's default"
+    else:
+        seconds, _ = idle_timeout_for(profile, team, 0)
+        text = f"GPU freed after {format_duration(seconds)} idle"
+    if culler_on is False:
+        text += " (not enforced: the GPU idle culler is off on this hub)"
+    return text
+
+
+# -- warn -> grace -> reclaim ---------------------------------------------
+
+
+class Step(str, Enum):
+    NOTHING = "nothing"  # not idle, no warning: leave it
+    WARN = "warn"  # idle, no warning yet: record one, reclaim after the grace period
+    WAIT = "wait"  # warned, still idle, grace not over (or already on hold)
+    HOLD = "hold"  # warned, but the data is missing now: neither reclaim nor clear; put the warning on hold
+    REWARN = "rewarn"  # warned, held through missing data, provably idle again: a new reclaim time, a fresh grace
+    CLEAR = "clear"  # warned, but busy again (or kept alive): drop the warning
+    VOID = "void"  # the warning belongs to an earlier session of this server (it restarted): drop it
+    RECLAIM = "reclaim"  # warned, grace over, still provably idle
+
+
+@dataclass(frozen=True)
+class IdleWarning:
+    warned_at: float
+    reclaim_at: float
+    #: The server session the warning belongs to (its start time, as the hub reports it).
+    session: str = ""
+    #: Data went missing after the warning: the reclaim waits for data, then a fresh grace.
+    held: bool = False
+
+
+def next_step(
+    verdict: IdleVerdict, warning: IdleWarning | None, keepalive_until: float | None, now: float, session: str = ""
+) -> Step:
+    """What to do with one server this cycle.
+
+    ``session`` identifies the running server session (its start time); a
+    warning recorded for another session is void, so a restarted server gets
+    its full timeout and grace.
+    """
+    if warning is not None and warning.session != session:
+        return Step.VOID
+    if keepalive_until is not None and now < keepalive_until:
+        return Step.CLEAR if warning is not None else Step.NOTHING
+    if warning is None:
+        return Step.WARN if verdict.idle else Step.NOTHING
+    if verdict.idle:
+        if warning.held:
+            return Step.REWARN
+        return Step.RECLAIM if reclaim_refusal(warning, keepalive_until, session, now) is None else Step.WAIT
+    if verdict.status == BUSY:
+        return Step.CLEAR
+    return Step.WAIT if warning.held else Step.HOLD
+
+
+def reclaim_refusal(
+    warning: IdleWarning | None, keepalive_until: float | None, session: str, now: float, who: str = "the server"
+) -> str | None:
+    """Why an idle server may not be reclaimed now, or ``None`` when it may.
+
+    The one rule for both processes: the culler's :func:`next_step` reclaims only when
+    this allows it, and the hub applies it again, to its own records, when the culler
+    claims the reclaim (a "keep my GPU" pressed since the culler read the state wins).
+    No warning (cleared or kept alive), a warning of an earlier session (the server
+    restarted), a warning on hold (data went missing), a grace period not yet over and a
+    keep-alive still running each refuse it.
+    """
+    if warning is None:
+        return f"no idle warning for {who} (cleared or kept alive); not reclaiming"
+    if warning.session != session:
+        return f"the warning of {who} belongs to an earlier session; not reclaiming"
+    if warning.held:
+        return f"the warning of {who} is held until its data returns"
+    if now < warning.reclaim_at:
+        return f"the grace period of {who} ends at {utc_iso(warning.reclaim_at)}"
+    if keepalive_until is not None and now < keepalive_until:
+        return f"{who} is kept alive until {utc_iso(keepalive_until)}"
+    return None
+
+
+def utc_iso(ts: float) -> str:
+    """Epoch seconds as ISO 8601 UTC to the second, with a ``Z`` (as the hub writes times)."""
+    return datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
+
+
+# -- keep my GPU ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeepalivePolicy:
+    #: How many times a user may press "keep my GPU" per server session.
+    max_uses: int = 2
+    #: How long each press protects the server from the culler.
+    extends_seconds: int = 3600
+
+
+class KeepaliveRefused(Exception):
+    """The policy maximum is used up; the message says so."""
+
+
+def grant_keepalive(policy: KeepalivePolicy, used: int, until: float | None, now: float) -> tuple[int, float]:
+    """One more "keep my GPU": the new ``(used, until)`` or :class:`KeepaliveRefused`.
+
+    The protection runs ``extends_seconds`` from now (presses do not stack:
+    a press never shortens a running protection, and never reaches further
+    than one extension ahead).
+    """
+    if used >= policy.max_uses:
+        raise KeepaliveRefused(
+            f"'keep my GPU' already used {used} of {policy.max_uses} time(s) for this server; "
+            "the GPU will be reclaimed if it stays idle"
+        )
+    return used + 1, max(until or 0.0, now + policy.extends_seconds)
+
+
+# -- accounting -------------------------------------------------------------
+
+
+def idle_gpu_hours_observed(gpu_milli: int, idle_since: float, reclaimed_at: float) -> float:
+    """Idle GPU-hours observed before a reclaim: the GPUs held times how long they were proven idle.
+
+    ``idle_since`` is the start of the idle window that justified the warning
+    (the warning time minus the idle timeout); the count ends at the reclaim.
+    It measures waste that already happened, not capacity given back.
+    """
+    if gpu_milli <= 0 or reclaimed_at <= idle_since:
+        return 0.0
+    return round(gpu_milli / 1000 * (reclaimed_at - idle_since) / 3600, 6)
+
+
+def gpu_hours_freed(gpu_milli: int, reclaimed_at: float, next_held_at: float | None, now: float) -> float:
+    """GPU-hours a reclaim freed: the GPUs it took back, from the reclaim until the user
+    next holds a GPU again (``next_held_at``), or until ``now`` while they hold none."""
+    end = now if next_held_at is None else min(next_held_at, now)
+    if gpu_milli <= 0 or end <= reclaimed_at:
+        return 0.0
+    return round(gpu_milli / 1000 * (end - reclaimed_at) / 3600, 6)

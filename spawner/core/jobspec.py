@@ -1,0 +1,436 @@
+"""Notebook jobs, the pure part: classes, validation, output names, the Kubernetes Job.
+
+The hub's jobs API and both job backends (single-server processes and
+Kubernetes ``batch/v1`` Jobs) call these functions; none of them does I/O.
+
+- a job class maps to a priority class (``batch`` -> BATCH, which may burst
+  above the team guarantee as preemptible work; ``training`` -> TRAINING,
+  never admitted over quota);
+- notebook paths, names and papermill parameters are validated here, so a
+  request is refused the same way whichever backend would run it;
+- :func:`kube_job_manifest` builds the Job a submission becomes on
+  Kubernetes, and :func:`kube_job_state` reads a Job's status back into
+  gpulab's job states.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from .gpu_pools import and_node_affinity
+from .labels import KUEUE_QUEUE_NAME
+from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
+from .sharing import NO_GPU_ENV
+
+# -- classes and states -------------------------------------------------------
+
+JOB_CLASSES: dict[str, PriorityClass] = {"batch": BATCH, "training": TRAINING}
+
+QUEUED = "queued"
+RUNNING = "running"
+PREEMPTED = "preempted"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+TIMED_OUT = "timed-out"
+STATES = (QUEUED, RUNNING, PREEMPTED, SUCCEEDED, FAILED, CANCELLED, TIMED_OUT)
+#: States a job never leaves.
+FINAL_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED, TIMED_OUT})
+#: Which state may follow which; anything else is a bug, refused loudly.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({RUNNING, PREEMPTED, CANCELLED, FAILED, TIMED_OUT}),
+    RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, TIMED_OUT, PREEMPTED}),
+    PREEMPTED: frozenset({QUEUED, RUNNING, CANCELLED, FAILED}),
+}
+
+
+class JobSpecError(ValueError):
+    """A job request is refused; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def priority_for(job_class: str) -> PriorityClass:
+    """``batch`` / ``training`` -> its :class:`PriorityClass`."""
+    try:
+        return JOB_CLASSES[job_class]
+    except (KeyError, TypeError):
+        raise JobSpecError(f"job_class must be one of {', '.join(JOB_CLASSES)}, not {str(job_class)[:40]!r}") from None
+
+
+def may_transition(old: str, new: str) -> bool:
+    return new in TRANSITIONS.get(old, frozenset())
+
+
+def workload_key(job_id: int) -> str:
+    """Ledger key of a job (one per job id, across re-runs and requeues)."""
+    return f"job:{job_id}"
+
+
+# -- validation ---------------------------------------------------------------
+
+MAX_PATH_LEN = 1024
+MAX_NAME_LEN = 63
+_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+def validate_notebook_path(path: Any) -> str:
+    """A notebook path relative to the user's home, normalised; refuses escapes.
+
+    Refused: non-strings, absolute paths, any ``..`` component, NUL and
+    control characters, hidden-name tricks like an empty path, and anything
+    that is not an ``.ipynb``. Symlinks are checked by the caller against the
+    real file system (that is I/O).
+    """
+    if not isinstance(path, str) or not path.strip():
+        raise JobSpecError("notebook must be a path relative to your home directory, e.g. 'experiments/train.ipynb'")
+    if len(path) > MAX_PATH_LEN:
+        raise JobSpecError(f"notebook path is longer than {MAX_PATH_LEN} characters")
+    if path.endswith("/"):
+        raise JobSpecError("notebook path ends with '/': name a .ipynb file, not a folder")
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in path) or "\\" in path:
+        raise JobSpecError("notebook path contains control characters or backslashes")
+    p = PurePosixPath(path)
+    if p.is_absolute() or path.startswith("~"):
+        raise JobSpecError("notebook path must be relative to your home directory, not absolute")
+    if ".." in p.parts:
+        raise JobSpecError("notebook path must not contain '..'")
+    parts = [x for x in p.parts if x != "."]
+    if not parts:
+        raise JobSpecError("notebook path names no file")
+    if not parts[-1].endswith(".ipynb"):
+        raise JobSpecError("notebook must be a .ipynb file")
+    return str(PurePosixPath(*parts))
+
+
+def validate_name(name: Any, notebook: str) -> str:
+    """The job's name (``runs/<name>-<timestamp>.ipynb``); default: the notebook's stem.
+
+    A typed name like ``LR sweep #3`` becomes ``LR-sweep-3``: it names files.
+    """
+    if name is None or name == "":
+        name = PurePosixPath(notebook).stem
+    elif not isinstance(name, str) or len(name) > MAX_NAME_LEN:
+        raise JobSpecError(f"name must be a string of at most {MAX_NAME_LEN} characters")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:MAX_NAME_LEN].strip("-._")
+    if not _NAME_RE.match(slug):
+        raise JobSpecError("name must contain letters or digits")
+    return slug
+
+
+def validate_parameters(parameters: Any, max_bytes: int) -> dict[str, Any]:
+    """Papermill parameters: a JSON object of identifiers to JSON values, at most ``max_bytes``."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise JobSpecError("parameters must be a JSON object of name -> value")
+    size = len(json.dumps(parameters).encode())
+    if size > max_bytes:
+        raise JobSpecError(f"parameters are {size} bytes as JSON; the limit is {max_bytes}", 413)
+    for key in parameters:
+        if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
+            raise JobSpecError(f"parameter name {str(key)[:40]!r} is not a Python identifier")
+    return dict(parameters)
+
+
+def validate_time_limit(value: Any, default: int, maximum: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError("time_limit_seconds must be a whole number of seconds")
+    if value < 1 or value > maximum:
+        raise JobSpecError(f"time_limit_seconds must be between 1 and {maximum}")
+    return value
+
+
+def validate_idempotency_key(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 128 or any(ord(c) < 32 for c in value):
+        raise JobSpecError("idempotency_key must be a string of at most 128 printable characters")
+    return value
+
+
+def output_paths(notebook: str, name: str, stamp: str) -> tuple[str, str]:
+    """``(output notebook, log)`` beside the input: ``<dir>/runs/<name>-<stamp>.ipynb`` and ``.log``."""
+    runs = PurePosixPath(notebook).parent / "runs"
+    base = runs / f"{name}-{stamp}"
+    return str(base) + ".ipynb", str(base) + ".log"
+
+
+# -- Kubernetes ---------------------------------------------------------------
+
+#: The container command: papermill reads the parameters (JSON is YAML) from
+#: an environment variable, so no user value is ever parsed by a shell.
+PAPERMILL_SCRIPT = (
+    'set -e; cd "$GPULAB_HOME"; mkdir -p "$(dirname "$GPULAB_OUTPUT")"; '
+    'exec papermill "$GPULAB_NOTEBOOK" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
+    '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" '
+    '> "$GPULAB_LOG" 2>&1'
+)
+
+
+#: papermill's exit status when the notebook raised (or could not be read):
+#: the notebook's fault, so running it again on a GPU only fails again.
+NOTEBOOK_FAILED_EXIT_CODES = (1,)
+#: The user and group of z2jh's single-user pods (singleuser.uid, singleuser.fsGid).
+DEFAULT_UID = 1000
+DEFAULT_FS_GID = 100
+
+
+@dataclass(frozen=True)
+class KubeJobRequest:
+    """Everything the Job manifest depends on (all validated before)."""
+
+    job_id: int
+    name: str
+    user: str
+    namespace: str
+    image: str
+    job_class: str
+    over_quota: bool
+    notebook: str
+    output_path: str
+    log_path: str
+    parameters: Mapping[str, Any]
+    time_limit_seconds: int
+    #: ``gpulab.io/*`` labels and annotations from :mod:`spawner.core.labels`.
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    #: The profile's GPU mapping (:class:`spawner.core.sharing.PodGPUSpec`); ``None`` = CPU only.
+    gpu: Any = None
+    home_claim: str = ""
+    home_mount_path: str = "/home/jovyan"
+    home_sub_path: str = ""
+    ttl_seconds_after_finished: int = 86400
+    backoff_limit: int = 2
+    kueue_queue: str | None = None
+    service_account: str | None = None
+    #: The scheduler of the user's servers (z2jh's user-scheduler); a GPU backend's own
+    #: scheduler (HAMi, KAI) takes precedence. ``None``: the cluster's default scheduler.
+    scheduler_name: str | None = None
+    cpu_guarantee: float | None = None
+    cpu_limit: float | None = None
+    mem_guarantee: int | None = None
+    mem_limit: int | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: The profile's tolerations and node affinity (KubeSpawner's shapes).
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_affinity_required: tuple[Mapping[str, Any], ...] = ()
+    node_affinity_preferred: tuple[Mapping[str, Any], ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    uid: int | None = DEFAULT_UID
+    fs_gid: int | None = DEFAULT_FS_GID
+
+
+def _cpu(cores: float) -> str:
+    """A CPU quantity: ``8`` for 8.0 cores, ``500m`` for half a core."""
+    millicores = round(float(cores) * 1000)
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def kube_job_name(job_id: int) -> str:
+    return f"gpulab-job-{int(job_id)}"
+
+
+def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
+    """The ``batch/v1`` Job for one submission (a dict ready to POST).
+
+    Built in named pieces: the labels, the container (:func:`_job_container`), the pod
+    (:func:`_job_pod_spec`, with its scheduling: :func:`_job_scheduling`) and the Job
+    around it (:func:`_job_spec`).
+    """
+    labels = {**req.labels, "gpulab.io/job-class": req.job_class, "gpulab.io/job-id": str(req.job_id)}
+    annotations = dict(req.annotations)
+    # The share's resources, labels and pool apply when it holds a GPU at all.
+    gpu = req.gpu if req.gpu is not None and req.gpu.effective_milli > 0 else None
+    pod_labels = {**labels, **(gpu.labels if gpu else {})}
+    pod_annotations = {**annotations, **(gpu.annotations if gpu else {})}
+    template = {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": _job_pod_spec(req, gpu)}
+    job_spec = _job_spec(req, template)
+    if req.kueue_queue:
+        labels[KUEUE_QUEUE_NAME] = req.kueue_queue
+        # Kueue unsuspends the Job when it admits it against the ClusterQueue.
+        job_spec["suspend"] = True
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": kube_job_name(req.job_id),
+            "namespace": req.namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": job_spec,
+    }
+
+
+def _job_resources(req: KubeJobRequest, gpu: Any) -> dict[str, dict[str, str]]:
+    """The container's requests and limits: the GPU share's, then the profile's CPU and memory."""
+    requests: dict[str, str] = dict(gpu.requests) if gpu else {}
+    limits: dict[str, str] = dict(gpu.limits) if gpu else {}
+    if req.cpu_guarantee:
+        requests["cpu"] = _cpu(req.cpu_guarantee)
+    if req.cpu_limit:
+        limits["cpu"] = _cpu(req.cpu_limit)
+    if req.mem_guarantee:
+        requests["memory"] = str(req.mem_guarantee)
+    if req.mem_limit:
+        limits["memory"] = str(req.mem_limit)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
+    """papermill in the profile's image, told what to run through ``GPULAB_*`` variables."""
+    env = [
+        {"name": "GPULAB_HOME", "value": home},
+        {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
+        {"name": "GPULAB_OUTPUT", "value": req.output_path},
+        {"name": "GPULAB_LOG", "value": req.log_path},
+        {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
+        {"name": "GPULAB_JOB_ID", "value": str(req.job_id)},
+        {"name": "GPULAB_JOB_CLASS", "value": req.job_class},
+        {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},
+    ]
+    # A job without a GPU sees none, even in a CUDA image on a GPU node (sharing.NO_GPU_ENV).
+    share_env = dict(req.gpu.env) if req.gpu is not None else dict(NO_GPU_ENV)
+    env += [{"name": k, "value": v} for k, v in sorted({**share_env, **req.extra_env}.items())]
+    container: dict[str, Any] = {
+        "name": "papermill",
+        "image": req.image,
+        "command": ["/bin/sh", "-c", PAPERMILL_SCRIPT],
+        "env": env,
+        "workingDir": home,
+        # As z2jh's single-user container: no setuid, no privilege escalation.
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    resources = _job_resources(req, gpu)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
+    """The pod: one container, the priority class, the user's identity and home, no API token."""
+    home = req.home_mount_path.rstrip("/") or "/"
+    container = _job_container(req, gpu, home)
+    pc = effective_priority_class(priority_for(req.job_class), req.over_quota)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "priorityClassName": pc.name,
+        "containers": [container],
+        # A notebook job has no business with the Kubernetes API.
+        "automountServiceAccountToken": False,
+    }
+    security: dict[str, Any] = {}
+    if req.uid is not None:
+        security["runAsUser"] = req.uid
+    if req.fs_gid is not None:
+        security["fsGroup"] = req.fs_gid
+    if security:
+        pod_spec["securityContext"] = security
+    _job_scheduling(req, gpu, pod_spec)
+    if req.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in req.image_pull_secrets]
+    if req.home_claim:
+        mount: dict[str, Any] = {"name": "home", "mountPath": home}
+        if req.home_sub_path:
+            mount["subPath"] = req.home_sub_path
+        container["volumeMounts"] = [mount]
+        pod_spec["volumes"] = [{"name": "home", "persistentVolumeClaim": {"claimName": req.home_claim}}]
+    if gpu is not None and gpu.node_selector:
+        pod_spec["nodeSelector"] = dict(gpu.node_selector)
+    scheduler_name = (gpu.scheduler_name if gpu is not None else None) or req.scheduler_name
+    if scheduler_name:
+        pod_spec["schedulerName"] = scheduler_name
+    if req.service_account:
+        pod_spec["serviceAccountName"] = req.service_account
+    return pod_spec
+
+
+def _job_scheduling(req: KubeJobRequest, gpu: Any, pod_spec: dict[str, Any]) -> None:
+    """The profile's tolerations (and the GPU share's) and node affinity, on ``pod_spec``."""
+    tolerations = [dict(t) for t in req.tolerations]
+    if gpu is not None:
+        tolerations += [dict(t) for t in gpu.tolerations if dict(t) not in tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    node_affinity: dict[str, Any] = {}
+    required = and_node_affinity(req.node_affinity_required, gpu.node_requirements if gpu is not None else ())
+    if required:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": required}
+    if req.node_affinity_preferred:
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            dict(t) for t in req.node_affinity_preferred
+        ]
+    if node_affinity:
+        pod_spec["affinity"] = {"nodeAffinity": node_affinity}
+
+
+def _job_spec(req: KubeJobRequest, template: dict[str, Any]) -> dict[str, Any]:
+    """The Job around the pod: retries, deadline, clean-up, and what a failure means."""
+    return {
+        "backoffLimit": req.backoff_limit,
+        "activeDeadlineSeconds": req.time_limit_seconds,
+        "ttlSecondsAfterFinished": req.ttl_seconds_after_finished,
+        # Kubernetes Job podFailurePolicy (batch/v1): a notebook that raised
+        # fails the Job at once, instead of running again on a GPU up to
+        # backoffLimit times; preemption and node drains (DisruptionTarget)
+        # are not the notebook's fault: the pod is retried without spending
+        # backoffLimit, i.e. the job requeues. Rules apply in order.
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": "papermill",
+                        "operator": "In",
+                        "values": list(NOTEBOOK_FAILED_EXIT_CODES),
+                    },
+                },
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]
+        },
+        "template": template,
+    }
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == kind and str(c.get("status")) == "True":
+            return c
+    return None
+
+
+def kube_job_state(job: Mapping[str, Any]) -> tuple[str, str]:
+    """``(state, reason)`` of a ``batch/v1`` Job object as gpulab reports it."""
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    done = _condition(status, "Complete") or _condition(status, "SuccessCriteriaMet")
+    if done:
+        return SUCCEEDED, "the notebook ran to the end"
+    failed = _condition(status, "Failed") or _condition(status, "FailureTarget")
+    if failed:
+        why = failed.get("reason") or ""
+        message = failed.get("message") or why or "the Job failed"
+        if why == "DeadlineExceeded":
+            return TIMED_OUT, f"time limit reached: {message}"
+        return FAILED, message
+    if spec.get("suspend"):
+        return QUEUED, "waiting for Kueue to admit the Job"
+    # `active` counts Pending pods too (a preempted Job's replacement waiting for
+    # a GPU); `ready` (batch/v1 since Kubernetes 1.24) counts only pods that run.
+    running = status.get("ready") if "ready" in status else status.get("active")
+    if int(running or 0) > 0:
+        return RUNNING, ""
+    if int(status.get("failed") or 0) > 0:
+        return PREEMPTED, f"pod ended {status.get('failed')} time(s); Kubernetes retries it"
+    return QUEUED, "waiting for a node with a free GPU"

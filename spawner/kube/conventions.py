@@ -1,0 +1,141 @@
+"""What KubeSpawner, Zero to JupyterHub and HAMi expect of names, URLs and pods.
+
+Small rules from upstream, in one place: the names KubeSpawner gives a
+user's objects (its ``safe`` slug scheme), the hub URL a server in another
+namespace can resolve, and the privileged containers HAMi refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from kubespawner.slugs import escape_slug, multi_slug, safe_slug
+
+#: KubeSpawner's _slug_max_length for each name part (kubespawner 7).
+_SLUG_MAX_LENGTH = 48
+
+
+def user_template_fields(user_name: str, hub_namespace: str = "") -> dict[str, str]:
+    """The fields KubeSpawner (slug_scheme "safe") fills in its name templates, for
+    a user's default server: ``{username}`` and ``{user_server}`` are its safe
+    slug (``jo_smith`` -> ``jo-smith--<hash>``), valid in any DNS name.
+
+    The jobs backend names the user's home claim with these, exactly as
+    KubeSpawner named it (``pvc_name_template``); tests compare both.
+    """
+    safe = safe_slug(user_name, max_length=_SLUG_MAX_LENGTH)
+    # KubeSpawner slugs user and server name together when the joined safe
+    # slugs ("user--server") would pass the limit, even for an empty server name.
+    user_server = multi_slug([user_name, ""], max_length=_SLUG_MAX_LENGTH) if len(safe) + 2 > _SLUG_MAX_LENGTH else safe
+    escaped = escape_slug(user_name)
+    return {
+        "username": safe,
+        "safe_username": safe,
+        "user_server": user_server,
+        "safe_user_server": user_server,
+        "servername": "",
+        "safe_servername": "",
+        "unescaped_username": user_name,
+        "unescaped_servername": "",
+        "escaped_username": escaped,
+        "escaped_servername": "",
+        "escaped_user_server": f"{escaped}--",
+        "hubnamespace": hub_namespace,
+    }
+
+
+def expand_user_template(template: str, user_name: str, hub_namespace: str = "") -> str:
+    """KubeSpawner's expansion of a name template (``claim-{user_server}``) for a default server."""
+    try:
+        rendered = template.format(**user_template_fields(user_name, hub_namespace))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"template {template!r} uses a field gpulab cannot fill for jobs ({e}); use {{username}} or {{user_server}}"
+        ) from None
+    # KubeSpawner strips the "-" an empty server name leaves at the end.
+    return rendered if template.endswith("-") else rendered.rstrip("-")
+
+
+def qualified_hub_connect_url(url: str, hub_namespace: str, cluster_domain: str = "cluster.local") -> str:
+    """``http://hub:8081`` -> ``http://hub.<hub namespace>.svc.cluster.local:8081``.
+
+    z2jh points servers at the hub's Service by its short name, which only
+    resolves inside the hub's own namespace; servers in team namespaces need
+    its full DNS name (the form of KubeSpawner's own ``dns_name_template``).
+    A URL whose host already has a dot, or an IP address, is returned as is.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if not host or "." in host or ":" in host:
+        return url
+    netloc = f"{host}.{hub_namespace}.svc.{cluster_domain}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def profile_list_conflict(value: Any) -> str | None:
+    """Why a configured ``KubeSpawner.profile_list`` cannot be used with GPUKubeSpawner, or None.
+
+    Zero to JupyterHub applies every ``singleuser.*`` value that is not null to
+    ``c.KubeSpawner`` (its hub config's ``set_config_if_not_none``), and its own
+    default for ``singleuser.profileList`` is ``[]``: so ``c.KubeSpawner.profile_list = []``
+    is set on every z2jh hub, and config on the parent class overrides
+    GPUKubeSpawner's own default. An empty list or dict means "not set"; any other
+    value would replace the catalog's profiles, quotas and availability.
+    """
+    if value is None or (isinstance(value, (list, tuple, dict)) and not value):
+        return None
+    what = f"a list of {len(value)} profile(s)" if isinstance(value, (list, tuple, dict)) else f"{value!r}"
+    return (
+        f"GPUKubeSpawner builds the spawn form from the gpulab catalog (teams, quotas, availability), "
+        f"but the hub config sets c.KubeSpawner.profile_list to {what}. Remove singleuser.profileList "
+        f"from your Zero to JupyterHub values (or the profile_list line of your hub config), and put "
+        f"the profiles in the gpulab chart's gpulab.profiles instead."
+    )
+
+
+def privileged_containers(containers: list) -> list[str]:
+    """Names of the privileged containers in a list of container dicts (or V1Container)."""
+    out = []
+    for c in containers or []:
+        get = c.get if isinstance(c, dict) else (lambda k, _c=c: getattr(_c, k, None))
+        sc = get("securityContext") or get("security_context") or {}
+        privileged = sc.get("privileged") if isinstance(sc, dict) else getattr(sc, "privileged", None)
+        if privileged:
+            out.append(str(get("name") or "?"))
+    return out
+
+
+def prepuller_extra_images(catalog: Any) -> dict[str, dict[str, str]]:
+    """z2jh's ``prePuller.extraImages`` for every image a catalog profile offers.
+
+    z2jh pulls each onto every node before users ask (its hook and continuous
+    pre-pullers run ``image-pull-<key>`` init containers with
+    ``<name>:<tag>``), so a profile's first start does not wait for a
+    multi-gigabyte pull. Keys are ``<profile>-<image slug>``.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for profile in catalog.profiles.values():
+        for choice in profile.images:
+            ref = choice.image
+            if "@" in ref:
+                raise ValueError(
+                    f"profile {profile.slug}: image {ref!r} is pinned by digest; z2jh's "
+                    f"prePuller.extraImages takes name and tag only"
+                )
+            name, tag = ref, "latest"
+            slash, colon = ref.rfind("/"), ref.rfind(":")
+            if colon > slash:
+                name, tag = ref[:colon], ref[colon + 1 :]
+            out[f"{profile.slug}-{choice.slug}"] = {"name": name, "tag": tag}
+    return out
+
+
+__all__ = [
+    "expand_user_template",
+    "prepuller_extra_images",
+    "privileged_containers",
+    "profile_list_conflict",
+    "qualified_hub_connect_url",
+    "user_template_fields",
+]

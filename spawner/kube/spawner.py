@@ -1,0 +1,581 @@
+"""GPUKubeSpawner: KubeSpawner with team GPU profiles, quotas and GPU sharing.
+
+A thin adapter: the policy core decides (``policy.resolve_request``,
+``Ledger.reserve``, ``sharing.pod_gpu_spec``, ``labels``, ``priority``);
+this class only feeds KubeSpawner's traits from those decisions and lets
+KubeSpawner's own code create, watch and delete the pod.
+
+- The spawn form is KubeSpawner's, from a callable ``profile_list`` built
+  from the user's teams with live availability; unavailable profiles are
+  shown disabled with the reason.
+- ``load_user_options`` (KubeSpawner runs it first thing in ``_start``)
+  validates the request and reserves quota before any object is created.
+- The ledger is rebuilt from labelled pods (``gpulab.io/gpu-milli``) seen by
+  KubeSpawner-style reflectors over the teams' namespaces: started once per
+  hub process, so a spawn costs no extra API request.
+
+Configure with ``c.JupyterHub.spawner_class = "gpu-kube"`` (see docs/kubernetes.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
+from kubernetes_asyncio.client.rest import ApiException
+from kubespawner import KubeSpawner
+from traitlets import List, TraitError, Unicode, default, validate
+
+from spawner.core import labels as gl
+from spawner.core.env import gpu_env
+from spawner.core.form import choice_value, limit_notes, notice_html
+from spawner.core.gpu_pools import and_node_affinity
+from spawner.core.grant import STATE_KEY, GrantedShare
+from spawner.core.ledger import Workload, notebook_key
+from spawner.core.policy import (
+    Capacity,
+    PolicyError,
+    ProfileChoice,
+    SpawnRequest,
+    choices_for_user,
+    resolve_request,
+    what_to_do,
+)
+from spawner.core.priority import effective_priority_class
+from spawner.core.scheduling import explain_unschedulable
+from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
+from spawner.core.units import format_gpus
+from spawner.runtime import GPULabRuntime, get_runtime
+
+from .conventions import (
+    privileged_containers,
+    profile_list_conflict,
+)
+from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
+
+FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
+_QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
+#: Traits this class sets per spawn; restored to the configured value before each spawn.
+_APPLIED_TRAITS = (
+    "namespace",
+    "extra_labels",
+    "extra_annotations",
+    "extra_resource_limits",
+    "extra_resource_guarantees",
+    "node_selector",
+    "scheduler_name",
+    "priority_class_name",
+    "cpu_guarantee",
+    "cpu_limit",
+    "mem_guarantee",
+    "mem_limit",
+    "image",
+    "environment",
+    "tolerations",
+    "node_affinity_required",
+    "node_affinity_preferred",
+)
+
+
+def refusal(message: str, status: int = 400, reason: str = "gpulab") -> Exception:
+    """An HTTP error whose message the spawn page and the REST API show as is."""
+    e = SpawnException(message, reason=reason, status_code=status)
+    e.jupyterhub_message = message  # the form shows this instead of "403 SpawnException(...)"
+    return e
+
+
+def _escape(value: str) -> str:
+    """KubeSpawner str.format()s label/annotation values: keep user text literal."""
+    return value.replace("{", "{{").replace("}", "}}")
+
+
+def quota_refusal_message(namespace: str, api_message: str) -> str:
+    """Turn the API server's ResourceQuota 403 into a sentence for the spawn page."""
+    m = _QUOTA_RE.search(api_message)
+    if not m:
+        return f"The cluster refused to create the server in namespace {namespace}: {api_message}"
+    name, requested, used, limited = (s.strip() for s in m.groups())
+    return (
+        f"The cluster refused the server: namespace {namespace} is at its ResourceQuota "
+        f"'{name}' (in use: {used}; limit: {limited}; this server asks for {requested}). "
+        f"Stop another server in your team or ask an admin to raise the quota."
+    )
+
+
+class GPUKubeSpawner(ClusterLedger, KubeSpawner):
+    """KubeSpawner with GPU profiles per team, quota admission and GPU sharing backends."""
+
+    # KubeSpawner's traits and state this class sets per spawn (it ships no type information).
+    namespace: str
+    pvc_name: str
+    environment: dict[str, Any]
+    extra_labels: dict[str, str]
+    extra_annotations: dict[str, str]
+    extra_resource_limits: dict[str, Any]
+    extra_resource_guarantees: dict[str, Any]
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+    node_affinity_required: list[dict[str, Any]]
+    node_affinity_preferred: list[dict[str, Any]]
+    _pvc_exists: bool
+    start_timeout: int
+
+    ledger_namespaces = List(
+        Unicode(),
+        config=True,
+        help="""Namespaces whose labelled pods count towards team quotas. Default:
+        the hub's namespace plus every team's namespace. `["*"]` watches all
+        namespaces (needs cluster-wide list/watch on pods). Implied by
+        `enable_user_namespaces`.""",
+    )
+
+    @default("profile_list")
+    def _default_profile_list(self):
+        return self._gpulab_profile_list
+
+    @validate("profile_list")
+    def _validate_profile_list(self, proposal):
+        """A configured ``profile_list`` (z2jh sets ``[]`` on every hub) must not replace the
+        catalog's: empty means unset; anything else is refused with what to remove."""
+        value = proposal["value"]
+        if getattr(value, "__func__", None) is GPUKubeSpawner._gpulab_profile_list:
+            return value
+        conflict = profile_list_conflict(value)
+        if conflict:
+            raise TraitError(conflict)
+        return self._gpulab_profile_list
+
+    def _render_options_form(self, profile_list):
+        """KubeSpawner's form, after a line saying why the last server ended when the idle
+        culler reclaimed its GPU."""
+        html = super()._render_options_form(profile_list)
+        notice = get_runtime(parent=self).reclaim_notice(self)
+        return notice_html(notice) + html if notice else html
+
+    @default("profile_form_template")
+    def _default_profile_form_template(self) -> str:
+        return FORM_TEMPLATE.read_text()
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return self._gpulab_options_from_form
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # The configured values, so each spawn starts from them (a spawner object is reused).
+        self._configured = {name: copy.deepcopy(getattr(self, name)) for name in _APPLIED_TRAITS}
+        self._hub_namespace = self.namespace
+        self._configured_start_timeout = self.start_timeout
+        #: Namespace of the home claim KubeSpawner established (``_pvc_exists``).
+        self._pvc_namespace: str | None = None
+        self._reserved_key: str | None = None
+        self._refused_early = False
+        self._starting = False
+        self.gpu_spec: PodGPUSpec | None = None
+
+    # -- the core's view ---------------------------------------------------
+
+    @property
+    def runtime(self) -> GPULabRuntime:
+        return get_runtime(parent=self)
+
+    @property
+    def workload_key(self) -> str:
+        return notebook_key(self.user.name, self.name)  # the same key as on a single server
+
+    def _user_groups(self) -> list[str]:
+        return [getattr(g, "name", g) for g in (getattr(self.user, "groups", None) or [])]
+
+    # -- the spawn form ---------------------------------------------------
+
+    def _gpu_spec(self, profile, team=None) -> PodGPUSpec:
+        return pod_gpu_spec(profile, self.runtime.catalog.sharing, team)
+
+    def _capacity(self, profile) -> Capacity:
+        try:
+            spec = self._gpu_spec(profile)
+        except SharingError as e:
+            return Capacity(False, reason=str(e))
+        return Capacity(True, summary=spec.summary)
+
+    def _choices(self) -> list[ProfileChoice]:
+        runtime = self.runtime
+        return choices_for_user(
+            runtime.catalog,
+            runtime.ledger,
+            self.user.name,
+            self._user_groups(),
+            capacity=self._capacity,
+            effective_milli=lambda p: effective_milli(p, runtime.catalog.sharing),
+        )
+
+    async def _gpulab_profile_list(self, spawner: KubeSpawner | None = None) -> list[dict]:
+        """KubeSpawner's ``profile_list``: one entry per (team, profile) the user may pick."""
+        try:
+            await self.refresh_ledger()
+        except Exception:
+            self.log.exception("gpulab: cannot read GPU usage from the cluster")
+            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503) from None
+        choices = self._choices()
+        several_teams = len({c.team.name for c in choices}) > 1
+        chosen = (self.user_options or {}).get("team"), (self.user_options or {}).get("profile")
+        out = []
+        for c in choices:
+            p = c.profile
+            size = format_gpus(c.effective_milli or p.gpu_milli)
+            notes = [c.team_summary]
+            if c.capacity_summary:
+                notes.append(c.capacity_summary)
+            if c.available and c.over_quota:
+                notes.append("starts above the team guarantee, so it is preemptible")
+            notes.extend(limit_notes(c, None))  # the culler runs beside the hub: its state is not known here
+            entry: dict[str, Any] = {
+                "slug": choice_value(c),  # "team:profile", as on the single-server form
+                "display_name": p.display_name + (f" — team {c.team.label}" if several_teams else ""),
+                "description": p.description,
+                "gpulab": {
+                    "available": c.available,
+                    "reason": c.reason,
+                    "notes": notes,
+                    "todo": "" if c.available else what_to_do(c, choices, self.runtime.admin_contact),
+                    "gpus": size if p.is_gpu else "",
+                    "rounded": c.effective_milli is not None,
+                    "selected": c.available and chosen[1] == p.slug and chosen[0] in (None, c.team.name),
+                },
+            }
+            if len(p.images) > 1:
+                entry["profile_options"] = {
+                    "image": {
+                        "display_name": "Image",
+                        "choices": {
+                            i.slug: {"display_name": i.display_name, "default": n == 0} for n, i in enumerate(p.images)
+                        },
+                    }
+                }
+            out.append(entry)
+        if out and not any(e["gpulab"]["selected"] for e in out):
+            first = next((e for e in out if e["gpulab"]["available"]), None)
+            if first is not None:
+                first["gpulab"]["selected"] = True
+        for e in out:  # KubeSpawner marks a default itself when none is; keep ours
+            e["default"] = e["gpulab"]["selected"]
+        return out
+
+    def _validate_user_options(self, profile_list: list) -> None:
+        """KubeSpawner's pre-selection check: the saved options must still resolve."""
+        if self.user_options:
+            try:
+                self._resolve(self.user_options)
+            except Exception as e:  # KubeSpawner then just skips pre-selecting them
+                raise ValueError(getattr(e, "jupyterhub_message", str(e))) from None
+
+    def _gpulab_options_from_form(self, formdata: dict[str, list]) -> dict[str, Any]:
+        """Form fields -> ``{"team", "profile", "image"}``; anything else is kept so it is refused."""
+        options: dict[str, Any] = {}
+        # "choice": the hub home's one-click "Start again" link, shared with the single-server form.
+        choice = formdata.get("profile", formdata.get("choice", [None]))
+        choice = choice[0] if isinstance(choice, list) and len(choice) == 1 else choice
+        prefix = None
+        if isinstance(choice, str) and ":" in choice:
+            options["team"], _, options["profile"] = choice.partition(":")
+            prefix = f"profile-option-{choice}--"
+        elif choice is not None:
+            options["profile"] = choice
+        for key, value in formdata.items():
+            if key in ("profile", "choice", "_xsrf"):
+                continue
+            if key.startswith("profile-option-"):
+                if prefix and key.startswith(prefix):
+                    options[key[len(prefix) :]] = value[0] if isinstance(value, list) and len(value) == 1 else value
+                continue  # options of profiles not chosen
+            options[key] = value
+        self._resolve(options)  # refuse on the form page, before anything starts
+        return options
+
+    # -- admission ----------------------------------------------------------
+
+    def _resolve(self, options: Any) -> SpawnRequest:
+        try:
+            return resolve_request(self.runtime.catalog, self.user.name, self._user_groups(), options)
+        except PolicyError as e:
+            raise refusal(str(e), e.status, "invalid-options" if e.status == 400 else "forbidden") from None
+
+    async def load_user_options(self) -> None:
+        """Validate, reserve quota and set the pod's traits. Refusals create nothing."""
+        for name, value in self._configured.items():
+            setattr(self, name, copy.deepcopy(value))
+        self._refused_early = True
+        request = self._resolve(self.user_options or {})
+        team, profile = request.team, request.profile
+        try:
+            spec = self._gpu_spec(profile, team)
+        except SharingError as e:
+            raise refusal(str(e), 403, "sharing") from None
+        self._check_hami_privileged(spec)
+        try:
+            failed = await self.refresh_ledger()
+        except Exception:
+            self.log.exception("gpulab: cannot read GPU usage from the cluster")
+            raise refusal("The hub cannot read GPU usage from the cluster right now; try again shortly.", 503) from None
+        team_ns = team.namespace or self._hub_namespace
+        if None in failed or team_ns in failed:
+            raise refusal(
+                f"The hub cannot read the GPU usage of team {team.name} (namespace {team_ns}) "
+                f"right now; try again shortly, or ask an admin to check the hub's Role there.",
+                503,
+            )
+        # No await between the rebuild and the reservation: concurrent spawns see each other.
+        key = self.workload_key
+        decision = self.runtime.ledger.reserve(
+            key,
+            team.name,
+            self.user.name,
+            spec.effective_milli,
+            profile=profile.slug,
+            kind="notebook",
+            may_burst=profile.priority_class.may_burst,
+        )
+        if not decision.allowed:
+            self.log.info(
+                "gpulab: refused %s (%s, %s GPU): %s",
+                key,
+                profile.slug,
+                format_gpus(spec.effective_milli),
+                decision.reason,
+            )
+            raise refusal(decision.reason, 403, "quota")
+        self._reserved_key = key
+        self._refused_early = False
+        self.gpu_spec = spec
+        workload = Workload(
+            key, team.name, self.user.name, spec.effective_milli, profile.slug, "notebook", decision.over_quota
+        )
+        self._apply(request, spec, workload)
+        self.log.info(
+            "gpulab: admitted %s in team %s: %s (%s), %s",
+            key,
+            team.name,
+            profile.slug,
+            spec.summary,
+            decision.quota_label,
+        )
+
+    def _check_hami_privileged(self, spec: PodGPUSpec) -> None:
+        """HAMi's webhook denies any pod asking for its resources that has a privileged
+        container, init containers included (pkg/scheduler/webhook.go): say so before
+        creating anything, instead of an API error."""
+        if spec.backend != "hami" or spec.effective_milli <= 0:
+            return
+        names = privileged_containers(self.init_containers) + privileged_containers(self.extra_containers)
+        if (self.container_security_context or {}).get("privileged"):
+            names.append("notebook")
+        if names:
+            self.log.error("gpulab: HAMi profile with privileged container(s) %s", ", ".join(names))
+            raise refusal(
+                f"This cluster's HAMi GPU sharing refuses pods with a privileged container, and the hub "
+                f"adds one ({', '.join(names)}). An admin must turn it off: with Zero to JupyterHub, "
+                f"singleuser.cloudMetadata.blockWithIptables=false (the gpulab chart's NetworkPolicy "
+                f"blocks the cloud metadata server instead).",
+                500,
+                "configuration",
+            )
+
+    def _apply(self, request: SpawnRequest, spec: PodGPUSpec, workload: Workload) -> None:
+        team, profile = request.team, request.profile
+        self.namespace = team.namespace or self._hub_namespace
+        self.dns_name = self.dns_name_template.format(namespace=self.namespace, name=self.pod_name)
+        self._follow_home_claim()
+        labels = {**gl.workload_labels(workload), **spec.labels}
+        self.extra_labels = {**self.extra_labels, **{k: _escape(v) for k, v in labels.items()}}
+        annotations = {**gl.workload_annotations(workload), **spec.annotations}
+        self.extra_annotations = {**self.extra_annotations, **{k: _escape(v) for k, v in annotations.items()}}
+        self.extra_resource_limits = {**self.extra_resource_limits, **spec.limits}
+        self.extra_resource_guarantees = {**self.extra_resource_guarantees, **spec.requests}
+        self.node_selector = {**self.node_selector, **spec.node_selector}
+        if spec.scheduler_name:
+            self.scheduler_name = spec.scheduler_name
+        for t in (*spec.tolerations, *profile.tolerations):
+            if dict(t) not in self.tolerations:
+                self.tolerations = [*self.tolerations, dict(t)]
+        self.node_affinity_required = and_node_affinity(
+            [*self.node_affinity_required, *map(dict, profile.node_affinity_required)], spec.node_requirements
+        )
+        self.node_affinity_preferred = [*self.node_affinity_preferred, *map(dict, profile.node_affinity_preferred)]
+        self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
+        for trait, value in (
+            ("cpu_guarantee", profile.cpu_guarantee),
+            ("cpu_limit", profile.cpu_limit),
+            ("mem_guarantee", profile.mem_guarantee),
+            ("mem_limit", profile.mem_limit),
+        ):
+            if value is not None:
+                setattr(self, trait, value)
+        if request.image is not None:
+            self.image = request.image.image
+        # Saved in the hub's spawner state: services (the idle culler) read what was granted.
+        self._granted = GrantedShare(
+            team=team.name, profile=profile.slug, milli=spec.effective_milli, over_quota=workload.over_quota
+        )
+        env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota)  # the device plugin picks
+        env.update(spec.env)  # NVIDIA_VISIBLE_DEVICES=void without a GPU
+        self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
+
+    def _follow_home_claim(self) -> None:
+        """One home per team namespace: a claim lives in one namespace, and a pod can only
+        mount claims of its own. KubeSpawner remembers ``pvc_name`` once the claim exists
+        and then skips creating it; when this server runs in another team's namespace than
+        the claim, let KubeSpawner create (or find) the claim there."""
+        if not self.storage_pvc_ensure:
+            return
+        if self._pvc_exists and self._pvc_namespace and self._pvc_namespace != self.namespace:
+            self.log.info(
+                "gpulab: %s's home claim %s is in namespace %s; this server runs in %s and gets the home there",
+                self.user.name,
+                self.pvc_name,
+                self._pvc_namespace,
+                self.namespace,
+            )
+            self._pvc_exists = False
+            self.pvc_name = self._expand_user_properties(self.pvc_name_template)
+        self._pvc_namespace = self.namespace
+
+    # -- state ----------------------------------------------------------------
+
+    #: What this server was granted (team, profile, effective milli, quota); hub state.
+    _granted: GrantedShare | None = None
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self._granted:
+            state[STATE_KEY] = self._granted.to_json()
+        if "pvc_name" in state:
+            state["gpulab_pvc_namespace"] = self._pvc_namespace or self.namespace
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        saved = GrantedShare.from_state(state)
+        if saved is not None:
+            self._granted = saved
+        if "pvc_name" in state:
+            # KubeSpawner saves the namespace of the last server, where it made the claim.
+            self._pvc_namespace = state.get("gpulab_pvc_namespace") or state.get("namespace")
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self._granted = None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self):
+        """KubeSpawner's start, with the profile's ``start_timeout`` set first: JupyterHub
+        reads the timeout right after calling ``start()``, before the options are loaded."""
+        self.start_timeout = self._configured_start_timeout
+        try:
+            profile = self._resolve(self.user_options or {}).profile
+        except Exception:  # load_user_options refuses it, with the message
+            profile = None
+        if profile is not None and profile.start_timeout_seconds:
+            self.start_timeout = profile.start_timeout_seconds
+        return super().start()
+
+    async def _start(self):
+        """KubeSpawner's start; a failure frees the reservation, a quota 403 becomes a message."""
+        self._reserved_key = None
+        self._starting = True
+        try:
+            url = await super()._start()
+        except ApiException as e:
+            self._release_reservation()
+            if e.status == 403:
+                message = api_message(e)
+                self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
+                raise refusal(quota_refusal_message(self.namespace, message), 403, "resource-quota") from None
+            raise
+        except BaseException:
+            self._release_reservation()
+            raise
+        finally:
+            self._starting = False
+        self._remember_choice()
+        # Running: the reservation becomes a running workload once the ledger's
+        # own reflector has seen the pod (a local wait, no API request); until
+        # then it stays counted as reserved and poll() confirms it later.
+        watched = self._watched_namespaces()
+        for _ in range(50 if None in watched or self.namespace in watched else 0):
+            if await self._confirm_if_seen():
+                break
+            await asyncio.sleep(0.1)
+        return url
+
+    def _remember_choice(self) -> None:
+        """Record the started choice for "Start again" (a failure to write only costs the suggestion)."""
+        try:
+            request = self._resolve(self.user_options or {})
+            image = request.image.slug if request.image else ""
+            self.runtime.remember_choice(self.user.name, request.team.name, request.profile.slug, image)
+        except Exception as e:
+            self.log.warning("gpulab: cannot record the last choice of %s: %s", self.user.name, e)
+
+    async def _confirm_if_seen(self) -> bool:
+        live = self._live_workloads((await self._ledger_reflectors())[0])
+        if self.workload_key in live:
+            self.runtime.ledger.confirm(self.workload_key)
+            return True
+        return False
+
+    async def poll(self) -> int | None:
+        if self.runtime not in _LOADED_RUNTIMES:
+            # The hub polls every server it knows right after it starts: count
+            # what the cluster runs then, not only at the next spawn. Never let
+            # that fail the poll: JupyterHub would forget a running server.
+            try:
+                await self.refresh_ledger()
+            except Exception:
+                self.log.exception("gpulab: cannot read GPU usage from the cluster; polling %s anyway", self._log_name)
+        status = await super().poll()
+        if status is None:
+            w = self.runtime.ledger.get(self.workload_key)
+            if w is not None and w.state != "running":
+                await self._confirm_if_seen()
+        return status
+
+    async def progress(self):
+        """KubeSpawner's progress events, with the scheduler's refusals in plain words."""
+        async for event in super().progress():
+            raw = event.get("raw_event") or {}
+            if raw.get("reason") == "FailedScheduling":
+                words = explain_unschedulable(raw.get("message") or "", self._asked_for())
+                if words:
+                    event = {**event, "message": words}
+            yield event
+
+    def _asked_for(self) -> str:
+        """What this server asked for, as the spawn form named it."""
+        profile = self.runtime.catalog.profiles.get(self._granted.profile if self._granted else "")
+        if profile is not None and profile.is_gpu:
+            return profile.display_name
+        return self.gpu_spec.summary if self.gpu_spec else "this server's resources"
+
+    def _release_reservation(self) -> None:
+        if self._reserved_key:
+            self.runtime.ledger.release(self._reserved_key)
+            self._reserved_key = None
+
+    async def stop(self, now: bool = False) -> None:
+        if self._refused_early:
+            # Refused in load_user_options: no object was created, nothing to delete.
+            self._refused_early = False
+            return
+        try:
+            await super().stop(now=now)
+        finally:
+            # KubeSpawner also stops a stale pod of the same name (409) in the middle
+            # of a start: that start's reservation is not this stop's to free.
+            if not self._starting:
+                self.runtime.ledger.release(self.workload_key)
+                self._reserved_key = None

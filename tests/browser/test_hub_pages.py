@@ -1,0 +1,226 @@
+"""The hub's own pages in a real browser (Debian Chromium + Playwright) against a real hub.
+
+A user's spawn page shows each profile's idle timeout and the per-user cap,
+says what to do about an unavailable profile (a smaller one that fits, when
+quota frees, whom to ask), keeps a refused choice selected with a sentence
+instead of "HTTP 403"; the progress page says what is being set up; the hub
+home offers "Start again with ..." in one click and shows which GPU each
+server holds. The admin lands on the admin page when in no team, chooses GPU
+models from a list, and reads the page in dark mode. Screenshots: docs/img/ (scripts/screenshots).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.browser import screenshots_dir
+from tests.support.hub import RunningHub
+
+pytestmark = pytest.mark.docs_screenshots
+
+SHOTS = screenshots_dir("docs")
+CONTACT = "gpu-admins@example.org"
+CATALOG = """
+inventory:
+  - {model: H100-80GB, count: 2, memory_mib: 81559}
+prices: {H100-80GB: 2.5}
+profiles:
+  - {slug: cpu, display_name: "CPU only", gpus: 0}
+  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB, idle_timeout: 4h}
+  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB, idle_timeout: 2h}
+  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB, idle_timeout: 1h}
+teams:
+  - {name: vision, display_name: Computer vision, users: [alice, bob], guarantee: 0.5, burst: 1,
+     per_user_cap: 1, allowed_profiles: [cpu, h100-quarter, h100-half, h100-1]}
+  - {name: nlp, display_name: Language models, users: [alice], guarantee: 1, burst: 1,
+     allowed_profiles: [h100-quarter]}
+"""
+EXTRA = f"""
+c.GPULab.admin_contact = "{CONTACT}"
+c.GPULabUsage.currency = "EUR"
+c.GPULabUsage.time_zone = "Europe/Berlin"
+# Servers take a few seconds to start, as on a loaded machine: the progress page stays up to be read.
+c.Spawner.cmd = ["/bin/sh", "-c", 'sleep 6; exec "$0" "$@"'] + list(c.Spawner.cmd)
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(start_hub):
+    return start_hub(CATALOG, extra_config=EXTRA)
+
+
+def login(browser, hub: RunningHub, user: str, dark: bool = False):
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, color_scheme="dark" if dark else "light")
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(hub.url + "/hub/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", "gpulab-demo")
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    return context, page
+
+
+def profile(page, value: str):
+    return page.locator(f'label[data-choice="{value}"]')
+
+
+def test_spawn_page_refusal_progress_and_start_again(hub, browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # bob holds half a GPU: team vision (burst 1) has 0.5 left, so 1 × H100 does not fit.
+    r = hub.api("POST", "/users/bob/server", json={"team": "vision", "profile": "h100-half"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server("bob")
+
+    ctx, page = login(browser, hub, "alice")
+    assert "/hub/spawn" in page.url  # a user without a server lands on the spawn page
+    half = profile(page, "vision:h100-half")
+    assert "GPU freed after 2h idle" in half.inner_text()
+    assert "not enforced: the GPU idle culler is off on this hub" in half.inner_text()  # no NVIDIA driver here
+    assert "per-user cap in team vision: 1 GPUs" in half.inner_text()
+    assert "at most 1 GPUs per user, you hold 0" in page.locator('fieldset[data-team="vision"] h3').inner_text()
+    one = profile(page, "vision:h100-1")
+    assert page.locator("#gpulab-vision--h100-1").is_disabled()
+    todo = one.locator(".gpulab-todo").inner_text()
+    assert todo == (
+        "Start 0.5 × H100, which fits now, try again when quota frees (when someone in team vision "
+        f"stops a server), or ask {CONTACT} about team vision's quota."
+    )
+    page.screenshot(path=str(SHOTS / "spawn-page.png"), full_page=True)
+
+    # Forcing the disabled profile: refused in a sentence, the choice stays selected.
+    page.locator("#gpulab-vision--h100-1").evaluate("el => { el.disabled = false; el.checked = true; }")
+    with page.expect_navigation():
+        page.click("#spawn_form button[type=submit]")
+    refused = page.locator("#gpulab-spawn-refused").inner_text()
+    assert refused.startswith(
+        "1 × H100 was not started: team vision holds 0.5 of its 1 GPU burst limit; "
+        "this request needs 1. Start 0.5 × H100, which fits now"
+    ), refused
+    assert "HTTP" not in refused and "Forbidden" not in refused and not refused.startswith("Error")
+    assert page.locator("#gpulab-vision--h100-1").is_checked()
+    assert "gpulab-kept" in (one.get_attribute("class") or "")
+    page.screenshot(path=str(SHOTS / "spawn-refused.png"), full_page=True)
+
+    # Half a GPU fits: the progress page says what is being set up.
+    page.locator("#gpulab-vision--h100-half").check()
+    page.click("#spawn_form button[type=submit]")
+    page.wait_for_url("**/hub/spawn-pending/alice**")
+    page.locator("#progress-details").evaluate("el => { el.open = true; }")
+    page.wait_for_function(
+        "() => document.getElementById('progress-log').innerText.includes('Starting JupyterLab')", timeout=30_000
+    )
+    text = page.locator("#progress-log").inner_text()
+    assert (
+        "Reserved 0.5 GPU for 0.5 × H100 in team vision, above team vision's 0.5-GPU guarantee: preemptible"
+    ) in text
+    assert (
+        "Devices: GPU 1 (H100-80GB, declared): 0.5 of it, 39.8 GiB of its 79.6 GiB memory" in text
+        or "Devices: GPU 0 (H100-80GB, declared): 0.5 of it, 39.8 GiB of its 79.6 GiB memory" in text
+    )
+    assert "Starting JupyterLab as " in text
+    page.screenshot(path=str(SHOTS / "spawn-progress.png"), full_page=True)
+    page.wait_for_url("**/user/alice/lab**", timeout=90_000)
+    page.wait_for_selector(".jp-LabShell", timeout=90_000)
+
+    # Stopped, alice comes back: the home page offers her last choice in one click.
+    r = hub.api("DELETE", "/users/alice/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_server("alice", ready=False)
+    page.goto(hub.url + "/hub/home")
+    again = page.locator("#gpulab-start-again")
+    assert again.inner_text().strip() == "Start again with 0.5 × H100 (team vision)"
+    assert "opt-choice=vision%3Ah100-half" in again.get_attribute("href")
+    page.screenshot(path=str(SHOTS / "home-start-again.png"), full_page=True)
+    again.click()
+    page.wait_for_url("**/user/alice/lab**", timeout=90_000)
+    page.wait_for_selector(".jp-LabShell", timeout=90_000)
+    held = [w for w in hub.holdings() if w["key"] == "notebook:alice/"]
+    assert held and held[0]["profile"] == "h100-half" and held[0]["team"] == "vision"
+
+    # The spawn page of a new named server preselects the last choice and offers it as a button too.
+    page.goto(hub.url + "/hub/spawn/alice/exp")
+    assert page.locator("#gpulab-vision--h100-half").is_checked() is False  # vision is full now
+    # A named server in the other team: the home page says which GPU each server holds.
+    r = hub.api("POST", "/users/alice/servers/exp", json={"team": "nlp", "profile": "h100-quarter"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server("alice", "exp")
+    page.goto(hub.url + "/hub/home")
+    row = page.locator('tr.home-server-row[data-server-name="exp"] .gpulab-server-gpu')
+    row.wait_for()
+    assert row.inner_text().startswith("0.25 × H100 on GPU ") and "team nlp · in quota" in row.inner_text()
+    default = page.locator('#gpulab-home-gpus li[data-server-name=""]').inner_text()
+    assert "0.5 × H100 on GPU" in default and "team vision · preemptible (over quota)" in default
+    page.screenshot(path=str(SHOTS / "home-gpus.png"), full_page=True)
+    ctx.close()
+    for name in ("", "exp"):
+        hub.api("DELETE", f"/users/alice/servers/{name}" if name else "/users/alice/server")
+    hub.api("DELETE", "/users/bob/server")
+
+
+def test_refused_query_spawn_keeps_choice_and_reads_as_sentence(hub, browser):
+    hub.wait_server("bob", ready=False)
+    hub.wait_server("alice", ready=False)
+    r = hub.api("POST", "/users/bob/server", json={"team": "vision", "profile": "h100-1"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server("bob")
+    ctx, page = login(browser, hub, "alice")
+    # The one-click URL of a choice that does not fit now: the form comes back with the sentence.
+    page.goto(hub.url + "/hub/spawn/alice?opt-choice=vision%3Ah100-half")
+    refused = page.locator("#gpulab-spawn-refused").inner_text()
+    assert refused.startswith("0.5 × H100 was not started: team vision holds 1 of its 1 GPU burst limit"), refused
+    assert refused.endswith(f"or ask {CONTACT} about team vision's quota."), refused
+    assert page.locator("#gpulab-vision--h100-half").is_checked()
+    assert not hub.api("GET", "/users/alice").json()["servers"]
+    ctx.close()
+    hub.api("DELETE", "/users/bob/server")
+    hub.wait_server("bob", ready=False)
+
+
+def test_admin_in_no_team_lands_on_admin_page_in_dark_mode(hub, browser):
+    ctx, page = login(browser, hub, "admin", dark=True)
+    assert "/hub/gpulab/admin" in page.url, page.url
+    banner = page.locator("#gpulab-admin-no-team")
+    assert "You (admin) are in no GPU team" in banner.inner_text()
+    assert page.evaluate("document.documentElement.getAttribute('data-bs-theme')") == "dark"
+    # The usage table's team rows follow the theme: no white bands.
+    row = page.locator('#gpulab-usage-table tr.gpulab-team-row[data-team="vision"] th')
+    rgb = row.evaluate("el => getComputedStyle(el).backgroundColor")
+    r, g, b = (int(x) for x in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3])
+    assert (r + g + b) / 3 < 90, rgb
+    fg = row.evaluate("el => getComputedStyle(el).color")
+    assert sum(int(x) for x in fg[fg.index("(") + 1 : fg.index(")")].split(",")[:3]) / 3 > 160, fg
+    assert "Cost (EUR)" in page.locator("#gpulab-usage").inner_text()
+    assert "(calendar days, Europe/Berlin)" in page.locator("#gpulab-buckets-note").inner_text()
+    assert "2.50 EUR" in page.locator("#gpulab-prices").inner_text()
+    page.screenshot(path=str(SHOTS / "admin-dark.png"), full_page=True)
+    ctx.close()
+
+
+def test_admin_chooses_gpu_model_and_a_typo_is_refused(hub, browser):
+    ctx, page = login(browser, hub, "admin")
+    page.goto(hub.url + "/hub/gpulab/admin")
+    page.locator("#gpulab-profile-editor summary").click()
+    select = page.locator("#gpulab-gpu-model")
+    options = select.locator("option").all_inner_texts()
+    assert options == ["any", "H100-80GB (declared)"], options
+    form = page.locator("#gpulab-profile-form")
+    form.locator("input[name=slug]").fill("h100-3q")
+    form.locator("input[name=display_name]").fill("0.75 × H100")
+    form.locator("input[name=gpus]").fill("0.75")
+    select.select_option("H100-80GB")
+    page.locator("#gpulab-profile-editor").screenshot(path=str(SHOTS / "admin-model-chooser.png"))
+    with page.expect_navigation():
+        form.locator("button[type=submit]").click()
+    assert page.locator('tr[data-profile="h100-3q"]').inner_text().count("H100-80GB") == 1
+    ctx.close()
+    # The API refuses a model this server does not have, naming the known ones; nothing changes.
+    before = hub.api("GET", "/gpulab/profiles").json()
+    r = hub.api("POST", "/gpulab/profiles", json={"slug": "typo", "gpus": 1, "gpu_model": "H100-80G"})
+    assert r.status_code == 400
+    assert r.json()["message"] == (
+        "gpu_model: GPU model 'H100-80G' is not known here (did you mean 'H100-80GB'?); known: H100-80GB"
+    )
+    r = hub.api("PATCH", "/gpulab/profiles/h100-3q", json={"gpu_model": "A100-40GB"})
+    assert r.status_code == 400 and "known: H100-80GB" in r.json()["message"]
+    assert hub.api("GET", "/gpulab/profiles").json() == before

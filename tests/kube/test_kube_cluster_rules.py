@@ -1,0 +1,314 @@
+"""The Kubernetes rules gpulab must follow, on the real control plane (scripts/kube-testbed).
+
+Each test here failed before its fix: the real kube-scheduler, the Job
+controller, the PersistentVolume binder and RBAC are what decide, not a
+stand-in. The spawners come from tests/support/kube_spawner.py and the hub
+identity (bound by the chart's Roles) from tests/kube/conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import yaml
+from kubespawner import KubeSpawner
+
+from spawner.core import jobspec
+from spawner.core.catalog import catalog_from_dict
+from spawner.core.sharing import pod_gpu_spec
+from spawner.kube.spawner import GPUKubeSpawner
+from spawner.runtime import get_runtime, set_runtime
+from tests.kube.bed.chart import Release
+from tests.kube.bed.cluster import Cluster
+from tests.support import REPO
+from tests.support.helm import device_plugin_advertises
+from tests.support.kube_spawner import chart_config, chart_team, spawner_for
+
+# --------------------------------------------------------------------------
+# poll() and spawns when one team namespace cannot be read
+
+
+async def test_poll_survives_a_team_namespace_the_hub_cannot_list(hub_identity: Release, kube: Cluster):
+    """A namespace without the hub's Role (or not created yet) must not make every
+    poll raise: JupyterHub would forget running servers whose pods keep their GPUs."""
+    release = hub_identity
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
+    config = chart_config(release)
+    a = spawner_for(config, "alice", {"team": vision, "profile": "h100-half"})
+    await a.start()
+    nlp_ns = release.team_ns(nlp)
+    binding = kube.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{nlp_ns}/rolebindings/gpulab-hub")
+    kube.request("DELETE", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{nlp_ns}/rolebindings/gpulab-hub")
+    try:
+        # A hub restart: fresh reflectors and ledger, the saved state of alice's server.
+        await KubeSpawner._stop_all_reflectors()
+        set_runtime(None)
+        GPUKubeSpawner._failed_namespaces.clear()
+        fresh = spawner_for(config, "alice", {"team": vision, "profile": "h100-half"})
+        fresh.load_state(a.get_state())
+        assert await fresh.poll() is None, "alice's server runs: poll must say so"
+        assert get_runtime().ledger.get(fresh.workload_key).state == "running"
+        # A spawn in the unreadable namespace is refused with the reason; nothing is created.
+        c = spawner_for(config, "carol", {"team": nlp, "profile": "h100-half"})
+        with pytest.raises(Exception) as refused:
+            await c.start()
+        message = getattr(refused.value, "jupyterhub_message", "")
+        assert refused.value.status_code == 503 and f"namespace {nlp_ns}" in message, message
+        assert kube.pods(nlp_ns) == []
+        # Another team's spawn goes on.
+        b = spawner_for(config, "bob", {"team": vision, "profile": "h100-half"})
+        await b.start()
+        await b.stop()
+    finally:
+        binding = {k: binding[k] for k in ("metadata", "roleRef", "subjects")}
+        binding["metadata"] = {"name": "gpulab-hub", "labels": binding["metadata"].get("labels", {})}
+        kube.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{nlp_ns}/rolebindings", binding)
+        GPUKubeSpawner._failed_namespaces.clear()  # no waiting for the retry pause in the next tests
+    await fresh.stop()
+
+
+# --------------------------------------------------------------------------
+# a user in two teams: a home per team namespace
+
+
+async def test_a_user_in_two_teams_gets_a_home_in_each_team_namespace(hub_identity: Release, kube: Cluster):
+    """KubeSpawner saves pvc_name and skips creating the claim once it exists; a claim
+    is namespaced, so alice's server in team nlp waited for a claim only team vision had."""
+    release = hub_identity
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
+    storage_class = f"gpulab-homes-{kube.suffix}"
+    for i in range(2):  # static volumes for the binder: no provisioner in the test bed
+        kube.cluster_object(
+            "/api/v1/persistentvolumes",
+            {
+                "metadata": {"name": f"home-{kube.suffix}-{i}"},
+                "spec": {
+                    "capacity": {"storage": "10Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": storage_class,
+                    "hostPath": {"path": f"/tmp/gpulab-home-{i}"},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                },
+            },
+        )
+    config = chart_config(release)
+    config.KubeSpawner.storage_pvc_ensure = True
+    config.KubeSpawner.storage_class = storage_class
+    config.KubeSpawner.storage_capacity = "10Gi"
+    config.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+    config.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+    config.KubeSpawner.start_timeout = 45
+    a = spawner_for(config, "alice", {"team": vision, "profile": "h100-1"})
+    await a.start()
+    await a.stop()
+    a.clear_state()
+    state = a.get_state()
+    assert state["pvc_name"] == "claim-alice"
+    b = spawner_for(config, "alice", {"team": nlp, "profile": "h100-1"})
+    b.load_state(state)
+    await b.start()  # before: Pending on "persistentvolumeclaim claim-alice not found" until start_timeout
+    nlp_ns = release.team_ns(nlp)
+    pod = kube.pod(nlp_ns, b.pod_name)
+    assert pod["status"]["phase"] == "Running"
+    claim = kube.get(f"/api/v1/namespaces/{nlp_ns}/persistentvolumeclaims/claim-alice")
+    assert claim["status"]["phase"] == "Bound"
+    await b.stop()
+
+
+# --------------------------------------------------------------------------
+# time-slicing: two node pools from the chart's per-node device-plugin configs
+
+
+async def test_time_sliced_and_whole_gpu_pools_coexist(hub_identity: Release, kube: Cluster):
+    """With renameByDefault on every node, nodes offer only nvidia.com/gpu.shared and a
+    1-GPU profile never schedules. The chart renders one config per pool, selected by
+    the node label nvidia.com/device-plugin.config; the test bed's nodes advertise what
+    the device plugin would with the config their label names."""
+    release = hub_identity
+    cm = kube.get("/api/v1/namespaces/gpu-operator/configmaps/gpulab-time-slicing")
+    pools = {key: device_plugin_advertises(text)[0] for key, text in cm["data"].items()}
+    nodes = kube.get("/api/v1/nodes")["items"]
+    for node in nodes:
+        key = node["metadata"]["labels"].get("nvidia.com/device-plugin.config")
+        if key in pools:
+            gpu = {r for r in node["status"]["allocatable"] if r.startswith("nvidia.com/")}
+            assert gpu == pools[key], f"node {node['metadata']['name']} ({key}) advertises {gpu}"
+    assert {n["metadata"]["labels"].get("nvidia.com/device-plugin.config") for n in nodes} >= set(pools)
+    # The spawner's default: one replica per pod (failRequestsGreaterThanOne), whole GPUs apart.
+    sharing = {"backend": "timeslice", "timeslice": {"replicas": 4}}
+    profiles = [
+        {"slug": "quarter", "display_name": "0.25 × H100", "gpus": 0.25, "gpu_model": "H100-80GB"},
+        {"slug": "one", "display_name": "1 × H100", "gpus": 1, "gpu_model": "H100-80GB"},
+    ]
+    nlp = chart_team(release, "nlp")
+    config = chart_config(release, sharing=sharing, profiles=profiles)
+    placed = {}
+    for slug in ("quarter", "one"):
+        s = spawner_for(config, "carol", {"team": nlp, "profile": slug})
+        await s.start()
+        pod = kube.pod(release.team_ns(nlp), s.pod_name)
+        node = next(n for n in nodes if n["metadata"]["name"] == pod["spec"]["nodeName"])
+        placed[slug] = node["metadata"]["labels"]["nvidia.com/device-plugin.config"]
+        await s.stop()
+    assert placed == {"quarter": cm["metadata"]["annotations"]["gpulab.io/node-label"].split("=")[1], "one": "whole"}
+
+
+# --------------------------------------------------------------------------
+# priority across teams
+
+
+def gpu_pod(name: str, priority_class: str, team_label: str) -> dict:
+    """A 1-GPU pod on the test bed's single-GPU node, as gpulab labels its work."""
+    return {
+        "metadata": {"name": name, "labels": {"gpulab.io/team": team_label}},
+        "spec": {
+            "priorityClassName": priority_class,
+            "nodeSelector": {"gpulab.io/pool": "mig"},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "work", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
+
+
+def preempted(kube: Cluster, ns: str, name: str) -> bool:
+    pod = kube.pod(ns, name)
+    return (
+        pod is None
+        or pod["metadata"].get("deletionTimestamp") is not None
+        or any(c["type"] == "DisruptionTarget" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    )
+
+
+async def test_a_teams_guarantee_holds_against_other_teams_only_borrowed_work_is_preempted(
+    hub_identity: Release, kube: Cluster
+):
+    """The kube-scheduler preempts by priority value alone, across namespaces. Team B's
+    in-quota batch job must survive team A's in-quota training; B's over-quota work not."""
+    release = hub_identity
+    vision, nlp = chart_team(release, "vision"), chart_team(release, "nlp")
+    a_ns, b_ns = release.team_ns(vision), release.team_ns(nlp)
+    kube.create(f"/api/v1/namespaces/{b_ns}/pods", gpu_pod("b-batch", "gpulab-batch", nlp))
+    kube.wait_pod(b_ns, "b-batch", "Running", 60)
+    kube.create(f"/api/v1/namespaces/{a_ns}/pods", gpu_pod("a-training", "gpulab-training", vision))
+    # The scheduler tries, finds no node, and finds no victim it may evict.
+    kube.wait(
+        lambda: any(e["reason"] == "FailedScheduling" for e in kube.events(a_ns, "a-training")),
+        "the scheduler to have tried a-training",
+        60,
+    )
+    await asyncio.sleep(5)
+    assert not preempted(kube, b_ns, "b-batch"), "team B's in-quota batch job was preempted by team A"
+    assert kube.pod(a_ns, "a-training")["status"]["phase"] == "Pending"
+    # Team B's work above its guarantee runs in gpulab-over-quota: team A takes the GPU back.
+    kube.request("DELETE", f"/api/v1/namespaces/{a_ns}/pods/a-training?gracePeriodSeconds=0")
+    kube.request("DELETE", f"/api/v1/namespaces/{b_ns}/pods/b-batch?gracePeriodSeconds=0")
+    kube.wait(lambda: not kube.pods(b_ns) and not kube.pods(a_ns), "the pods to be gone", 60)
+    kube.create(f"/api/v1/namespaces/{b_ns}/pods", gpu_pod("b-borrowed", "gpulab-over-quota", nlp))
+    kube.wait_pod(b_ns, "b-borrowed", "Running", 60)
+    kube.create(f"/api/v1/namespaces/{a_ns}/pods", gpu_pod("a-notebook", "gpulab-development", vision))
+    kube.wait(lambda: preempted(kube, b_ns, "b-borrowed"), "team B's borrowed pod to be preempted", 60)
+    kube.wait_pod(a_ns, "a-notebook", "Running", 90)
+
+
+# --------------------------------------------------------------------------
+# Job podFailurePolicy, by the real Job controller
+
+
+def cpu_job(release: Release, ns: str, job_id: int) -> dict:
+    catalog = catalog_from_dict(
+        {"profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}], "teams": [{"name": "t", "guarantee": 1}]}
+    )
+    gpu = pod_gpu_spec(catalog.profiles["cpu"], {})
+    req = jobspec.KubeJobRequest(
+        job_id=job_id,
+        name="calc",
+        user="alice",
+        namespace=ns,
+        image="busybox",
+        job_class="batch",
+        over_quota=False,
+        notebook="calc.ipynb",
+        output_path="runs/calc-1.ipynb",
+        log_path="runs/calc-1.log",
+        parameters={},
+        time_limit_seconds=600,
+        labels={"gpulab.io/team": "t"},
+        annotations={},
+        gpu=gpu,
+        cpu_guarantee=0.1,
+    )
+    return jobspec.kube_job_manifest(req)
+
+
+def job_pods(kube: Cluster, ns: str, job_id: int) -> list[dict]:
+    return kube.pods(ns, f"batch.kubernetes.io/job-name={jobspec.kube_job_name(job_id)}")
+
+
+def condition(job: dict, kind: str) -> dict | None:
+    return next(
+        (c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind and c["status"] == "True"), None
+    )
+
+
+async def test_a_notebook_that_raised_fails_the_job_at_once_a_preempted_one_runs_again(
+    hub_identity: Release, kube: Cluster
+):
+    release = hub_identity
+    ns = release.team_ns(chart_team(release, "vision"))
+    jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
+    kube.create(jobs, cpu_job(release, ns, 7001))
+    (pod,) = kube.wait(lambda: job_pods(kube, ns, 7001), "the Job's pod", 60)
+    kube.finish_pod(ns, pod["metadata"]["name"], 1)  # papermill: the notebook raised
+    job = kube.wait(lambda: condition(j := kube.get(f"{jobs}/gpulab-job-7001"), "Failed") and j, "the Job to fail", 60)
+    assert condition(job, "Failed")["reason"] == "PodFailurePolicy"
+    time.sleep(2)
+    assert len(job_pods(kube, ns, 7001)) == 1, "no second run of a notebook that raised"
+    # Evicted (preemption, drain): DisruptionTarget, ignored: the Job makes a new pod, backoff untouched.
+    kube.create(jobs, cpu_job(release, ns, 7002))
+    (pod,) = kube.wait(lambda: job_pods(kube, ns, 7002), "the Job's pod", 60)
+    kube.wait_pod(ns, pod["metadata"]["name"], "Running", 60)
+    first = pod["metadata"]["name"]
+    kube.evict_pod(ns, first)
+    # The node ends the evicted pod (exit 137, DisruptionTarget) and deletes it; the Job
+    # controller ignores that failure and runs the notebook again in a new pod.
+    (again,) = kube.wait(
+        lambda: [p for p in job_pods(kube, ns, 7002) if p["metadata"]["name"] != first],
+        "a new pod after the eviction",
+        90,
+    )
+    kube.wait_pod(ns, again["metadata"]["name"], "Running", 60)
+    job = kube.get(f"{jobs}/gpulab-job-7002")
+    assert not condition(job, "Failed") and job["status"].get("failed", 0) == 0, job["status"]
+
+
+# --------------------------------------------------------------------------
+# Kueue: a CPU-only job gets no GPU flavor
+
+
+def test_kueue_admits_a_cpu_only_job_without_the_gpu_flavor(hub_identity: Release, kube: Cluster):
+    """Kueue writes the node labels of every flavor it assigns into the pods. With CPU
+    and memory in the GPU flavor's resource group, a CPU-only job got the GPU flavor
+    (and its GPU node labels); the chart gives CPU and memory a flavor of their own."""
+    from spawner.core.labels import kueue_local_queue
+
+    release = hub_identity
+    name = chart_team(release, "vision")
+    ns = release.team_ns(name)
+    values = yaml.safe_load((REPO / "helm" / "gpulab" / "values.yaml").read_text())["kueue"]
+    body = cpu_job(release, ns, 7003)
+    body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = kueue_local_queue(name)
+    body["spec"]["suspend"] = True
+    kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", body)
+
+    def admitted() -> dict | None:
+        for w in kube.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads")["items"]:
+            mine = any(o["name"] == "gpulab-job-7003" for o in w["metadata"].get("ownerReferences", []))
+            if mine and condition(w, "Admitted"):
+                return w
+        return None
+
+    workload = kube.wait(admitted, "Kueue to admit the CPU-only Job", 60)
+    (assignment,) = workload["status"]["admission"]["podSetAssignments"]
+    assert set(assignment["flavors"].values()) == {values["cpuFlavor"]["name"]}, assignment["flavors"]

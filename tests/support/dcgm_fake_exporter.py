@@ -1,0 +1,309 @@
+"""Test fixtures for the GPU idle culler: a fake dcgm-exporter and a real Prometheus.
+
+:class:`FakeDCGMExporter` is a real HTTP server (a thread, 127.0.0.1, free
+port) that serves ``/metrics`` in dcgm-exporter's text format for a set of
+fake GPUs / MIG instances / pods whose values the test sets. It is clearly a
+stand-in for the *hardware*: no GPU exists on the test machines.
+
+:class:`RunningPrometheus` starts the real Debian ``prometheus`` binary on a
+loopback port, scraping the exporter every second, with the idle culler's
+recording rules (helm/gpulab/rules/idle-culler.rules.yaml, evaluated every
+second too) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import requests
+import yaml
+
+from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE
+from tests.support import REPO
+from tests.support.hub import free_port
+from tests.support.processes import NotReady, wait_ready
+
+MODEL = "NVIDIA H100 80GB HBM3"
+#: The recording rules the chart installs and the culler reads.
+RULES_FILE = REPO / "helm" / "gpulab" / "rules" / "idle-culler.rules.yaml"
+
+
+def _labels(d: dict[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in d.items())
+
+
+class FakeDCGMExporter:
+    """Serves dcgm-exporter-format metrics; ``set_gpu`` / ``set_mig`` / ``remove`` change them."""
+
+    def __init__(self, hostname: str = "gpu-node-1", hostname_label: str = "Hostname"):
+        self.hostname = hostname
+        self.hostname_label = hostname_label
+        self._series: dict[str, tuple[str, dict[str, str], float]] = {}
+        self._lock = threading.Lock()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        self.scrapes = 0
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server API)
+                if self.path != "/metrics":
+                    self.send_error(404)
+                    return
+                body = exporter.render().encode()
+                exporter.scrapes += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def start(self) -> FakeDCGMExporter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def _base(
+        self, gpu: int, host: str | None, host_label: str | None, pod: str | None, namespace: str | None
+    ) -> dict[str, str]:
+        labels = {
+            "gpu": str(gpu),
+            "UUID": f"GPU-{gpu:08d}-fake",
+            "device": f"nvidia{gpu}",
+            "modelName": MODEL,
+            (host_label or self.hostname_label): host or self.hostname,
+            "DCGM_FI_DRIVER_VERSION": "550.54.15",
+        }
+        if pod:
+            labels.update(container="notebook", namespace=namespace or "default", pod=pod)
+        return labels
+
+    def set_gpu(
+        self,
+        gpu: int,
+        util: float,
+        *,
+        pod: str | None = None,
+        namespace: str | None = None,
+        host: str | None = None,
+        host_label: str | None = None,
+    ) -> str:
+        """``DCGM_FI_DEV_GPU_UTIL`` (percent) of a whole GPU; returns the series key."""
+        key = f"util/{host or self.hostname}/{gpu}"
+        with self._lock:
+            self._series[key] = ("DCGM_FI_DEV_GPU_UTIL", self._base(gpu, host, host_label, pod, namespace), float(util))
+        return key
+
+    def set_mig(
+        self,
+        gpu: int,
+        instance: int,
+        active: float,
+        *,
+        profile: str = "3g.40gb",
+        pod: str | None = None,
+        namespace: str | None = None,
+        host: str | None = None,
+        host_label: str | None = None,
+    ) -> str:
+        """``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio 0..1) of a MIG instance."""
+        key = f"mig/{host or self.hostname}/{gpu}/{instance}"
+        labels = self._base(gpu, host, host_label, pod, namespace)
+        labels.update(GPU_I_PROFILE=profile, GPU_I_ID=str(instance))
+        with self._lock:
+            self._series[key] = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, float(active))
+        return key
+
+    def remove(self, key: str) -> None:
+        with self._lock:
+            self._series.pop(key, None)
+
+    def render(self) -> str:
+        with self._lock:
+            series = list(self._series.values())
+        out = []
+        for metric, help_text in (
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active."),
+        ):
+            rows = [(labels, v) for m, labels, v in series if m == metric]
+            if not rows:
+                continue
+            out.append(f"# HELP {metric} {help_text}")
+            out.append(f"# TYPE {metric} gauge")
+            for labels, v in rows:
+                value = f"{v:.6f}" if metric.startswith("DCGM_FI_PROF") else f"{int(v)}"
+                out.append(f"{metric}{{{_labels(labels)}}} {value}")
+        return "\n".join(out) + "\n"
+
+
+class RunningPrometheus:
+    """The real ``prometheus`` binary, scraping ``targets`` (host:port) every second."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        port: int | None = None,
+        *,
+        rules: bool = True,
+        rule_interval: str = "1s",
+    ):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+        self.config = self.workdir / "prometheus.yml"
+        self.rules = self.workdir / "idle-culler.rules.yaml"
+        self.rule_interval = rule_interval
+        doc = yaml.safe_load(RULES_FILE.read_text())
+        for group in doc["groups"]:
+            group["interval"] = rule_interval
+        self.rules.write_text(yaml.safe_dump(doc))
+        rule_files = [str(self.rules)] if rules else []
+        self.config.write_text(
+            textwrap.dedent(f"""
+            global:
+              scrape_interval: 1s
+              scrape_timeout: 900ms
+              evaluation_interval: 1s
+            rule_files: {rule_files!r}
+            scrape_configs:
+              - job_name: dcgm
+                honor_labels: true
+                static_configs:
+                  - targets: {targets!r}
+        """)
+        )
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.workdir / "prometheus.log"
+
+    def start(self, timeout: float = 30) -> RunningPrometheus:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                f"--config.file={self.config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_ready(self.proc, self.url + "/-/ready", timeout=timeout, interval=0.2, request_timeout=1)
+        except NotReady as e:
+            if e.returncode is not None:
+                raise RuntimeError(f"prometheus exited: {self.log_path.read_text()[-2000:]}") from None
+            self.stop()
+            raise RuntimeError(f"prometheus did not become ready: {self.log_path.read_text()[-2000:]}") from None
+        return self
+
+    def backfill(self, series: list[tuple[str, dict[str, str], list[tuple[float, float]]]]) -> None:
+        """Write history into the TSDB before :meth:`start` with ``promtool tsdb create-blocks-from
+        openmetrics``: ``(metric, labels, [(unix_seconds, value), ...])`` per series. Tests then
+        query any moment of that history at once instead of waiting for it to happen."""
+        families: dict[str, list[str]] = {}
+        for metric, labels, samples in series:
+            lines = families.setdefault(metric, [])
+            for t, v in sorted(samples):
+                value = "NaN" if v != v else repr(float(v))
+                lines.append(f"{metric}{{{_labels(labels)}}} {value} {t:.3f}")
+        text = "".join(f"# TYPE {m} gauge\n" + "\n".join(lines) + "\n" for m, lines in families.items()) + "# EOF\n"
+        source = self.workdir / "backfill.om"
+        source.write_text(text)
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.workdir / "data")],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+
+    def backfill_rules(self, start: float, end: float) -> None:
+        """Evaluate the recording rules over ``[start, end]`` of the history already in the TSDB, as
+        Prometheus would have while it happened (``promtool tsdb create-blocks-from rules``, which
+        asks this running Prometheus), then restart so the new blocks are read."""
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        out = self.workdir / "rule-blocks"
+        subprocess.run(
+            [
+                promtool,
+                "tsdb",
+                "create-blocks-from",
+                "rules",
+                f"--url={self.url}",
+                f"--start={start:.3f}",
+                f"--end={end:.3f}",
+                f"--output-dir={out}",
+                str(self.rules),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        self.stop()
+        for block in out.iterdir():
+            shutil.move(str(block), str(self.workdir / "data" / block.name))
+        self.start()
+        # The rule blocks overlap the history's, which Prometheus merges in the background
+        # after it starts: wait until each series-count rule shows every evaluation.
+        interval = float(self.rule_interval.removesuffix("s"))
+        expected = math.floor((end - start) / interval)
+        counts: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for metric in METRICS:
+                query = f"count_over_time({SAMPLE_AGE_COUNT_RULE.format(metric=metric)}[{end - start:.0f}s])"
+                r = requests.get(self.url + "/api/v1/query", params={"query": query, "time": end}, timeout=10)
+                result = r.json().get("data", {}).get("result", [])
+                counts[metric] = float(result[0]["value"][1]) if result else 0.0
+            if any(counts.values()) and all(c >= expected for c in counts.values() if c):
+                return
+            time.sleep(0.2)
+        self.stop()  # the fixture never reaches its teardown
+        raise RuntimeError(f"the recording rules did not show all {expected} evaluations: {counts}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.proc = None
+
+    def wait_for_samples(self, selector: str, count: int = 1, timeout: float = 30) -> None:
+        """Poll until ``count_over_time(selector[1h])`` reaches ``count`` for some series."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = requests.get(
+                self.url + "/api/v1/query", params={"query": f"count_over_time({selector}[1h])"}, timeout=5
+            ).json()
+            result = r.get("data", {}).get("result", [])
+            if result and max(float(x["value"][1]) for x in result) >= count:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"Prometheus never had {count} samples of {selector}")

@@ -1,0 +1,239 @@
+"""The pure part of notebook jobs (spawner/core/jobspec.py): validation, the Job manifest, Job states."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spawner.core import jobspec
+from spawner.core.catalog import catalog_from_dict
+from spawner.core.jobspec import JobSpecError
+from spawner.core.labels import workload_annotations, workload_labels
+from spawner.core.ledger import Workload
+from spawner.core.priority import BATCH, TRAINING
+from spawner.core.sharing import pod_gpu_spec
+from tests.support import REPO
+
+
+def test_job_classes_map_to_priority_classes():
+    assert jobspec.priority_for("batch") is BATCH and BATCH.may_burst
+    assert jobspec.priority_for("training") is TRAINING and not TRAINING.may_burst
+    for bad in ("production", "development", "", None, ["batch"]):
+        with pytest.raises(JobSpecError):
+            jobspec.priority_for(bad)
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("a.ipynb", "a.ipynb"),
+        ("./exp/b.ipynb", "exp/b.ipynb"),
+        ("exp//c.ipynb", "exp/c.ipynb"),
+    ],
+)
+def test_notebook_paths_are_normalised(path, expected):
+    assert jobspec.validate_notebook_path(path) == expected
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../a.ipynb",
+        "x/../../a.ipynb",
+        "x/..",
+        "/etc/a.ipynb",
+        "~root/a.ipynb",
+        "",
+        " ",
+        ".",
+        "a.py",
+        "a\x00.ipynb",
+        "a\n.ipynb",
+        "a\\..\\b.ipynb",
+        5,
+        None,
+        "a" * 2000 + ".ipynb",
+    ],
+)
+def test_notebook_paths_that_escape_are_refused(path):
+    with pytest.raises(JobSpecError):
+        jobspec.validate_notebook_path(path)
+
+
+@given(st.text(max_size=60))
+def test_no_accepted_path_escapes_the_home(path):
+    try:
+        out = jobspec.validate_notebook_path(path)
+    except JobSpecError:
+        return
+    assert not out.startswith("/") and ".." not in out.split("/") and out.endswith(".ipynb")
+
+
+def test_parameters_are_bounded_identifiers():
+    assert jobspec.validate_parameters({"x": 1, "lr": 0.1, "tags": ["a"]}, 1024) == {"x": 1, "lr": 0.1, "tags": ["a"]}
+    assert jobspec.validate_parameters(None, 10) == {}
+    with pytest.raises(JobSpecError) as e:
+        jobspec.validate_parameters({"x": "y" * 100}, 50)
+    assert e.value.status == 413
+    for bad in ({"1x": 1}, {"a b": 1}, {"class": 1}, [1], "x=1"):
+        with pytest.raises(JobSpecError):
+            jobspec.validate_parameters(bad, 1024)
+
+
+def test_names_time_limits_and_outputs():
+    assert jobspec.validate_name(None, "exp/My Notebook.ipynb") == "My-Notebook"
+    assert jobspec.validate_name("LR sweep #3", "a.ipynb") == "LR-sweep-3"
+    assert jobspec.validate_name("../../etc/passwd", "a.ipynb") == "etc-passwd"
+    for bad in ("---", "//", "x" * 64, 3, ["a"]):
+        with pytest.raises(JobSpecError):
+            jobspec.validate_name(bad, "a.ipynb")
+    assert jobspec.validate_time_limit(None, 60, 100) == 60
+    for bad in (0, -1, 101, 1.5, True, "10"):
+        with pytest.raises(JobSpecError):
+            jobspec.validate_time_limit(bad, 60, 100)
+    assert jobspec.output_paths("exp/train.ipynb", "train", "20260101-000000-7") == (
+        "exp/runs/train-20260101-000000-7.ipynb",
+        "exp/runs/train-20260101-000000-7.log",
+    )
+    assert jobspec.output_paths("t.ipynb", "t", "s") == ("runs/t-s.ipynb", "runs/t-s.log")
+
+
+def test_state_machine():
+    assert jobspec.may_transition("queued", "running")
+    assert jobspec.may_transition("running", "preempted") and jobspec.may_transition("preempted", "queued")
+    for final in jobspec.FINAL_STATES:
+        assert not any(jobspec.may_transition(final, s) for s in jobspec.STATES)
+
+
+CATALOG = catalog_from_dict(
+    {
+        "sharing": {"backend": "mig"},
+        "profiles": [
+            {
+                "slug": "h100-2",
+                "display_name": "2 x H100",
+                "gpus": 2,
+                "gpu_model": "H100-80GB",
+                "cpu": {"guarantee": 4, "limit": 8},
+                "memory": {"guarantee": "32G", "limit": "64G"},
+            },
+            {"slug": "mig-3g", "display_name": "3g.40gb", "gpus": 0.5, "gpu_model": "H100-80GB"},
+        ],
+        "teams": [{"name": "nlp", "users": ["carol"], "guarantee": 4, "burst": 8, "namespace": "team-nlp"}],
+    },
+    "test",
+)
+
+
+def request(profile_slug: str, **kw) -> jobspec.KubeJobRequest:
+    profile = CATALOG.profile(profile_slug)
+    team = CATALOG.teams["nlp"]
+    gpu = pod_gpu_spec(profile, CATALOG.sharing, team)
+    w = Workload(
+        "job:42", "nlp", "carol@example.org", gpu.effective_milli, profile.slug, "job", kw.get("over_quota", False)
+    )
+    args = dict(
+        job_id=42,
+        name="train",
+        user="carol@example.org",
+        namespace="team-nlp",
+        image="example.org/nb:1",
+        job_class="training",
+        over_quota=False,
+        notebook="exp/train.ipynb",
+        output_path="exp/runs/train-1.ipynb",
+        log_path="exp/runs/train-1.log",
+        parameters={"epochs": 3, "name": 'it\'s "quoted"; rm -rf /'},
+        time_limit_seconds=7200,
+        labels=workload_labels(w),
+        annotations=workload_annotations(w),
+        gpu=gpu,
+        home_claim="claim-carol-40example-2eorg",
+        cpu_guarantee=profile.cpu_guarantee,
+        cpu_limit=profile.cpu_limit,
+        mem_guarantee=profile.mem_guarantee,
+        mem_limit=profile.mem_limit,
+    )
+    args.update(kw)
+    return jobspec.KubeJobRequest(**args)
+
+
+def test_manifest_without_kueue_validates_strictly():
+    job = jobspec.kube_job_manifest(request("h100-2"))
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    spec = job["spec"]
+    assert "suspend" not in spec and "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+    pod = spec["template"]["spec"]
+    assert pod["priorityClassName"] == "gpulab-training"
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "2" and res["limits"]["cpu"] == "8"
+    assert res["requests"]["memory"] == str(CATALOG.profile("h100-2").mem_guarantee)
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    # Parameters travel as data in the environment; the shell script never interpolates them.
+    assert json.loads(env["GPULAB_PARAMETERS"])["name"] == 'it\'s "quoted"; rm -rf /'
+    assert "GPULAB_PARAMETERS" not in jobspec.PAPERMILL_SCRIPT.replace('"$GPULAB_PARAMETERS"', "")
+
+
+def test_manifest_mig_fraction_over_quota_with_kueue_validates():
+    job = jobspec.kube_job_manifest(request("mig-3g", job_class="batch", over_quota=True, kueue_queue="nlp"))
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "nlp"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "gpulab-over-quota"
+    assert any(k.startswith("nvidia.com/mig-") for k in pod["containers"][0]["resources"]["limits"])
+
+
+@pytest.mark.parametrize(
+    "job, state",
+    [
+        ({"spec": {"suspend": True}, "status": {}}, "queued"),
+        ({"spec": {}, "status": {}}, "queued"),
+        ({"spec": {}, "status": {"active": 1}}, "running"),
+        ({"spec": {}, "status": {"failed": 1}}, "preempted"),
+        ({"spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}, "succeeded"),
+        (
+            {
+                "spec": {},
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Failed",
+                            "status": "True",
+                            "reason": "BackoffLimitExceeded",
+                            "message": "Job has reached the specified backoff limit",
+                        }
+                    ]
+                },
+            },
+            "failed",
+        ),
+        (
+            {
+                "spec": {},
+                "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]},
+            },
+            "timed-out",
+        ),
+        ({"spec": {}, "status": {"conditions": [{"type": "Failed", "status": "False"}], "active": 1}}, "running"),
+    ],
+)
+def test_kube_job_states(job, state):
+    assert jobspec.kube_job_state(job)[0] == state
+
+
+def test_openapi_document_lists_every_endpoint():
+    import re
+
+    import yaml
+
+    from hub_config.api import jobs
+
+    doc = yaml.safe_load((REPO / "docs" / "jobs-openapi.yaml").read_text())
+    documented = set(doc["paths"])
+    served = {re.sub(r"\(\[\^/\]\+\)", "{id}", pattern).replace("/api/gpulab", "") for pattern, _ in jobs.handlers}
+    assert documented == served
