@@ -23,18 +23,25 @@ import signal
 import sqlite3
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.support.faults import (
     create_users,
     device_use,
+    exclusive_lock,
+    fill_disk,
+    free_bytes,
     gpu_shares_of_processes,
     kill_hub,
     pids_of,
     proxy_pid,
+    root_can_write,
     servers,
+    small_filesystem,
     start_servers,
     through_proxy,
     wait_until,
@@ -131,6 +138,12 @@ def submit_gated(hub, tokens, gates, user: str, profile: str, name: str, **param
         time_limit_seconds=3600,
         name=name,
     )
+
+
+def post_cpu_job(hub: RunningHub, token: str):
+    """A CPU-only job submission, answered as it is (the tests check refusals with it)."""
+    body = {"notebook": "exp/gated.ipynb", "job_class": "batch", "profile": "cpu"}
+    return hub.api("POST", "/gpulab/jobs", token=token, data=json.dumps(body))
 
 
 def release(gates, user: str, name: str) -> None:
@@ -345,8 +358,6 @@ def test_no_gpu_is_handed_out_twice_after_the_restart(hub, tokens, gates, live):
 
 def proxy_routes(hub: RunningHub) -> set[str]:
     """The routes configurable-http-proxy holds (asked on its API with its own token)."""
-    import requests
-
     env = dict(
         item.split("=", 1)
         for item in Path(f"/proc/{proxy_pid(hub)}/environ").read_bytes().decode().split("\0")
@@ -363,8 +374,6 @@ def proxy_routes(hub: RunningHub) -> set[str]:
 
 def routes_now(hub: RunningHub) -> set[str] | None:
     """:func:`proxy_routes`, or ``None`` while the proxy does not answer yet."""
-    import requests
-
     try:
         return proxy_routes(hub)
     except (OSError, KeyError, requests.RequestException):
@@ -414,10 +423,6 @@ def test_database_locked_by_another_writer_for_ten_seconds(hub, tokens, gates, l
     """Another process holds ``BEGIN EXCLUSIVE`` on one of the hub's two databases for 10 s
     while users list, submit, spawn and use their servers: each request waits or fails with
     a sentence (never a 500), nothing is half-written, and all works once the lock is gone."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tests.support.faults import exclusive_lock
-
     tag = database.split(".")[0]
     server = ("u05", f"lock-{tag}")
     job_name = f"during-{tag}-lock"
@@ -442,7 +447,7 @@ def test_database_locked_by_another_writer_for_ten_seconds(hub, tokens, gates, l
         "start a server": lambda: hub.api(
             "POST", f"/users/{server[0]}/servers/{server[1]}", data=json.dumps({"team": "nlp", "profile": "cpu"})
         ),
-        "use a server": lambda: __import__("requests").get(
+        "use a server": lambda: requests.get(
             hub.url + "/user/u06/api/status", headers={"Authorization": f"token {tokens['u06']}"}, timeout=30
         ),
     }
@@ -500,8 +505,6 @@ DISK_EXTRA = EXTRA + "c.GPULab.min_free_disk_mib = 4\n"
 def disk_hub(tmp_path_factory):
     """A hub whose whole data folder (databases, job status files, homes) is a 64 MiB ext4
     disk, and whose databases wait only 3 s for a lock (``GPULAB_DB_BUSY_TIMEOUT``)."""
-    from tests.support.faults import small_filesystem
-
     workdir = tmp_path_factory.mktemp("faults-disk")
     with small_filesystem(DISK_MIB) as disk:
         (workdir / "data").symlink_to(disk)
@@ -529,8 +532,6 @@ def test_gpulab_database_locked_past_the_wait_answers_503_and_writes_nothing_hal
     is refused with a 503 that says so, and is not recorded; a job that finishes meanwhile
     keeps its devices until its outcome is written (once), and the job queued behind it
     then starts once."""
-    from tests.support.faults import exclusive_lock
-
     hub, tokens, gates = disk_hub, disk_hub.tokens, disk_hub.gates
     running = submit_gated(hub, tokens, gates, "d1", "h100-1", "ends-in-lock")
     wait_state(hub, running["id"], "running")
@@ -541,12 +542,7 @@ def test_gpulab_database_locked_past_the_wait_answers_503_and_writes_nothing_hal
     before = {j["id"] for j in hub.api("GET", "/gpulab/jobs").json()["jobs"]}
     t0 = time.monotonic()
     with exclusive_lock(hub.state_dir / "gpulab.sqlite", 15) as lock:
-        r = hub.api(
-            "POST",
-            "/gpulab/jobs",
-            token=tokens["d0"],
-            data=json.dumps({"notebook": "exp/gated.ipynb", "job_class": "batch", "profile": "cpu"}),
-        )
+        r = post_cpu_job(hub, tokens["d0"])
         assert r.status_code == 503, r.text
         message = r.json()["message"]
         assert "gpulab's database" in message and "gpulab.sqlite" in message and "locked" in message, message
@@ -573,8 +569,6 @@ def test_gpulab_database_locked_past_the_wait_answers_503_and_writes_nothing_hal
 def test_hub_database_locked_past_the_wait_gpulab_answers_503(disk_hub):
     """The hub's own database locked past the wait: gpulab's API cannot look up the caller and
     says so with a 503, rather than "invalid credentials"; all works again after."""
-    from tests.support.faults import exclusive_lock
-
     hub, tokens = disk_hub, disk_hub.tokens
     with exclusive_lock(hub.state_dir / "jupyterhub.sqlite", 8):
         r = hub.api("GET", "/gpulab/me", token=tokens["d0"])
@@ -599,8 +593,6 @@ def test_data_disk_full_refuses_new_work_with_a_sentence_and_leaves_running_work
     would): new servers (form and REST) and job submissions are refused with a sentence that
     names the full disk and where it is; the running server and job go on; once space is
     freed, new work starts and the running job's outcome is recorded once."""
-    from tests.support.faults import fill_disk, free_bytes
-
     hub, tokens, gates = disk_hub, disk_hub.tokens, disk_hub.gates
     start_servers(hub, [("d0", "", "lab", "h100-quarter")])
     job = submit_gated(hub, tokens, gates, "d1", "cpu", "through-full-disk")
@@ -619,12 +611,7 @@ def test_data_disk_full_refuses_new_work_with_a_sentence_and_leaves_running_work
     filler = fill_disk(hub.home("d1") / "big.bin", hub.account("d1"))
     assert free_bytes(disk) < 64 << 10 < free_bytes(disk, for_root=True)  # full for users, not for root
     where = str(disk / "hub")
-    r = hub.api(
-        "POST",
-        "/gpulab/jobs",
-        token=tokens["d1"],
-        data=json.dumps({"notebook": "exp/gated.ipynb", "job_class": "batch", "profile": "cpu"}),
-    )
+    r = post_cpu_job(hub, tokens["d1"])
     assert where in refused_for_disk(r)
     r = hub.api("POST", "/users/d1/server", data=json.dumps({"team": "lab", "profile": "h100-quarter"}))
     assert where in refused_for_disk(r)
@@ -662,20 +649,13 @@ def test_data_disk_full_to_the_last_byte_gpulab_answers_with_sentences(disk_hub)
     with a sentence (507, the file named) and changes nothing, never a 500. After the space
     is freed, all works. (JupyterHub's own pages and API fail on their own writes then:
     docs/single-server.md says to keep the hub's databases where users cannot fill them.)"""
-    from tests.support.faults import fill_disk, root_can_write
-
     hub, tokens = disk_hub, disk_hub.tokens
     disk = hub.data_dir.resolve()
     t0 = time.monotonic()
     filler = fill_disk(disk / "hub" / "filler.bin")
     try:
         assert not root_can_write(disk / "hub")
-        r = hub.api(
-            "POST",
-            "/gpulab/jobs",
-            token=tokens["d1"],
-            data=json.dumps({"notebook": "exp/gated.ipynb", "job_class": "batch", "profile": "cpu"}),
-        )
+        r = post_cpu_job(hub, tokens["d1"])
         assert str(disk / "hub") in refused_for_disk(r)
         assert hub.api("GET", "/gpulab/devices").status_code == 200
         assert hub.api("GET", "/gpulab/me", params={"user": "d0"}).status_code == 200
