@@ -46,7 +46,7 @@ from spawner.core.policy import (
 )
 from spawner.core.priority import effective_priority_class
 from spawner.core.scheduling import explain_unschedulable
-from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
+from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
@@ -79,6 +79,8 @@ _APPLIED_TRAITS = (
     "tolerations",
     "node_affinity_required",
     "node_affinity_preferred",
+    "volumes",
+    "volume_mounts",
 )
 
 
@@ -406,6 +408,11 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota)  # the device plugin picks
         env.update(spec.env)  # NVIDIA_VISIBLE_DEVICES=void without a GPU
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
+        if spec.effective_milli > 0:  # PyTorch's DataLoader workers need more than 64 MiB there
+            # KubeSpawner's traits (a list or a dict each), which mypy cannot type.
+            traits = ("volumes", "volume_mounts")
+            for trait, value in zip(traits, with_shm(*(getattr(self, t) for t in traits)), strict=True):
+                setattr(self, trait, value)
 
     def _follow_home_claim(self) -> None:
         """One home per team namespace: a claim lives in one namespace, and a pod can only

@@ -71,6 +71,37 @@ async def test_hami_pod_names_hamis_scheduler_over_z2jhs_user_scheduler(api):
     s._release_reservation()
 
 
+async def test_gpu_servers_get_a_memory_backed_dev_shm_and_cpu_servers_none(api):
+    """A container runtime gives /dev/shm 64 MiB; PyTorch's DataLoader workers die there
+    ("bus error"). z2jh's own volumes (the home) stay; an admin's /dev/shm is kept as it is."""
+    config = spawner_config(api.release)
+    config.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
+    config.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+
+    async def manifest(user: str, profile: str) -> dict:
+        s = spawner_for(config, user, {"team": "vision", "profile": profile})
+        await s.load_user_options()
+        try:
+            return s.api.api_client.sanitize_for_serialization(await s.get_pod_manifest())
+        finally:
+            s._release_reservation()
+
+    gpu = (await manifest("bob", "h100-half"))["spec"]
+    assert {"name": "gpulab-shm", "emptyDir": {"medium": "Memory"}} in gpu["volumes"]
+    mounts = gpu["containers"][0]["volumeMounts"]
+    assert {"name": "gpulab-shm", "mountPath": "/dev/shm"} in mounts
+    assert {"name": "home", "mountPath": "/home/jovyan"} in mounts
+    cpu = (await manifest("alice", "cpu"))["spec"]
+    assert all(v["name"] != "gpulab-shm" for v in cpu["volumes"])
+    # The next spawn starts from the configured volumes again, not the last one's.
+    again = (await manifest("bob", "h100-half"))["spec"]
+    assert [v["name"] for v in again["volumes"]].count("gpulab-shm") == 1
+    config.KubeSpawner.volumes = [*config.KubeSpawner.volumes, {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+    config.KubeSpawner.volume_mounts = [*config.KubeSpawner.volume_mounts, {"name": "shm", "mountPath": "/dev/shm"}]
+    own = (await manifest("bob", "h100-half"))["spec"]
+    assert [m["mountPath"] for m in own["containers"][0]["volumeMounts"]].count("/dev/shm") == 1
+
+
 async def test_hami_refuses_a_privileged_init_container_before_anything_is_created(api):
     catalog = {**KUBE_SPAWNER, "sharing": {"backend": "hami"}}
     config = spawner_config(api.release, catalog)
