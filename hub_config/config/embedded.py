@@ -28,6 +28,7 @@ from traitlets import TraitError
 
 from hub_config.config.idle_service import configure_idle_culler
 from hub_config.config.setup import configure_gpulab
+from hub_config.storage.db import DEFAULT_BUSY_TIMEOUT
 from spawner.core.catalog import Catalog, CatalogError
 from spawner.local.accounts import UserAccounts, unreachable_by_others
 from spawner.local.confinement import LimitsUnavailable, UserLimits, get_confiner
@@ -218,6 +219,8 @@ class EmbeddedSettings:
     #: JupyterLab's news feed for the users (``GPULAB_LAB_NEWS``): ``off`` (no prompt, no
     #: fetch, no update check), ``on`` (fetched), or ``ask`` (JupyterLab's own prompt).
     lab_news: str = "off"
+    #: Seconds a write to either SQLite database waits for a lock another process holds.
+    db_busy_timeout: float = DEFAULT_BUSY_TIMEOUT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> EmbeddedSettings:
@@ -239,6 +242,7 @@ class EmbeddedSettings:
             limits=env.get("GPULAB_LIMITS") or None,
             cgroup_parent=env.get("GPULAB_CGROUP_PARENT") or None,
             lab_news=lab_news_setting(env.get("GPULAB_LAB_NEWS", cls.lab_news)),
+            db_busy_timeout=float(env.get("GPULAB_DB_BUSY_TIMEOUT") or DEFAULT_BUSY_TIMEOUT),
         )
 
     @property
@@ -310,12 +314,22 @@ def apply_hub(c: Any, settings: EmbeddedSettings, prepared: Prepared) -> None:
     c.JupyterHub.hub_port = prepared.hub_port
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{prepared.proxy_api_port}"
     c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+    # Both databases wait as long for a lock another process holds (a backup, an admin's
+    # sqlite3), then fail: requests wait out a short lock instead of failing at once.
+    c.GPULabDB.busy_timeout = settings.db_busy_timeout
+    c.JupyterHub.db_kwargs = {"connect_args": {"check_same_thread": False, "timeout": settings.db_busy_timeout}}
     c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
     c.ConfigurableHTTPProxy.command = [prepared.proxy_command]
     c.GPULabDB.db_url = f"sqlite:///{state_dir / 'gpulab.sqlite'}"
     c.GPULabJobs.state_dir = str(settings.data_dir / "jobs")
+    # New work waits for room on these; running servers and jobs are left alone.
+    c.GPULab.data_disks = {
+        "the hub's databases": str(state_dir),
+        "the job status folder": str(settings.data_dir / "jobs"),
+        "the users' homes": str(settings.homes),
+    }
     c.JupyterHub.allow_named_servers = True
     c.JupyterHub.named_server_limit_per_user = 4
     c.JupyterHub.cleanup_servers = False  # servers survive a hub restart and are counted again
@@ -427,6 +441,8 @@ def configure_embedded(c: Any) -> None:
     - ``GPULAB_DEMO_AUTH`` (default ``1``), ``GPULAB_DEMO_PASSWORD`` (default ``gpulab-demo``)
     - ``GPULAB_ADMIN_USERS`` (default ``admin``), comma-separated
     - ``GPULAB_LAB_NEWS`` (default ``off``): JupyterLab's news announcements (``on``, ``ask``)
+    - ``GPULAB_DB_BUSY_TIMEOUT`` (default 20): seconds a write to either SQLite database
+      waits for a lock another process holds
 
     Read the settings, prepare the machine (checks, folders, ports), then apply them to
     ``c`` (the ``apply_*`` steps only write configuration).

@@ -1,13 +1,12 @@
 """The single-server spawners: JupyterHub's local process spawners + the GPU core.
 
-``GPULocalSpawner`` (entry point ``gpu-local``, the embedded default when the
-hub runs as root or has the sudoers rule) runs each server as the user's own
-system account (``jupyter-<name>``, created on first spawn, home 0700: see
-:mod:`spawner.local.accounts`), like ``LocalProcessSpawner`` with The Littlest
-JupyterHub's account creation, or like sudospawner for a hub that is not root. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``)
-runs every server as the hub's own account with a home per user, like
-``SimpleLocalProcessSpawner``: users are not isolated from each other, so the
-embedded hub uses it only when it cannot switch users, and says so. Both:
+``GPULocalSpawner`` (``gpu-local``, the embedded default when the hub runs as root or
+has the sudoers rule) runs each server as the user's own system account (``jupyter-<name>``,
+created on first spawn, home 0700: :mod:`spawner.local.accounts`), like
+``LocalProcessSpawner`` with TLJH's account creation, or sudospawner for a hub that is not
+root. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``) runs every server as the hub's own
+account with a home per user, like ``SimpleLocalProcessSpawner``: users are not isolated,
+so the embedded hub uses it only when it cannot switch users, and says so. Both:
 
 - offer the profiles of the user's teams with live availability;
 - validate the choice again on the server and reserve quota in the shared
@@ -22,7 +21,6 @@ embedded hub uses it only when it cannot switch users, and says so. Both:
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +36,7 @@ from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.idle import idle_policy_text
 from spawner.core.ledger import Workload, notebook_key
 from spawner.core.limits import LimitDefaults, WorkloadLimits, workload_limits
-from spawner.core.packer import DevicePacker, Placement, devices_from_inventory
+from spawner.core.packer import DevicePacker, Placement
 from spawner.core.policy import (
     Capacity,
     PolicyError,
@@ -56,35 +54,10 @@ from spawner.runtime import SINGLE_SERVER, GPULabRuntime, get_runtime
 from .account_spawner import AccountProcessSpawner
 from .confinement import UserLimits
 from .devices import placed_minors
-from .nvml import detect_gpus
+from .inventory import ensure_packer
 
-
-def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
-    """The runtime's device packer, created on first use (spawners and the job runner share it),
-    from the devices ``c.GPULab.gpu_inventory_source`` says to use."""
-    with runtime.lock:
-        if runtime.packer is not None:
-            return runtime.packer
-        inventory_source = runtime.gpu_inventory_source
-        devices = None
-        if inventory_source in ("auto", "nvml"):
-            devices = detect_gpus()
-            if devices is None and inventory_source == "nvml":
-                raise RuntimeError("gpu_inventory_source is 'nvml' but NVML found no NVIDIA driver")
-        if devices:
-            source = "nvml"
-        else:
-            devices = devices_from_inventory(runtime.catalog.inventory)
-            source = "declared"
-        runtime.packer = DevicePacker(devices)
-        runtime.inventory_source = source
-        (log or logging.getLogger("gpulab")).info(
-            "gpulab: %d GPU(s) from %s: %s",
-            len(devices),
-            source,
-            ", ".join(sorted({d.model for d in devices})) or "none",
-        )
-        return runtime.packer
+#: Spawner-state key of the address a started server listens on (:meth:`GPULocalMixin.get_url`).
+URL_STATE_KEY = "gpulab_url"
 
 
 #: The choice a refused spawn posted, per user: JupyterHub renders the form again
@@ -111,6 +84,8 @@ class GPULocalMixin(_SpawnerBase):
 
     #: What this server was granted, saved in the hub's spawner state (``state["gpulab"]``).
     _granted: GrantedShare | None = None
+    #: Where the started server listens (``state["gpulab_url"]``), saved before it answers.
+    _started_url: str = ""
     #: cpu/mem traits as configured, before any profile set them.
     _configured_limits: dict[str, Any] | None = None
     #: This named server's record was created by a visit of its spawn page and never ran.
@@ -297,6 +272,9 @@ class GPULocalMixin(_SpawnerBase):
     def _resolve(self, options: dict[str, Any], check_now: bool = False) -> SpawnRequest:
         runtime = self.gpulab
         request = resolve_request(runtime.catalog, self.user.name, self._groups(), options)
+        full = runtime.disk_full()
+        if full is not None:  # before anything is reserved or written
+            raise PolicyError(full, 507)
         if check_now:
             # Early feedback on the form; start() decides for real, atomically.
             decision = runtime.ledger.admit(
@@ -373,9 +351,45 @@ class GPULocalMixin(_SpawnerBase):
             raise
         admission.confirm()
         self._fresh_record = False
+        self._save_started_state(result)
         admission.remember_choice(request)
         await self._wait_until_answering(result)
         return result
+
+    def _save_started_state(self, address: Any) -> None:
+        """Store the started process (pid, address, devices) in the hub's database at once.
+
+        JupyterHub saves a spawner's state only when ``start()`` has returned, which
+        here is once the server answers (seconds later). A hub that dies in between
+        would find a server record without a pid after its restart, call the server
+        gone and free its share while the process still runs on that GPU. Saved
+        now, the restarted hub re-adopts it like any running server and finds it
+        at the saved address (:meth:`get_url`).
+        """
+        if isinstance(address, tuple) and len(address) == 2:
+            ip, port = address
+            self._started_url = f"http://{ip or '127.0.0.1'}:{int(port)}"
+        orm = getattr(self, "orm_spawner", None)
+        db = getattr(getattr(self, "user", None), "db", None)
+        if orm is None or db is None:
+            return
+        try:
+            orm.state = self.get_state()
+            db.commit()
+        except Exception as e:  # JupyterHub saves it again when the spawn returns
+            db.rollback()
+            self.log.warning("gpulab: cannot save the state of %s before it answers: %s", self._key, e)
+
+    async def get_url(self) -> str:
+        """The server's URL from its saved address (JupyterHub asks after a restart).
+
+        A hub that restarted while this server was still starting knows its record,
+        not where it listens (the address is stored when the spawn returns); the
+        address saved at start (:meth:`_save_started_state`) says.
+        """
+        if self._started_url and self.server is not None:
+            return self._started_url + self.server.base_url
+        return await super().get_url()
 
     async def _wait_until_answering(self, address: Any) -> None:
         """Return once the new server answers HTTP (or has died, or ``http_timeout`` passed).
@@ -502,10 +516,14 @@ class GPULocalMixin(_SpawnerBase):
         state = super().get_state()
         if self._granted:
             state[STATE_KEY] = self._granted.to_json()
+        if self._started_url:
+            state[URL_STATE_KEY] = self._started_url
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
+        url = state.get(URL_STATE_KEY)
+        self._started_url = url if isinstance(url, str) and url.startswith("http://") else ""
         saved = GrantedShare.from_state(state)
         if saved is None or not state.get("pid"):
             return
@@ -534,6 +552,7 @@ class GPULocalMixin(_SpawnerBase):
 
     def clear_state(self) -> None:
         super().clear_state()
+        self._started_url = ""
 
 
 class GPULocalSpawner(GPULocalMixin, AccountProcessSpawner):

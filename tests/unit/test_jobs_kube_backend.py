@@ -152,7 +152,10 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
         ]
     }
     # KubeSpawner's claim name for jo_smith, not an invalid "claim-jo_smith".
-    assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-jo-smith---515893c9"}}]
+    assert pod["volumes"] == [
+        {"name": "home", "persistentVolumeClaim": {"claimName": "claim-jo-smith---515893c9"}},
+        {"name": "gpulab-shm", "emptyDir": {"medium": "Memory"}},  # a GPU job: /dev/shm past 64 MiB
+    ]
 
 
 @pytest.mark.parametrize(

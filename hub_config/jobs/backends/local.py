@@ -22,9 +22,8 @@
   output and the exit status as the owner, through the mediator
   (:mod:`spawner.local.mediator`: as root switched to the account, or over sudo). A hub
   that is not root also starts and signals the runner through the mediator.
-- Nothing a user can stop holds up another user: every start, signal and
-  exit-status read that runs the mediator is a task of its own job, awaited
-  with the mediator's deadline, never inside the loop's tick.
+- Nothing a user can stop holds up another: every start, signal and exit-status read
+  through the mediator is its job's own task, with the mediator's deadline, never in the tick.
 - A runner is known by its pid, its account's uid and its start time
   (:mod:`spawner.local.processes`), recorded at start: a pid that now names another
   process is neither counted alive nor signalled.
@@ -57,7 +56,7 @@ from hub_config.jobs.backends.local_runner import (
 )
 from hub_config.jobs.homes import HubHomes
 from hub_config.jobs.models import JobRecord
-from hub_config.storage.db import as_utc, utcnow
+from hub_config.storage.db import as_utc, database_file, storage_failure, utcnow
 from spawner.core import jobspec
 from spawner.core.jobspec import Submission
 from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
@@ -68,17 +67,10 @@ from spawner.local.accounts import Account, AccountError, lookup
 from spawner.local.cgroups import CgroupError
 from spawner.local.confinement import Confinement, Confiner, UserLimits, get_confiner
 from spawner.local.devices import placed_minors
+from spawner.local.inventory import ensure_packer
 from spawner.local.mediator_client import MediatorError
-from spawner.local.processes import owner, process_alive, signal_group, start_time
-from spawner.local.spawner import ensure_packer
+from spawner.local.processes import command_line, owner, process_alive, signal_group, start_time
 from spawner.local.sudo import ROOT, SUDO
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
 
 
 class LocalJobBackend(JobBackend):
@@ -104,6 +96,9 @@ class LocalJobBackend(JobBackend):
         self.busy: dict[int, asyncio.Task] = {}
         #: job ids with a signal on its way.
         self.signalling: set[int] = set()
+        #: job id -> (reason, fields) of a start whose runner runs but whose record could not
+        #: be written (the database was locked or its disk full): written at the next tick.
+        self.unrecorded_starts: dict[int, tuple[str, dict[str, Any]]] = {}
         #: The hub is not root: it acts as the owners through the mediator over sudo.
         self.sudo = service.owner_accounts and service.accounts.uses_sudo()
         self.user_limits = UserLimits(config=service.config) if service.config is not None else UserLimits()
@@ -178,8 +173,12 @@ class LocalJobBackend(JobBackend):
         def done(t: asyncio.Task) -> None:
             if self.busy.get(job_id) is t:
                 del self.busy[job_id]
-            if not t.cancelled() and t.exception() is not None:
-                log.error("gpulab jobs: job %d: %s", job_id, t.exception(), exc_info=t.exception())
+            error = None if t.cancelled() else t.exception()
+            failure = storage_failure(error, database_file(self.service.config)) if error is not None else None
+            if failure is not None:  # the next tick does what this task could not record
+                log.warning("gpulab jobs: job %d waits: %s", job_id, failure)
+            elif error is not None:
+                log.error("gpulab jobs: job %d: %s", job_id, error, exc_info=error)
             self.service.wake()
 
         task.add_done_callback(done)
@@ -210,8 +209,15 @@ class LocalJobBackend(JobBackend):
             return False
         if rec.pid_started is not None:
             return True
-        cmd = _cmdline(rec.pid)  # recorded before start times were: the command line must match too
+        cmd = command_line(rec.pid)  # recorded before start times were: the command line must match too
         return RUNNER_MODULE in cmd and status in cmd
+
+    def _adopt_devices(self, rec: JobRecord) -> None:
+        try:
+            with self.runtime.lock:
+                self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
+        except Exception as e:  # devices changed under us: the job goes on, say so
+            log.error("gpulab jobs: cannot re-adopt devices %s of job %d: %s", rec.shares, rec.id, e)
 
     async def _recover(self, rec: JobRecord) -> None:
         status = str(self.status_path(rec, rec.attempts))
@@ -219,11 +225,7 @@ class LocalJobBackend(JobBackend):
         if rec.state == jobspec.PREEMPTED:  # the hub stopped while the runner was being stopped
             if self._runner_lives(rec, status):
                 self._track(rec.id, pid, self._uid_of(rec.user), rec.pid_started)
-                with self.runtime.lock:
-                    try:
-                        self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
-                    except Exception as e:
-                        log.error("gpulab jobs: cannot re-adopt devices of job %d: %s", rec.id, e)
+                self._adopt_devices(rec)
                 self._terminate(rec.id, jobspec.QUEUED)
             else:
                 self.service.transition(rec.id, jobspec.QUEUED, "requeued after preemption")
@@ -231,11 +233,7 @@ class LocalJobBackend(JobBackend):
         if rec.state != jobspec.RUNNING:
             return
         if self._runner_lives(rec, status):
-            try:
-                with self.runtime.lock:
-                    self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
-            except Exception as e:  # devices changed under us: the job goes on, say so
-                log.error("gpulab jobs: cannot re-adopt devices %s of job %d: %s", rec.shares, rec.id, e)
+            self._adopt_devices(rec)
             self._track(rec.id, pid, self._uid_of(rec.user), rec.pid_started)  # the ledger adopted it
             log.info("gpulab jobs: re-adopted running job %d (pid %d)", rec.id, pid)
         else:
@@ -250,6 +248,9 @@ class LocalJobBackend(JobBackend):
     # -- the loop ---------------------------------------------------------------------
 
     async def tick(self) -> None:
+        # Every step writes its record before it forgets a process or frees its devices: a
+        # write that fails (database locked, disk full) leaves the step to the next tick.
+        self._record_starts()
         self._reap()
         self._enforce_time_limits()
         self._schedule()
@@ -265,32 +266,48 @@ class LocalJobBackend(JobBackend):
         uid, started = self.identities.get(job_id, (None, None))
         return uid is None or not process_alive(pid, uid, started)
 
+    def _record_starts(self) -> None:
+        for job_id, (reason, fields) in list(self.unrecorded_starts.items()):
+            now = self.service.transition(job_id, jobspec.RUNNING, reason, **fields)
+            del self.unrecorded_starts[job_id]
+            if (now is None or now.state != jobspec.RUNNING) and job_id in self.pids:  # cancelled meanwhile
+                self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+                self._signal(job_id, self.pids[job_id], signal.SIGTERM)
+
+    def _forget(self, job_id: int) -> None:
+        """The job's runner is gone and its record says so: stop tracking it, free its devices."""
+        self.pids.pop(job_id, None)
+        self.procs.pop(job_id, None)
+        self.identities.pop(job_id, None)
+        self._release_devices(job_id)
+
     def _reap(self) -> None:
         for job_id, pid in list(self.pids.items()):
-            if job_id in self.busy:  # its start is still being recorded
+            if job_id in self.busy:  # its start (or its outcome) is still being recorded
                 continue
             if not self._runner_gone(job_id, pid):
                 deadline, _ = self.stopping.get(job_id, (None, None))
                 if deadline is not None and time.monotonic() > deadline:
                     self._signal(job_id, pid, signal.SIGKILL)
                 continue
-            self.pids.pop(job_id, None)
-            self.procs.pop(job_id, None)
-            self.identities.pop(job_id, None)
-            oom = self._oom_note(job_id)  # read before its cgroup goes
-            self._release_devices(job_id)
             if job_id in self.stopping:
-                _, then = self.stopping.pop(job_id)
-                self.preempting.pop(job_id, None)
+                _, then = self.stopping[job_id]
                 if then:
                     self.service.transition(job_id, then, "requeued after preemption")
+                del self.stopping[job_id]
+                self.preempting.pop(job_id, None)
+                self._forget(job_id)
                 continue
             rec = self.service.get_job(job_id)
             if rec is not None and rec.state == jobspec.RUNNING:
+                oom = self._oom_note(job_id)  # read before its cgroup goes
+                # It forgets the runner once the outcome is written; a failed write tries again.
                 self._spawn(
                     job_id,
                     self._finish_from_status(rec, gone_reason="the runner exited without an exit status", note=oom),
                 )
+            else:
+                self._forget(job_id)
 
     def _oom_note(self, job_id: int) -> str:
         """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
@@ -315,8 +332,8 @@ class LocalJobBackend(JobBackend):
             state, reason = jobspec.FAILED, f"its exit status could not be read: {e}"
         else:
             state, reason = outcome_from_status(found, gone_reason)
-        self._release_devices(rec.id)
         self.service.transition(rec.id, state, reason + note if state == jobspec.FAILED else reason)
+        self._forget(rec.id)
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
@@ -329,7 +346,8 @@ class LocalJobBackend(JobBackend):
 
     def _schedule(self) -> None:
         active = self.service.active_jobs(self.name)
-        waiting = [r for r in active if r.state == jobspec.QUEUED and r.id not in self.busy]
+        # A job whose runner already runs (its start not yet recorded) is not started again.
+        waiting = [r for r in active if r.state == jobspec.QUEUED and r.id not in self.busy and r.id not in self.pids]
         waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
         # Runners alive per user (running, or on their way out after a preemption).
         running: dict[str, int] = {}
@@ -403,10 +421,10 @@ class LocalJobBackend(JobBackend):
         if not fits:
             return
         for victim_id, _ in victims:
-            self.preempting[victim_id] = rec.id
             self.service.transition(
                 victim_id, jobspec.PREEMPTED, f"preempted by training job {rec.id}, which needs its GPU"
             )
+            self.preempting[victim_id] = rec.id
             self._terminate(victim_id, jobspec.QUEUED)
 
     # -- processes -------------------------------------------------------------------------
@@ -489,15 +507,18 @@ class LocalJobBackend(JobBackend):
             return
         started = start_time(pid)
         self._track(rec.id, pid, uid, started)
-        now = self.service.transition(
-            rec.id,
-            jobspec.RUNNING,
-            f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
-            pid=pid,
-            pid_started=started,
-            shares_json=json.dumps(shares),
-            attempts=attempt,
-        )
+        reason = f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}"
+        fields: dict[str, Any] = {
+            "pid": pid,
+            "pid_started": started,
+            "shares_json": json.dumps(shares),
+            "attempts": attempt,
+        }
+        try:
+            now = self.service.transition(rec.id, jobspec.RUNNING, reason, **fields)
+        except Exception:  # the runner runs: record it at the next tick, never start it twice
+            self.unrecorded_starts[rec.id] = (reason, fields)
+            raise
         if now is None or now.state != jobspec.RUNNING:  # cancelled while the mediator started it
             self.stopping[rec.id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
             self._signal(rec.id, pid, signal.SIGTERM)
