@@ -171,6 +171,27 @@ class AdminAPIHandler(GPULabAPIHandler):
     def check_admin(self) -> None:
         self.require_scope(ADMIN)
 
+    def check_fits_hub(self, catalog: Catalog, slug: str) -> None:
+        """Refuse a profile no server of this hub could ever give: on a single server, more GPUs
+        (of its model) than the whole inventory holds. (On Kubernetes the nodes come and go: the
+        spawn page says when nothing fits.)"""
+        runtime = self.gpulab
+        profile = catalog.profile(slug)
+        if runtime.platform == KUBERNETES or profile is None or not profile.is_gpu:
+            return
+        from spawner.local.spawner import ensure_packer
+
+        models = {profile.gpu_model} if profile.gpu_model else None
+        total = ensure_packer(runtime).total_milli(models)
+        if profile.gpu_milli > total:
+            model = profile.gpu_model or "GPU"
+            raise web.HTTPError(
+                400,
+                f"gpus: {format_gpus(profile.gpu_milli)} GPUs is more than this server has "
+                f"({format_gpus(total)} {model} in all), so no user could ever start it; "
+                f"at most {format_gpus(total)} here",
+            )
+
     @property
     def store(self) -> CatalogStore:
         store = self.gpulab.catalog_store
@@ -198,8 +219,9 @@ class AdminAPIHandler(GPULabAPIHandler):
         mutate: Callable[[Catalog, dict[str, Any]], None],
         old: Callable[[Catalog], Any],
         new: Callable[[Catalog], Any],
+        check: Callable[[Catalog], None] | None = None,
     ) -> Catalog:
-        """Apply ``mutate`` to the catalog dict, validate, store, audit, swap in."""
+        """Apply ``mutate`` to the catalog dict, validate (and ``check`` the result), store, audit, swap in."""
         store = self.store
         if store.read_only:
             raise web.HTTPError(
@@ -216,6 +238,8 @@ class AdminAPIHandler(GPULabAPIHandler):
                 catalog = catalog_from_dict(data, "request")
             except CatalogError as e:
                 raise web.HTTPError(400, describe_issues(e, data)) from None
+            if check is not None:
+                check(catalog)
             before, after = old(current), new(catalog)
             if before == after:
                 return current
@@ -366,8 +390,23 @@ class ProfilesHandler(AdminAPIHandler):
 
         def mutate(_current, data):
             data["profiles"].append(body)
+            # Offered to the teams it names: a team with a list of allowed profiles gains it too,
+            # else a new profile would be "offered" to nobody.
+            chosen = body.get("teams")
+            if isinstance(chosen, list):
+                for team in data["teams"]:
+                    allowed = team.get("allowed_profiles")
+                    if team.get("name") in chosen and isinstance(allowed, list) and slug not in allowed:
+                        allowed.append(slug)
 
-        catalog = self.edit("profile.create", slug, mutate, lambda c: None, lambda c: _profile_json(c, slug))
+        catalog = self.edit(
+            "profile.create",
+            slug,
+            mutate,
+            lambda c: None,
+            lambda c: _profile_json(c, slug),
+            check=lambda c: self.check_fits_hub(c, slug),
+        )
         self.write_json(profile_view(catalog, slug), status=201)
 
 
@@ -387,7 +426,14 @@ class _ProfileBase(AdminAPIHandler):
                 merged.pop("gpu_milli", None)
             profiles[i] = {k: v for k, v in merged.items() if v is not None}
 
-        catalog = self.edit(action, slug, mutate, lambda c: _profile_json(c, slug), lambda c: _profile_json(c, slug))
+        catalog = self.edit(
+            action,
+            slug,
+            mutate,
+            lambda c: _profile_json(c, slug),
+            lambda c: _profile_json(c, slug),
+            check=lambda c: self.check_fits_hub(c, slug) if "gpus" in body or "gpu_model" in body else None,
+        )
         self.write_json(profile_view(catalog, slug))
 
 

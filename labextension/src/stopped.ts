@@ -25,10 +25,25 @@ export async function announceStopRequested(model: GpuStatusModel, waitMs = 2000
     model,
     Notification.emit('Asking the hub to stop this server…', 'in-progress', { autoClose: false })
   );
-  const until = Date.now() + waitMs;
-  while (!document.querySelector('.Toastify__toast') && Date.now() < until) {
-    await new Promise(resolve => setTimeout(resolve, 50));
+  const drawn = () => document.querySelector('.Toastify__toast') !== null;
+  if (drawn()) {
+    return;
   }
+  await new Promise<void>(resolve => {
+    const observer = new MutationObserver(() => {
+      if (drawn()) {
+        done();
+      }
+    });
+    // The one timer of src/: a bound, so a lab that never draws toasts still sends the stop.
+    const bound = window.setTimeout(() => done(), waitMs);
+    function done() {
+      observer.disconnect();
+      window.clearTimeout(bound);
+      resolve();
+    }
+    observer.observe(document.body, { childList: true, subtree: true });
+  });
 }
 
 /** The stop request failed: the notification says so instead. */

@@ -51,9 +51,12 @@ def test_admin_edits_quota_on_the_page_and_the_next_spawn_is_refused(hub, browse
     # A burst limit below the guarantee: refused with the reason, nothing changes.
     form.locator("input[name=burst]").fill("0.25")
     form.locator("button[type=submit]").click()
-    error = form.locator(".gpulab-form-error")
-    error.filter(has_text="below the guarantee").wait_for()
+    burst = form.locator("input[name=burst]")
+    error = form.locator("#team-vision-burst-error")  # at the field, which points at it
+    error.wait_for()
     assert "teams.vision.burst: burst limit (0.25 GPUs) is below the guarantee (0.5 GPUs)" in error.inner_text()
+    assert burst.get_attribute("aria-invalid") == "true"
+    assert burst.get_attribute("aria-describedby") == "team-vision-burst-error"
     page.screenshot(path=str(SHOTS / "admin-refused-edit.png"), full_page=True)
     assert hub.api("GET", "/gpulab/teams/vision").json()["burst_milli"] == 1000
 
@@ -63,6 +66,7 @@ def test_admin_edits_quota_on_the_page_and_the_next_spawn_is_refused(hub, browse
         form.locator("button[type=submit]").click()
     form = page.locator("#team-form-vision")
     assert form.locator("input[name=burst]").input_value() == "0.5"
+    assert form.locator(".gpulab-form-status").inner_text() == "Saved team vision."  # said where Save was pressed
     audit = page.locator("#gpulab-audit tbody tr").first
     assert "team.update" in audit.inner_text() and "admin" in audit.inner_text()
     assert 'burst: "1" → "0.5"' in audit.inner_text()
@@ -71,6 +75,26 @@ def test_admin_edits_quota_on_the_page_and_the_next_spawn_is_refused(hub, browse
     csv = page.request.get(hub.url + page.locator("#gpulab-csv").get_attribute("href"))
     assert csv.status == 200 and csv.headers["content-type"].startswith("text/csv")
     assert ",vision,bob," in csv.text()
+
+    # A new profile chooses its teams in the same form; one larger than the server is refused at the field.
+    page.locator("#gpulab-profile-editor summary").click()
+    pform = page.locator("#gpulab-profile-form")
+    pform.locator("input[name=slug]").fill("h100-huge")
+    pform.locator("input[name=gpus]").fill("100")
+    pform.locator("input[name=teams][value=nlp]").uncheck()
+    pform.locator("button[type=submit]").click()
+    gpus_error = pform.locator("#gpulab-profile-gpus-error")
+    gpus_error.wait_for()
+    assert "100 GPUs is more than this server has (2 GPU in all)" in gpus_error.inner_text()
+    assert hub.api("GET", "/gpulab/profiles/h100-huge").status_code == 404  # nothing saved
+    pform.locator("input[name=gpus]").fill("0.75")
+    with page.expect_navigation():
+        pform.locator("button[type=submit]").click()
+    assert page.locator("#gpulab-profiles-status").inner_text() == "Created profile h100-huge."
+    created = hub.api("GET", "/gpulab/profiles/h100-huge").json()
+    assert "vision" in created["used_by_teams"], created
+    vision = hub.api("GET", "/gpulab/teams/vision").json()
+    assert "h100-huge" in vision["allowed_profiles"], vision
     admin_ctx.close()
 
     # alice's spawn page shows the new limit, and the server refuses it too.

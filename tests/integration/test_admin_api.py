@@ -223,6 +223,17 @@ BAD_EDITS = [
     ("POST", "/gpulab/profiles", {"slug": "t", "gpus": 1, "teams": ["ghosts"]}, 400, "unknown team 'ghosts'"),
     ("PATCH", "/gpulab/profiles/h100-1", {"slug": "h100-one"}, 400, "slug cannot change"),
     ("PATCH", "/gpulab/profiles/h100-1", {"gpus": "0.0005"}, 400, "finer than 1/1000"),
+    # Larger than this server's whole inventory (2 × H100-80GB): nobody could ever start it.
+    ("POST", "/gpulab/profiles", {"slug": "huge", "gpus": 100}, 400, "100 GPUs is more than this server has (2 GPU"),
+    (
+        "POST",
+        "/gpulab/profiles",
+        {"slug": "h100-3", "gpus": 3, "gpu_model": "H100-80GB"},
+        400,
+        "3 GPUs is more than this server has (2 H100-80GB in all), so no user could ever start it; at most 2 here",
+    ),
+    ("PATCH", "/gpulab/profiles/h100-1", {"gpus": 4}, 400, "4 GPUs is more than this server has"),
+    ("POST", "/gpulab/profiles", {"slug": "big", "gpus": 4, "teams": ["vision"]}, 400, "more than this server has"),
     ("PUT", "/gpulab/prices", {"prices": {"H100-80GB": -2}}, 400, "non-negative price"),
     ("PUT", "/gpulab/prices", {"H100-80GB": 2}, 400, "body must be"),
     ("PATCH", "/gpulab/profiles/h100-1/retire", {"retired": True}, 405, ""),
@@ -345,6 +356,17 @@ def test_profile_create_and_edit(hub):
     assert r.status_code == 200 and r.json()["gpu_milli"] == 500
     page = hub.spawn_page(hub.login("bob"), "y", "bob").text
     assert 'value="vision:h100-3q"' in page
+
+
+def test_a_new_profile_naming_its_teams_is_offered_to_them_only(hub):
+    """vision lists its allowed profiles, nlp allows all: naming vision adds the profile to vision's
+    list (else nobody in vision could start it) and keeps it from nlp."""
+    r = hub.api("POST", "/gpulab/profiles", json={"slug": "h100-for-vision", "gpus": "0.25", "teams": ["vision"]})
+    assert r.status_code == 201, r.text
+    assert r.json()["used_by_teams"] == ["vision"]
+    assert "h100-for-vision" in hub.api("GET", "/gpulab/teams/vision").json()["allowed_profiles"]
+    entries = hub.api("GET", "/gpulab/audit", params={"target": "h100-for-vision"}).json()["entries"]
+    assert [e["action"] for e in entries] == ["profile.create"], entries
 
 
 def test_usage_gpu_hours_cost_reclaims_csv(hub):
