@@ -2,6 +2,7 @@
  * The sidebar's jobs list: one row per job with its id, submit and start
  * time, size, class, run time, state history and actions.
  */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import React from 'react';
 
 import { api } from './api';
@@ -14,6 +15,21 @@ import { jobHistory, shortTime } from './viewLogic';
 export interface IJobActions {
   openLogs: (job: IJob) => void;
   openOutput: (job: IJob) => Promise<void>;
+}
+
+/** Cancel is not undone: ask once, and say what stays. */
+async function confirmCancel(job: IJob, title: string): Promise<boolean> {
+  const result = await showDialog({
+    title: `Cancel job #${String(job.id)}?`,
+    body:
+      `“${title}” stops now and cannot be resumed. Its log and the output notebook written ` +
+      'so far stay; Re-run starts it again from the beginning.',
+    buttons: [
+      Dialog.cancelButton({ label: 'Keep running' }),
+      Dialog.warnButton({ label: 'Cancel job' })
+    ]
+  });
+  return result.button.accept;
 }
 
 function JobRow({
@@ -101,7 +117,7 @@ function JobRow({
         <button
           className="jp-mod-styled gpulab-small"
           aria-label={`Open the output notebook of job ${title}`}
-          disabled={!isTerminal(job.state) || job.state === 'cancelled'}
+          disabled={!isTerminal(job.state)}
           onClick={() => act('Opened output', () => actions.openOutput(job))}
         >
           Output
@@ -110,7 +126,11 @@ function JobRow({
           className="jp-mod-styled gpulab-small"
           aria-label={`Cancel job ${title}`}
           disabled={!canCancel(job)}
-          onClick={() => act('Cancelled', () => api.cancel(job.id))}
+          onClick={async () => {
+            if (await confirmCancel(job, title)) {
+              await act('Cancelled', () => api.cancel(job.id));
+            }
+          }}
         >
           Cancel
         </button>

@@ -141,6 +141,7 @@ def run_scenario(hub: RunningHub, page) -> None:
     slow = panel.locator(f'.gpulab-job:not([data-job-id="{job_id}"])')
     slow.wait_for()
     slow.get_by_role("button", name="Cancel job").click()
+    page.locator(".jp-Dialog").get_by_role("button", name="Cancel job", exact=True).click()  # asked once
     panel.locator('.gpulab-job[data-state="cancelled"]').wait_for(timeout=30_000)
     slow_id = slow.get_attribute("data-job-id")
     slow_record = hub.api("GET", f"/gpulab/jobs/{slow_id}").json()

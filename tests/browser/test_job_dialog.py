@@ -9,13 +9,16 @@ the profile stays 1 × H100, marked, with the reason and the spawn page's "what 
 (preemptible)" is offered. Switching the team and back, and the arrow keys on the class,
 change nothing else. Bad fields are said at the field; a parameter can be removed; batch
 instead submits exactly 1 × H100 as batch. The next dialog does not preselect the
-remembered 1 × H100 once it no longer fits. Tab and Shift+Tab go through every control
+remembered 1 × H100 once it no longer fits. Cancelling the job asks once; its log and
+output stay reachable. Tab and Shift+Tab go through every control
 and wrap, Escape closes, focus returns; gpulab's commands are in the command palette; the
 lab does not ask about Jupyter news (the embedded hub's default).
 Screenshot: docs/img/lab-job-dialog-kept-choice.png (scripts/screenshots).
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -153,8 +156,22 @@ def test_a_choice_that_stops_fitting_stays_and_says_why(hub: RunningHub, lab):
     assert dialog.get_by_role("button", name="Submit job").is_enabled()
     page.keyboard.press("Escape")
     page.locator(".gpulab-job-dialog").wait_for(state="detached")
-    r = hub.api("POST", f"/gpulab/jobs/{record['id']}/cancel", json={})
-    assert r.status_code == 200, r.text
+
+    # Cancel asks once ("Keep running" keeps it); the log and the output written so far stay.
+    row = page.locator(f'#gpulab-panel .gpulab-job[data-job-id="{record["id"]}"]')
+    row.get_by_role("button", name=re.compile("^Cancel job")).click()
+    confirm = page.locator(".jp-Dialog", has_text=f"Cancel job #{record['id']}?")
+    assert "Its log and the output notebook written so far stay" in confirm.inner_text()
+    confirm.get_by_role("button", name="Keep running").click()
+    confirm.wait_for(state="detached")
+    assert hub.api("GET", f"/gpulab/jobs/{record['id']}").json()["state"] == "running"
+    row.get_by_role("button", name=re.compile("^Cancel job")).click()
+    confirm.get_by_role("button", name="Cancel job").click()
+    page.locator(f'#gpulab-panel .gpulab-job[data-job-id="{record["id"]}"][data-state="cancelled"]').wait_for()
+    output = row.get_by_role("button", name=re.compile("^Open the output notebook"))
+    assert output.is_enabled() and row.get_by_role("button", name=re.compile("^Logs of job")).is_enabled()
+    output.click()  # the notebook as far as papermill wrote it (the parameters cell ran; the pause did not end)
+    page.locator("#gpulab-panel .gpulab-status", has_text="Opened output").wait_for()
 
 
 def focused(page) -> str:
@@ -205,7 +222,7 @@ def test_keyboard_focus_wraps_escape_closes_and_focus_returns(lab):
 
 def test_gpulab_commands_are_in_the_command_palette(lab):
     page = lab
-    page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+    page.locator(".jp-NotebookPanel:visible .jp-Cell").first.click()
     page.keyboard.press("Escape")
     page.keyboard.press("Control+Shift+C")
     search = page.locator(".lm-CommandPalette-input")
