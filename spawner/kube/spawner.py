@@ -45,7 +45,7 @@ from spawner.core.policy import (
     what_to_do,
 )
 from spawner.core.priority import effective_priority_class
-from spawner.core.scheduling import explain_unschedulable
+from spawner.core.scheduling import SCHEDULER_EVENT_REASONS, explain_scheduler_event
 from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
@@ -560,8 +560,8 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         """KubeSpawner's progress events, with the scheduler's refusals in plain words."""
         async for event in super().progress():
             raw = event.get("raw_event") or {}
-            if raw.get("reason") == "FailedScheduling":
-                words = explain_unschedulable(raw.get("message") or "", self._asked_for())
+            if raw.get("reason") in SCHEDULER_EVENT_REASONS:
+                words = explain_scheduler_event(raw["reason"], raw.get("message") or "", self._asked_for())
                 if words:
                     event = {**event, "message": words}
             yield event
