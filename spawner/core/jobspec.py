@@ -391,8 +391,9 @@ def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
         "command": ["/bin/sh", "-c", PAPERMILL_SCRIPT],
         "env": env,
         "workingDir": home,
-        # As z2jh's single-user container: no setuid, no privilege escalation.
-        "securityContext": {"allowPrivilegeEscalation": False},
+        # The "restricted" Pod Security Standard: no setuid, no privilege escalation, no
+        # Linux capability (papermill and its kernel need none).
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     resources = _job_resources(req, gpu)
     if resources:
@@ -412,13 +413,17 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
         # A notebook job has no business with the Kubernetes API.
         "automountServiceAccountToken": False,
     }
-    security: dict[str, Any] = {}
+    # The "restricted" Pod Security Standard, which the chart's team namespaces warn and
+    # audit at: the runtime's default seccomp profile, and never root (unless an admin
+    # runs the users' servers as uid 0, c.KubeSpawner.uid = 0: then the job does too).
+    security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if req.uid is not None:
         security["runAsUser"] = req.uid
+        if req.uid != 0:
+            security["runAsNonRoot"] = True
     if req.fs_gid is not None:
         security["fsGroup"] = req.fs_gid
-    if security:
-        pod_spec["securityContext"] = security
+    pod_spec["securityContext"] = security
     _job_scheduling(req, gpu, pod_spec)
     if req.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in req.image_pull_secrets]

@@ -9,6 +9,7 @@ identity (bound by the chart's Roles) from tests/kube/conftest.py.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 
 import pytest
@@ -20,10 +21,11 @@ from spawner.core.catalog import catalog_from_dict
 from spawner.core.sharing import pod_gpu_spec
 from spawner.kube.spawner import GPUKubeSpawner
 from spawner.runtime import get_runtime, set_runtime
-from tests.kube.bed.chart import Release
+from tests.kube.bed.chart import Release, helm
 from tests.kube.bed.cluster import Cluster
+from tests.kube.bed.testbed import TestbedError
 from tests.support import REPO
-from tests.support.helm import device_plugin_advertises
+from tests.support.helm import CHART, device_plugin_advertises
 from tests.support.kube_spawner import chart_config, chart_team, spawner_for
 
 # --------------------------------------------------------------------------
@@ -312,3 +314,66 @@ def test_kueue_admits_a_cpu_only_job_without_the_gpu_flavor(hub_identity: Releas
     workload = kube.wait(admitted, "Kueue to admit the CPU-only Job", 60)
     (assignment,) = workload["status"]["admission"]["podSetAssignments"]
     assert set(assignment["flavors"].values()) == {values["cpuFlavor"]["name"]}, assignment["flavors"]
+
+
+# --------------------------------------------------------------------------
+# Pod Security admission
+
+
+def test_job_pods_pass_the_restricted_pod_security_standard(release: Release, kube: Cluster):
+    """The API server's PodSecurity admission (on by default in kube-apiserver) judges the
+    job's pod for real: the chart's team namespaces enforce "baseline" and warn and audit at
+    "restricted"; a namespace an admin sets to enforce "restricted" admits gpulab's job pod,
+    and refuses with a 403 the pod the job command made before (no seccomp profile, root
+    not ruled out, capabilities kept)."""
+    team_ns = next(iter(release.teams.values()))
+    labels = kube.get(f"/api/v1/namespaces/{team_ns}")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
+    ns = kube.namespace(
+        "psa-restricted",
+        {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"},
+    )
+    template = cpu_job(release, ns, 9101)["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job-9101", **template["metadata"]}}
+    pod["spec"] = template["spec"]
+    kube.create(f"/api/v1/namespaces/{ns}/pods?dryRun=All", pod)  # admitted (and not stored)
+    before = yaml.safe_load(yaml.safe_dump(pod))
+    before["spec"]["securityContext"] = {"runAsUser": 1000, "fsGroup": 100}
+    before["spec"]["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": False}
+    with pytest.raises(TestbedError) as refused:
+        kube.create(f"/api/v1/namespaces/{ns}/pods?dryRun=All", before)
+    message = str(refused.value)
+    assert "-> 403" in message and "violates PodSecurity" in message and "restricted:latest" in message, message
+    for rule in ("capabilities.drop", "runAsNonRoot", "seccompProfile"):
+        assert rule in message, (rule, message)
+
+
+# --------------------------------------------------------------------------
+# Day two: helm upgrade
+
+
+def test_an_upgrade_that_changes_a_priority_class_is_refused_before_anything_changes(release: Release, tmp_path):
+    """A PriorityClass's value and preemptionPolicy are immutable: the real helm upgrade
+    (``--dry-run=server``, which runs the chart's lookup against the bed's API server) is
+    refused with a sentence that says what to do, and the cluster's class is unchanged; the
+    same upgrade with the classes as they are goes through."""
+    classes = yaml.safe_load((CHART / "values.yaml").read_text())["priorityClasses"]["classes"]
+    changed = [{**c, "value": 60} if c["name"] == "gpulab-over-quota" else c for c in classes]
+    tb = release.cluster.tb
+
+    def upgrade(class_list: list[dict]) -> subprocess.CompletedProcess:
+        values = tmp_path / "upgrade.yaml"
+        values.write_text(
+            yaml.safe_dump({**release.values, "priorityClasses": {"create": True, "classes": class_list}})
+        )
+        args = ["upgrade", release.name, str(CHART), "--namespace", release.hub_namespace, "-f", str(values)]
+        return helm(tb, *args, "--dry-run=server", check=False)
+
+    refused = upgrade(changed)
+    assert refused.returncode != 0
+    assert "gpulab: PriorityClass gpulab-over-quota exists with value 50 and preemptionPolicy" in refused.stderr
+    assert "kubectl delete priorityclass gpulab-over-quota" in refused.stderr, refused.stderr
+    assert release.cluster.get("/apis/scheduling.k8s.io/v1/priorityclasses/gpulab-over-quota")["value"] == 50
+    same = upgrade(classes)
+    assert same.returncode == 0, same.stderr

@@ -122,10 +122,18 @@ async def test_hami_refuses_a_privileged_init_container_before_anything_is_creat
     assert "singleuser.cloudMetadata.blockWithIptables=false" in e.value.jupyterhub_message
     await s.stop()
     assert api.count("create") == 0
-    # A whole-GPU profile under another backend is not HAMi's business.
+    # A whole-GPU profile under another backend is not HAMi's business: gpulab lets the pod
+    # go, and the API server's Pod Security admission (the chart's team namespaces enforce
+    # "baseline") refuses the privileged init container, in words that say what to change.
     other = spawner_for(config, "bob", {"team": "vision", "profile": "h100-2-whole"})
-    await other.start()
+    with pytest.raises(HTTPError) as e:
+        await other.start()
+    assert e.value.status_code == 403 and e.value.reason == "pod-security"
+    message = e.value.jupyterhub_message
+    assert "Pod Security admission refused the server" in message and "baseline" in message, message
+    assert "singleuser.cloudMetadata.blockWithIptables=false" in message
     await other.stop()
+    assert get_runtime().ledger.get("notebook:bob/") is None
 
 
 async def test_profile_tolerations_affinity_and_start_timeout(api):

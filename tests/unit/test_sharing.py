@@ -144,6 +144,25 @@ def test_mig_needs_a_known_model_and_takes_extra_tables():
     assert dict(spec.node_selector) == {"nvidia.com/gpu.product": "NVIDIA-A30"}
 
 
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},  # GKE's node pools
+        {"karpenter.k8s.aws/instance-gpu-name": "h100"},  # Karpenter's well-known label
+        {"gpulab.io/pool": "h100"},  # an admin's own, declared on the autoscaler's node template
+    ],
+)
+@pytest.mark.parametrize("backend", ["whole", "timeslice", "mig"])
+def test_a_pool_can_select_on_node_template_labels_to_scale_from_zero(backend, labels):
+    """GPU Feature Discovery labels a node only after it booted: a profile selecting on
+    nvidia.com/gpu.product never makes an autoscaler add the first node of a pool. The
+    configured node-template labels replace it, alone."""
+    cfg = {"backend": backend, backend: {"node_selector": {"H100-80GB": labels}}}
+    spec = pod_gpu_spec(profile({"whole": 1000, "timeslice": 250, "mig": 500}[backend]), cfg, TEAM)
+    assert dict(spec.node_selector) == labels
+    assert not any("nvidia.com/gpu.product" in str(r) for r in spec.node_requirements)
+
+
 def test_hami_percentages():
     spec = pod_gpu_spec(profile(500), {"backend": "hami"}, TEAM)
     assert dict(spec.limits) == {
