@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from html import escape
 
 from .idle import IdleFacts, idle_policy_text
-from .policy import PolicyError, ProfileChoice, what_to_do
+from .policy import PolicyError, ProfileChoice, quota_split_words, what_to_do
 from .units import format_gpus
 
 FORM_CSS = """
@@ -18,6 +18,7 @@ FORM_CSS = """
 .gpulab-team { margin: 0 0 1.2em 0; }
 .gpulab-team h3 { font-size: 1.1em; margin: .4em 0; }
 .gpulab-team .gpulab-headroom { font-weight: normal; color: #555; font-size: .9em; margin-left: .5em; }
+.gpulab-quota-split { color: #555; font-size: .9em; margin: -.2em 0 .3em 0; }
 .gpulab-profile { display: block; border: 1px solid #ddd; border-radius: 4px; padding: .5em .8em; margin: .3em 0; }
 /* An unavailable card stays readable (no opacity): its reason and what to do are what the user needs. */
 .gpulab-profile.gpulab-unavailable { background: #f6f6f6; border-style: dashed; }
@@ -33,7 +34,7 @@ FORM_CSS = """
 [data-bs-theme=dark] .gpulab-profile { border-color: #495057; }
 [data-bs-theme=dark] .gpulab-profile.gpulab-unavailable { background: #2b3035; }
 [data-bs-theme=dark] .gpulab-detail, [data-bs-theme=dark] .gpulab-inventory,
-[data-bs-theme=dark] .gpulab-team .gpulab-headroom { color: #adb5bd; }
+[data-bs-theme=dark] .gpulab-team .gpulab-headroom, [data-bs-theme=dark] .gpulab-quota-split { color: #adb5bd; }
 [data-bs-theme=dark] .gpulab-reason { color: #ea868f; }
 [data-bs-theme=dark] .gpulab-profile.gpulab-unavailable strong { color: #adb5bd; }
 </style>
@@ -136,6 +137,9 @@ def render_options_form(
             f"{escape(team_choices[0].team_summary)} "
             f"(guaranteed {format_gpus(team.guarantee_milli)}{escape(cap)})</span></h3>"
         )
+        usage = team_choices[0].team_usage
+        if usage is not None:
+            parts.append(f'<p class="gpulab-quota-split">{escape(quota_split_words(usage))}</p>')
         for c in team_choices:
             parts.extend(
                 _profile_html(c, choices, c is checked_choice, kept is c and not c.available, idle, admin_contact)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import Catalog
-from .ledger import Ledger, notebook_key
+from .ledger import Ledger, TeamUsage, notebook_key
 from .model import ImageChoice, Profile, Team
 from .packer import DevicePacker
 from .units import format_gpus
@@ -67,6 +67,8 @@ class ProfileChoice:
     #: The user's own notebook servers in this team: ``(server name, milli-GPUs)``
     #: (``""``: the default server), so a refusal can say what fills the team.
     own_servers: tuple[tuple[str, int], ...] = ()
+    #: What the team holds now (the spawn page's header splits it: in quota, borrowable, free).
+    team_usage: TeamUsage | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ def choices_for_user(
         summary = team_summary(ledger, team)
         held = ledger.user_held(team.name, user)
         own = own_servers(ledger, team.name, user)
+        usage = ledger.usage(team.name)
         for profile in catalog.profiles_for(team):
             milli = effective_milli(profile) if effective_milli else profile.gpu_milli
             decision = ledger.admit(team.name, user, milli, may_burst=profile.priority_class.may_burst)
@@ -133,6 +136,7 @@ def choices_for_user(
                     blocked_by=blocked_by,
                     user_held_milli=held,
                     own_servers=own,
+                    team_usage=usage,
                 )
             )
     return out
@@ -152,6 +156,18 @@ def own_servers(ledger: Ledger, team: str, user: str) -> tuple[tuple[str, int], 
 def server_words(name: str) -> str:
     """``""`` -> "your default server"; ``"big"`` -> "your server “big”"."""
     return f"your server “{name}”" if name else "your default server"
+
+
+def quota_split_words(usage: TeamUsage) -> str:
+    """A team's GPUs now, split as the spawn page's header says it:
+    "in quota 0.25 of 0.5 · borrowable 0.5 above the guarantee (preemptible) · 0.75 free in all"."""
+    guaranteed_left = max(0, usage.guarantee_milli - usage.in_quota_milli)
+    borrowable = max(0, usage.free_milli - guaranteed_left)
+    return (
+        f"in quota {format_gpus(usage.in_quota_milli)} of {format_gpus(usage.guarantee_milli)}"
+        f" · borrowable {format_gpus(borrowable)} above the guarantee (preemptible)"
+        f" · {format_gpus(usage.free_milli)} free in all"
+    )
 
 
 def smaller_fit(choice: ProfileChoice, choices: Iterable[ProfileChoice]) -> ProfileChoice | None:

@@ -59,6 +59,8 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
     assert idle in half.inner_text()
     assert "per-user cap in team vision: 1 GPUs" in half.inner_text()
     assert "at most 1 GPUs per user, you hold 0" in page.locator('fieldset[data-team="vision"] h3').inner_text()
+    split = page.locator('fieldset[data-team="vision"] .gpulab-quota-split').inner_text()
+    assert split == "in quota 0.5 of 0.5 · borrowable 0.5 above the guarantee (preemptible) · 0.5 free in all", split
     one = profile(page, "vision:h100-1")
     assert page.locator("#gpulab-vision--h100-1").is_disabled()
     todo = one.locator(".gpulab-todo").inner_text()

@@ -19,7 +19,7 @@ from spawner.core.form import refusal_sentence, render_options_form
 from spawner.core.idle import IdleFacts, idle_policy_text, idle_timeout_words
 from spawner.core.ledger import Ledger
 from spawner.core.packer import GPUDevice
-from spawner.core.policy import choices_for_user, what_to_do
+from spawner.core.policy import choices_for_user, quota_split_words, what_to_do
 from spawner.core.progress import setup_messages
 from spawner.runtime import GPULabRuntime
 
@@ -256,3 +256,19 @@ def test_period_report_buckets_by_calendar_day_in_the_configured_zone(tmp_path):
 def test_unknown_time_zone_is_refused_at_start():
     with pytest.raises(TraitError, match="unknown time zone 'Mars/Olympus'"):
         GPULabUsage(time_zone="Mars/Olympus")
+
+
+def test_the_team_header_splits_in_quota_borrowable_and_free():
+    by_slug, ledger = choices(held_by_bob=250)  # vision: guarantee 0.5, burst 1
+    usage = by_slug["q"].team_usage
+    assert quota_split_words(usage) == (
+        "in quota 0.25 of 0.5 · borrowable 0.5 above the guarantee (preemptible) · 0.75 free in all"
+    )
+    # Half a GPU more goes above the guarantee as a whole (preemptible): 0.25 of the guarantee
+    # is still unused, and it is all that is free, so nothing is left to borrow.
+    ledger.reserve("notebook:bob/more", "vision", "bob", 500)
+    assert quota_split_words(ledger.usage("vision")) == (
+        "in quota 0.25 of 0.5 · borrowable 0 above the guarantee (preemptible) · 0.25 free in all"
+    )
+    html = render_options_form(list(by_slug.values()))
+    assert '<p class="gpulab-quota-split">in quota 0.25 of 0.5 · borrowable 0.5' in html
