@@ -40,9 +40,14 @@ from .targets import DEVICE, ServerTarget, device_id
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-METRICS = (GPU_UTIL, GR_ENGINE_ACTIVE)
+#: HAMi's vGPU monitor, per container and vGPU: the container's own SM use, 0-100
+#: (Project-HAMi/HAMi cmd/vGPUmonitor/metrics.go; labels namespace, pod, container,
+#: vdevice_index, device_uuid). dcgm-exporter cannot name HAMi's pods (its device ids
+#: ``GPU-<uuid>-<n>`` match no GPU), so this is a HAMi server's only evidence.
+HAMI_CONTAINER_UTIL = "hami_container_device_utilization_ratio"
+METRICS = (GPU_UTIL, GR_ENGINE_ACTIVE, HAMI_CONTAINER_UTIL)
 #: Labels worth keeping in the audit evidence.
-EVIDENCE_LABELS = ("UUID", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "container")
+EVIDENCE_LABELS = ("UUID", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "container", "device_uuid", "vdevice_index")
 
 
 class SourceUnavailable(Exception):
@@ -86,6 +91,16 @@ def percent(metric: str, value: float) -> float:
     return value * 100.0 if metric == GR_ENGINE_ACTIVE else value
 
 
+def pod_of(labels: Mapping[str, str]) -> tuple[str, str]:
+    """``(namespace, pod)`` a series names. Scraped without ``honorLabels`` (the GPU operator's
+    own ServiceMonitor, a plain scrape job), the exporter's ``namespace``/``pod`` are renamed
+    ``exported_namespace``/``exported_pod`` and the target's own (the exporter's pod) take
+    their place: the exported ones, when present, are the workload's."""
+    if labels.get("exported_pod"):
+        return labels.get("exported_namespace", ""), labels["exported_pod"]
+    return labels.get("namespace", ""), labels.get("pod", "")
+
+
 def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]] | DeviceSummary]]):
     """Index ``(labels, samples or summary)`` by ``(namespace, pod)`` and by ``(host, gpu)``.
 
@@ -102,7 +117,9 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
         if metric not in METRICS:
             continue
         host, gpu, mig = hostname_of(labels), labels.get("gpu", ""), labels.get("GPU_I_ID", "")
-        ident = (labels.get("namespace", ""), labels.get("pod", ""), host, gpu, mig)
+        if metric == HAMI_CONTAINER_UTIL:  # a vGPU: named by its GPU and its index in the container
+            host, gpu, mig = "hami", labels.get("device_uuid", ""), labels.get("vdevice_index", "")
+        ident = (*pod_of(labels), host, gpu, mig)
         if metric == GPU_UTIL:
             has_util.add(ident)
         entries.append((metric, labels, samples, ident))
@@ -111,7 +128,7 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
         if metric == GR_ENGINE_ACTIVE and not mig and ident in has_util:
             continue
         common: dict[str, Any] = dict(
-            device=device_id(host, gpu, mig),
+            device=f"hami/{gpu}/vgpu{mig}" if metric == HAMI_CONTAINER_UTIL else device_id(host, gpu, mig),
             metric=metric,
             labels={k: labels[k] for k in EVIDENCE_LABELS if labels.get(k)},
         )
@@ -122,7 +139,8 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
             series = DeviceSeries(samples=tuple((t, percent(metric, v)) for t, v in samples), **common)
         if pod:
             by_pod[(namespace, pod)].append(series)
-        by_device[(host, gpu)].append(series)
+        if metric != HAMI_CONTAINER_UTIL:
+            by_device[(host, gpu)].append(series)
     return by_pod, by_device
 
 
@@ -145,7 +163,20 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 
 #: Labels kept in Prometheus' answer: enough to join a series to a server and to name the GPU in the
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
-KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
+KEEP_LABELS = (
+    "namespace",
+    "pod",
+    "exported_namespace",
+    "exported_pod",
+    "Hostname",
+    "hostname",
+    "gpu",
+    "GPU_I_ID",
+    "GPU_I_PROFILE",
+    "UUID",
+    "device_uuid",
+    "vdevice_index",
+)
 #: Per series and window, what Prometheus computes (the ``stat`` part of each answer element's tag).
 STATS = ("peak", "samples", "start", "tail", "hole", "evaluations", "max_age")
 #: The recording rules the culler reads when they exist (rules file in helm/gpulab/rules/, loaded
@@ -312,7 +343,8 @@ class PrometheusSource(UtilisationSource):
         for (w, metric), uuids in sorted(wanted.items(), key=lambda kv: kv[0]):
             extra = ""
             if uuids is not None:
-                extra = f'UUID=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
+                name = _uuid_label(metric)
+                extra = f'{name}=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
             parts.append(self._element(self._max_age(self._selector(metric, extra), w), "max_age", metric, w))
         return " or ".join(parts)
 
@@ -481,7 +513,7 @@ class PrometheusSource(UtilisationSource):
             if threshold_percent is not None and percent(metric, peak) > threshold_percent:
                 continue
             keys.append(key)
-            uuid = key[2 + KEEP_LABELS.index("UUID")]
+            uuid = key[2 + KEEP_LABELS.index(_uuid_label(metric))]
             group = wanted.setdefault((window, metric), set())
             if group is not None:
                 if uuid and _regex_literal(uuid):
@@ -563,6 +595,11 @@ def _retrieve(future: asyncio.Future) -> None:
 
 class AnswerTooLarge(SourceUnavailable):
     """The metrics answer is larger than the culler accepts."""
+
+
+def _uuid_label(metric: str) -> str:
+    """The label naming a series' GPU: dcgm-exporter's ``UUID``, HAMi's ``device_uuid``."""
+    return "device_uuid" if metric == HAMI_CONTAINER_UTIL else "UUID"
 
 
 def _duration(seconds: float) -> str:
