@@ -9,13 +9,14 @@ against the same ledger.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from traitlets import CaselessStrEnum, Dict, List, Unicode, Union
+from traitlets import CaselessStrEnum, Dict, Integer, List, Unicode, Union
 from traitlets.config import Configurable
 from traitlets.utils.importstring import import_item
 
@@ -95,6 +96,22 @@ class GPULab(Configurable):
         single-server. Set it when a spawner of your own says nothing. The admin page, the
         admin API and the jobs service read it; nothing guesses it from class names.""",
     )
+    data_disks = Dict(
+        value_trait=Unicode(),
+        config=True,
+        help="""Folders whose disk must have room before new work starts, by what they hold,
+        e.g. `{"the hub's databases": "/srv/gpulab/hub", "the users' homes": "/home"}`. When
+        one has less than `min_free_disk_mib` free, new servers and job submissions are
+        refused with a sentence that names it; running servers and jobs go on. The
+        embedded hub sets its data folders here. Empty: no check.""",
+    )
+    min_free_disk_mib = Integer(
+        64,
+        min=0,
+        config=True,
+        help="""Free space (MiB) each of `data_disks` keeps for the hub's own records (a job's
+        outcome, a server's stop, the usage history): below it new work is refused.""",
+    )
     runtime_hooks = List(
         Unicode(),
         config=True,
@@ -130,6 +147,24 @@ class GPULab(Configurable):
         if self.prices:
             data["prices"] = dict(self.prices)
         return catalog_from_dict(data, source)
+
+
+def full_disk(disks: Mapping[str, str], min_free_bytes: int) -> str | None:
+    """Why new work cannot start for lack of disk space (the first full disk of ``disks``,
+    named by what it holds and where), or ``None`` when each has ``min_free_bytes`` free."""
+    for what, folder in disks.items():
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            continue  # not there (yet): whoever writes there says so
+        free = st.f_bavail * st.f_frsize
+        if free < min_free_bytes:
+            return (
+                f"the disk holding {what} ({folder}) is full: {free / 2**20:.1f} MiB free, and the hub keeps "
+                f"{min_free_bytes / 2**20:.0f} MiB for its own records; new servers and jobs are refused "
+                "until an admin frees space there (running ones go on)"
+            )
+    return None
 
 
 def _no_reclaim_notice(spawner: Any) -> str:
@@ -185,6 +220,13 @@ class GPULabRuntime:
         #: readers and writers of gpulab's database.
         self.last_choice: Callable[[str], dict[str, str] | None] = _no_last_choice
         self.remember_choice: Callable[[str, str, str, str], None] = _forget_choice
+        #: ``c.GPULab.data_disks`` and ``min_free_disk_mib`` (in bytes): see :meth:`disk_full`.
+        self.data_disks: dict[str, str] = {}
+        self.min_free_disk_bytes = 0
+
+    def disk_full(self) -> str | None:
+        """Why new work is refused for lack of disk space, or ``None`` (:func:`full_disk`)."""
+        return full_disk(self.data_disks, self.min_free_disk_bytes) if self.data_disks else None
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap in an edited catalog; takes effect for the next spawn or job."""
@@ -217,6 +259,8 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
             declared = spawner_facts(type(parent) if parent is not None else _spawner_class(config))
             runtime.platform = declared[0] if settings.platform == "auto" else settings.platform
             runtime.user_accounts = declared[1]
+            runtime.data_disks = dict(settings.data_disks)
+            runtime.min_free_disk_bytes = settings.min_free_disk_mib * 2**20
             for hook in settings.runtime_hooks:
                 import_item(hook)(runtime, settings)
             _runtime = runtime

@@ -14,8 +14,10 @@ from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import Scope
+from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
 
+from hub_config.storage.db import StorageUnavailable, database_file, sqlite_file, storage_failure
 from spawner.runtime import GPULabRuntime, get_runtime
 
 #: Largest JSON body any gpulab endpoint accepts.
@@ -90,11 +92,72 @@ def parse_json_body(body: bytes, max_bytes: int = MAX_BODY_BYTES) -> dict[str, A
 
 
 class GPULabAPIHandler(APIHandler):
-    """Base for ``/hub/api/gpulab/...``: JSON in and out, scope checks with filters."""
+    """Base for ``/hub/api/gpulab/...``: JSON in and out, scope checks with filters.
+
+    A database that cannot be used now (locked by another process past
+    ``c.GPULabDB.busy_timeout``, its disk full, an I/O error), gpulab's or the
+    hub's, is answered with a 503 and a sentence that says which and what to do,
+    never a 500 with a traceback, nor "invalid credentials" when it was the hub's
+    own lookup of the caller that failed.
+    """
+
+    #: The database error JupyterHub met while it looked up the caller, if any.
+    _auth_storage_error: BaseException | None = None
 
     @property
     def gpulab(self) -> GPULabRuntime:
         return get_runtime(config=self.settings.get("config"))
+
+    # -- databases that cannot be used now ------------------------------------
+
+    def storage_failure(self, error: BaseException | None) -> StorageUnavailable | None:
+        """What to tell the caller about ``error`` when it is a database that cannot be used now."""
+        config = self.settings.get("config")
+        hub_section = config.get("JupyterHub", {}) if config is not None else {}
+        hub_url = hub_section.get("db_url", "") if "db_url" in hub_section else ""
+        hub_db = sqlite_file(str(hub_url)) if hub_url else None
+        return storage_failure(error, database_file(config), str(hub_db or ""))
+
+    async def get_current_user(self) -> Any:
+        try:
+            return await super().get_current_user()
+        except SQLAlchemyError as e:  # JupyterHub's prepare() logs it and goes on without a user
+            self._auth_storage_error = e
+            raise
+
+    def _refuse_when_the_lookup_failed(self) -> None:
+        failure = self.storage_failure(self._auth_storage_error)
+        if failure is not None:
+            raise StorageUnavailable(f"the hub cannot tell who is asking: {failure}", failure.status)
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        self._refuse_when_the_lookup_failed()
+
+    def check_xsrf_cookie(self) -> Any:
+        self._refuse_when_the_lookup_failed()  # before "XSRF cookie does not match" hides it
+        return super().check_xsrf_cookie()
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        failure = self.storage_failure(value)
+        if failure is None:
+            super().log_exception(typ, value, tb)
+            return
+        self.log.warning(
+            "gpulab: %s %s answered %d: %s", self.request.method, self.request.path, failure.status, failure
+        )
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc_info = kwargs.get("exc_info")
+        failure = self.storage_failure(exc_info[1] if exc_info else None)
+        if failure is None:
+            super().write_error(status_code, **kwargs)
+            return
+        self.set_status(failure.status)
+        if failure.status == 503:
+            self.set_header("Retry-After", "10")
+        self.set_header("Content-Type", "application/json")
+        self.write(json.dumps({"status": failure.status, "message": str(failure)}))
 
     def has_scope(self, scope: str, user_name: str | None = None) -> bool:
         """Does the caller hold ``scope`` (for ``user_name``'s resources, if given)?"""

@@ -28,6 +28,7 @@ from traitlets import TraitError
 
 from hub_config.config.idle_service import configure_idle_culler
 from hub_config.config.setup import configure_gpulab
+from hub_config.storage.db import DEFAULT_BUSY_TIMEOUT
 from spawner.core.catalog import Catalog, CatalogError
 from spawner.local.accounts import UserAccounts, unreachable_by_others
 from spawner.local.confinement import LimitsUnavailable, UserLimits, get_confiner
@@ -200,6 +201,8 @@ class EmbeddedSettings:
     #: ``c.UserLimits.enabled`` (auto, on, off) and ``cgroup_parent``, when set.
     limits: str | None = None
     cgroup_parent: str | None = None
+    #: Seconds a write to either SQLite database waits for a lock another process holds.
+    db_busy_timeout: float = DEFAULT_BUSY_TIMEOUT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> EmbeddedSettings:
@@ -220,6 +223,7 @@ class EmbeddedSettings:
             proxy_api_port=int(api_port) if api_port else None,
             limits=env.get("GPULAB_LIMITS") or None,
             cgroup_parent=env.get("GPULAB_CGROUP_PARENT") or None,
+            db_busy_timeout=float(env.get("GPULAB_DB_BUSY_TIMEOUT") or DEFAULT_BUSY_TIMEOUT),
         )
 
     @property
@@ -291,12 +295,22 @@ def apply_hub(c: Any, settings: EmbeddedSettings, prepared: Prepared) -> None:
     c.JupyterHub.hub_port = prepared.hub_port
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{prepared.proxy_api_port}"
     c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+    # Both databases wait as long for a lock another process holds (a backup, an admin's
+    # sqlite3), then fail: requests wait out a short lock instead of failing at once.
+    c.GPULabDB.busy_timeout = settings.db_busy_timeout
+    c.JupyterHub.db_kwargs = {"connect_args": {"check_same_thread": False, "timeout": settings.db_busy_timeout}}
     c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
     c.ConfigurableHTTPProxy.command = [prepared.proxy_command]
     c.GPULabDB.db_url = f"sqlite:///{state_dir / 'gpulab.sqlite'}"
     c.GPULabJobs.state_dir = str(settings.data_dir / "jobs")
+    # New work waits for room on these; running servers and jobs are left alone.
+    c.GPULab.data_disks = {
+        "the hub's databases": str(state_dir),
+        "the job status folder": str(settings.data_dir / "jobs"),
+        "the users' homes": str(settings.homes),
+    }
     c.JupyterHub.allow_named_servers = True
     c.JupyterHub.named_server_limit_per_user = 4
     c.JupyterHub.cleanup_servers = False  # servers survive a hub restart and are counted again
@@ -393,6 +407,8 @@ def configure_embedded(c: Any) -> None:
     - ``GPULAB_CATALOG`` (default: the demo teams): teams/profiles YAML
     - ``GPULAB_DEMO_AUTH`` (default ``1``), ``GPULAB_DEMO_PASSWORD`` (default ``gpulab-demo``)
     - ``GPULAB_ADMIN_USERS`` (default ``admin``), comma-separated
+    - ``GPULAB_DB_BUSY_TIMEOUT`` (default 20): seconds a write to either SQLite database
+      waits for a lock another process holds
 
     Read the settings, prepare the machine (checks, folders, ports), then apply them to
     ``c`` (the ``apply_*`` steps only write configuration).

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hub_config.api import admin as admin_api
+from hub_config.api import devices as devices_api
 from hub_config.api import idle as idle_api
 from hub_config.api import jobs as jobs_api
 from hub_config.api import me as me_api
@@ -32,6 +33,7 @@ def gpulab_handlers() -> list[tuple[str, type]]:
     return [
         *me_api.handlers,
         *admin_api.handlers,
+        *devices_api.handlers,
         *idle_api.handlers,
         *jobs_api.handlers,
         *whatif_api.handlers,

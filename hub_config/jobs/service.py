@@ -28,7 +28,7 @@ from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.homes import Homes, HubHomes, OwnerHomes, refusal
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
-from hub_config.storage.db import session_factory, utcnow
+from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
 from spawner.core import jobspec
 from spawner.core.jobspec import FINAL_STATES, JobSpecError, Submission
 from spawner.core.ledger import RESERVED, RUNNING, Workload
@@ -94,8 +94,12 @@ class JobService:
         while True:
             try:
                 await self.backend.tick()
-            except Exception:
-                log.exception("gpulab jobs: backend tick failed")
+            except Exception as e:
+                failure = storage_failure(e, database_file(self.config))
+                if failure is not None:  # the next tick does what this one could not record
+                    log.warning("gpulab jobs: the jobs wait: %s", failure)
+                else:
+                    log.exception("gpulab jobs: backend tick failed")
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
@@ -225,6 +229,9 @@ class JobService:
         """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
         groups = list(groups)
         sub = await self._validate(user, groups, body)
+        full = self.runtime.disk_full()
+        if full is not None:  # before anything is written
+            raise JobSpecError(full, 507)
         if sub.idempotency_key:
             with self.db() as s:
                 existing = s.scalars(

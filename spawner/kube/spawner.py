@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ from .conventions import (
 from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
+#: The spawner whose ``_start`` this code runs in, if any (see :meth:`GPUKubeSpawner.stop`).
+_starting_spawner: ContextVar[Any] = ContextVar("gpulab_starting_spawner", default=None)
 _QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
 #: Traits this class sets per spawn; restored to the configured value before each spawn.
 _APPLIED_TRAITS = (
@@ -173,7 +176,6 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         self._pvc_namespace: str | None = None
         self._reserved_key: str | None = None
         self._refused_early = False
-        self._starting = False
         self.gpu_spec: PodGPUSpec | None = None
 
     # -- the core's view ---------------------------------------------------
@@ -467,7 +469,9 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
     async def _start(self):
         """KubeSpawner's start; a failure frees the reservation, a quota 403 becomes a message."""
         self._reserved_key = None
-        self._starting = True
+        # Seen by every task the start makes (a context variable is copied into each): a stop
+        # from inside this start is KubeSpawner replacing a stale pod.
+        _starting_spawner.set(self)
         try:
             url = await super()._start()
         except ApiException as e:
@@ -480,8 +484,6 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         except BaseException:
             self._release_reservation()
             raise
-        finally:
-            self._starting = False
         self._remember_choice()
         # Running: the reservation becomes a running workload once the ledger's
         # own reflector has seen the pod (a local wait, no API request); until
@@ -552,11 +554,20 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             # Refused in load_user_options: no object was created, nothing to delete.
             self._refused_early = False
             return
+        # KubeSpawner also stops a stale pod of the same name (409) from inside its own
+        # start, which then creates the pod again: that start's reservation is not this
+        # stop's to free. Any other stop ends a start still under way and frees its share
+        # now, rather than trusting the start to notice (a cancelled start can go on
+        # waiting for its deleted pod: asyncio.wait_for before Python 3.12 loses a
+        # cancellation that arrives as the awaited call completes).
+        start = self._start_future
+        inside_start = _starting_spawner.get() is self
+        if start is not None and not start.done() and not inside_start:
+            self.log.info("gpulab: stopping %s while it starts; its start is cancelled", self._log_name)
+            start.cancel()
         try:
             await super().stop(now=now)
         finally:
-            # KubeSpawner also stops a stale pod of the same name (409) in the middle
-            # of a start: that start's reservation is not this stop's to free.
-            if not self._starting:
+            if not inside_start:
                 self.runtime.ledger.release(self.workload_key)
                 self._reserved_key = None

@@ -57,6 +57,9 @@ from .confinement import UserLimits
 from .devices import placed_minors
 from .nvml import detect_gpus
 
+#: Spawner-state key of the address a started server listens on (:meth:`GPULocalMixin.get_url`).
+URL_STATE_KEY = "gpulab_url"
+
 
 def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
     """The runtime's device packer, created on first use (spawners and the job runner share it),
@@ -110,6 +113,8 @@ class GPULocalMixin(_SpawnerBase):
 
     #: What this server was granted, saved in the hub's spawner state (``state["gpulab"]``).
     _granted: GrantedShare | None = None
+    #: Where the started server listens (``state["gpulab_url"]``), saved before it answers.
+    _started_url: str = ""
     #: cpu/mem traits as configured, before any profile set them.
     _configured_limits: dict[str, Any] | None = None
     #: This named server's record was created by a visit of its spawn page and never ran.
@@ -294,6 +299,9 @@ class GPULocalMixin(_SpawnerBase):
     def _resolve(self, options: dict[str, Any], check_now: bool = False) -> SpawnRequest:
         runtime = self.gpulab
         request = resolve_request(runtime.catalog, self.user.name, self._groups(), options)
+        full = runtime.disk_full()
+        if full is not None:  # before anything is reserved or written
+            raise PolicyError(full, 507)
         if check_now:
             # Early feedback on the form; start() decides for real, atomically.
             decision = runtime.ledger.admit(
@@ -370,9 +378,45 @@ class GPULocalMixin(_SpawnerBase):
             raise
         admission.confirm()
         self._fresh_record = False
+        self._save_started_state(result)
         admission.remember_choice(request)
         await self._wait_until_answering(result)
         return result
+
+    def _save_started_state(self, address: Any) -> None:
+        """Store the started process (pid, address, devices) in the hub's database at once.
+
+        JupyterHub saves a spawner's state only when ``start()`` has returned, which
+        here is once the server answers (seconds later). A hub that dies in between
+        would find a server record without a pid after its restart, call the server
+        gone and free its share while the process still runs on that GPU. Saved
+        now, the restarted hub re-adopts it like any running server and finds it
+        at the saved address (:meth:`get_url`).
+        """
+        if isinstance(address, tuple) and len(address) == 2:
+            ip, port = address
+            self._started_url = f"http://{ip or '127.0.0.1'}:{int(port)}"
+        orm = getattr(self, "orm_spawner", None)
+        db = getattr(getattr(self, "user", None), "db", None)
+        if orm is None or db is None:
+            return
+        try:
+            orm.state = self.get_state()
+            db.commit()
+        except Exception as e:  # JupyterHub saves it again when the spawn returns
+            db.rollback()
+            self.log.warning("gpulab: cannot save the state of %s before it answers: %s", self._key, e)
+
+    async def get_url(self) -> str:
+        """The server's URL from its saved address (JupyterHub asks after a restart).
+
+        A hub that restarted while this server was still starting knows its record,
+        not where it listens (the address is stored when the spawn returns); the
+        address saved at start (:meth:`_save_started_state`) says.
+        """
+        if self._started_url and self.server is not None:
+            return self._started_url + self.server.base_url
+        return await super().get_url()
 
     async def _wait_until_answering(self, address: Any) -> None:
         """Return once the new server answers HTTP (or has died, or ``http_timeout`` passed).
@@ -502,10 +546,14 @@ class GPULocalMixin(_SpawnerBase):
         state = super().get_state()
         if self._granted:
             state[STATE_KEY] = self._granted.to_json()
+        if self._started_url:
+            state[URL_STATE_KEY] = self._started_url
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
+        url = state.get(URL_STATE_KEY)
+        self._started_url = url if isinstance(url, str) and url.startswith("http://") else ""
         saved = GrantedShare.from_state(state)
         if saved is None or not state.get("pid"):
             return
@@ -534,6 +582,7 @@ class GPULocalMixin(_SpawnerBase):
 
     def clear_state(self) -> None:
         super().clear_state()
+        self._started_url = ""
 
 
 class GPULocalSpawner(GPULocalMixin, AccountProcessSpawner):

@@ -147,11 +147,7 @@ async def test_profile_tolerations_affinity_and_start_timeout(api):
     ] == ["zone-a"]
     assert na["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 10
     await s.stop()
-    # The cancelled start's pod may still be terminating on a loaded machine; its hold ends with it.
-    for _ in range(300):
-        if get_runtime().ledger.get("notebook:bob/") is None:
-            break
-        await asyncio.sleep(0.1)
+    # The stop frees the share itself, whether or not the start saw its cancellation.
     assert get_runtime().ledger.get("notebook:bob/") is None
     # The next spawn of another profile starts from the configured values again.
     t = spawner_for(config, "bob", {"team": "vision", "profile": "cpu"})
@@ -164,3 +160,43 @@ async def test_profile_tolerations_affinity_and_start_timeout(api):
     # Only the configured tolerations (c.KubeSpawner.tolerations), not the zone profile's.
     assert cpu_pod["spec"].get("tolerations", []) == list(config.KubeSpawner.tolerations)
     await t.stop()
+
+
+async def test_stop_during_a_start_ends_the_start_and_frees_its_share_at_once(api):
+    """JupyterHub stops a server whose start is still waiting (the user cancels on the
+    progress page, or the start timed out) without cancelling the start: the stop deletes
+    the pod, frees the share at once, and the start ends instead of waiting for a pod
+    that is gone while still holding quota."""
+    nowhere = [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-none"]}]}
+    ]
+    profiles = [
+        *KUBE_SPAWNER["profiles"],
+        {
+            "slug": "h100-nowhere",
+            "display_name": "1 × H100",
+            "gpus": 1,
+            "gpu_model": "H100-80GB",
+            "node_affinity_required": nowhere,
+        },
+    ]
+    teams = [
+        {
+            **KUBE_SPAWNER["teams"][0],
+            "allowed_profiles": [*KUBE_SPAWNER["teams"][0]["allowed_profiles"], "h100-nowhere"],
+        },
+        *KUBE_SPAWNER["teams"][1:],
+    ]
+    config = spawner_config(api.release, {**KUBE_SPAWNER, "profiles": profiles, "teams": teams})
+    s = spawner_for(config, "alice", {"team": "vision", "profile": "h100-nowhere"})
+    start = s.start()
+    for _ in range(200):  # the pod is created; no node matches, so it stays pending
+        if any(p["metadata"]["name"] == s.pod_name for p in api.created_pods()):
+            break
+        await asyncio.sleep(0.1)
+    assert get_runtime().ledger.get("notebook:alice/") is not None
+    await s.stop()
+    assert get_runtime().ledger.get("notebook:alice/") is None
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(start, 10)
+    assert get_runtime().ledger.get("notebook:alice/") is None

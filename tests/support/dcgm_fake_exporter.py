@@ -26,7 +26,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE
+from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
 from tests.support import REPO
 from tests.support.hub import free_port
 from tests.support.processes import NotReady, wait_ready
@@ -266,22 +266,38 @@ class RunningPrometheus:
             shutil.move(str(block), str(self.workdir / "data" / block.name))
         self.start()
         # The rule blocks overlap the history's, which Prometheus merges in the background
-        # after it starts: wait until each series-count rule shows every evaluation.
+        # after it starts: wait until both rules the culler reads show every evaluation. Each
+        # evaluation records one age sample per series it saw and the count of those series,
+        # so all age samples are visible when they add up to the counts' sum.
         interval = float(self.rule_interval.removesuffix("s"))
         expected = math.floor((end - start) / interval)
-        counts: dict[str, float] = {}
+        span = f"{end - start:.0f}s"
+        seen: dict[str, tuple[float, float, float]] = {}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for metric in METRICS:
-                query = f"count_over_time({SAMPLE_AGE_COUNT_RULE.format(metric=metric)}[{end - start:.0f}s])"
-                r = requests.get(self.url + "/api/v1/query", params={"query": query, "time": end}, timeout=10)
-                result = r.json().get("data", {}).get("result", [])
-                counts[metric] = float(result[0]["value"][1]) if result else 0.0
-            if any(counts.values()) and all(c >= expected for c in counts.values() if c):
+                age = SAMPLE_AGE_RULE.format(metric=metric)
+                count = SAMPLE_AGE_COUNT_RULE.format(metric=metric)
+                runs = self._scalar(f"count_over_time({count}[{span}])", end)
+                counted = self._scalar(f"sum_over_time({count}[{span}])", end)
+                ages = self._scalar(f"sum(count_over_time({age}[{span}]))", end)
+                seen[metric] = (runs, counted, ages)
+            if any(runs for runs, _, _ in seen.values()) and all(
+                runs >= expected and ages == counted for runs, counted, ages in seen.values() if runs
+            ):
                 return
             time.sleep(0.2)
         self.stop()  # the fixture never reaches its teardown
-        raise RuntimeError(f"the recording rules did not show all {expected} evaluations: {counts}")
+        raise RuntimeError(
+            f"the recording rules did not show all {expected} evaluations "
+            f"(evaluations, series counted, age samples): {seen}"
+        )
+
+    def _scalar(self, query: str, at: float) -> float:
+        """The value of a one-element instant query at ``at`` (0 when it has no result)."""
+        r = requests.get(self.url + "/api/v1/query", params={"query": query, "time": at}, timeout=10)
+        result = r.json().get("data", {}).get("result", [])
+        return float(result[0]["value"][1]) if result else 0.0
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

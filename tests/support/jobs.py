@@ -13,25 +13,29 @@ from tests.support.hub import RunningHub
 FINAL = {"succeeded", "failed", "cancelled", "timed-out"}
 
 
-def write_notebook(path: Path) -> Path:
-    """A real notebook: a ``parameters``-tagged cell, then a computation that uses it."""
+def write_parameterised_notebook(path: Path, parameters: str, body: str) -> Path:
+    """A real notebook at ``path``: a ``parameters``-tagged cell, then one cell of ``body``."""
     nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell("x = 2\nsleep_seconds = 0")
+    params = nbformat.v4.new_code_cell(parameters)
     params.metadata["tags"] = ["parameters"]
-    nb.cells = [
-        params,
-        nbformat.v4.new_code_cell(
-            "import os, time\n"
-            "for _ in range(int(sleep_seconds * 10)):\n"
-            "    time.sleep(0.1)\n"
-            "result = x * 21\n"
-            "print('result', result, 'gpus', os.environ.get('CUDA_VISIBLE_DEVICES'))"
-        ),
-    ]
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
     return path
+
+
+def write_notebook(path: Path) -> Path:
+    """A real notebook: a ``parameters``-tagged cell, then a computation that uses it."""
+    return write_parameterised_notebook(
+        path,
+        "x = 2\nsleep_seconds = 0",
+        "import os, time\n"
+        "for _ in range(int(sleep_seconds * 10)):\n"
+        "    time.sleep(0.1)\n"
+        "result = x * 21\n"
+        "print('result', result, 'gpus', os.environ.get('CUDA_VISIBLE_DEVICES'))",
+    )
 
 
 def user_token(hub: RunningHub, user: str, scopes: list[str] | None = None) -> str:

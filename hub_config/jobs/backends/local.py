@@ -57,7 +57,7 @@ from hub_config.jobs.backends.local_runner import (
 )
 from hub_config.jobs.homes import HubHomes
 from hub_config.jobs.models import JobRecord
-from hub_config.storage.db import as_utc, utcnow
+from hub_config.storage.db import as_utc, database_file, storage_failure, utcnow
 from spawner.core import jobspec
 from spawner.core.jobspec import Submission
 from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
@@ -104,6 +104,9 @@ class LocalJobBackend(JobBackend):
         self.busy: dict[int, asyncio.Task] = {}
         #: job ids with a signal on its way.
         self.signalling: set[int] = set()
+        #: job id -> (reason, fields) of a start whose runner runs but whose record could not
+        #: be written (the database was locked or its disk full): written at the next tick.
+        self.unrecorded_starts: dict[int, tuple[str, dict[str, Any]]] = {}
         #: The hub is not root: it acts as the owners through the mediator over sudo.
         self.sudo = service.owner_accounts and service.accounts.uses_sudo()
         self.user_limits = UserLimits(config=service.config) if service.config is not None else UserLimits()
@@ -178,8 +181,12 @@ class LocalJobBackend(JobBackend):
         def done(t: asyncio.Task) -> None:
             if self.busy.get(job_id) is t:
                 del self.busy[job_id]
-            if not t.cancelled() and t.exception() is not None:
-                log.error("gpulab jobs: job %d: %s", job_id, t.exception(), exc_info=t.exception())
+            error = None if t.cancelled() else t.exception()
+            failure = storage_failure(error, database_file(self.service.config)) if error is not None else None
+            if failure is not None:  # the next tick does what this task could not record
+                log.warning("gpulab jobs: job %d waits: %s", job_id, failure)
+            elif error is not None:
+                log.error("gpulab jobs: job %d: %s", job_id, error, exc_info=error)
             self.service.wake()
 
         task.add_done_callback(done)
@@ -250,6 +257,9 @@ class LocalJobBackend(JobBackend):
     # -- the loop ---------------------------------------------------------------------
 
     async def tick(self) -> None:
+        # Every step writes its record before it forgets a process or frees its devices: a
+        # write that fails (database locked, disk full) leaves the step to the next tick.
+        self._record_starts()
         self._reap()
         self._enforce_time_limits()
         self._schedule()
@@ -265,32 +275,48 @@ class LocalJobBackend(JobBackend):
         uid, started = self.identities.get(job_id, (None, None))
         return uid is None or not process_alive(pid, uid, started)
 
+    def _record_starts(self) -> None:
+        for job_id, (reason, fields) in list(self.unrecorded_starts.items()):
+            now = self.service.transition(job_id, jobspec.RUNNING, reason, **fields)
+            del self.unrecorded_starts[job_id]
+            if (now is None or now.state != jobspec.RUNNING) and job_id in self.pids:  # cancelled meanwhile
+                self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+                self._signal(job_id, self.pids[job_id], signal.SIGTERM)
+
+    def _forget(self, job_id: int) -> None:
+        """The job's runner is gone and its record says so: stop tracking it, free its devices."""
+        self.pids.pop(job_id, None)
+        self.procs.pop(job_id, None)
+        self.identities.pop(job_id, None)
+        self._release_devices(job_id)
+
     def _reap(self) -> None:
         for job_id, pid in list(self.pids.items()):
-            if job_id in self.busy:  # its start is still being recorded
+            if job_id in self.busy:  # its start (or its outcome) is still being recorded
                 continue
             if not self._runner_gone(job_id, pid):
                 deadline, _ = self.stopping.get(job_id, (None, None))
                 if deadline is not None and time.monotonic() > deadline:
                     self._signal(job_id, pid, signal.SIGKILL)
                 continue
-            self.pids.pop(job_id, None)
-            self.procs.pop(job_id, None)
-            self.identities.pop(job_id, None)
-            oom = self._oom_note(job_id)  # read before its cgroup goes
-            self._release_devices(job_id)
             if job_id in self.stopping:
-                _, then = self.stopping.pop(job_id)
-                self.preempting.pop(job_id, None)
+                _, then = self.stopping[job_id]
                 if then:
                     self.service.transition(job_id, then, "requeued after preemption")
+                del self.stopping[job_id]
+                self.preempting.pop(job_id, None)
+                self._forget(job_id)
                 continue
             rec = self.service.get_job(job_id)
             if rec is not None and rec.state == jobspec.RUNNING:
+                oom = self._oom_note(job_id)  # read before its cgroup goes
+                # It forgets the runner once the outcome is written; a failed write tries again.
                 self._spawn(
                     job_id,
                     self._finish_from_status(rec, gone_reason="the runner exited without an exit status", note=oom),
                 )
+            else:
+                self._forget(job_id)
 
     def _oom_note(self, job_id: int) -> str:
         """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
@@ -315,8 +341,8 @@ class LocalJobBackend(JobBackend):
             state, reason = jobspec.FAILED, f"its exit status could not be read: {e}"
         else:
             state, reason = outcome_from_status(found, gone_reason)
-        self._release_devices(rec.id)
         self.service.transition(rec.id, state, reason + note if state == jobspec.FAILED else reason)
+        self._forget(rec.id)
 
     def _enforce_time_limits(self) -> None:
         now = utcnow()
@@ -329,7 +355,8 @@ class LocalJobBackend(JobBackend):
 
     def _schedule(self) -> None:
         active = self.service.active_jobs(self.name)
-        waiting = [r for r in active if r.state == jobspec.QUEUED and r.id not in self.busy]
+        # A job whose runner already runs (its start not yet recorded) is not started again.
+        waiting = [r for r in active if r.state == jobspec.QUEUED and r.id not in self.busy and r.id not in self.pids]
         waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
         # Runners alive per user (running, or on their way out after a preemption).
         running: dict[str, int] = {}
@@ -403,10 +430,10 @@ class LocalJobBackend(JobBackend):
         if not fits:
             return
         for victim_id, _ in victims:
-            self.preempting[victim_id] = rec.id
             self.service.transition(
                 victim_id, jobspec.PREEMPTED, f"preempted by training job {rec.id}, which needs its GPU"
             )
+            self.preempting[victim_id] = rec.id
             self._terminate(victim_id, jobspec.QUEUED)
 
     # -- processes -------------------------------------------------------------------------
@@ -489,15 +516,18 @@ class LocalJobBackend(JobBackend):
             return
         started = start_time(pid)
         self._track(rec.id, pid, uid, started)
-        now = self.service.transition(
-            rec.id,
-            jobspec.RUNNING,
-            f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}",
-            pid=pid,
-            pid_started=started,
-            shares_json=json.dumps(shares),
-            attempts=attempt,
-        )
+        reason = f"on device(s) {','.join(str(i) for i, _ in shares) or 'none (CPU)'}"
+        fields: dict[str, Any] = {
+            "pid": pid,
+            "pid_started": started,
+            "shares_json": json.dumps(shares),
+            "attempts": attempt,
+        }
+        try:
+            now = self.service.transition(rec.id, jobspec.RUNNING, reason, **fields)
+        except Exception:  # the runner runs: record it at the next tick, never start it twice
+            self.unrecorded_starts[rec.id] = (reason, fields)
+            raise
         if now is None or now.state != jobspec.RUNNING:  # cancelled while the mediator started it
             self.stopping[rec.id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
             self._signal(rec.id, pid, signal.SIGTERM)
