@@ -40,10 +40,12 @@ from spawner.core.sharing import gpu_tolerations, pod_gpu_spec
 from tests.kube.bed.cluster import Cluster
 from tests.kube.bed.dcgm_exporter import ExporterSettings, FakeKubeDCGMExporter
 from tests.kube.bed.testbed import NODES_FILE, Testbed
+from tests.support import REPO
 from tests.support.dcgm_fake_exporter import RunningPrometheus
 from tests.support.idle_hub_standin import TOKEN, IdleHubStandin, StandinServer
 
 WINDOW = 8  # seconds: the idle timeout of every profile here
+OPERATOR_VALUES = yaml.safe_load((REPO / "helm" / "values-gpu-operator.yaml").read_text())
 TEAM = "vision"
 KAI_NAMESPACE = "kai-resource-reservation"  # KAI's constants.DefaultResourceReservationName
 KAI_NODE = "gpu-h100-whole-1"
@@ -65,7 +67,8 @@ POOLS = {"whole": "whole", "ts": "timeslice", "mig": "mig"}
 SETTINGS = {
     "operator-default": (ExporterSettings(), True),
     "shared-listed": (ExporterSettings(resource_names=("nvidia.com/gpu.shared",)), False),
-    "virtual-gpus": (ExporterSettings(resource_names=("nvidia.com/gpu.shared",), virtual_gpus=True), True),
+    # What gpulab ships for the GPU operator (helm/values-gpu-operator.yaml).
+    "virtual-gpus": (ExporterSettings.from_env(OPERATOR_VALUES["dcgmExporter"]["env"]), True),
     "no-profiling": (ExporterSettings(profiling=False, hostname_label="hostname"), True),
 }
 STYLES = {"honor-labels": True, "service-monitor": False}

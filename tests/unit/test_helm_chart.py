@@ -332,6 +332,19 @@ def test_monitors(variant, kind):
         assert mon["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_hamis_vgpu_monitor_is_scraped_with_honor_labels_at_the_dcgm_interval():
+    """HAMi's per-pod vGPU utilisation is the idle culler's only evidence for HAMi servers."""
+    assert not [d for d in render("default") if d["metadata"]["name"] == "gpulab-hami-vgpu-monitor"]
+    docs = render("default", ("monitoring.hamiMonitor.enabled=true", "monitoring.dcgmExporter.interval=15s"))
+    (mon,) = [d for d in of_kind(docs, "ServiceMonitor") if d["metadata"]["name"] == "gpulab-hami-vgpu-monitor"]
+    assert mon["metadata"]["namespace"] == "kube-system"
+    # HAMi's chart: the device plugin's monitor Service (charts/hami/templates/device-plugin/monitorservice.yaml).
+    assert mon["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/component": "hami-device-plugin"}}
+    assert mon["spec"]["endpoints"] == [
+        {"port": "monitorport", "path": "/metrics", "interval": "15s", "honorLabels": True}
+    ]
+
+
 def test_culler_metrics_service_monitor():
     assert not any(d["metadata"]["name"] == "gpulab-idle-culler" for d in render("default"))
     (mon,) = [d for d in render("kueue") if d["metadata"]["name"] == "gpulab-idle-culler"]

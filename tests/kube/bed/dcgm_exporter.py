@@ -92,6 +92,15 @@ class ExporterSettings:
     #: ``Hostname`` in older builds, ``hostname`` in newer ones.
     hostname_label: str = "Hostname"
 
+    @classmethod
+    def from_env(cls, env: Iterable[Mapping[str, str]], **kw: Any) -> ExporterSettings:
+        """The settings a container ``env`` list gives dcgm-exporter (urfave/cli reads a string
+        slice from the environment split at commas, a bool with strconv.ParseBool)."""
+        values = {e["name"]: str(e.get("value", "")) for e in env}
+        names = tuple(n.strip() for n in values.get("NVIDIA_RESOURCE_NAMES", "").split(",") if n.strip())
+        virtual = values.get("KUBERNETES_VIRTUAL_GPUS", "false").lower() in ("1", "t", "true")
+        return cls(resource_names=names, virtual_gpus=virtual, **kw)
+
 
 @dataclass
 class Node:
