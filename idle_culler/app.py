@@ -366,7 +366,10 @@ class GPUIdleCuller(Application):
             idle_state = await hub.idle_state()
             profiles, teams = idle_state.get("profiles", {}), idle_state.get("teams", {})
             now = self._cycle_now = self.clock()
-            self.utilisation.prefetch(now, self.candidate_windows(profiles, teams), self.threshold_percent)
+            backends = {str(p.get("sharing") or "") for p in profiles.values() if (p.get("gpu_milli") or 0) > 0}
+            self.utilisation.prefetch(
+                now, self.candidate_windows(profiles, teams), self.threshold_percent, backends=backends
+            )
             users = await users_task
         except BaseException:
             users_task.cancel()

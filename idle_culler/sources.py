@@ -46,6 +46,17 @@ GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 #: ``GPU-<uuid>-<n>`` match no GPU), so this is a HAMi server's only evidence.
 HAMI_CONTAINER_UTIL = "hami_container_device_utilization_ratio"
 METRICS = (GPU_UTIL, GR_ENGINE_ACTIVE, HAMI_CONTAINER_UTIL)
+
+
+def metrics_for(backends: Iterable[str] | None) -> tuple[str, ...]:
+    """The metrics servers of these sharing backends can have evidence in: HAMi's own only when
+    a HAMi server can exist (``None`` or an unknown backend "": every metric)."""
+    if backends is None:
+        return METRICS
+    wanted = set(backends)
+    return METRICS if wanted & {"hami", ""} else (GPU_UTIL, GR_ENGINE_ACTIVE)
+
+
 #: Labels worth keeping in the audit evidence.
 EVIDENCE_LABELS = ("UUID", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "container", "device_uuid", "vdevice_index")
 
@@ -60,10 +71,13 @@ class UtilisationSource(LoggingConfigurable):
     #: Requests made to the metrics backend since start (the benchmark reads it).
     queries = 0
 
-    def prefetch(self, now: float, windows: Iterable[float], threshold_percent: float) -> None:
+    def prefetch(
+        self, now: float, windows: Iterable[float], threshold_percent: float, backends: Iterable[str] | None = None
+    ) -> None:
         """Start reading ahead, while the culler still lists the hub's servers: the answer
-        for every idle window the catalog allows, used by the next :meth:`collect` at ``now``.
-        Sources that read per server (an exporter scrape, NVML) have nothing to read ahead."""
+        for every idle window the catalog allows (and its profiles' sharing ``backends``), used
+        by the next :meth:`collect` at ``now``. Sources that read per server (an exporter
+        scrape, NVML) have nothing to read ahead."""
 
     def cancel_prefetch(self) -> None:
         """Drop a read ahead the cycle will not use (the hub did not answer, no GPU server)."""
@@ -163,20 +177,15 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 
 #: Labels kept in Prometheus' answer: enough to join a series to a server and to name the GPU in the
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
-KEEP_LABELS = (
-    "namespace",
-    "pod",
-    "exported_namespace",
-    "exported_pod",
-    "Hostname",
-    "hostname",
-    "gpu",
-    "GPU_I_ID",
-    "GPU_I_PROFILE",
-    "UUID",
-    "device_uuid",
-    "vdevice_index",
-)
+#: The workload's pod, as the exporter or (without honorLabels) Prometheus' rename names it.
+POD_LABELS = ("namespace", "pod", "exported_namespace", "exported_pod")
+#: Per metric: the pod, and dcgm-exporter's GPU / MIG instance or HAMi's vGPU.
+KEEP_BY_METRIC = {
+    GPU_UTIL: (*POD_LABELS, "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID"),
+    GR_ENGINE_ACTIVE: (*POD_LABELS, "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID"),
+    HAMI_CONTAINER_UTIL: (*POD_LABELS, "device_uuid", "vdevice_index"),
+}
+KEEP_LABELS = tuple(dict.fromkeys(label for labels in KEEP_BY_METRIC.values() for label in labels))
 #: Per series and window, what Prometheus computes (the ``stat`` part of each answer element's tag).
 STATS = ("peak", "samples", "start", "tail", "hole", "evaluations", "max_age")
 #: The recording rules the culler reads when they exist (rules file in helm/gpulab/rules/, loaded
@@ -303,10 +312,10 @@ class PrometheusSource(UtilisationSource):
         return f"{metric}{{{matchers}}}" if matchers else metric
 
     def _element(self, expr: str, stat: str, metric: str, window: str) -> str:
-        by = ",".join(KEEP_LABELS)
+        by = ",".join(KEEP_BY_METRIC.get(metric, KEEP_LABELS))
         return f'label_replace(max by ({by}) ({expr}), "{TAG}", "{stat}/{metric}/{window}", "", "")'
 
-    def query(self, windows: Iterable[float], *, rule: bool | None = None) -> str:
+    def query(self, windows: Iterable[float], *, rule: bool | None = None, metrics: tuple[str, ...] = METRICS) -> str:
         """One PromQL expression: every stat, for every metric and window, joined with ``or``.
 
         With the rule (``sample_age_rule`` set, unless ``rule=False``) holes come from it;
@@ -316,7 +325,7 @@ class PrometheusSource(UtilisationSource):
         parts: list[str] = []
         for window in sorted(set(windows)):
             w = _duration(window)
-            for metric in METRICS:
+            for metric in metrics:
                 sel = self._selector(metric)
                 exprs = {
                     "peak": f"max_over_time({sel}[{w}]) + 0 * sum_over_time({sel}[{w}])",
@@ -428,12 +437,15 @@ class PrometheusSource(UtilisationSource):
                 stats[key][stat] = math.nan
         return stats, label_sets
 
-    def prefetch(self, now: float, windows: Iterable[float], threshold_percent: float) -> None:
+    def prefetch(
+        self, now: float, windows: Iterable[float], threshold_percent: float, backends: Iterable[str] | None = None
+    ) -> None:
         self.cancel_prefetch()
         asked = frozenset(windows)
-        task = asyncio.ensure_future(self.fetch(now, asked, threshold_percent=threshold_percent))
+        metrics = metrics_for(backends)
+        task = asyncio.ensure_future(self.fetch(now, asked, threshold_percent=threshold_percent, metrics=metrics))
         task.add_done_callback(_retrieve)
-        self._prefetched = _Prefetch(now, asked, threshold_percent, task)
+        self._prefetched = _Prefetch(now, asked, threshold_percent, task, metrics)
 
     def cancel_prefetch(self) -> None:
         if self._prefetched is not None:
@@ -447,31 +459,39 @@ class PrometheusSource(UtilisationSource):
                 ahead.task.cancel()
             return {}
         wanted = set(windows.values())
-        if ahead is not None and ahead.now == now:
+        metrics = metrics_for(t.sharing for t in targets)
+        if ahead is not None and ahead.now == now and set(metrics) <= set(ahead.metrics):
             answer = dict(await ahead.task)
             missing = wanted - ahead.windows  # cannot happen with one catalog; asked again if it does
             if missing:
-                answer.update(await self.fetch(now, missing, threshold_percent=ahead.threshold_percent))
+                answer.update(
+                    await self.fetch(now, missing, threshold_percent=ahead.threshold_percent, metrics=ahead.metrics)
+                )
         else:
             if ahead is not None:
                 ahead.task.cancel()
-            answer = await self.fetch(now, wanted, threshold_percent=threshold_percent)
+            answer = await self.fetch(now, wanted, threshold_percent=threshold_percent, metrics=metrics)
         return self.join(answer, targets, windows)
 
     async def fetch(
-        self, now: float, windows: Iterable[float], threshold_percent: float | None = None
+        self,
+        now: float,
+        windows: Iterable[float],
+        threshold_percent: float | None = None,
+        metrics: tuple[str, ...] = METRICS,
     ) -> dict[str, tuple]:
         """Ask Prometheus for every window; ``{window: (by_pod, by_device)}``.
 
         Separate from :meth:`join` so the culler can ask while it is still listing
         the hub's servers (it knows the possible timeouts from the catalog).
         ``threshold_percent``: series peaking above it are busy whatever their holes,
-        so the second query (holes the rule does not cover) skips them.
+        so the second query (holes the rule does not cover) skips them. ``metrics``: those
+        the servers can have evidence in (:func:`metrics_for`).
         """
         windows = sorted(set(windows))
         at = self.evaluation_time(now)
         self.last_answer_bytes = 0
-        stats, label_sets = await self._ask(self.query(windows), at)
+        stats, label_sets = await self._ask(self.query(windows, metrics=metrics), at)
         if self.sample_age_rule:
             self._keep_covered_holes(stats, windows)
             await self._measure_uncovered_holes(stats, windows, at, threshold_percent)
@@ -585,6 +605,7 @@ class _Prefetch:
     windows: frozenset[float]
     threshold_percent: float
     task: asyncio.Future
+    metrics: tuple[str, ...] = METRICS
 
 
 def _retrieve(future: asyncio.Future) -> None:

@@ -126,6 +126,9 @@ def bed(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "hami-idle": product_pod("hami-idle", "hami", catalog, nodeName=HAMI_NODE),
             "hami-busy": product_pod("hami-busy", "hami", catalog, nodeName=HAMI_NODE),
         }
+        # The time-slices' placement (and dcgm-exporter's one pod per GPU) depends on every
+        # replica in use: start on an empty time-sliced node (earlier tests' pods are gone).
+        kube.wait(lambda: not kube.tb.pod_resources("gpu-h100-timeslice"), "an empty time-sliced node", 120)
         for i in range(TIMESLICE_PODS):
             pods[f"ts-{i}"] = product_pod(f"ts-{i}", "ts", catalog)
         for name, body in pods.items():

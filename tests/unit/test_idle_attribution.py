@@ -80,3 +80,17 @@ def test_only_a_pod_server_old_enough_and_without_any_series_is_unattributed():
     local = ServerTarget(user="u", server="", team="t", profile="p", gpu_milli=1000, mapping=DEVICE, started_at=0.0)
     assert not is_unattributed(local, 0, now=400, after_seconds=300)
     assert shares_whole_gpu(target("timeslice")) and not shares_whole_gpu(target("timeslice", 1000))
+
+
+def test_hamis_metric_is_asked_for_only_when_a_hami_server_can_exist():
+    from idle_culler.sources import GR_ENGINE_ACTIVE, METRICS, PrometheusSource, metrics_for
+
+    assert metrics_for({"whole", "timeslice", "mig", "kai"}) == (GPU_UTIL, GR_ENGINE_ACTIVE)
+    assert metrics_for({"whole", "hami"}) == metrics_for({""}) == metrics_for(None) == METRICS
+    source = PrometheusSource()
+    assert HAMI_CONTAINER_UTIL not in source.query([3600.0], metrics=metrics_for({"whole"}))
+    query = source.query([3600.0], metrics=METRICS)
+    assert f"max_over_time({HAMI_CONTAINER_UTIL}[3600s])" in query
+    # Each metric is reduced to its own labels: HAMi's vGPU, dcgm-exporter's GPU, and the pod either way.
+    assert "max by (namespace,pod,exported_namespace,exported_pod,device_uuid,vdevice_index)" in query
+    assert "max by (namespace,pod,exported_namespace,exported_pod,Hostname,hostname,gpu,GPU_I_ID" in query
