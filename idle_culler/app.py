@@ -229,6 +229,7 @@ class GPUIdleCuller(Application):
         "metrics-url": "GPUIdleCuller.metrics_url",
         "prometheus-url": "PrometheusSource.prometheus_url",
         "series-selector": "PrometheusSource.series_selector",
+        "kai-reservation-namespace": "PrometheusSource.kai_reservation_namespace",
         "exporter-url": "DCGMExporterSource.exporter_urls",
         "log-level": "Application.log_level",
     }

@@ -41,7 +41,9 @@ REASONS: Mapping[str, str] = {
     ),
     "kai-reservation-pod": (
         "KAI holds this GPU fraction's GPU with its gpu-reservation pod (namespace "
-        "kai-resource-reservation), so dcgm-exporter attributes the GPU to that pod, not to this server"
+        "kai-resource-reservation), so dcgm-exporter attributes the GPU to that pod, not to this server: "
+        "set c.PrometheusSource.kai_reservation_namespace and export KAI's runai-gpu-group pod label "
+        "from kube-state-metrics to find it through KAI's GPU group"
     ),
 }
 assert tuple(REASONS) == UNATTRIBUTED_CODES, "one sentence per code the hub accepts"
@@ -51,8 +53,8 @@ REASON_PREFIX = "idle GPU reclaim is off for this server: "
 
 #: Evidence note of servers whose series is a whole shared GPU's.
 SHARED_GPU_NOTE = (
-    "time-slice: a replica's series is its whole GPU's utilisation, so the server is idle only "
-    "when every pod on that GPU is idle"
+    "shared GPU (time-slice or KAI fraction): the series is the whole GPU's utilisation, so the "
+    "server is idle only when every pod on that GPU is idle"
 )
 
 
@@ -78,5 +80,5 @@ def is_unattributed(target: ServerTarget, series: int, now: float, after_seconds
 
 
 def shares_whole_gpu(target: ServerTarget) -> bool:
-    """Its series, when it has one, is the whole GPU's: time-slices see their GPU's utilisation."""
-    return target.sharing == "timeslice" and target.gpu_milli < MILLI_PER_GPU
+    """Its series, when it has one, is the whole GPU's: time-slices and KAI fractions see their GPU's."""
+    return target.sharing in ("timeslice", "kai") and target.gpu_milli < MILLI_PER_GPU

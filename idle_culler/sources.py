@@ -298,6 +298,26 @@ class PrometheusSource(UtilisationSource):
         series and distinct idle timeout; above the cap the cycle reclaims nothing.""",
     )
 
+    kai_reservation_namespace = Unicode(
+        "",
+        config=True,
+        help="""KAI scheduler's reservation namespace (`kai-resource-reservation`), to find the GPU
+        of a KAI GPU fraction: KAI holds it with a `gpu-reservation-*` pod there, which dcgm-exporter
+        names on the GPU's series, and gives that pod and the fraction's pods one GPU group label
+        (`runai-gpu-group`). The culler joins the reservation pod's series to the fraction's pods
+        through kube-state-metrics' `kube_pod_labels` (export the label: metricLabelsAllowlist
+        `pods=[runai-gpu-group]`). Like a time-slice, a fraction is then idle only when its whole
+        GPU is. Needs the recording rules. Empty: KAI fractions have no evidence (reported).""",
+    )
+    kai_gpu_group_label = Unicode(
+        "label_runai_gpu_group",
+        config=True,
+        help="kube-state-metrics' name for KAI's `runai-gpu-group` pod label.",
+    )
+    pod_labels_metric = Unicode(
+        "kube_pod_labels", config=True, help="kube-state-metrics' metric carrying pod labels (one series per pod)."
+    )
+
     last_answer_bytes = 0
     #: Series whose holes the last fetch measured with the subquery (the rule did not cover them).
     last_subquery_series = 0
@@ -315,11 +335,38 @@ class PrometheusSource(UtilisationSource):
         by = ",".join(KEEP_BY_METRIC.get(metric, KEEP_LABELS))
         return f'label_replace(max by ({by}) ({expr}), "{TAG}", "{stat}/{metric}/{window}", "", "")'
 
-    def query(self, windows: Iterable[float], *, rule: bool | None = None, metrics: tuple[str, ...] = METRICS) -> str:
+    def via_kai_group(self, expr: str) -> str:
+        """``expr`` (per dcgm-exporter series) moved from KAI's reservation pods to the pods in
+        their GPU group: the reservation pod's (namespace, pod), exported or not, to its group
+        (kube_pod_labels), the group to every other pod carrying it. Each GPU group is one
+        reservation pod, so the join is one-to-many."""
+        group, labels = self.kai_gpu_group_label, self.pod_labels_metric
+        reservations = f'{labels}{{namespace="{self.kai_reservation_namespace}",{group}!=""}}'
+        members = f'{labels}{{namespace!="{self.kai_reservation_namespace}",{group}!=""}}'
+        gpu = "Hostname,hostname,gpu,GPU_I_ID,GPU_I_PROFILE,UUID"
+        named = (
+            f'label_replace(label_replace({expr}, "namespace", "$1", "exported_namespace", "(.+)"), '
+            f'"pod", "$1", "exported_pod", "(.+)")'
+        )
+        held = (
+            f"max by (namespace,pod,{gpu}) ({named}) * on (namespace,pod) group_left ({group}) "
+            f"max by (namespace,pod,{group}) ({reservations})"
+        )
+        return f"({held}) * on ({group}) group_right ({gpu}) max by (namespace,pod,{group}) ({members})"
+
+    def query(
+        self,
+        windows: Iterable[float],
+        *,
+        rule: bool | None = None,
+        metrics: tuple[str, ...] = METRICS,
+        kai: bool = False,
+    ) -> str:
         """One PromQL expression: every stat, for every metric and window, joined with ``or``.
 
         With the rule (``sample_age_rule`` set, unless ``rule=False``) holes come from it;
-        without, from the subquery (``max_age``), as :meth:`hole_query` asks for.
+        without, from the subquery (``max_age``), as :meth:`hole_query` asks for. ``kai``:
+        dcgm-exporter's stats also through KAI's GPU groups (:meth:`via_kai_group`).
         """
         use_rule = bool(self.sample_age_rule) if rule is None else rule
         parts: list[str] = []
@@ -341,7 +388,17 @@ class PrometheusSource(UtilisationSource):
                 else:
                     exprs["max_age"] = self._max_age(sel, w)
                 parts.extend(self._element(e, stat, metric, w) for stat, e in exprs.items())
+                if kai and metric != HAMI_CONTAINER_UTIL:
+                    parts.extend(
+                        self._element(self.via_kai_group(e), stat, metric, w)
+                        for stat, e in exprs.items()
+                        if stat != "evaluations"
+                    )
         return " or ".join(parts)
+
+    def kai_for(self, backends: Iterable[str] | None) -> bool:
+        """Whether to join through KAI's GPU groups: configured, and a KAI server can exist."""
+        return bool(self.kai_reservation_namespace) and (backends is None or bool(set(backends) & {"kai", ""}))
 
     def _max_age(self, sel: str, w: str) -> str:
         return f"max_over_time((time() - timestamp({sel}))[{w}:{_duration(self.scrape_interval)}])"
@@ -442,10 +499,13 @@ class PrometheusSource(UtilisationSource):
     ) -> None:
         self.cancel_prefetch()
         asked = frozenset(windows)
-        metrics = metrics_for(backends)
-        task = asyncio.ensure_future(self.fetch(now, asked, threshold_percent=threshold_percent, metrics=metrics))
+        backends = None if backends is None else set(backends)
+        metrics, kai = metrics_for(backends), self.kai_for(backends)
+        task = asyncio.ensure_future(
+            self.fetch(now, asked, threshold_percent=threshold_percent, metrics=metrics, kai=kai)
+        )
         task.add_done_callback(_retrieve)
-        self._prefetched = _Prefetch(now, asked, threshold_percent, task, metrics)
+        self._prefetched = _Prefetch(now, asked, threshold_percent, task, metrics, kai)
 
     def cancel_prefetch(self) -> None:
         if self._prefetched is not None:
@@ -459,18 +519,21 @@ class PrometheusSource(UtilisationSource):
                 ahead.task.cancel()
             return {}
         wanted = set(windows.values())
-        metrics = metrics_for(t.sharing for t in targets)
-        if ahead is not None and ahead.now == now and set(metrics) <= set(ahead.metrics):
+        backends = {t.sharing for t in targets}
+        metrics, kai = metrics_for(backends), self.kai_for(backends)
+        if ahead is not None and ahead.now == now and set(metrics) <= set(ahead.metrics) and kai <= ahead.kai:
             answer = dict(await ahead.task)
             missing = wanted - ahead.windows  # cannot happen with one catalog; asked again if it does
             if missing:
                 answer.update(
-                    await self.fetch(now, missing, threshold_percent=ahead.threshold_percent, metrics=ahead.metrics)
+                    await self.fetch(
+                        now, missing, threshold_percent=ahead.threshold_percent, metrics=ahead.metrics, kai=ahead.kai
+                    )
                 )
         else:
             if ahead is not None:
                 ahead.task.cancel()
-            answer = await self.fetch(now, wanted, threshold_percent=threshold_percent, metrics=metrics)
+            answer = await self.fetch(now, wanted, threshold_percent=threshold_percent, metrics=metrics, kai=kai)
         return self.join(answer, targets, windows)
 
     async def fetch(
@@ -479,6 +542,7 @@ class PrometheusSource(UtilisationSource):
         windows: Iterable[float],
         threshold_percent: float | None = None,
         metrics: tuple[str, ...] = METRICS,
+        kai: bool = False,
     ) -> dict[str, tuple]:
         """Ask Prometheus for every window; ``{window: (by_pod, by_device)}``.
 
@@ -491,7 +555,7 @@ class PrometheusSource(UtilisationSource):
         windows = sorted(set(windows))
         at = self.evaluation_time(now)
         self.last_answer_bytes = 0
-        stats, label_sets = await self._ask(self.query(windows, metrics=metrics), at)
+        stats, label_sets = await self._ask(self.query(windows, metrics=metrics, kai=kai), at)
         if self.sample_age_rule:
             self._keep_covered_holes(stats, windows)
             await self._measure_uncovered_holes(stats, windows, at, threshold_percent)
@@ -606,6 +670,7 @@ class _Prefetch:
     threshold_percent: float
     task: asyncio.Future
     metrics: tuple[str, ...] = METRICS
+    kai: bool = False
 
 
 def _retrieve(future: asyncio.Future) -> None:

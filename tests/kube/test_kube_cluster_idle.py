@@ -63,14 +63,16 @@ CATALOG = {
     "teams": [{"name": TEAM, "display_name": "Vision", "users": ["u"], "guarantee": 8, "burst": 16}],
 }
 POOLS = {"whole": "whole", "ts": "timeslice", "mig": "mig"}
-#: dcgm-exporter settings, each with whether HAMi's vGPU monitor is scraped too.
+#: dcgm-exporter settings, each with whether HAMi's vGPU monitor is scraped too, and whether
+#: kube-state-metrics exports KAI's GPU group label and the culler joins through it.
 SETTINGS = {
-    "operator-default": (ExporterSettings(), True),
-    "shared-listed": (ExporterSettings(resource_names=("nvidia.com/gpu.shared",)), False),
-    # What gpulab ships for the GPU operator (helm/values-gpu-operator.yaml).
-    "virtual-gpus": (ExporterSettings.from_env(OPERATOR_VALUES["dcgmExporter"]["env"]), True),
-    "no-profiling": (ExporterSettings(profiling=False, hostname_label="hostname"), True),
+    "operator-default": (ExporterSettings(), True, False),
+    "shared-listed": (ExporterSettings(resource_names=("nvidia.com/gpu.shared",)), False, False),
+    # What gpulab ships and documents: helm/values-gpu-operator.yaml, HAMi's monitor, KAI's groups.
+    "virtual-gpus": (ExporterSettings.from_env(OPERATOR_VALUES["dcgmExporter"]["env"]), True, True),
+    "no-profiling": (ExporterSettings(profiling=False, hostname_label="hostname"), True, False),
 }
+GPU_GROUP = "runai-gpu-group"  # KAI's constants.GPUGroup
 STYLES = {"honor-labels": True, "service-monitor": False}
 TIMESLICE_PODS = 9  # 8 GPUs: the ninth replica shares a GPU with the first
 
@@ -138,34 +140,42 @@ def bed(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
         # KAI's binder: a reservation pod holds one whole GPU of the node for the fraction's
         # GPU group, and the fraction's pod (no GPU request) joins the group (KAI-Scheduler
         # pkg/binder/binding/resourcereservation/resource_reservation.go).
-        group = f"{ns}-group"
-        reservation = f"gpu-reservation-{KAI_NODE}-{kube.suffix[:5]}"
-        kube.create(
-            f"/api/v1/namespaces/{KAI_NAMESPACE}/pods",
-            {
-                "metadata": {
-                    "name": reservation,
-                    "labels": {"app": "kai-resource-reservation", "runai-gpu-group": group},
+        reservations = {}
+        for fraction in ("kai-idle", "kai-busy"):
+            group = f"{ns}-{fraction}"
+            reservation = f"gpu-reservation-{KAI_NODE}-{fraction[4]}{kube.suffix[:4]}"
+            reservations[fraction] = (KAI_NAMESPACE, reservation)
+            kube.create(
+                f"/api/v1/namespaces/{KAI_NAMESPACE}/pods",
+                {
+                    "metadata": {"name": reservation, "labels": {"app": "kai-resource-reservation", GPU_GROUP: group}},
+                    "spec": {
+                        "nodeName": KAI_NODE,
+                        "containers": [
+                            {
+                                "name": "resource-reservation",
+                                "image": "registry.example.com/kai/resource-reservation:v0.20.1",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+                            }
+                        ],
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    },
                 },
-                "spec": {
-                    "nodeName": KAI_NODE,
-                    "containers": [
-                        {
-                            "name": "resource-reservation",
-                            "image": "registry.example.com/kai/resource-reservation:v0.20.1",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                },
-            },
-        )
-        kai = product_pod("kai-idle", "kai", catalog, nodeName=KAI_NODE)
-        kai["metadata"]["labels"]["runai-gpu-group"] = group
-        kube.create(f"/api/v1/namespaces/{ns}/pods", kai)
-        for name in pods.keys() | {"kai-idle"}:
+            )
+            kai = product_pod(fraction, "kai", catalog, nodeName=KAI_NODE)
+            kai["metadata"]["labels"][GPU_GROUP] = group
+            kube.create(f"/api/v1/namespaces/{ns}/pods", kai)
+        for name in pods.keys() | set(reservations):
             kube.wait_pod(ns, name, "Running", 90)
-        kube.wait_pod(KAI_NAMESPACE, reservation, "Running", 60)
+        for namespace, reservation in reservations.values():
+            kube.wait_pod(namespace, reservation, "Running", 60)
+        # kube-state-metrics with metricLabelsAllowlist pods=[runai-gpu-group].
+        grouped = [
+            (p["metadata"]["namespace"], p["metadata"]["name"], {GPU_GROUP: p["metadata"]["labels"][GPU_GROUP]})
+            for n in (ns, KAI_NAMESPACE)
+            for p in kube.pods(n)
+            if GPU_GROUP in (p["metadata"].get("labels") or {})
+        ]
 
         # The time-slices: the pair sharing a GPU is one busy pod and one idle beside it; one
         # pod alone on its GPU is busy; the others are idle alone. The idle one of the pair
@@ -180,15 +190,16 @@ def bed(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
         (pair,) = [names for names in by_gpu.values() if len(names) == 2]
         alone = sorted(n for names in by_gpu.values() if len(names) == 1 for n in names)
         roles = {"whole-idle": "idle", "whole-busy": "busy", "mig-idle": "idle", "mig-busy": "busy"}
-        roles |= {"hami-idle": "idle", "hami-busy": "busy", "kai-idle": "idle"}
+        roles |= {"hami-idle": "idle", "hami-busy": "busy", "kai-idle": "idle", "kai-busy": "busy"}
         roles |= {pair[0]: "pair-busy", pair[1]: "beside-busy", alone[0]: "busy"} | {n: "idle" for n in alone[1:]}
 
         nodes = yaml.safe_load(NODES_FILE.read_text())["nodes"]
-        for setting, (settings, hami) in SETTINGS.items():
-            exporter = FakeKubeDCGMExporter(kube.tb.pod_resources_dir, nodes, settings).start()
+        for setting, (settings, hami, kai_groups) in SETTINGS.items():
+            labels = (lambda: grouped) if kai_groups else None
+            exporter = FakeKubeDCGMExporter(kube.tb.pod_resources_dir, nodes, settings, pod_labels=labels).start()
             exporters.append(exporter)
             for name, role in roles.items():
-                runs_on = (KAI_NAMESPACE, reservation) if name == "kai-idle" else None
+                runs_on = reservations.get(name)
                 exporter.set_activity(ns, name, 60 if role in ("busy", "pair-busy") else 0, runs_on)
             for style, honor in STYLES.items():
                 jobs = [j for j in exporter.scrape_configs(honor) if hami or j["job_name"] != "hami"]
@@ -220,8 +231,10 @@ def bed(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
         kube.cleanup()
 
 
-def culler(hub: IdleHubStandin, prometheus_url: str) -> GPUIdleCuller:
+def culler(hub: IdleHubStandin, prometheus_url: str, kai_groups: bool) -> GPUIdleCuller:
     c = Config()
+    if kai_groups:
+        c.PrometheusSource.kai_reservation_namespace = KAI_NAMESPACE
     c.GPUIdleCuller.url = hub.url
     c.GPUIdleCuller.api_token = TOKEN
     c.GPUIdleCuller.source = "prometheus"
@@ -239,9 +252,9 @@ def culler(hub: IdleHubStandin, prometheus_url: str) -> GPUIdleCuller:
 
 def expected(setting: str, pod: str, role: str) -> str:
     """What the culler must do with ``pod`` under ``setting``: reclaim, keep, or an unattributed reason code."""
-    settings, hami_scraped = SETTINGS[setting]
+    settings, hami_scraped, kai_groups = SETTINGS[setting]
     backend = pod.split("-")[0]
-    if backend == "kai":
+    if backend == "kai" and not kai_groups:
         return "kai-reservation-pod"
     if backend == "hami" and not hami_scraped:
         return "hami-no-vgpu-metrics"
@@ -276,7 +289,7 @@ def test_the_culler_reclaims_idle_keeps_busy_and_reports_unattributed_servers(
     try:
         for s in bed.servers:
             hub.add(s)
-        app = culler(hub, bed.prometheus[(setting, style)].url)
+        app = culler(hub, bed.prometheus[(setting, style)].url, SETTINGS[setting][2])
         log = Lines()
         app.log.addHandler(log)
 

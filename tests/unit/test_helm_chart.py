@@ -370,9 +370,24 @@ def test_idle_culler_recording_rules_are_the_shipped_file_at_the_scrape_interval
     )
     assert check.returncode == 0, check.stdout + check.stderr
     shipped = yaml.safe_load(rules_file.read_text())
-    records = {r["record"] for g in shipped["groups"] for r in g["rules"]}
+    hami_file = CHART / "rules" / "idle-culler-hami.rules.yaml"
+    check = subprocess.run(
+        [shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(hami_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    hami = yaml.safe_load(hami_file.read_text())
+    records = {r["record"] for doc in (shipped, hami) for g in doc["groups"] for r in g["rules"]}
     assert records == {t.format(metric=m) for m in METRICS for t in (SAMPLE_AGE_RULE, SAMPLE_AGE_COUNT_RULE)}
     assert len(shipped["groups"]) == 1, "one group: the count rules vouch for the age rules' evaluations"
+    (hami_group,) = hami["groups"]  # the count rule beside its age rule, as above
+    (with_hami,) = of_kind(
+        render("default", ("monitoring.idleRules.enabled=true", "monitoring.idleRules.hami=true")), "PrometheusRule"
+    )
+    assert [g["name"] for g in with_hami["spec"]["groups"]] == ["gpulab-idle-culler", "gpulab-idle-culler-hami"]
+    assert with_hami["spec"]["groups"][1]["rules"] == hami_group["rules"]
     assert not any(d["kind"] == "PrometheusRule" for d in render("default"))
     (rule,) = of_kind(
         render(

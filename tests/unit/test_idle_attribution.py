@@ -80,6 +80,7 @@ def test_only_a_pod_server_old_enough_and_without_any_series_is_unattributed():
     local = ServerTarget(user="u", server="", team="t", profile="p", gpu_milli=1000, mapping=DEVICE, started_at=0.0)
     assert not is_unattributed(local, 0, now=400, after_seconds=300)
     assert shares_whole_gpu(target("timeslice")) and not shares_whole_gpu(target("timeslice", 1000))
+    assert shares_whole_gpu(target("kai")) and not shares_whole_gpu(target("hami"))
 
 
 def test_hamis_metric_is_asked_for_only_when_a_hami_server_can_exist():
@@ -94,3 +95,26 @@ def test_hamis_metric_is_asked_for_only_when_a_hami_server_can_exist():
     # Each metric is reduced to its own labels: HAMi's vGPU, dcgm-exporter's GPU, and the pod either way.
     assert "max by (namespace,pod,exported_namespace,exported_pod,device_uuid,vdevice_index)" in query
     assert "max by (namespace,pod,exported_namespace,exported_pod,Hostname,hostname,gpu,GPU_I_ID" in query
+
+
+def test_kais_gpu_groups_are_joined_only_when_configured_and_the_query_parses(tmp_path):
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from idle_culler.sources import PrometheusSource
+
+    source = PrometheusSource()
+    assert not source.kai_for({"kai"}) and "kube_pod_labels" not in source.query([60.0], kai=source.kai_for(None))
+    source.kai_reservation_namespace = "kai-resource-reservation"
+    assert source.kai_for({"kai", "whole"}) and source.kai_for(None) and not source.kai_for({"whole", "hami"})
+    query = source.query([60.0], kai=True)
+    assert 'kube_pod_labels{namespace="kai-resource-reservation",label_runai_gpu_group!=""}' in query
+    assert "group_right (Hostname,hostname,gpu,GPU_I_ID,GPU_I_PROFILE,UUID)" in query
+    # Prometheus' own parser, through promtool (the bed evaluates it: tests/kube/test_kube_cluster_idle.py).
+    rules = tmp_path / "q.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "q", "rules": [{"record": "gpulab:q", "expr": query}]}]}))
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    proc = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

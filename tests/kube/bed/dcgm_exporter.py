@@ -47,6 +47,11 @@ container, vdevice_index, device_uuid}`` (the container's own SM utilisation, 0-
 from HAMi's shared region) and per GPU ``hami_host_gpu_utilization_ratio{node,
 device_index, device_uuid, device_type}``. Served at ``/hami/<node>/metrics``.
 
+**kube-state-metrics**' ``kube_pod_labels{namespace, pod, label_<key>}`` (each allowed pod label
+as ``label_`` + the key with every character outside ``[a-zA-Z0-9_]`` made ``_``), served at
+``/ksm/metrics`` when the test gives the pods' labels: how the culler finds the GPU group of
+KAI's reservation pods and fractions.
+
 One HTTP server serves every node's exporter at ``/dcgm/<node>/metrics``;
 :func:`scrape_configs` writes the Prometheus jobs for the two ways a cluster scrapes
 it: with ``honor_labels`` (gpulab's ServiceMonitor), or as the GPU operator's own
@@ -58,9 +63,10 @@ own pod win, and the series' own become ``exported_namespace``/``exported_pod``/
 from __future__ import annotations
 
 import json
+import re
 import threading
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -131,7 +137,15 @@ class FakeKubeDCGMExporter:
     """dcgm-exporter on each fake GPU node (and HAMi's monitor on HAMi's), from the bed's
     PodResources view; the test sets each pod's activity with :meth:`set_activity`."""
 
-    def __init__(self, pod_resources_dir: Path, nodes: Iterable[Mapping[str, Any]], settings: ExporterSettings):
+    def __init__(
+        self,
+        pod_resources_dir: Path,
+        nodes: Iterable[Mapping[str, Any]],
+        settings: ExporterSettings,
+        pod_labels: Callable[[], list[tuple[str, str, dict[str, str]]]] | None = None,
+    ):
+        """``pod_labels``: every pod's (namespace, name, allowed labels), for kube-state-metrics."""
+        self.pod_labels = pod_labels
         self.pod_resources_dir = Path(pod_resources_dir)
         self.settings = settings
         self.nodes = {
@@ -148,6 +162,9 @@ class FakeKubeDCGMExporter:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server API)
                 parts = self.path.strip("/").split("/")
+                if parts == ["ksm", "metrics"] and exporter.pod_labels is not None:
+                    exporter._send(self, exporter.render_ksm())
+                    return
                 if len(parts) != 3 or parts[2] != "metrics" or parts[1] not in exporter.nodes:
                     self.send_error(404)
                     return
@@ -158,18 +175,32 @@ class FakeKubeDCGMExporter:
                 else:
                     self.send_error(404)
                     return
-                data = body.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                exporter._send(self, body)
 
             def log_message(self, *args):
                 pass
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @staticmethod
+    def _send(handler: BaseHTTPRequestHandler, body: str) -> None:
+        data = body.encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain; version=0.0.4")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def render_ksm(self) -> str:
+        out = [
+            "# HELP kube_pod_labels Kubernetes labels converted to Prometheus labels.",
+            "# TYPE kube_pod_labels gauge",
+        ]
+        for namespace, name, labels in self.pod_labels() if self.pod_labels else []:
+            extra = {"label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in sorted(labels.items())}
+            out.append(f"kube_pod_labels{{{_labels({'namespace': namespace, 'pod': name, **extra})}}} 1")
+        return "\n".join(out) + "\n"
 
     def start(self) -> FakeKubeDCGMExporter:
         self._thread.start()
@@ -395,6 +426,10 @@ class FakeKubeDCGMExporter:
                 targets.append({"targets": [self.base], "labels": labels})
             if targets:
                 jobs.append({"job_name": job, "honor_labels": honor_labels, "static_configs": targets})
+        if self.pod_labels is not None:
+            # kube-prometheus-stack scrapes kube-state-metrics with honorLabels.
+            ksm = {"targets": [self.base], "labels": {"__metrics_path__": "/ksm/metrics"}}
+            jobs.append({"job_name": "kube-state-metrics", "honor_labels": True, "static_configs": [ksm]})
         return jobs
 
 
