@@ -362,22 +362,16 @@ def test_idle_culler_recording_rules_are_the_shipped_file_at_the_scrape_interval
     from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
 
     rules_file = CHART / "rules" / "idle-culler.rules.yaml"
-    check = subprocess.run(
-        [shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(rules_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
-    shipped = yaml.safe_load(rules_file.read_text())
     hami_file = CHART / "rules" / "idle-culler-hami.rules.yaml"
-    check = subprocess.run(
-        [shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(hami_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    for path in (rules_file, hami_file):
+        check = subprocess.run(
+            [shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+    shipped = yaml.safe_load(rules_file.read_text())
     hami = yaml.safe_load(hami_file.read_text())
     records = {r["record"] for doc in (shipped, hami) for g in doc["groups"] for r in g["rules"]}
     assert records == {t.format(metric=m) for m in METRICS for t in (SAMPLE_AGE_RULE, SAMPLE_AGE_COUNT_RULE)}
