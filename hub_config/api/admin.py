@@ -142,7 +142,7 @@ def profile_view(catalog: Catalog, slug: str) -> dict[str, Any]:
 def hub_known_gpu_models(runtime: GPULabRuntime) -> set[str]:
     """GPU models this hub's profiles may name: the single server's devices (NVML or
     declared), or on Kubernetes the products the sharing backends can select."""
-    from spawner.local.spawner import ensure_packer
+    from spawner.local.inventory import ensure_packer
 
     if runtime.platform == KUBERNETES:
         return known_gpu_models(runtime.catalog, kubernetes=True)

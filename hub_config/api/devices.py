@@ -44,7 +44,8 @@ def devices_view(packer: DevicePacker, source: str) -> dict[str, Any]:
 class DevicesHandler(GPULabAPIHandler):
     async def get(self) -> None:
         self.require_scope(ADMIN)
-        from spawner.local.spawner import GPULocalMixin, ensure_packer
+        from spawner.local.inventory import ensure_packer
+        from spawner.local.spawner import GPULocalMixin
 
         spawner_class = self.settings.get("spawner_class")
         if not (isinstance(spawner_class, type) and issubclass(spawner_class, GPULocalMixin)):

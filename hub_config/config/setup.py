@@ -7,7 +7,10 @@ overlay's ``hub.extraConfig``.
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any
+
+from sqlalchemy.engine import make_url
 
 from hub_config.api import admin as admin_api
 from hub_config.api import devices as devices_api
@@ -64,9 +67,39 @@ def check_spawner_config(c: Any) -> None:
                 raise SpawnerConfigError(f"gpulab: refusing to start: {conflict}")
 
 
+def place_gpulab_database(c: Any) -> None:
+    """On Kubernetes, keep gpulab's database (jobs, usage history, idle records) where it
+    survives a hub restart, or refuse to start saying what to set.
+
+    Unset, ``c.GPULabDB.db_url`` is a file in the hub's working directory. Under Zero to
+    JupyterHub that directory (/srv/jupyterhub) is the hub's volume only with
+    ``hub.db.type: sqlite-pvc``, whose ``c.JupyterHub.db_url`` is a SQLite file there:
+    gpulab's file goes beside it. With any other hub database the pod's directory is
+    thrown away at each restart, and with it every job record (new ids would start at 1
+    again and collide with the Jobs Kubernetes still keeps for their TTL).
+    """
+    if str(c.JupyterHub.get("spawner_class", "")) not in KUBE_SPAWNER_NAMES or "db_url" in c.GPULabDB:
+        return
+    hub_url = str(c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite"))
+    parsed = make_url(hub_url)
+    if parsed.drivername.startswith("sqlite") and parsed.database and parsed.database != ":memory:":
+        beside = PurePosixPath(parsed.database).with_name("gpulab.sqlite")
+        c.GPULabDB.db_url = f"sqlite:///{beside}"
+        return
+    kind = "in memory" if parsed.drivername.startswith("sqlite") else f"on {parsed.drivername}"
+    raise SpawnerConfigError(
+        f"gpulab: refusing to start: the hub's database is {kind} (z2jh hub.db.type is not "
+        "sqlite-pvc), so gpulab's own database (jobs, usage history, idle records) would be "
+        "lost at every hub restart. Set hub.config.GPULabDB.db_url to a database that persists "
+        "(e.g. a database of its own on the same server: postgresql://user@host/gpulab), or "
+        "use hub.db.type: sqlite-pvc (docs/install-kubernetes.md)."
+    )
+
+
 def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:
     """Everything a hub needs for gpulab: handlers, runtime hook, metrics, jobs, scopes, roles, templates."""
     check_spawner_config(c)
+    place_gpulab_database(c)
     c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + gpulab_handlers()
     # Stored catalog + usage history + the culler's notices (docs/admin.md), at runtime creation.
     hooks = list(c.GPULab.get("runtime_hooks", []))

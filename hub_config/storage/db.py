@@ -67,7 +67,9 @@ class GPULabDB(Configurable):
     db_url = Unicode(
         config=True,
         help="""SQLAlchemy URL of gpulab's database. Default: `gpulab.sqlite` in
-        `$GPULAB_DATA_DIR` (the embedded hub's data folder), else in the working directory.""",
+        `$GPULAB_DATA_DIR` (the embedded hub's data folder), else in the working directory;
+        with GPUKubeSpawner, beside the hub's own SQLite file (z2jh's `sqlite-pvc` volume),
+        and with any other hub database it must be set (the hub refuses to start).""",
     )
 
     busy_timeout = Float(

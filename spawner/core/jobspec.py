@@ -27,7 +27,7 @@ from .gpu_pools import and_node_affinity
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
 from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
-from .sharing import NO_GPU_ENV
+from .sharing import NO_GPU_ENV, with_shm
 
 # -- classes and states -------------------------------------------------------
 
@@ -238,13 +238,25 @@ def output_paths(notebook: str, name: str, stamp: str) -> tuple[str, str]:
 
 # -- Kubernetes ---------------------------------------------------------------
 
-#: The container command: papermill reads the parameters (JSON is YAML) from
-#: an environment variable, so no user value is ever parsed by a shell.
+#: The container command: papermill reads the parameters (JSON is YAML) from an
+#: environment variable, so no user value is ever parsed by a shell. The command
+#: replaces the image's entrypoint (docker-stacks' tini), so the shell is the
+#: container's PID 1, and PID 1 receives only the signals it has a handler for
+#: (pid_namespaces(7)): an exec'd papermill, which has none, would ignore the SIGTERM of
+#: a cancel, a preemption or a drain and die only at SIGKILL after the grace period.
+#: The shell stays PID 1 instead, forwards SIGTERM and SIGINT to papermill (a signal that
+#: came before papermill started too), waits for it (again, after a trapped signal cut the
+#: wait short) and exits with its status.
 PAPERMILL_SCRIPT = (
-    'set -e; cd "$GPULAB_HOME"; mkdir -p "$(dirname "$GPULAB_OUTPUT")"; '
-    'exec papermill "$GPULAB_NOTEBOOK" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
+    'trap \'stop=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null\' TERM INT; '
+    'cd "$GPULAB_HOME" && mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; '
+    'papermill "$GPULAB_NOTEBOOK" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
     '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" '
-    '> "$GPULAB_LOG" 2>&1'
+    '> "$GPULAB_LOG" 2>&1 & child=$!; '
+    '[ -n "$stop" ] && kill -TERM "$child"; '  # a signal before papermill started
+    'wait "$child"; status=$?; '
+    'while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done; '
+    'exit "$status"'
 )
 
 
@@ -379,8 +391,9 @@ def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
         "command": ["/bin/sh", "-c", PAPERMILL_SCRIPT],
         "env": env,
         "workingDir": home,
-        # As z2jh's single-user container: no setuid, no privilege escalation.
-        "securityContext": {"allowPrivilegeEscalation": False},
+        # The "restricted" Pod Security Standard: no setuid, no privilege escalation, no
+        # Linux capability (papermill and its kernel need none).
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     resources = _job_resources(req, gpu)
     if resources:
@@ -400,22 +413,33 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
         # A notebook job has no business with the Kubernetes API.
         "automountServiceAccountToken": False,
     }
-    security: dict[str, Any] = {}
+    # The "restricted" Pod Security Standard, which the chart's team namespaces warn and
+    # audit at: the runtime's default seccomp profile, and never root (unless an admin
+    # runs the users' servers as uid 0, c.KubeSpawner.uid = 0: then the job does too).
+    security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if req.uid is not None:
         security["runAsUser"] = req.uid
+        if req.uid != 0:
+            security["runAsNonRoot"] = True
     if req.fs_gid is not None:
         security["fsGroup"] = req.fs_gid
-    if security:
-        pod_spec["securityContext"] = security
+    pod_spec["securityContext"] = security
     _job_scheduling(req, gpu, pod_spec)
     if req.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in req.image_pull_secrets]
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
     if req.home_claim:
         mount: dict[str, Any] = {"name": "home", "mountPath": home}
         if req.home_sub_path:
             mount["subPath"] = req.home_sub_path
-        container["volumeMounts"] = [mount]
-        pod_spec["volumes"] = [{"name": "home", "persistentVolumeClaim": {"claimName": req.home_claim}}]
+        mounts.append(mount)
+        volumes.append({"name": "home", "persistentVolumeClaim": {"claimName": req.home_claim}})
+    if gpu is not None:  # PyTorch's DataLoader workers need more than 64 MiB there
+        volumes, mounts = with_shm(volumes, mounts)
+    if volumes:
+        container["volumeMounts"] = mounts
+        pod_spec["volumes"] = volumes
     if gpu is not None and gpu.node_selector:
         pod_spec["nodeSelector"] = dict(gpu.node_selector)
     scheduler_name = (gpu.scheduler_name if gpu is not None else None) or req.scheduler_name

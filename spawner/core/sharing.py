@@ -116,6 +116,40 @@ class PodGPUSpec:
 #: sets the variable for pods that request GPUs; gpulab never sets it for those.
 NO_GPU_ENV: Mapping[str, str] = {"NVIDIA_VISIBLE_DEVICES": "void"}
 
+#: Where PyTorch's DataLoader workers (and NCCL between local ranks) pass tensors. A
+#: container runtime gives /dev/shm 64 MiB, and DataLoader workers then die with "bus
+#: error" or "No space left on device"; a memory-backed emptyDir there is the usual cure
+#: (Kubernetes sizes it to the pod's memory limit and counts it against that limit).
+SHM_PATH = "/dev/shm"
+SHM_VOLUME_NAME = "gpulab-shm"
+
+
+def shm_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The memory-backed ``(volume, volumeMount)`` at :data:`SHM_PATH` of a GPU pod."""
+    return (
+        {"name": SHM_VOLUME_NAME, "emptyDir": {"medium": "Memory"}},
+        {"name": SHM_VOLUME_NAME, "mountPath": SHM_PATH},
+    )
+
+
+def with_shm(volumes: Any, mounts: Any) -> tuple[Any, Any]:
+    """``volumes`` and ``mounts`` (lists, or dicts keyed by name as KubeSpawner also takes)
+    with :func:`shm_volume` added, unless something (an admin's own volume) is mounted at
+    /dev/shm already."""
+    listed = list(mounts.values()) if isinstance(mounts, Mapping) else list(mounts)
+    if any(str(m.get("mountPath", "")).rstrip("/") == SHM_PATH for m in listed):
+        return volumes, mounts
+    volume, mount = shm_volume()
+    if isinstance(volumes, Mapping):
+        volumes = {**volumes, SHM_VOLUME_NAME: volume}
+    else:
+        volumes = [*volumes, volume]
+    if isinstance(mounts, Mapping):
+        mounts = {**mounts, SHM_VOLUME_NAME: mount}
+    else:
+        mounts = [*mounts, mount]
+    return volumes, mounts
+
 
 # --------------------------------------------------------------------------
 # Helpers

@@ -45,8 +45,8 @@ from spawner.core.policy import (
     what_to_do,
 )
 from spawner.core.priority import effective_priority_class
-from spawner.core.scheduling import explain_unschedulable
-from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec
+from spawner.core.scheduling import SCHEDULER_EVENT_REASONS, explain_scheduler_event
+from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
@@ -79,6 +79,8 @@ _APPLIED_TRAITS = (
     "tolerations",
     "node_affinity_required",
     "node_affinity_preferred",
+    "volumes",
+    "volume_mounts",
 )
 
 
@@ -90,6 +92,27 @@ def _usage_unreadable() -> Exception:
 def _escape(value: str) -> str:
     """KubeSpawner str.format()s label/annotation values: keep user text literal."""
     return value.replace("{", "{{").replace("}", "}}")
+
+
+def api_refusal(namespace: str, api_message: str) -> tuple[str, str]:
+    """The API server's 403 for a server's pod as ``(sentence for the spawn page, reason)``:
+    a ResourceQuota, Pod Security admission, or anything else the cluster refused."""
+    if _QUOTA_RE.search(api_message):
+        return quota_refusal_message(namespace, api_message), "resource-quota"
+    if "violates PodSecurity" in api_message:
+        sentence = (
+            f"The cluster's Pod Security admission refused the server in namespace {namespace}: "
+            f"{api_message}. An admin must change the server's pod or the namespace's "
+            "pod-security.kubernetes.io/enforce label (the gpulab chart's teamNamespaces.podSecurity)."
+        )
+        if "block-cloud-metadata" in api_message:  # z2jh's privileged iptables init container
+            sentence += (
+                " This one is Zero to JupyterHub's block-cloud-metadata init container: set "
+                "singleuser.cloudMetadata.blockWithIptables=false (the gpulab chart's NetworkPolicy "
+                "blocks the metadata server instead)."
+            )
+        return sentence, "pod-security"
+    return f"The cluster refused to create the server in namespace {namespace}: {api_message}", "forbidden"
 
 
 def quota_refusal_message(namespace: str, api_message: str) -> str:
@@ -123,6 +146,9 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
     tolerations: list[dict[str, Any]]
     node_affinity_required: list[dict[str, Any]]
     node_affinity_preferred: list[dict[str, Any]]
+    #: A list, or a dict keyed by name (KubeSpawner takes both).
+    volumes: Any
+    volume_mounts: Any
     _pvc_exists: bool
     start_timeout: int
 
@@ -406,6 +432,8 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         env = gpu_env(team.name, profile.slug, spec.effective_milli, workload.over_quota)  # the device plugin picks
         env.update(spec.env)  # NVIDIA_VISIBLE_DEVICES=void without a GPU
         self.environment = {**self.environment, **{k: _escape(v) for k, v in env.items()}}
+        if spec.effective_milli > 0:  # PyTorch's DataLoader workers need more than 64 MiB there
+            self.volumes, self.volume_mounts = with_shm(self.volumes, self.volume_mounts)
 
     def _follow_home_claim(self) -> None:
         """One home per team namespace: a claim lives in one namespace, and a pod can only
@@ -479,7 +507,8 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             if e.status == 403:
                 message = api_message(e)
                 self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
-                raise refusal(quota_refusal_message(self.namespace, message), 403, "resource-quota") from None
+                sentence, reason = api_refusal(self.namespace, message)
+                raise refusal(sentence, 403, reason) from None
             raise
         except BaseException:
             self._release_reservation()
@@ -531,8 +560,8 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         """KubeSpawner's progress events, with the scheduler's refusals in plain words."""
         async for event in super().progress():
             raw = event.get("raw_event") or {}
-            if raw.get("reason") == "FailedScheduling":
-                words = explain_unschedulable(raw.get("message") or "", self._asked_for())
+            if raw.get("reason") in SCHEDULER_EVENT_REASONS:
+                words = explain_scheduler_event(raw["reason"], raw.get("message") or "", self._asked_for())
                 if words:
                     event = {**event, "message": words}
             yield event

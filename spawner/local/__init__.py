@@ -4,7 +4,8 @@ Read first: :mod:`.spawner` (the two spawners: admission, device placement, star
 :mod:`.account_spawner` runs a server as its user's system account (:mod:`.accounts`),
 as root or, for a hub that is not root, through ``sudo -n`` and the mediator
 (:mod:`.sudo` asks, :mod:`.mediator` is ``gpulab-launch``, standard library only);
-:mod:`.nvml` is the one NVML adapter (the hub's inventory, the culler, the lab).
+:mod:`.nvml` is the one NVML adapter (the hub's inventory, the culler, the lab);
+:mod:`.inventory` the machine's GPUs and the device packer every placement shares.
 
 The spawners are public for deployments (``spawner.local:GPULocalSpawner`` and
 ``spawner.local:GPUSimpleLocalSpawner`` are the entry points). They are imported on
@@ -17,7 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .spawner import GPULocalMixin, GPULocalSpawner, GPUSimpleLocalSpawner, ensure_packer
+    from .inventory import ensure_packer
+    from .spawner import GPULocalMixin, GPULocalSpawner, GPUSimpleLocalSpawner
 
 __all__ = ["GPULocalMixin", "GPULocalSpawner", "GPUSimpleLocalSpawner", "ensure_packer"]
 

@@ -49,6 +49,14 @@ def owner(pid: int) -> int | None:
         return None
 
 
+def command_line(pid: int) -> list[str]:
+    """The arguments ``pid`` was started with (``[]`` once it is gone or unreadable)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
 def process_alive(pid: int | None, uid: int | None = None, started: int | None = None) -> bool:
     """Is ``pid`` a live (non-zombie) process, owned by ``uid`` and started at ``started`` when given?"""
     if not pid or pid <= 0:

@@ -1,13 +1,12 @@
 """The single-server spawners: JupyterHub's local process spawners + the GPU core.
 
-``GPULocalSpawner`` (entry point ``gpu-local``, the embedded default when the
-hub runs as root or has the sudoers rule) runs each server as the user's own
-system account (``jupyter-<name>``, created on first spawn, home 0700: see
-:mod:`spawner.local.accounts`), like ``LocalProcessSpawner`` with The Littlest
-JupyterHub's account creation, or like sudospawner for a hub that is not root. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``)
-runs every server as the hub's own account with a home per user, like
-``SimpleLocalProcessSpawner``: users are not isolated from each other, so the
-embedded hub uses it only when it cannot switch users, and says so. Both:
+``GPULocalSpawner`` (``gpu-local``, the embedded default when the hub runs as root or
+has the sudoers rule) runs each server as the user's own system account (``jupyter-<name>``,
+created on first spawn, home 0700: :mod:`spawner.local.accounts`), like
+``LocalProcessSpawner`` with TLJH's account creation, or sudospawner for a hub that is not
+root. ``GPUSimpleLocalSpawner`` (``gpu-simple-local``) runs every server as the hub's own
+account with a home per user, like ``SimpleLocalProcessSpawner``: users are not isolated,
+so the embedded hub uses it only when it cannot switch users, and says so. Both:
 
 - offer the profiles of the user's teams with live availability;
 - validate the choice again on the server and reserve quota in the shared
@@ -22,7 +21,6 @@ embedded hub uses it only when it cannot switch users, and says so. Both:
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +35,7 @@ from spawner.core.form import find_choice, options_from_formdata, refusal_senten
 from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.ledger import Workload, notebook_key
 from spawner.core.limits import LimitDefaults, WorkloadLimits, workload_limits
-from spawner.core.packer import DevicePacker, Placement, devices_from_inventory
+from spawner.core.packer import DevicePacker, Placement
 from spawner.core.policy import (
     Capacity,
     PolicyError,
@@ -55,38 +53,10 @@ from spawner.runtime import SINGLE_SERVER, GPULabRuntime, get_runtime
 from .account_spawner import AccountProcessSpawner
 from .confinement import UserLimits
 from .devices import placed_minors
-from .nvml import detect_gpus
+from .inventory import ensure_packer
 
 #: Spawner-state key of the address a started server listens on (:meth:`GPULocalMixin.get_url`).
 URL_STATE_KEY = "gpulab_url"
-
-
-def ensure_packer(runtime: GPULabRuntime, log=None) -> DevicePacker:
-    """The runtime's device packer, created on first use (spawners and the job runner share it),
-    from the devices ``c.GPULab.gpu_inventory_source`` says to use."""
-    with runtime.lock:
-        if runtime.packer is not None:
-            return runtime.packer
-        inventory_source = runtime.gpu_inventory_source
-        devices = None
-        if inventory_source in ("auto", "nvml"):
-            devices = detect_gpus()
-            if devices is None and inventory_source == "nvml":
-                raise RuntimeError("gpu_inventory_source is 'nvml' but NVML found no NVIDIA driver")
-        if devices:
-            source = "nvml"
-        else:
-            devices = devices_from_inventory(runtime.catalog.inventory)
-            source = "declared"
-        runtime.packer = DevicePacker(devices)
-        runtime.inventory_source = source
-        (log or logging.getLogger("gpulab")).info(
-            "gpulab: %d GPU(s) from %s: %s",
-            len(devices),
-            source,
-            ", ".join(sorted({d.model for d in devices})) or "none",
-        )
-        return runtime.packer
 
 
 #: The choice a refused spawn posted, per user: JupyterHub renders the form again

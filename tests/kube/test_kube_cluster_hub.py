@@ -203,12 +203,12 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
             for line in events.iter_lines(decode_unicode=True):
                 if line.startswith("data:"):
                     message = json.loads(line[5:]).get("message", "")
-                    if "No node in this cluster offers" in message:
+                    if "running now offers" in message:
                         words = message
                         break
         assert words is not None
         assert words.startswith(
-            "No node in this cluster offers 1 × H200 (of 6 nodes: 6 nodes with another GPU model or pool)."
+            "None of the 6 nodes running now offers 1 × H200 (6 nodes with another GPU model or pool)."
         ), words
         pod = kube.pods(release.team_ns(nlp), "gpulab.io/kind=notebook")[0]
         assert pod["status"]["phase"] == "Pending"

@@ -251,8 +251,14 @@ def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]
     pod = spec["template"]["spec"]
-    # As z2jh's single-user pods (uid 1000, fsGroup 100 unless c.KubeSpawner says otherwise).
-    assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 100}
+    # As z2jh's single-user pods (uid 1000, fsGroup 100 unless c.KubeSpawner says otherwise),
+    # within the "restricted" Pod Security Standard.
+    assert pod["securityContext"] == {
+        "runAsUser": 1000,
+        "runAsNonRoot": True,
+        "fsGroup": 100,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert pod["automountServiceAccountToken"] is False
     assert pod["restartPolicy"] == "Never" and pod["nodeSelector"] == A100_SELECTOR
     c = pod["containers"][0]

@@ -22,6 +22,7 @@ from spawner.kube.spawner import GPUKubeSpawner
 from spawner.runtime import get_runtime, set_runtime
 from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
+from tests.kube.bed.testbed import TestbedError
 from tests.support import REPO
 from tests.support.helm import device_plugin_advertises
 from tests.support.kube_spawner import chart_config, chart_team, spawner_for
@@ -312,3 +313,36 @@ def test_kueue_admits_a_cpu_only_job_without_the_gpu_flavor(hub_identity: Releas
     workload = kube.wait(admitted, "Kueue to admit the CPU-only Job", 60)
     (assignment,) = workload["status"]["admission"]["podSetAssignments"]
     assert set(assignment["flavors"].values()) == {values["cpuFlavor"]["name"]}, assignment["flavors"]
+
+
+# --------------------------------------------------------------------------
+# Pod Security admission
+
+
+def test_job_pods_pass_the_restricted_pod_security_standard(release: Release, kube: Cluster):
+    """The API server's PodSecurity admission (on by default in kube-apiserver) judges the
+    job's pod for real: the chart's team namespaces enforce "baseline" and warn and audit at
+    "restricted"; a namespace an admin sets to enforce "restricted" admits gpulab's job pod,
+    and refuses with a 403 the pod the job command made before (no seccomp profile, root
+    not ruled out, capabilities kept)."""
+    team_ns = next(iter(release.teams.values()))
+    labels = kube.get(f"/api/v1/namespaces/{team_ns}")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
+    ns = kube.namespace(
+        "psa-restricted",
+        {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"},
+    )
+    template = cpu_job(release, ns, 9101)["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job-9101", **template["metadata"]}}
+    pod["spec"] = template["spec"]
+    kube.create(f"/api/v1/namespaces/{ns}/pods?dryRun=All", pod)  # admitted (and not stored)
+    before = yaml.safe_load(yaml.safe_dump(pod))
+    before["spec"]["securityContext"] = {"runAsUser": 1000, "fsGroup": 100}
+    before["spec"]["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": False}
+    with pytest.raises(TestbedError) as refused:
+        kube.create(f"/api/v1/namespaces/{ns}/pods?dryRun=All", before)
+    message = str(refused.value)
+    assert "-> 403" in message and "violates PodSecurity" in message and "restricted:latest" in message, message
+    for rule in ("capabilities.drop", "runAsNonRoot", "seccompProfile"):
+        assert rule in message, (rule, message)

@@ -205,13 +205,13 @@ async def test_a_profile_no_node_offers_stays_pending_with_the_reason_in_words(h
     async def read_progress():
         async for event in s.progress():
             messages.append(event.get("message", ""))
-            if any("No node in this cluster offers" in m for m in messages):
+            if any("running now offers" in m for m in messages):
                 return
 
     await asyncio.wait_for(read_progress(), 60)
-    words = next(m for m in messages if "No node in this cluster offers" in m)
+    words = next(m for m in messages if "running now offers" in m)
     assert words.startswith(
-        "No node in this cluster offers 0.5 × H200 (of 6 nodes: 6 nodes with another GPU model or pool)"
+        "None of the 6 nodes running now offers 0.5 × H200 (6 nodes with another GPU model or pool)"
     ), words
     pod = kube.pod(ns, s.pod_name)
     assert pod["status"]["phase"] == "Pending" and "nodeName" not in pod["spec"]

@@ -71,6 +71,37 @@ async def test_hami_pod_names_hamis_scheduler_over_z2jhs_user_scheduler(api):
     s._release_reservation()
 
 
+async def test_gpu_servers_get_a_memory_backed_dev_shm_and_cpu_servers_none(api):
+    """A container runtime gives /dev/shm 64 MiB; PyTorch's DataLoader workers die there
+    ("bus error"). z2jh's own volumes (the home) stay; an admin's /dev/shm is kept as it is."""
+    config = spawner_config(api.release)
+    config.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
+    config.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+
+    async def manifest(user: str, profile: str) -> dict:
+        s = spawner_for(config, user, {"team": "vision", "profile": profile})
+        await s.load_user_options()
+        try:
+            return s.api.api_client.sanitize_for_serialization(await s.get_pod_manifest())
+        finally:
+            s._release_reservation()
+
+    gpu = (await manifest("bob", "h100-half"))["spec"]
+    assert {"name": "gpulab-shm", "emptyDir": {"medium": "Memory"}} in gpu["volumes"]
+    mounts = gpu["containers"][0]["volumeMounts"]
+    assert {"name": "gpulab-shm", "mountPath": "/dev/shm"} in mounts
+    assert {"name": "home", "mountPath": "/home/jovyan"} in mounts
+    cpu = (await manifest("alice", "cpu"))["spec"]
+    assert all(v["name"] != "gpulab-shm" for v in cpu["volumes"])
+    # The next spawn starts from the configured volumes again, not the last one's.
+    again = (await manifest("bob", "h100-half"))["spec"]
+    assert [v["name"] for v in again["volumes"]].count("gpulab-shm") == 1
+    config.KubeSpawner.volumes = [*config.KubeSpawner.volumes, {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+    config.KubeSpawner.volume_mounts = [*config.KubeSpawner.volume_mounts, {"name": "shm", "mountPath": "/dev/shm"}]
+    own = (await manifest("bob", "h100-half"))["spec"]
+    assert [m["mountPath"] for m in own["containers"][0]["volumeMounts"]].count("/dev/shm") == 1
+
+
 async def test_hami_refuses_a_privileged_init_container_before_anything_is_created(api):
     catalog = {**KUBE_SPAWNER, "sharing": {"backend": "hami"}}
     config = spawner_config(api.release, catalog)
@@ -91,10 +122,18 @@ async def test_hami_refuses_a_privileged_init_container_before_anything_is_creat
     assert "singleuser.cloudMetadata.blockWithIptables=false" in e.value.jupyterhub_message
     await s.stop()
     assert api.count("create") == 0
-    # A whole-GPU profile under another backend is not HAMi's business.
+    # A whole-GPU profile under another backend is not HAMi's business: gpulab lets the pod
+    # go, and the API server's Pod Security admission (the chart's team namespaces enforce
+    # "baseline") refuses the privileged init container, in words that say what to change.
     other = spawner_for(config, "bob", {"team": "vision", "profile": "h100-2-whole"})
-    await other.start()
+    with pytest.raises(HTTPError) as e:
+        await other.start()
+    assert e.value.status_code == 403 and e.value.reason == "pod-security"
+    message = e.value.jupyterhub_message
+    assert "Pod Security admission refused the server" in message and "baseline" in message, message
+    assert "singleuser.cloudMetadata.blockWithIptables=false" in message
     await other.stop()
+    assert get_runtime().ledger.get("notebook:bob/") is None
 
 
 async def test_profile_tolerations_affinity_and_start_timeout(api):

@@ -13,16 +13,17 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.support.hub import RunningHub
-from tests.support.jobs import write_parameterised_notebook
+from tests.support.jobs import FINAL, submit, write_parameterised_notebook
 
 
 def write_gated_notebook(path: Path) -> Path:
@@ -289,3 +290,116 @@ def free_bytes(folder: Path, for_root: bool = False) -> int:
     """Free bytes on ``folder``'s filesystem for users (or, ``for_root``, with root's reserve)."""
     st = os.statvfs(folder)
     return (st.f_bfree if for_root else st.f_bavail) * st.f_frsize
+
+
+#: The jobs backend's settings for fault tests: a quick poll, a short stop grace.
+JOBS_EXTRA = """
+c.GPULabJobs.poll_interval = 0.3
+c.GPULabJobs.stop_grace_seconds = 3
+"""
+
+
+def gate_folders(hub: RunningHub, users: list[str]) -> dict[str, Path]:
+    """Each user's gated notebook (exp/gated.ipynb), and the folder where a test drops the
+    release files its jobs wait for."""
+    out = {}
+    for u in users:
+        home = hub.home(u)
+        hub.give(u, write_gated_notebook(home / "exp" / "gated.ipynb"))
+        flags = home / "flags"
+        flags.mkdir(exist_ok=True)
+        hub.give(u, flags)
+        out[u] = flags
+    return out
+
+
+def submit_gated(hub, tokens, gates, user: str, profile: str, name: str, **params) -> dict:
+    params.setdefault("release_file", str(gates[user] / name))
+    return submit(
+        hub,
+        tokens[user],
+        notebook="exp/gated.ipynb",
+        job_class="batch",
+        profile=profile,
+        parameters=params,
+        time_limit_seconds=3600,
+        name=name,
+    )
+
+
+def post_cpu_job(hub: RunningHub, token: str):
+    """A CPU-only job submission, answered as it is (the tests check refusals with it)."""
+    body = {"notebook": "exp/gated.ipynb", "job_class": "batch", "profile": "cpu"}
+    return hub.api("POST", "/gpulab/jobs", token=token, data=json.dumps(body))
+
+
+def release(gates, user: str, name: str) -> None:
+    (gates[user] / name).write_text("go")
+
+
+def key_of(user: str, name: str) -> str:
+    """The ledger key of a user's (named) server."""
+    return f"notebook:{user}/{name}"
+
+
+def ledger(hub: RunningHub) -> dict[str, int]:
+    """Every ledger holding, ``key -> milli`` (through the hub API)."""
+    return {w["key"]: w["gpu_milli"] for w in hub.holdings()}
+
+
+def devices(hub: RunningHub) -> dict:
+    """The device packer's view (``/hub/api/gpulab/devices``)."""
+    r = hub.api("GET", "/gpulab/devices")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def packer_shares(view: dict) -> dict[str, list[tuple[int, int]]]:
+    """``key -> [(device, milli), ...]`` as the packer placed them."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for d in view["devices"]:
+        for h in d["holders"]:
+            out.setdefault(h["key"], []).append((d["index"], h["milli"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def sorted_shares(shares: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+    return {k: sorted(v) for k, v in shares.items()}
+
+
+def usage_rows(hub: RunningHub, key: str) -> list[tuple[str, str | None]]:
+    """gpulab's usage intervals of ``key`` (read-only, as an admin's sqlite3 would)."""
+    db = sqlite3.connect(f"file:{hub.state_dir / 'gpulab.sqlite'}?mode=ro", uri=True)
+    try:
+        return db.execute("select started_at, ended_at from gpulab_usage where key = ? order by id", (key,)).fetchall()
+    finally:
+        db.close()
+
+
+def check_consistent(
+    hub: RunningHub, milli: Mapping[str, int], expect_servers: set[tuple[str, str]]
+) -> dict[str, list[tuple[int, int]]]:
+    """The hub's servers, ledger and packer agree with the processes that run (``milli``: each
+    profile's share); returns their shares."""
+    listed = servers(hub)
+    assert set(listed) == expect_servers, sorted(set(listed) ^ expect_servers)
+    assert all(m["ready"] for m in listed.values()), [k for k, m in listed.items() if not m["ready"]]
+    running = sorted_shares(gpu_shares_of_processes(hub))
+    view = devices(hub)
+    # The packer holds exactly what the processes hold, share for share.
+    assert packer_shares(view) == {k: v for k, v in running.items() if v}, (packer_shares(view), running)
+    used = device_use(running)
+    for d in view["devices"]:
+        assert d["used_milli"] == used.get(d["index"], 0) <= 1000, d
+    # The ledger holds every live server (CPU-only ones at 0) and every job not yet final.
+    jobs = {j["id"]: j for j in hub.api("GET", "/gpulab/jobs").json()["jobs"]}
+    want = {key_of(u, n): milli[m["user_options"]["profile"]] for (u, n), m in listed.items()}
+    want.update({f"job:{i}": j["gpu_milli"] for i, j in jobs.items() if j["state"] not in FINAL})
+    assert ledger(hub) == want
+    # ... and the admin usage report's "now" says the same per team.
+    now = {t["team"]: t["held_milli"] for t in hub.api("GET", "/gpulab/usage").json()["now"]}
+    per_team: dict[str, int] = {}
+    for w in hub.holdings():
+        per_team[w["team"]] = per_team.get(w["team"], 0) + w["gpu_milli"]
+    assert {t: now.get(t, 0) for t in per_team} == per_team
+    return running

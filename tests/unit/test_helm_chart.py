@@ -127,6 +127,16 @@ def test_team_namespaces_are_explicit_in_the_catalog():
         assert team.namespace == f"gpulab-{team.name}"
         assert namespaces[team.namespace]["metadata"]["labels"][labels.TEAM] == team.name
         assert namespaces[team.namespace]["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        # Pod Security admission: z2jh's servers meet baseline, gpulab's job pods restricted.
+        ns_labels = namespaces[team.namespace]["metadata"]["labels"]
+        assert {k: v for k, v in ns_labels.items() if k.startswith("pod-security.kubernetes.io/")} == {
+            "pod-security.kubernetes.io/enforce": "baseline",
+            "pod-security.kubernetes.io/enforce-version": "latest",
+            "pod-security.kubernetes.io/warn": "restricted",
+            "pod-security.kubernetes.io/warn-version": "latest",
+            "pod-security.kubernetes.io/audit": "restricted",
+            "pod-security.kubernetes.io/audit-version": "latest",
+        }
     assert all(t.namespace is None for t in catalog_of(render("no-namespaces")).teams.values())
     assert not of_kind(render("no-namespaces"), "Namespace")
     # Existing namespaces (create: false): the catalog's own namespace is used, none created.
@@ -304,6 +314,34 @@ def test_rbac_grants_no_more_than_needed(variant, sets):
     assert has_cluster_role == ("rbac.clusterWidePodRead=true" in sets)
 
 
+@pytest.mark.parametrize(
+    "sets, extra",
+    [
+        (("rbac.servicesEnabled=true",), {("", "services")}),
+        (("rbac.internalSsl=true",), {("", "services"), ("", "secrets")}),
+    ],
+)
+def test_team_roles_cover_what_kubespawner_makes_with_services_or_internal_ssl(sets, extra):
+    """KubeSpawner creates a Service per server with services_enabled, and a Service and a
+    Secret (the server's certificates) with internal_ssl, in the server's namespace
+    (KubeSpawner's _start: get_service_manifest, get_secret_manifest): the team Roles then
+    allow exactly those, and nothing else changes."""
+    base = {
+        (g, r): set(rule["verbs"])
+        for role in of_kind(render("default"), "Role")
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    for role in of_kind(render("default", sets), "Role"):
+        grants = {
+            (g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+        }
+        assert set(grants) - set(base) == extra, role["metadata"]["namespace"]
+        for key in extra:
+            assert grants[key] == {"get", "list", "watch", "create", "delete"}
+
+
 # --------------------------------------------------------------------------
 # CRDs: Kueue and Prometheus Operator, checked structurally
 
@@ -464,6 +502,10 @@ def write_values(tmp_path: Path, text: str) -> Path:
         ),
         ("gpulab:\n  sharing:\n    timeslice:\n      replica: 4\n", ["/gpulab/sharing/timeslice", "replica"]),
         ("teamNamespaces:\n  enabled: yes please\n", ["/teamNamespaces/enabled"]),
+        (
+            "teamNamespaces:\n  podSecurity:\n    enforce: strict\n",
+            ["/teamNamespaces/podSecurity/enforce", "value must be one of"],
+        ),
     ],
 )
 def test_schema_rejects_typos_with_a_clear_message(tmp_path, text, words):

@@ -205,6 +205,37 @@ def test_a_z2jh_profile_list_makes_the_hub_refuse_to_start_saying_what_to_remove
     assert "a list of 1 profile(s)" in message and "Remove singleuser.profileList" in message
 
 
+def test_gpulab_s_database_lives_beside_the_hub_s_on_z2jh_s_sqlite_pvc(tmp_path, monkeypatch):
+    """z2jh's default hub.db.type sqlite-pvc: the hub's database is jupyterhub.sqlite in
+    /srv/jupyterhub, the hub's volume (the working directory z2jh runs the hub in), and
+    gpulab's goes beside it, not into a folder a restart throws away."""
+    c = z2jh_config(tmp_path, monkeypatch)
+    assert c.JupyterHub.db_url == "sqlite:///jupyterhub.sqlite"
+    assert c.GPULabDB.db_url == "sqlite:///gpulab.sqlite"
+
+
+@pytest.mark.parametrize(
+    "db, kind",
+    [
+        ({"type": "postgres", "url": "postgresql+psycopg2://jhub@db.example.org:5432/jupyterhub"}, "on postgresql"),
+        ({"type": "mysql", "url": "mysql+pymysql://jhub@db.example.org:3306/jupyterhub"}, "on mysql"),
+        ({"type": "sqlite-memory"}, "in memory"),
+    ],
+)
+def test_any_other_hub_database_refuses_to_start_without_a_gpulab_database(tmp_path, monkeypatch, db, kind):
+    from hub_config.config.setup import SpawnerConfigError
+
+    with pytest.raises(SpawnerConfigError) as refused:
+        z2jh_config(tmp_path, monkeypatch, {"hub": {"db": db}})
+    message = str(refused.value)
+    assert message.startswith(f"gpulab: refusing to start: the hub's database is {kind}")
+    assert "Set hub.config.GPULabDB.db_url" in message and "hub.db.type: sqlite-pvc" in message
+    # The admin's own choice is kept as it is.
+    own = "postgresql+psycopg2://gpulab@db.example.org:5432/gpulab"
+    c = z2jh_config(tmp_path / "own", monkeypatch, {"hub": {"db": db, "config": {"GPULabDB": {"db_url": own}}}})
+    assert c.GPULabDB.db_url == own
+
+
 async def test_a_profile_list_set_after_gpulab_s_config_is_refused_by_the_spawner(tmp_path, monkeypatch):
     """An extraConfig that runs after the overlay's, or a profile_list on GPUKubeSpawner itself."""
     from traitlets import TraitError

@@ -85,7 +85,7 @@ def test_annotation_only_imports_do_not_count(tree: Path):
         ("spawner/local/spawner.py", "from hub_config.storage.db import utcnow", "spawner/ imports hub_config"),
         (
             "spawner/kube/spawner.py",
-            "from spawner.local.spawner import ensure_packer",
+            "from spawner.local.inventory import ensure_packer",
             "adapters never import each other",
         ),
         ("spawner/local/sudo.py", "from spawner.kube.conventions import safe_slug", "adapters never import each other"),

@@ -132,8 +132,17 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]
     pod = spec["template"]["spec"]
-    assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 100}
-    assert pod["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
+    # z2jh's uid and fsGroup, within the "restricted" Pod Security Standard.
+    assert pod["securityContext"] == {
+        "runAsUser": 1000,
+        "runAsNonRoot": True,
+        "fsGroup": 100,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert pod["automountServiceAccountToken"] is False
     assert pod["imagePullSecrets"] == [{"name": "image-pull-secret"}]
     assert pod["tolerations"] == [
@@ -152,7 +161,10 @@ def test_the_job_manifest_follows_z2jh_and_the_profile(tmp_path, monkeypatch):
         ]
     }
     # KubeSpawner's claim name for jo_smith, not an invalid "claim-jo_smith".
-    assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-jo-smith---515893c9"}}]
+    assert pod["volumes"] == [
+        {"name": "home", "persistentVolumeClaim": {"claimName": "claim-jo-smith---515893c9"}},
+        {"name": "gpulab-shm", "emptyDir": {"medium": "Memory"}},  # a GPU job: /dev/shm past 64 MiB
+    ]
 
 
 @pytest.mark.parametrize(

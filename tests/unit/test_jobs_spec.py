@@ -188,6 +188,29 @@ def test_manifest_mig_fraction_over_quota_with_kueue_validates():
     assert any(k.startswith("nvidia.com/mig-") for k in pod["containers"][0]["resources"]["limits"])
 
 
+def test_gpu_jobs_get_a_memory_backed_dev_shm_and_cpu_jobs_none():
+    """A container runtime gives /dev/shm 64 MiB; PyTorch's DataLoader workers need more."""
+    pod = jobspec.kube_job_manifest(request("h100-2"))["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert {"name": "gpulab-shm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "gpulab-shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert {"name": "home", "mountPath": "/home/jovyan"} in container["volumeMounts"]  # the home stays
+    cpu = jobspec.kube_job_manifest(request("h100-2", gpu=None, home_claim=""))["spec"]["template"]["spec"]
+    assert "volumes" not in cpu and "volumeMounts" not in cpu["containers"][0]
+
+
+def test_dev_shm_an_admin_mounted_already_is_left_as_it_is():
+    from spawner.core.sharing import with_shm
+
+    own = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
+    mounts = [{"name": "shm", "mountPath": "/dev/shm/"}]
+    assert with_shm(own, mounts) == (own, mounts)
+    # KubeSpawner also takes volumes and mounts as dicts keyed by name (merged by key).
+    volumes, by_name = with_shm({"home": {"name": "home"}}, {"home": {"name": "home", "mountPath": "/home/jovyan"}})
+    assert set(volumes) == set(by_name) == {"home", "gpulab-shm"}
+    assert by_name["gpulab-shm"]["mountPath"] == "/dev/shm"
+
+
 @pytest.mark.parametrize(
     "job, state",
     [

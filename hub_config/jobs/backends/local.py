@@ -22,9 +22,8 @@
   output and the exit status as the owner, through the mediator
   (:mod:`spawner.local.mediator`: as root switched to the account, or over sudo). A hub
   that is not root also starts and signals the runner through the mediator.
-- Nothing a user can stop holds up another user: every start, signal and
-  exit-status read that runs the mediator is a task of its own job, awaited
-  with the mediator's deadline, never inside the loop's tick.
+- Nothing a user can stop holds up another: every start, signal and exit-status read
+  through the mediator is its job's own task, with the mediator's deadline, never in the tick.
 - A runner is known by its pid, its account's uid and its start time
   (:mod:`spawner.local.processes`), recorded at start: a pid that now names another
   process is neither counted alive nor signalled.
@@ -68,17 +67,10 @@ from spawner.local.accounts import Account, AccountError, lookup
 from spawner.local.cgroups import CgroupError
 from spawner.local.confinement import Confinement, Confiner, UserLimits, get_confiner
 from spawner.local.devices import placed_minors
+from spawner.local.inventory import ensure_packer
 from spawner.local.mediator_client import MediatorError
-from spawner.local.processes import owner, process_alive, signal_group, start_time
-from spawner.local.spawner import ensure_packer
+from spawner.local.processes import command_line, owner, process_alive, signal_group, start_time
 from spawner.local.sudo import ROOT, SUDO
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
 
 
 class LocalJobBackend(JobBackend):
@@ -217,8 +209,15 @@ class LocalJobBackend(JobBackend):
             return False
         if rec.pid_started is not None:
             return True
-        cmd = _cmdline(rec.pid)  # recorded before start times were: the command line must match too
+        cmd = command_line(rec.pid)  # recorded before start times were: the command line must match too
         return RUNNER_MODULE in cmd and status in cmd
+
+    def _adopt_devices(self, rec: JobRecord) -> None:
+        try:
+            with self.runtime.lock:
+                self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
+        except Exception as e:  # devices changed under us: the job goes on, say so
+            log.error("gpulab jobs: cannot re-adopt devices %s of job %d: %s", rec.shares, rec.id, e)
 
     async def _recover(self, rec: JobRecord) -> None:
         status = str(self.status_path(rec, rec.attempts))
@@ -226,11 +225,7 @@ class LocalJobBackend(JobBackend):
         if rec.state == jobspec.PREEMPTED:  # the hub stopped while the runner was being stopped
             if self._runner_lives(rec, status):
                 self._track(rec.id, pid, self._uid_of(rec.user), rec.pid_started)
-                with self.runtime.lock:
-                    try:
-                        self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
-                    except Exception as e:
-                        log.error("gpulab jobs: cannot re-adopt devices of job %d: %s", rec.id, e)
+                self._adopt_devices(rec)
                 self._terminate(rec.id, jobspec.QUEUED)
             else:
                 self.service.transition(rec.id, jobspec.QUEUED, "requeued after preemption")
@@ -238,11 +233,7 @@ class LocalJobBackend(JobBackend):
         if rec.state != jobspec.RUNNING:
             return
         if self._runner_lives(rec, status):
-            try:
-                with self.runtime.lock:
-                    self.packer.adopt(jobspec.workload_key(rec.id), rec.shares)
-            except Exception as e:  # devices changed under us: the job goes on, say so
-                log.error("gpulab jobs: cannot re-adopt devices %s of job %d: %s", rec.shares, rec.id, e)
+            self._adopt_devices(rec)
             self._track(rec.id, pid, self._uid_of(rec.user), rec.pid_started)  # the ledger adopted it
             log.info("gpulab jobs: re-adopted running job %d (pid %d)", rec.id, pid)
         else:
