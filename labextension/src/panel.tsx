@@ -18,7 +18,7 @@ import { reclaimedMessage, reclaimFromWarning } from './idleLogic';
 import { GpuStatusModel } from './model';
 import { hubHome } from './stopped';
 import { IIdleState, ITeamView } from './types';
-import { idlePolicyText, sessionProfile, sessionTeam } from './viewLogic';
+import { idlePolicyText, reclaimOffText, sessionProfile, sessionTeam } from './viewLogic';
 
 /** What the panel asks of the rest of the extension. */
 export interface IPanelActions extends IJobActions {
@@ -267,6 +267,11 @@ function GPUPanelView({
           <p className="gpulab-idle-policy">
             <strong>Idle policy:</strong>{' '}
             {idlePolicyText(profile, idle?.keepalive.max ? idle.keepalive.extends_seconds : null)}
+          </p>
+        )}
+        {session?.gpu && reclaimOffText(idle) && (
+          <p className="gpulab-idle-off" role="note">
+            {reclaimOffText(idle)}
           </p>
         )}
         {idle && session && (

@@ -5,7 +5,7 @@
  * use, the dialog's default profile, and a job's times and history.
  */
 import { formatDuration, formatGPUs } from './logic';
-import { IJob, IMe, IProfileChoice, ISession, ITeamView, JobClass } from './types';
+import { IIdleState, IJob, IMe, IProfileChoice, ISession, ITeamView, JobClass } from './types';
 
 /** The team the session's quota bar shows: the session's, else the user's first. */
 export function sessionTeam(me: IMe | null, session: ISession | null): ITeamView | undefined {
@@ -41,6 +41,12 @@ export function formatTimeout(seconds: number): string {
   }
   const h = Math.floor(m / 60);
   return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
+}
+
+/** Why the GPU idle culler cannot reclaim this session, or `null` when it can. */
+export function reclaimOffText(idle: Pick<IIdleState, 'reclaim_off'> | null): string | null {
+  const off = idle?.reclaim_off;
+  return off ? `Idle GPU reclaim is off for this server: ${off.reason}` : null;
 }
 
 /** What the GPU idle culler will do to this session, in one sentence. */

@@ -5,6 +5,7 @@ import {
   defaultProfile,
   formatTimeout,
   idlePolicyText,
+  reclaimOffText,
   jobHistory,
   offerLabel,
   sessionProfile,
@@ -116,5 +117,19 @@ describe('the jobs list', () => {
       { state: 'queued', at: '14:00', reason: 'admitted within the team guarantee' },
       { state: 'running', at: '14:01', reason: '' }
     ]);
+  });
+});
+
+describe('reclaimOffText', () => {
+  it('says why the idle culler cannot reclaim this server, and nothing when it can', () => {
+    const reason = "KAI holds this GPU fraction's GPU with its gpu-reservation pod";
+    expect(
+      reclaimOffText({
+        reclaim_off: { code: 'kai-reservation-pod', reason, since: '2026-12-01T10:00:00Z' }
+      })
+    ).toBe(`Idle GPU reclaim is off for this server: ${reason}`);
+    expect(reclaimOffText({ reclaim_off: null })).toBeNull();
+    expect(reclaimOffText({})).toBeNull();
+    expect(reclaimOffText(null)).toBeNull();
   });
 });
