@@ -194,8 +194,10 @@ def serve_hub(port: int, n_servers: int, at: float, window: int, ready) -> None:
                     "now": at,
                     "warnings": warnings,
                     "keepalives": [],
-                    "profiles": {"h100-1": {"gpu_milli": 1000, "idle_timeout_seconds": window}},
+                    "profiles": {"h100-1": {"gpu_milli": 1000, "idle_timeout_seconds": window, "sharing": "whole"}},
                     "teams": {"vision": {"idle_timeout_seconds": None}},
+                    # Every server has series: the hub holds the culler's (empty) unattributed list.
+                    "unattributed": [],
                 }
             )
 

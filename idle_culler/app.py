@@ -41,8 +41,9 @@ from spawner.core.idle import (
     idle_timeout_of,
     max_gap_for,
 )
-from spawner.core.idle_cycle import ReclaimClaim, WarningRecord
+from spawner.core.idle_cycle import UNATTRIBUTED_CODES, ReclaimClaim, Unattributed, WarningRecord
 
+from .attribution import REASON_PREFIX, REASONS, SHARED_GPU_NOTE, is_unattributed, shares_whole_gpu, unattributed_code
 from .dcgm_exporter_source import DCGMExporterSource
 from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, serve_metrics
@@ -67,6 +68,8 @@ class HubRead:
     #: Servers ready or pending (a warning of any other server is void).
     running: set[Who]
     now: float
+    #: The unattributed servers the hub has from the culler (``None``: none reported since it started).
+    unattributed: list[dict[str, Any]] | None = None
 
 
 class GPUIdleCuller(Application):
@@ -181,6 +184,15 @@ class GPUIdleCuller(Application):
         help="""With per-process data (nvml), shut down just the idle kernels holding GPU memory
         instead of stopping the server. The server is stopped later if it stays idle.""",
     )
+    unattributed_after = Float(
+        300.0,
+        min=0.0,
+        config=True,
+        help="""Seconds a running GPU server on Kubernetes may have no utilisation series naming its pod
+        before the culler reports it as unattributed: a warning in its log (once per server session),
+        `gpulab_culler_unattributed_servers{reason}`, and "idle GPU reclaim is off for this server:
+        <reason>" on the admin page and in the user's GPU sidebar. Such a server is never reclaimed.""",
+    )
     dry_run = Bool(False, config=True, help="Decide and log, but record, warn and stop nothing.")
     once = Bool(False, config=True, help="Run one cycle and exit.")
     metrics_url = Unicode(
@@ -217,6 +229,7 @@ class GPUIdleCuller(Application):
         "metrics-url": "GPUIdleCuller.metrics_url",
         "prometheus-url": "PrometheusSource.prometheus_url",
         "series-selector": "PrometheusSource.series_selector",
+        "kai-reservation-namespace": "PrometheusSource.kai_reservation_namespace",
         "exporter-url": "DCGMExporterSource.exporter_urls",
         "log-level": "Application.log_level",
     }
@@ -230,6 +243,8 @@ class GPUIdleCuller(Application):
     # tornado's coloured formatter, as JupyterHub's own log uses (traitlets declares a narrower type).
     _log_formatter_cls = LogFormatter  # type: ignore[assignment]
     _cycle_now = 0.0
+    #: ``(server key, session)`` already logged as unattributed: said once per server session.
+    _told_unattributed: set[tuple[str, str]]
 
     @default("log_level")
     def _log_level_default(self):
@@ -246,6 +261,7 @@ class GPUIdleCuller(Application):
         if self.config_file and os.path.exists(self.config_file):
             self.load_config_file(self.config_file)
         self.metrics = CullerMetrics()
+        self._told_unattributed = set()
         self.utilisation: UtilisationSource = SOURCES[self.source](parent=self, log=self.log)
         self.hub: HubClient | None = None
 
@@ -335,6 +351,7 @@ class GPUIdleCuller(Application):
             max_gap_seconds=self.max_sample_gap,
         )
         batch = self.apply(plan, read.now, summary)
+        self.report_unattributed(targets, data, read, batch, summary)
         if not batch.empty and not self.dry_run:
             await record_and_reclaim(self.hub_client, batch, summary, self.metrics, self.log)
         self._finish(summary, started, queries_before)
@@ -350,7 +367,10 @@ class GPUIdleCuller(Application):
             idle_state = await hub.idle_state()
             profiles, teams = idle_state.get("profiles", {}), idle_state.get("teams", {})
             now = self._cycle_now = self.clock()
-            self.utilisation.prefetch(now, self.candidate_windows(profiles, teams), self.threshold_percent)
+            backends = {str(p.get("sharing") or "") for p in profiles.values() if (p.get("gpu_milli") or 0) > 0}
+            self.utilisation.prefetch(
+                now, self.candidate_windows(profiles, teams), self.threshold_percent, backends=backends
+            )
             users = await users_task
         except BaseException:
             users_task.cancel()
@@ -368,7 +388,7 @@ class GPUIdleCuller(Application):
             for w in idle_state.get("warnings", [])
         }
         keepalives = {(k["user"], k["server"]): k["until"] for k in idle_state.get("keepalives", [])}
-        return HubRead(users, profiles, teams, warnings, keepalives, running, now)
+        return HubRead(users, profiles, teams, warnings, keepalives, running, now, idle_state.get("unattributed"))
 
     def gpu_targets(self, read: HubRead, summary: CycleSummary) -> list[ServerTarget]:
         """The GPU servers this culler judges (named and default servers as configured)."""
@@ -453,6 +473,49 @@ class GPUIdleCuller(Application):
             self.metrics.gpu_servers.labels(status).set(counts.get(status, 0))
         return batch
 
+    def report_unattributed(
+        self,
+        targets: list[ServerTarget],
+        data: dict[str, list],
+        read: HubRead,
+        batch: CycleBatch,
+        summary: CycleSummary,
+    ) -> None:
+        """Say which servers no series names, and why: in the log once per server session, in
+        the gauge every cycle, and to the hub (for the admin page and the user's sidebar)
+        whenever the list differs from the one the hub has."""
+        found: list[Unattributed] = []
+        for t in targets:
+            if not is_unattributed(t, len(data.get(t.key) or ()), read.now, self.unattributed_after):
+                continue
+            code = unattributed_code(t)
+            found.append(Unattributed(user=t.user, server=t.server, session=t.started, code=code, reason=REASONS[code]))
+            summary.unattributed[t.key] = code
+            if (t.key, t.started) not in self._told_unattributed:
+                self._told_unattributed.add((t.key, t.started))
+                self.log.warning(
+                    "%s (pod %s/%s, %s): %s%s",
+                    t.key,
+                    t.namespace,
+                    t.pod,
+                    t.sharing or "?",
+                    REASON_PREFIX,
+                    REASONS[code],
+                )
+        running = {(t.key, t.started) for t in targets}
+        self._told_unattributed &= running  # a server gone, or restarted, is told again when it recurs
+        for code in UNATTRIBUTED_CODES:
+            self.metrics.unattributed.labels(code).set(sum(1 for u in found if u.code == code))
+        mine = {(u.user, u.server, u.session, u.code, u.reason) for u in found}
+        theirs = None
+        if read.unattributed is not None:
+            theirs = {
+                (u.get("user"), u.get("server"), u.get("session"), u.get("code"), u.get("reason"))
+                for u in read.unattributed
+            }
+        if mine != theirs:
+            batch.unattributed = tuple(found)
+
     def _finish(self, summary: CycleSummary, started: float, queries_before: int) -> None:
         summary.queries = self.utilisation.queries - queries_before
         summary.seconds = time.monotonic() - started
@@ -477,6 +540,7 @@ class GPUIdleCuller(Application):
         """What a warning and a reclaim claim both say about the server and the decision."""
         evidence = {
             **verdict.evidence,
+            **({"shared_gpu": SHARED_GPU_NOTE} if shares_whole_gpu(t) else {}),
             "idle_timeout_seconds": seconds,
             "idle_timeout_from": origin,
             "hub_last_activity": t.last_activity,  # kept to show activity is not utilisation

@@ -11,7 +11,7 @@ from urllib.parse import quote
 import aiohttp
 from tornado.httputil import url_concat
 
-from spawner.core.idle_cycle import CycleRecords, CycleResult, Mark, ReclaimClaim, WarningRecord
+from spawner.core.idle_cycle import CycleRecords, CycleResult, Mark, ReclaimClaim, Unattributed, WarningRecord
 
 from .targets import ServerTarget
 
@@ -195,10 +195,12 @@ class CycleBatch:
         self.clears: list[Mark] = []
         #: Each claim with the server it is for and the server's base URL (kernel reclaims).
         self.claims: list[tuple[ReclaimClaim, ServerTarget, str | None]] = []
+        #: The servers no series names, replacing the hub's list (``None``: the hub's is current).
+        self.unattributed: tuple[Unattributed, ...] | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self.warnings or self.holds or self.clears or self.claims)
+        return not (self.warnings or self.holds or self.clears or self.claims) and self.unattributed is None
 
     def warn(self, record: WarningRecord) -> None:
         self.warnings.append(record)
@@ -218,4 +220,5 @@ class CycleBatch:
             holds=tuple(self.holds),
             clears=tuple(self.clears),
             reclaims=tuple(c for c, _, _ in self.claims),
+            unattributed=self.unattributed,
         )

@@ -58,6 +58,12 @@ class CullerMetrics:
         self.gpu_servers = Gauge(
             "gpulab_culler_gpu_servers", "GPU servers seen in the last cycle, by verdict.", ["verdict"], registry=r
         )
+        self.unattributed = Gauge(
+            "gpulab_culler_unattributed_servers",
+            "Running GPU servers no utilisation series names, by reason (never reclaimed as idle).",
+            ["reason"],
+            registry=r,
+        )
         self.cycle_seconds = Gauge("gpulab_culler_last_cycle_seconds", "Wall time of the last cycle.", registry=r)
         self.queries = Gauge(
             "gpulab_culler_last_cycle_metric_queries",

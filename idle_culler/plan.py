@@ -89,6 +89,8 @@ class CycleSummary:
     held: list[str] = field(default_factory=list)
     #: Verdict status per server key.
     verdicts: dict[str, str] = field(default_factory=dict)
+    #: Servers no series names (never judged idle), with the reason's code.
+    unattributed: dict[str, str] = field(default_factory=dict)
     #: Why the cycle decided nothing (the hub or the source could not answer).
     source_error: str | None = None
     source_wait_seconds: float | None = None

@@ -40,9 +40,25 @@ from .targets import DEVICE, ServerTarget, device_id
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-METRICS = (GPU_UTIL, GR_ENGINE_ACTIVE)
+#: HAMi's vGPU monitor, per container and vGPU: the container's own SM use, 0-100
+#: (Project-HAMi/HAMi cmd/vGPUmonitor/metrics.go; labels namespace, pod, container,
+#: vdevice_index, device_uuid). dcgm-exporter cannot name HAMi's pods (its device ids
+#: ``GPU-<uuid>-<n>`` match no GPU), so this is a HAMi server's only evidence.
+HAMI_CONTAINER_UTIL = "hami_container_device_utilization_ratio"
+METRICS = (GPU_UTIL, GR_ENGINE_ACTIVE, HAMI_CONTAINER_UTIL)
+
+
+def metrics_for(backends: Iterable[str] | None) -> tuple[str, ...]:
+    """The metrics servers of these sharing backends can have evidence in: HAMi's own only when
+    a HAMi server can exist (``None`` or an unknown backend "": every metric)."""
+    if backends is None:
+        return METRICS
+    wanted = set(backends)
+    return METRICS if wanted & {"hami", ""} else (GPU_UTIL, GR_ENGINE_ACTIVE)
+
+
 #: Labels worth keeping in the audit evidence.
-EVIDENCE_LABELS = ("UUID", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "container")
+EVIDENCE_LABELS = ("UUID", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "container", "device_uuid", "vdevice_index")
 
 
 class SourceUnavailable(Exception):
@@ -55,10 +71,13 @@ class UtilisationSource(LoggingConfigurable):
     #: Requests made to the metrics backend since start (the benchmark reads it).
     queries = 0
 
-    def prefetch(self, now: float, windows: Iterable[float], threshold_percent: float) -> None:
+    def prefetch(
+        self, now: float, windows: Iterable[float], threshold_percent: float, backends: Iterable[str] | None = None
+    ) -> None:
         """Start reading ahead, while the culler still lists the hub's servers: the answer
-        for every idle window the catalog allows, used by the next :meth:`collect` at ``now``.
-        Sources that read per server (an exporter scrape, NVML) have nothing to read ahead."""
+        for every idle window the catalog allows (and its profiles' sharing ``backends``), used
+        by the next :meth:`collect` at ``now``. Sources that read per server (an exporter
+        scrape, NVML) have nothing to read ahead."""
 
     def cancel_prefetch(self) -> None:
         """Drop a read ahead the cycle will not use (the hub did not answer, no GPU server)."""
@@ -86,6 +105,16 @@ def percent(metric: str, value: float) -> float:
     return value * 100.0 if metric == GR_ENGINE_ACTIVE else value
 
 
+def pod_of(labels: Mapping[str, str]) -> tuple[str, str]:
+    """``(namespace, pod)`` a series names. Scraped without ``honorLabels`` (the GPU operator's
+    own ServiceMonitor, a plain scrape job), the exporter's ``namespace``/``pod`` are renamed
+    ``exported_namespace``/``exported_pod`` and the target's own (the exporter's pod) take
+    their place: the exported ones, when present, are the workload's."""
+    if labels.get("exported_pod"):
+        return labels.get("exported_namespace", ""), labels["exported_pod"]
+    return labels.get("namespace", ""), labels.get("pod", "")
+
+
 def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]] | DeviceSummary]]):
     """Index ``(labels, samples or summary)`` by ``(namespace, pod)`` and by ``(host, gpu)``.
 
@@ -102,7 +131,9 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
         if metric not in METRICS:
             continue
         host, gpu, mig = hostname_of(labels), labels.get("gpu", ""), labels.get("GPU_I_ID", "")
-        ident = (labels.get("namespace", ""), labels.get("pod", ""), host, gpu, mig)
+        if metric == HAMI_CONTAINER_UTIL:  # a vGPU: named by its GPU and its index in the container
+            host, gpu, mig = "hami", labels.get("device_uuid", ""), labels.get("vdevice_index", "")
+        ident = (*pod_of(labels), host, gpu, mig)
         if metric == GPU_UTIL:
             has_util.add(ident)
         entries.append((metric, labels, samples, ident))
@@ -111,7 +142,7 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
         if metric == GR_ENGINE_ACTIVE and not mig and ident in has_util:
             continue
         common: dict[str, Any] = dict(
-            device=device_id(host, gpu, mig),
+            device=f"hami/{gpu}/vgpu{mig}" if metric == HAMI_CONTAINER_UTIL else device_id(host, gpu, mig),
             metric=metric,
             labels={k: labels[k] for k in EVIDENCE_LABELS if labels.get(k)},
         )
@@ -122,7 +153,8 @@ def index_series(raw: Iterable[tuple[Mapping[str, str], list[tuple[float, float]
             series = DeviceSeries(samples=tuple((t, percent(metric, v)) for t, v in samples), **common)
         if pod:
             by_pod[(namespace, pod)].append(series)
-        by_device[(host, gpu)].append(series)
+        if metric != HAMI_CONTAINER_UTIL:
+            by_device[(host, gpu)].append(series)
     return by_pod, by_device
 
 
@@ -145,7 +177,15 @@ def series_for_targets(targets: list[ServerTarget], by_pod, by_device) -> dict[s
 
 #: Labels kept in Prometheus' answer: enough to join a series to a server and to name the GPU in the
 #: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
-KEEP_LABELS = ("namespace", "pod", "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID")
+#: The workload's pod, as the exporter or (without honorLabels) Prometheus' rename names it.
+POD_LABELS = ("namespace", "pod", "exported_namespace", "exported_pod")
+#: Per metric: the pod, and dcgm-exporter's GPU / MIG instance or HAMi's vGPU.
+KEEP_BY_METRIC = {
+    GPU_UTIL: (*POD_LABELS, "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID"),
+    GR_ENGINE_ACTIVE: (*POD_LABELS, "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID"),
+    HAMI_CONTAINER_UTIL: (*POD_LABELS, "device_uuid", "vdevice_index"),
+}
+KEEP_LABELS = tuple(dict.fromkeys(label for labels in KEEP_BY_METRIC.values() for label in labels))
 #: Per series and window, what Prometheus computes (the ``stat`` part of each answer element's tag).
 STATS = ("peak", "samples", "start", "tail", "hole", "evaluations", "max_age")
 #: The recording rules the culler reads when they exist (rules file in helm/gpulab/rules/, loaded
@@ -258,6 +298,26 @@ class PrometheusSource(UtilisationSource):
         series and distinct idle timeout; above the cap the cycle reclaims nothing.""",
     )
 
+    kai_reservation_namespace = Unicode(
+        "",
+        config=True,
+        help="""KAI scheduler's reservation namespace (`kai-resource-reservation`), to find the GPU
+        of a KAI GPU fraction: KAI holds it with a `gpu-reservation-*` pod there, which dcgm-exporter
+        names on the GPU's series, and gives that pod and the fraction's pods one GPU group label
+        (`runai-gpu-group`). The culler joins the reservation pod's series to the fraction's pods
+        through kube-state-metrics' `kube_pod_labels` (export the label: metricLabelsAllowlist
+        `pods=[runai-gpu-group]`). Like a time-slice, a fraction is then idle only when its whole
+        GPU is. Needs the recording rules. Empty: KAI fractions have no evidence (reported).""",
+    )
+    kai_gpu_group_label = Unicode(
+        "label_runai_gpu_group",
+        config=True,
+        help="kube-state-metrics' name for KAI's `runai-gpu-group` pod label.",
+    )
+    pod_labels_metric = Unicode(
+        "kube_pod_labels", config=True, help="kube-state-metrics' metric carrying pod labels (one series per pod)."
+    )
+
     last_answer_bytes = 0
     #: Series whose holes the last fetch measured with the subquery (the rule did not cover them).
     last_subquery_series = 0
@@ -272,20 +332,47 @@ class PrometheusSource(UtilisationSource):
         return f"{metric}{{{matchers}}}" if matchers else metric
 
     def _element(self, expr: str, stat: str, metric: str, window: str) -> str:
-        by = ",".join(KEEP_LABELS)
+        by = ",".join(KEEP_BY_METRIC.get(metric, KEEP_LABELS))
         return f'label_replace(max by ({by}) ({expr}), "{TAG}", "{stat}/{metric}/{window}", "", "")'
 
-    def query(self, windows: Iterable[float], *, rule: bool | None = None) -> str:
+    def via_kai_group(self, expr: str) -> str:
+        """``expr`` (per dcgm-exporter series) moved from KAI's reservation pods to the pods in
+        their GPU group: the reservation pod's (namespace, pod), exported or not, to its group
+        (kube_pod_labels), the group to every other pod carrying it. Each GPU group is one
+        reservation pod, so the join is one-to-many."""
+        group, labels = self.kai_gpu_group_label, self.pod_labels_metric
+        reservations = f'{labels}{{namespace="{self.kai_reservation_namespace}",{group}!=""}}'
+        members = f'{labels}{{namespace!="{self.kai_reservation_namespace}",{group}!=""}}'
+        gpu = "Hostname,hostname,gpu,GPU_I_ID,GPU_I_PROFILE,UUID"
+        named = (
+            f'label_replace(label_replace({expr}, "namespace", "$1", "exported_namespace", "(.+)"), '
+            f'"pod", "$1", "exported_pod", "(.+)")'
+        )
+        held = (
+            f"max by (namespace,pod,{gpu}) ({named}) * on (namespace,pod) group_left ({group}) "
+            f"max by (namespace,pod,{group}) ({reservations})"
+        )
+        return f"({held}) * on ({group}) group_right ({gpu}) max by (namespace,pod,{group}) ({members})"
+
+    def query(
+        self,
+        windows: Iterable[float],
+        *,
+        rule: bool | None = None,
+        metrics: tuple[str, ...] = METRICS,
+        kai: bool = False,
+    ) -> str:
         """One PromQL expression: every stat, for every metric and window, joined with ``or``.
 
         With the rule (``sample_age_rule`` set, unless ``rule=False``) holes come from it;
-        without, from the subquery (``max_age``), as :meth:`hole_query` asks for.
+        without, from the subquery (``max_age``), as :meth:`hole_query` asks for. ``kai``:
+        dcgm-exporter's stats also through KAI's GPU groups (:meth:`via_kai_group`).
         """
         use_rule = bool(self.sample_age_rule) if rule is None else rule
         parts: list[str] = []
         for window in sorted(set(windows)):
             w = _duration(window)
-            for metric in METRICS:
+            for metric in metrics:
                 sel = self._selector(metric)
                 exprs = {
                     "peak": f"max_over_time({sel}[{w}]) + 0 * sum_over_time({sel}[{w}])",
@@ -301,7 +388,17 @@ class PrometheusSource(UtilisationSource):
                 else:
                     exprs["max_age"] = self._max_age(sel, w)
                 parts.extend(self._element(e, stat, metric, w) for stat, e in exprs.items())
+                if kai and metric != HAMI_CONTAINER_UTIL:
+                    parts.extend(
+                        self._element(self.via_kai_group(e), stat, metric, w)
+                        for stat, e in exprs.items()
+                        if stat != "evaluations"
+                    )
         return " or ".join(parts)
+
+    def kai_for(self, backends: Iterable[str] | None) -> bool:
+        """Whether to join through KAI's GPU groups: configured, and a KAI server can exist."""
+        return bool(self.kai_reservation_namespace) and (backends is None or bool(set(backends) & {"kai", ""}))
 
     def _max_age(self, sel: str, w: str) -> str:
         return f"max_over_time((time() - timestamp({sel}))[{w}:{_duration(self.scrape_interval)}])"
@@ -312,7 +409,8 @@ class PrometheusSource(UtilisationSource):
         for (w, metric), uuids in sorted(wanted.items(), key=lambda kv: kv[0]):
             extra = ""
             if uuids is not None:
-                extra = f'UUID=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
+                name = _uuid_label(metric)
+                extra = f'{name}=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
             parts.append(self._element(self._max_age(self._selector(metric, extra), w), "max_age", metric, w))
         return " or ".join(parts)
 
@@ -396,12 +494,18 @@ class PrometheusSource(UtilisationSource):
                 stats[key][stat] = math.nan
         return stats, label_sets
 
-    def prefetch(self, now: float, windows: Iterable[float], threshold_percent: float) -> None:
+    def prefetch(
+        self, now: float, windows: Iterable[float], threshold_percent: float, backends: Iterable[str] | None = None
+    ) -> None:
         self.cancel_prefetch()
         asked = frozenset(windows)
-        task = asyncio.ensure_future(self.fetch(now, asked, threshold_percent=threshold_percent))
+        backends = None if backends is None else set(backends)
+        metrics, kai = metrics_for(backends), self.kai_for(backends)
+        task = asyncio.ensure_future(
+            self.fetch(now, asked, threshold_percent=threshold_percent, metrics=metrics, kai=kai)
+        )
         task.add_done_callback(_retrieve)
-        self._prefetched = _Prefetch(now, asked, threshold_percent, task)
+        self._prefetched = _Prefetch(now, asked, threshold_percent, task, metrics, kai)
 
     def cancel_prefetch(self) -> None:
         if self._prefetched is not None:
@@ -415,31 +519,43 @@ class PrometheusSource(UtilisationSource):
                 ahead.task.cancel()
             return {}
         wanted = set(windows.values())
-        if ahead is not None and ahead.now == now:
+        backends = {t.sharing for t in targets}
+        metrics, kai = metrics_for(backends), self.kai_for(backends)
+        if ahead is not None and ahead.now == now and set(metrics) <= set(ahead.metrics) and kai <= ahead.kai:
             answer = dict(await ahead.task)
             missing = wanted - ahead.windows  # cannot happen with one catalog; asked again if it does
             if missing:
-                answer.update(await self.fetch(now, missing, threshold_percent=ahead.threshold_percent))
+                answer.update(
+                    await self.fetch(
+                        now, missing, threshold_percent=ahead.threshold_percent, metrics=ahead.metrics, kai=ahead.kai
+                    )
+                )
         else:
             if ahead is not None:
                 ahead.task.cancel()
-            answer = await self.fetch(now, wanted, threshold_percent=threshold_percent)
+            answer = await self.fetch(now, wanted, threshold_percent=threshold_percent, metrics=metrics, kai=kai)
         return self.join(answer, targets, windows)
 
     async def fetch(
-        self, now: float, windows: Iterable[float], threshold_percent: float | None = None
+        self,
+        now: float,
+        windows: Iterable[float],
+        threshold_percent: float | None = None,
+        metrics: tuple[str, ...] = METRICS,
+        kai: bool = False,
     ) -> dict[str, tuple]:
         """Ask Prometheus for every window; ``{window: (by_pod, by_device)}``.
 
         Separate from :meth:`join` so the culler can ask while it is still listing
         the hub's servers (it knows the possible timeouts from the catalog).
         ``threshold_percent``: series peaking above it are busy whatever their holes,
-        so the second query (holes the rule does not cover) skips them.
+        so the second query (holes the rule does not cover) skips them. ``metrics``: those
+        the servers can have evidence in (:func:`metrics_for`).
         """
         windows = sorted(set(windows))
         at = self.evaluation_time(now)
         self.last_answer_bytes = 0
-        stats, label_sets = await self._ask(self.query(windows), at)
+        stats, label_sets = await self._ask(self.query(windows, metrics=metrics, kai=kai), at)
         if self.sample_age_rule:
             self._keep_covered_holes(stats, windows)
             await self._measure_uncovered_holes(stats, windows, at, threshold_percent)
@@ -481,7 +597,7 @@ class PrometheusSource(UtilisationSource):
             if threshold_percent is not None and percent(metric, peak) > threshold_percent:
                 continue
             keys.append(key)
-            uuid = key[2 + KEEP_LABELS.index("UUID")]
+            uuid = key[2 + KEEP_LABELS.index(_uuid_label(metric))]
             group = wanted.setdefault((window, metric), set())
             if group is not None:
                 if uuid and _regex_literal(uuid):
@@ -553,6 +669,8 @@ class _Prefetch:
     windows: frozenset[float]
     threshold_percent: float
     task: asyncio.Future
+    metrics: tuple[str, ...] = METRICS
+    kai: bool = False
 
 
 def _retrieve(future: asyncio.Future) -> None:
@@ -563,6 +681,11 @@ def _retrieve(future: asyncio.Future) -> None:
 
 class AnswerTooLarge(SourceUnavailable):
     """The metrics answer is larger than the culler accepts."""
+
+
+def _uuid_label(metric: str) -> str:
+    """The label naming a series' GPU: dcgm-exporter's ``UUID``, HAMi's ``device_uuid``."""
+    return "device_uuid" if metric == HAMI_CONTAINER_UTIL else "UUID"
 
 
 def _duration(seconds: float) -> str:

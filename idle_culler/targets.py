@@ -45,6 +45,8 @@ class ServerTarget:
     hostname: str = ""
     devices: tuple[int, ...] = ()
     pid: int | None = None
+    #: The profile's GPU sharing backend (``whole``, ``timeslice``, ``mig``, ``hami``, ``kai``; "" unknown).
+    sharing: str = ""
     url: str = ""  # the server's URL prefix, e.g. /user/alice/
     full_url: str | None = None  # set when the hub knows its public URL
     last_activity: str | None = None
@@ -127,6 +129,7 @@ def targets_from_users(
                 non_gpu.append(key)
                 continue
             common = dict(
+                sharing=str((profiles.get(profile) or {}).get("sharing") or ""),
                 user=user["name"],
                 server=name,
                 team=team,

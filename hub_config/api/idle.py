@@ -32,7 +32,7 @@ from tornado import web
 from hub_config.api.base import GPULabAPIHandler
 from hub_config.config.scopes import ADMIN, CULLER, JOBS
 from hub_config.domain.idle_records import EVENT_KINDS, MAX_CYCLE_BYTES, GPULabIdle
-from hub_config.domain.idle_store import IdleStore
+from hub_config.domain.idle_store import IdleStore, UnattributedServers
 from hub_config.storage.db import session_factory, utcnow
 from spawner.core.idle import KeepaliveRefused
 from spawner.core.idle_cycle import MAX_REASON, CycleRecords, Mark, ReclaimClaim, RecordError, WarningRecord, target_of
@@ -47,7 +47,9 @@ class IdleBase(GPULabAPIHandler):
     @property
     def store(self) -> IdleStore:
         config = self.settings.get("config")
-        return IdleStore(session_factory(config=config), GPULabIdle(config=config).policy, self.log)
+        # The culler's unattributed servers live in the hub's memory, one list per hub process.
+        unattributed = self.settings.setdefault("gpulab_idle_unattributed", UnattributedServers())
+        return IdleStore(session_factory(config=config), GPULabIdle(config=config).policy, self.log, unattributed)
 
     def parsed(self, parse: Any, *args: Any) -> Any:
         """A culler record or a target read from the request, or a 400 with the reason."""

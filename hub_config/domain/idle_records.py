@@ -184,8 +184,9 @@ def idle_facts(config) -> IdleFacts:
     )
 
 
-def idle_admin_view(config, limit: int = 50) -> dict[str, Any]:
-    """The admin page's culler section: whether it runs (or why not) and its latest records."""
+def idle_admin_view(config, limit: int = 50, unattributed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The admin page's culler section: whether it runs (or why not), its latest records, and the
+    servers it reported it cannot judge (``unattributed``, from the hub's memory)."""
     settings = GPULabIdle(config=config)
     sessions = session_factory(config=config)
     with sessions() as session:
@@ -204,7 +205,12 @@ def idle_admin_view(config, limit: int = 50) -> dict[str, Any]:
             f"Off: no {CULLER_SERVICE} service in this hub's configuration; "
             "idle GPUs are not reclaimed (see docs/idle-culler.md)."
         )
-    return {"on": on, "status": status, "events": audit_json(sessions, events)}
+    return {
+        "on": on,
+        "status": status,
+        "events": audit_json(sessions, events),
+        "unattributed": sorted(unattributed or [], key=lambda u: (u.get("user", ""), u.get("server", ""))),
+    }
 
 
 def reclaim_notice(config, user: str, server: str) -> str:

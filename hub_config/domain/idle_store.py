@@ -40,8 +40,42 @@ from spawner.core.idle_cycle import (
     Mark,
     ReclaimClaim,
     ServerRecord,
+    Unattributed,
     WarningRecord,
 )
+from spawner.core.sharing import backend_for
+
+
+class UnattributedServers:
+    """The servers the culler last said it cannot judge, and why (held in the hub's memory:
+    the culler compares its list with :meth:`to_json` in the idle state every cycle and
+    sends its own whenever they differ, so a restarted hub has it again after one cycle)."""
+
+    def __init__(self) -> None:
+        #: ``None`` until a culler reported since the hub started.
+        self.servers: dict[tuple[str, str], tuple[Unattributed, datetime]] | None = None
+
+    def replace(self, servers: tuple[Unattributed, ...], now: datetime) -> None:
+        before = self.servers or {}
+        out: dict[tuple[str, str], tuple[Unattributed, datetime]] = {}
+        for u in servers:
+            old = before.get((u.user, u.server))
+            same = old is not None and old[0].session == u.session and old[0].code == u.code
+            out[(u.user, u.server)] = (u, old[1] if same and old else now)
+        self.servers = out
+
+    def of(self, user: str, server: str, session: str) -> dict[str, Any] | None:
+        """Why idle GPU reclaim is off for this server session, or ``None``."""
+        found = (self.servers or {}).get((user, server))
+        if found is None or (found[0].session and found[0].session != session):
+            return None
+        u, since = found
+        return {"code": u.code, "reason": u.reason, "since": exact_iso(since)}
+
+    def to_json(self) -> list[dict[str, Any]] | None:
+        if self.servers is None:
+            return None
+        return [{**u.to_json(), "since": exact_iso(since)} for u, since in self.servers.values()]
 
 
 class IdleStore:
@@ -50,10 +84,17 @@ class IdleStore:
     ``sessions`` opens a database session; ``policy`` is the hub's "keep my GPU" allowance.
     """
 
-    def __init__(self, sessions: Callable[[], Session], policy: KeepalivePolicy, log: logging.Logger):
+    def __init__(
+        self,
+        sessions: Callable[[], Session],
+        policy: KeepalivePolicy,
+        log: logging.Logger,
+        unattributed: UnattributedServers | None = None,
+    ):
         self.sessions = sessions
         self.policy = policy
         self.log = log
+        self.unattributed = unattributed if unattributed is not None else UnattributedServers()
 
     # -- what a user, the lab and the culler read --------------------------------
 
@@ -87,6 +128,8 @@ class IdleStore:
                 "until": exact_iso(until) if until and until > now else None,
             },
             "reclaimed": None if current else self.last_reclaim(session, user, server),
+            # The culler finds no utilisation for this server: it will never be reclaimed as idle.
+            "reclaim_off": self.unattributed.of(user, server, current) if current else None,
         }
 
     def last_reclaim(self, session: Session, user: str, server: str) -> dict[str, Any] | None:
@@ -147,9 +190,14 @@ class IdleStore:
                     if k.until is not None
                 ],
                 "profiles": {
-                    p.slug: {"gpu_milli": p.gpu_milli, "idle_timeout_seconds": p.idle_timeout_seconds}
+                    p.slug: {
+                        "gpu_milli": p.gpu_milli,
+                        "idle_timeout_seconds": p.idle_timeout_seconds,
+                        "sharing": backend_for(p, catalog.sharing),
+                    }
                     for p in catalog.profiles.values()
                 },
+                "unattributed": self.unattributed.to_json(),
                 "teams": {t.name: {"idle_timeout_seconds": t.idle_timeout_seconds} for t in catalog.teams.values()},
             }
 
@@ -294,6 +342,8 @@ class IdleStore:
                     ClaimAnswer(user=c.user, server=c.server, accepted=refused is None, message=refused or "recorded")
                 )
             session.commit()
+        if records.unattributed is not None:
+            self.unattributed.replace(records.unattributed, now)
         return {"clears": clears, "warnings": warnings, "holds": holds, "reclaims": [a.to_json() for a in answers]}
 
     # -- "keep my GPU" ---------------------------------------------------------------

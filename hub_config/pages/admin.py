@@ -259,9 +259,14 @@ class GPULabAdminPageHandler(BaseHandler):
             admin_name=user.name,
             hours=hours,
             period_label=dict(PERIODS)[period],
-            idle=idle_admin_view(self.settings.get("config")),
+            idle=idle_admin_view(self.settings.get("config"), unattributed=self._unattributed()),
         )
         self.finish(html)
+
+    def _unattributed(self) -> list[dict]:
+        """The servers the idle culler last said it cannot judge (the idle API keeps the list)."""
+        servers = self.settings.get("gpulab_idle_unattributed")
+        return (servers.to_json() or []) if servers is not None else []
 
 
 handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers]

@@ -18,7 +18,7 @@ import { reclaimedMessage, reclaimFromWarning } from './idleLogic';
 import { GpuStatusModel } from './model';
 import { announceStopFailed, announceStopRequested, hubHome } from './stopped';
 import { IIdleState, ISession, ITeamView } from './types';
-import { sessionProfile, sessionTeam } from './viewLogic';
+import { reclaimOffText, sessionProfile, sessionTeam } from './viewLogic';
 
 /** What the panel asks of the rest of the extension. */
 export interface IPanelActions extends IJobActions {
@@ -277,6 +277,11 @@ function GPUPanelView({
         {session?.gpu && profile?.idle_policy && (
           <p className="gpulab-idle-policy">
             <strong>Idle policy:</strong> {profile.idle_policy}.
+          </p>
+        )}
+        {session?.gpu && reclaimOffText(idle) && (
+          <p className="gpulab-idle-off" role="note">
+            {reclaimOffText(idle)}
           </p>
         )}
         {idle && session && (

@@ -103,6 +103,12 @@ export interface IIdleState {
     held?: boolean;
     evidence: Record<string, unknown>;
   };
+  /** Set when the culler finds no utilisation for this running session: it is never reclaimed. */
+  reclaim_off?: null | {
+    code: string;
+    reason: string;
+    since: string;
+  };
   /** Set when the server is not running and its last end was a reclaim. */
   reclaimed?: null | {
     at: string;

@@ -4,7 +4,7 @@
  * profile by name, which profiles a job class may use, and a job's times and
  * history.
  */
-import { IJob, IMe, IProfileChoice, ISession, ITeamView, JobClass } from './types';
+import { IIdleState, IJob, IMe, IProfileChoice, ISession, ITeamView, JobClass } from './types';
 
 /** The team the session's quota bar shows: the session's, else the user's first. */
 export function sessionTeam(me: IMe | null, session: ISession | null): ITeamView | undefined {
@@ -30,6 +30,12 @@ export function sessionProfile(
     }
   }
   return undefined;
+}
+
+/** Why the GPU idle culler cannot reclaim this session, or `null` when it can. */
+export function reclaimOffText(idle: Pick<IIdleState, 'reclaim_off'> | null): string | null {
+  const off = idle?.reclaim_off;
+  return off ? `Idle GPU reclaim is off for this server: ${off.reason}` : null;
 }
 
 /** Whether a job of `jobClass` may use `profile` now; the profile's own view when the hub is older. */

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { IMe, ITeamView } from '../src/types';
-import { jobHistory, sessionProfile, shortTime } from '../src/viewLogic';
+import { jobHistory, reclaimOffText, sessionProfile, shortTime } from '../src/viewLogic';
 import { job, profileChoice as profile, SESSION } from './fakeClient';
 
 const burstOnly = profile('h100-1', 1000, {
@@ -65,5 +65,19 @@ describe('the jobs list', () => {
       { state: 'queued', at: '14:00', reason: 'admitted within the team guarantee' },
       { state: 'running', at: '14:01', reason: '' }
     ]);
+  });
+});
+
+describe('reclaimOffText', () => {
+  it('says why the idle culler cannot reclaim this server, and nothing when it can', () => {
+    const reason = "KAI holds this GPU fraction's GPU with its gpu-reservation pod";
+    expect(
+      reclaimOffText({
+        reclaim_off: { code: 'kai-reservation-pod', reason, since: '2026-12-01T10:00:00Z' }
+      })
+    ).toBe(`Idle GPU reclaim is off for this server: ${reason}`);
+    expect(reclaimOffText({ reclaim_off: null })).toBeNull();
+    expect(reclaimOffText({})).toBeNull();
+    expect(reclaimOffText(null)).toBeNull();
   });
 });

@@ -190,14 +190,51 @@ class ReclaimClaim(ServerRecord):
         return out
 
 
+#: Why the culler can find no utilisation of a server (``Unattributed.code``), the gauge's label.
+UNATTRIBUTED_CODES = (
+    "no-series",
+    "timeslice-not-attributed",
+    "mig-no-profiling-metrics",
+    "hami-no-vgpu-metrics",
+    "kai-reservation-pod",
+)
+#: Most servers one cycle may report as unattributed.
+MAX_UNATTRIBUTED = 100_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unattributed(Mark):
+    """A server the culler can never judge as things are: no series names it, and why
+    (``code`` one of :data:`UNATTRIBUTED_CODES`, ``reason`` the sentence users and admins see)."""
+
+    code: str
+
+    @classmethod
+    def from_json(cls, item: Any, what: str = "unattributed") -> Unattributed:
+        mark = Mark.from_json(item, what)
+        code = _object(item, what).get("code")
+        if code not in UNATTRIBUTED_CODES:
+            raise RecordError(f"code must be one of {', '.join(UNATTRIBUTED_CODES)}")
+        if not mark.reason:
+            raise RecordError("an unattributed server needs its reason")
+        return cls(user=mark.user, server=mark.server, session=mark.session, reason=mark.reason, code=code)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "code": self.code}
+
+
 @dataclass(frozen=True)
 class CycleRecords:
-    """One cycle's records, sent as one request: clears, warnings, holds, then reclaim claims."""
+    """One cycle's records, sent as one request: clears, warnings, holds, then reclaim claims.
+
+    ``unattributed``: every server the culler cannot judge, replacing the hub's list;
+    ``None`` when the culler's list is what the hub already has (nothing sent)."""
 
     warnings: tuple[WarningRecord, ...] = ()
     holds: tuple[Mark, ...] = ()
     clears: tuple[Mark, ...] = ()
     reclaims: tuple[ReclaimClaim, ...] = ()
+    unattributed: tuple[Unattributed, ...] | None = None
 
     @property
     def users(self) -> set[str]:
@@ -212,20 +249,27 @@ class CycleRecords:
             if not isinstance(items, list):
                 raise RecordError(f"{key} must be a list")
             lists[key] = items
+        unattributed = data.get("unattributed")
+        if unattributed is not None and (not isinstance(unattributed, list) or len(unattributed) > MAX_UNATTRIBUTED):
+            raise RecordError(f"unattributed must be a list of at most {MAX_UNATTRIBUTED} servers")
         return cls(
             warnings=tuple(WarningRecord.from_json(i) for i in lists["warnings"]),
             holds=tuple(Mark.from_json(i, "holds") for i in lists["holds"]),
             clears=tuple(Mark.from_json(i, "clears") for i in lists["clears"]),
             reclaims=tuple(ReclaimClaim.from_json(i) for i in lists["reclaims"]),
+            unattributed=None if unattributed is None else tuple(Unattributed.from_json(i) for i in unattributed),
         )
 
-    def to_json(self) -> dict[str, list[dict[str, Any]]]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "warnings": [r.to_json() for r in self.warnings],
             "holds": [r.to_json() for r in self.holds],
             "clears": [r.to_json() for r in self.clears],
             "reclaims": [r.to_json() for r in self.reclaims],
         }
+        if self.unattributed is not None:
+            out["unattributed"] = [r.to_json() for r in self.unattributed]
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -326,11 +326,18 @@ def test_culler_only_endpoints_refuse_users(hub):
         ("POST", "/gpulab/idle/warnings", {"user": "bob", "server": "", "grace_seconds": 1}),
         ("POST", "/gpulab/idle/reclaims", {"user": "bob", "server": ""}),
         ("POST", "/gpulab/idle/cycle", {"reclaims": [{"user": "bob", "server": ""}]}),
+        # A user cannot switch idle reclaim off for anyone by claiming "no series names it".
+        (
+            "POST",
+            "/gpulab/idle/cycle",
+            {"unattributed": [{"user": "bob", "server": "", "code": "no-series", "reason": "trust me"}]},
+        ),
         ("GET", "/gpulab/idle/state", None),
         ("GET", "/gpulab/idle/audit", None),
     ]:
         r = hub.api(method, path, token=bob, data=json.dumps(body) if body else None)
         assert r.status_code == 403, (path, r.text)
+    assert idle_view(hub, "bob", token=bob)["reclaim_off"] is None
     # Nothing recorded by the refused calls (freed GPU-hours grow with time: compare the events).
     assert [(e["at"], e["kind"], e["server"]) for e in audit(hub, "bob")] == [
         (e["at"], e["kind"], e["server"]) for e in before

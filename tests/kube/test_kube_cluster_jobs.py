@@ -21,13 +21,13 @@ from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
 from tests.kube.bed.z2jh_hub_config import bed_hub
 from tests.support.hub import RunningHub
-from tests.support.jobs import submit, user_token, wait_state
+from tests.support.jobs import get_job, submit, user_token, wait_state
 from tests.support.kube_spawner import chart_team
 
 A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 
-def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -> RunningHub:
+def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "", homes: bool = False) -> RunningHub:
     """A hub running notebook jobs on the cluster as the chart-bound hub ServiceAccount,
     configured as Zero to JupyterHub configures it (tests/kube/bed/z2jh_hub_config.py): job
     pods go to z2jh's user-scheduler, like the servers."""
@@ -41,8 +41,13 @@ def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "") -
     }
     # The overlay's extraConfig sets the Kubernetes backend; the rest is the test's values.
     jobs = {"poll_interval": 0.3, "kube_image": "quay.io/jupyter/scipy-notebook:2024-10-07"}
-    jobs["kube_home_claim_template"] = ""
-    site = {"hub": {"config": {"GPULabJobs": jobs}}}
+    site: dict = {"hub": {"config": {"GPULabJobs": jobs}}}
+    if homes:  # z2jh's default storage: a claim per user (the bed has no provisioner: it stays Pending)
+        site["singleuser"] = {
+            "storage": {"type": "dynamic", "capacity": "2Gi", "dynamic": {"storageClass": "gpulab-bed-homes"}}
+        }
+    else:
+        jobs["kube_home_claim_template"] = ""
     return bed_hub(workdir, release.hub_namespace, release.hub_kubeconfig, yaml.safe_dump(catalog), site, extra)
 
 
@@ -349,3 +354,33 @@ def test_logs_need_the_home_mounted_on_the_hub(jobs_hub, carol):
     jobs = jobs_hub.api("GET", "/gpulab/jobs", token=carol).json()["jobs"]
     r = jobs_hub.api("GET", f"/gpulab/jobs/{jobs[0]['id']}/logs", token=carol)
     assert r.status_code == 409 and "mount" in r.json()["message"]
+
+
+def test_a_user_who_never_started_a_server_gets_the_home_claim_kubespawner_would_make(
+    gpulab_release: Release, kube: Cluster, tmp_path
+):
+    """Under z2jh's dynamic storage the home claim of a user appears at the first spawn;
+    a job submitted before any spawn in the team namespace creates the same claim (the
+    name, size, class and access mode z2jh gives KubeSpawner), and the Job's pod mounts it.
+    (The bed has no storage provisioner: the claim stays Pending, and so does the pod.)"""
+    release = gpulab_release
+    ns = release.team_ns(chart_team(release, "nlp"))
+    hub = jobs_hub_for(release, tmp_path / "hub", guarantee=1, homes=True)
+    hub.start()
+    try:
+        token = member_token(hub, "carol")
+        claim = f"/api/v1/namespaces/{ns}/persistentvolumeclaims/claim-carol"
+        assert kube.maybe_get(claim) is None  # carol never started a server here
+        job = submit(hub, token, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+        pvc = kube.wait(lambda: kube.maybe_get(claim), "carol's home claim", 30)
+        assert pvc["spec"]["resources"]["requests"]["storage"] == "2Gi"
+        assert pvc["spec"]["storageClassName"] == "gpulab-bed-homes"
+        assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+        pod_spec = k8s_job(kube, ns, job["id"])["spec"]["template"]["spec"]
+        assert {"name": "home", "persistentVolumeClaim": {"claimName": "claim-carol"}} in pod_spec["volumes"]
+        assert get_job(hub, job["id"])["state"] in ("queued", "running")
+        hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=token)
+        wait_state(hub, job["id"], "cancelled")
+    finally:
+        hub.close()
+        kube.request("DELETE", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/claim-carol")

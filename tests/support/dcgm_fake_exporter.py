@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import textwrap
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -166,7 +165,10 @@ class RunningPrometheus:
         *,
         rules: bool = True,
         rule_interval: str = "1s",
+        scrape_configs: list[dict] | None = None,
     ):
+        """``scrape_configs``: Prometheus' scrape jobs as given (instead of one ``honor_labels``
+        job over ``targets``), e.g. tests/kube/bed/dcgm_exporter.py's two scrape styles."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -180,19 +182,15 @@ class RunningPrometheus:
             group["interval"] = rule_interval
         self.rules.write_text(yaml.safe_dump(doc))
         rule_files = [str(self.rules)] if rules else []
+        jobs = scrape_configs or [{"job_name": "dcgm", "honor_labels": True, "static_configs": [{"targets": targets}]}]
         self.config.write_text(
-            textwrap.dedent(f"""
-            global:
-              scrape_interval: 1s
-              scrape_timeout: 900ms
-              evaluation_interval: 1s
-            rule_files: {rule_files!r}
-            scrape_configs:
-              - job_name: dcgm
-                honor_labels: true
-                static_configs:
-                  - targets: {targets!r}
-        """)
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+                    "rule_files": rule_files,
+                    "scrape_configs": jobs,
+                }
+            )
         )
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / "prometheus.log"

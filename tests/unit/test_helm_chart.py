@@ -370,6 +370,19 @@ def test_monitors(variant, kind):
         assert mon["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_hamis_vgpu_monitor_is_scraped_with_honor_labels_at_the_dcgm_interval():
+    """HAMi's per-pod vGPU utilisation is the idle culler's only evidence for HAMi servers."""
+    assert not [d for d in render("default") if d["metadata"]["name"] == "gpulab-hami-vgpu-monitor"]
+    docs = render("default", ("monitoring.hamiMonitor.enabled=true", "monitoring.dcgmExporter.interval=15s"))
+    (mon,) = [d for d in of_kind(docs, "ServiceMonitor") if d["metadata"]["name"] == "gpulab-hami-vgpu-monitor"]
+    assert mon["metadata"]["namespace"] == "kube-system"
+    # HAMi's chart: the device plugin's monitor Service (charts/hami/templates/device-plugin/monitorservice.yaml).
+    assert mon["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/component": "hami-device-plugin"}}
+    assert mon["spec"]["endpoints"] == [
+        {"port": "monitorport", "path": "/metrics", "interval": "15s", "honorLabels": True}
+    ]
+
+
 def test_culler_metrics_service_monitor():
     assert not any(d["metadata"]["name"] == "gpulab-idle-culler" for d in render("default"))
     (mon,) = [d for d in render("kueue") if d["metadata"]["name"] == "gpulab-idle-culler"]
@@ -387,17 +400,26 @@ def test_idle_culler_recording_rules_are_the_shipped_file_at_the_scrape_interval
     from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
 
     rules_file = CHART / "rules" / "idle-culler.rules.yaml"
-    check = subprocess.run(
-        [shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(rules_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    hami_file = CHART / "rules" / "idle-culler-hami.rules.yaml"
+    for path in (rules_file, hami_file):
+        check = subprocess.run(
+            [shutil.which("promtool") or "/usr/bin/promtool", "check", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
     shipped = yaml.safe_load(rules_file.read_text())
-    records = {r["record"] for g in shipped["groups"] for r in g["rules"]}
+    hami = yaml.safe_load(hami_file.read_text())
+    records = {r["record"] for doc in (shipped, hami) for g in doc["groups"] for r in g["rules"]}
     assert records == {t.format(metric=m) for m in METRICS for t in (SAMPLE_AGE_RULE, SAMPLE_AGE_COUNT_RULE)}
     assert len(shipped["groups"]) == 1, "one group: the count rules vouch for the age rules' evaluations"
+    (hami_group,) = hami["groups"]  # the count rule beside its age rule, as above
+    (with_hami,) = of_kind(
+        render("default", ("monitoring.idleRules.enabled=true", "monitoring.idleRules.hami=true")), "PrometheusRule"
+    )
+    assert [g["name"] for g in with_hami["spec"]["groups"]] == ["gpulab-idle-culler", "gpulab-idle-culler-hami"]
+    assert with_hami["spec"]["groups"][1]["rules"] == hami_group["rules"]
     assert not any(d["kind"] == "PrometheusRule" for d in render("default"))
     (rule,) = of_kind(
         render(

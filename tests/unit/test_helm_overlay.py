@@ -70,6 +70,23 @@ def test_overlay_spawner_class_is_gpu_kube_spawner():
     assert issubclass(spawner_cls, KubeSpawner) and spawner_cls.__name__ == "GPUKubeSpawner"
 
 
+#: The JupyterHub major version in z2jh's k8s-hub image, by z2jh major version (z2jh's
+#: CHANGELOG: 3.x ships JupyterHub 4, 4.x ships JupyterHub 5).
+Z2JH_JUPYTERHUB_MAJOR = {"3": 4, "4": 5}
+
+
+def test_overlay_upgrades_the_hub_database_when_the_image_brings_a_newer_jupyterhub():
+    """The gpulab hub image installs gpulab's JupyterHub over z2jh's image; a newer major
+    version has a newer database schema, and JupyterHub refuses an older database unless
+    it runs with --upgrade-db (z2jh's hub.db.upgrade)."""
+    dockerfile = (REPO / "helm" / "images" / "hub" / "Dockerfile").read_text()
+    z2jh = re.search(r"ARG Z2JH_HUB_IMAGE=quay.io/jupyterhub/k8s-hub:(\d+)\.", dockerfile).group(1)
+    needed = next(d for d in pyproject()["project"]["dependencies"] if d.startswith("jupyterhub>="))
+    gpulab_major = int(re.match(r"jupyterhub>=(\d+)", needed).group(1))
+    assert gpulab_major > Z2JH_JUPYTERHUB_MAJOR[z2jh]  # the case this guards
+    assert overlay()["hub"]["db"]["upgrade"] is True
+
+
 def test_overlay_scopes_and_culler_service(tmp_path, monkeypatch):
     """Run the overlay's extraConfig as z2jh's jupyterhub_config.py would, at config-load time."""
     from jupyterhub.scopes import scope_definitions

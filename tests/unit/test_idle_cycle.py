@@ -18,6 +18,7 @@ from hub_config.domain.idle_store import IdleStore
 from hub_config.storage.db import from_epoch, session_factory, to_epoch, utcnow
 from idle_culler.plan import plan_cycle
 from idle_culler.targets import DEVICE, ServerTarget, device_id
+from spawner.core.catalog import catalog_from_dict
 from spawner.core.grant import GrantedShare
 from spawner.core.idle import (
     IDLE,
@@ -37,6 +38,7 @@ from spawner.core.idle_cycle import (
     Mark,
     ReclaimClaim,
     RecordError,
+    Unattributed,
     WarningRecord,
 )
 
@@ -64,11 +66,13 @@ CLAIM = ReclaimClaim(
     idle_since=1.5e9,
     idle_gpu_hours=0.25,
 )
+UNATTRIBUTED = Unattributed(user="erin", server="", session="s", code="kai-reservation-pod", reason="KAI holds it")
 RECORDS = CycleRecords(
     warnings=(WARNING,),
     holds=(Mark(user="bob", server="x", session="s", reason="no data"),),
     clears=(Mark(user="carol", server="", reason="busy again"),),
     reclaims=(CLAIM, ReclaimClaim(user="dave", server="", reason="idle", idle_gpu_hours=1.0)),
+    unattributed=(UNATTRIBUTED,),
 )
 
 
@@ -78,6 +82,9 @@ def over_the_wire(value):
 
 def test_a_cycle_round_trips_through_json():
     assert CycleRecords.from_json(over_the_wire(RECORDS.to_json())) == RECORDS
+    # Without an unattributed list the hub keeps the one it has (None), an empty one clears it.
+    assert CycleRecords.from_json({}).unattributed is None
+    assert CycleRecords.from_json({"unattributed": []}).unattributed == ()
     assert RECORDS.users == {"alice", "dave"}  # warnings and claims name users the hub must know
     result = CycleResult(
         clears=1, warnings=1, reclaims=(ClaimAnswer(user="a", server="", accepted=False, message="no"),)
@@ -100,6 +107,11 @@ def test_a_cycle_round_trips_through_json():
         ({"reclaims": [{**CLAIM.to_json(), "action": "rm -rf"}]}, "action must be 'stop-server' or 'shutdown-kernel'"),
         ({"reclaims": [{**CLAIM.to_json(), "kernel_ids": []}]}, "kernel_ids must be a list of kernel id strings"),
         ({"reclaims": [{**CLAIM.to_json(), "reason": "x" * 2001}]}, "reason must be a string of at most 2000"),
+        ({"unattributed": {}}, "unattributed must be a list"),
+        ({"unattributed": [{**UNATTRIBUTED.to_json(), "code": "guess"}]}, "code must be one of no-series"),
+        ({"unattributed": [{**UNATTRIBUTED.to_json(), "reason": ""}]}, "an unattributed server needs its reason"),
+        ({"unattributed": [{**UNATTRIBUTED.to_json(), "user": None}]}, "user must be a string"),
+        ({"unattributed": [UNATTRIBUTED.to_json()] * 100_001}, "unattributed must be a list of at most 100000"),
     ],
 )
 def test_a_malformed_record_is_refused_with_what_to_fix(body, words):
@@ -246,3 +258,32 @@ def test_the_cycle_plan_judges_each_server_and_steps_its_warning():
         ("busy", Step.CLEAR),
         ("fresh", Step.WARN),
     ]
+
+
+def test_the_hub_shows_why_reclaim_is_off_for_the_running_session_only(store: IdleStore):
+    now = utcnow()
+    assert store.state(catalog_from_dict(ONE_PROFILE))["unattributed"] is None  # nothing reported since start
+    store.apply_cycle(CycleRecords(unattributed=(UNATTRIBUTED,)), now)
+    with store.sessions() as session:
+        view = store.view(session, "erin", "", "s")["reclaim_off"]
+        assert view == {"code": "kai-reservation-pod", "reason": "KAI holds it", "since": view["since"]}
+        assert store.view(session, "erin", "", "a later session")["reclaim_off"] is None
+        assert store.view(session, "frank", "", "s")["reclaim_off"] is None
+    state = store.state(catalog_from_dict(ONE_PROFILE))
+    assert [u["code"] for u in state["unattributed"]] == ["kai-reservation-pod"]
+    assert state["profiles"]["h100-half"]["sharing"] == "timeslice"  # the culler's reason depends on it
+    # The same server again keeps its "since"; a cycle without the list leaves it; an empty list clears it.
+    since = view["since"]
+    store.apply_cycle(CycleRecords(unattributed=(UNATTRIBUTED,)), now + timedelta(minutes=5))
+    store.apply_cycle(CycleRecords(), now + timedelta(minutes=6))
+    with store.sessions() as session:
+        assert store.view(session, "erin", "", "s")["reclaim_off"]["since"] == since
+    store.apply_cycle(CycleRecords(unattributed=()), now + timedelta(minutes=7))
+    assert store.state(catalog_from_dict(ONE_PROFILE))["unattributed"] == []
+
+
+ONE_PROFILE = {
+    "sharing": {"backend": "timeslice", "timeslice": {"replicas": 4, "resource": "nvidia.com/gpu.shared"}},
+    "profiles": [{"slug": "h100-half", "display_name": "half", "gpus": 0.5, "gpu_model": "H100-80GB"}],
+    "teams": [{"name": "vision", "display_name": "V", "users": ["erin"], "guarantee": 1, "burst": 2}],
+}

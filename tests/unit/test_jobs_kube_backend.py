@@ -53,6 +53,10 @@ def kube_jobs_config(tmp_path, monkeypatch, kueue: bool = False):
     c.GPULabDB.db_url = f"sqlite:///{tmp_path / 'gpulab.sqlite'}"
     c.GPULabJobs.backend_class = "hub_config.jobs.backends.kube.KubeJobBackend"
     c.GPULabJobs.kueue_enabled = kueue
+    # The servers' homes as Zero to JupyterHub's default singleuser.storage (type dynamic) sets them.
+    c.KubeSpawner.storage_pvc_ensure = True
+    c.KubeSpawner.volumes = [{"name": "volume-{user_server}", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+    c.KubeSpawner.volume_mounts = [{"mountPath": "/home/jovyan", "name": "volume-{user_server}"}]
     return c
 
 
@@ -216,3 +220,101 @@ def test_a_job_without_a_gpu_sees_no_gpu_even_in_a_cuda_image(tmp_path, monkeypa
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
     env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env.get("NVIDIA_VISIBLE_DEVICES") == visible
+
+
+@pytest.mark.parametrize(
+    "storage, home",
+    [
+        # singleuser.storage.type static: one claim, a subPath per user (z2jh's hub config).
+        (
+            {
+                "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "nfs-homes"}}],
+                "volume_mounts": [{"mountPath": "/home/jovyan", "name": "home", "subPath": "homes/{username}"}],
+            },
+            ("nfs-homes", "/home/jovyan", "homes/jo-smith---515893c9"),
+        ),
+        # dynamic, with z2jh's pvcNameTemplate and another homeMountPath.
+        (
+            {
+                "storage_pvc_ensure": True,
+                "pvc_name_template": "home-{username}",
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}],
+                "volume_mounts": [{"mountPath": "/home/data", "name": "v"}],
+            },
+            ("home-jo-smith---515893c9", "/home/data", ""),
+        ),
+        # KubeSpawner's own dict form, keyed by name.
+        (
+            {
+                "volumes": {"home": {"name": "home", "persistentVolumeClaim": {"claimName": "shared"}}},
+                "volume_mounts": {"home": {"name": "home", "mountPath": "/home/jovyan", "subPath": "{username}"}},
+            },
+            ("shared", "/home/jovyan", "jo-smith---515893c9"),
+        ),
+    ],
+)
+def test_a_job_mounts_the_home_as_the_users_servers_do(tmp_path, monkeypatch, storage, home):
+    """The job's pod mounts the claim, path and subPath z2jh gives the user's servers."""
+    from hub_config.jobs.service import JobService
+
+    c = kube_jobs_config(tmp_path, monkeypatch)
+    del c.KubeSpawner["storage_pvc_ensure"], c.KubeSpawner["volumes"], c.KubeSpawner["volume_mounts"]
+    for key, value in storage.items():
+        c.KubeSpawner[key] = value
+    service = JobService(config=c)
+    assert service.backend.home_volume("jo_smith") == home
+    monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
+    rec, _ = asyncio.run(
+        service.create_job("jo_smith", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu"})
+    )
+    pod = service.backend.manifest(service.get_job(rec.id))["spec"]["template"]["spec"]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "home"]
+    assert (
+        pod["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        mount["mountPath"],
+        mount.get("subPath", ""),
+    ) == home
+
+
+def test_servers_without_a_persistent_home_refuse_jobs_with_what_to_do(tmp_path, monkeypatch):
+    """z2jh's singleuser.storage.type none: the server's home dies with its pod, and a job's
+    pod could not read the notebook; the submission is refused (409) and nothing is recorded."""
+    from hub_config.jobs.service import JobService
+    from spawner.core.jobspec import JobSpecError
+
+    c = kube_jobs_config(tmp_path, monkeypatch)
+    del c.KubeSpawner["storage_pvc_ensure"], c.KubeSpawner["volumes"], c.KubeSpawner["volume_mounts"]
+    service = JobService(config=c)
+    with pytest.raises(JobSpecError) as refused:
+        asyncio.run(
+            service.create_job("alice", [], {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu"})
+        )
+    assert refused.value.status == 409
+    assert "no persistent home" in str(refused.value) and "c.GPULabJobs.kube_home_claim_template" in str(refused.value)
+    assert service.list_jobs("alice") == []
+
+
+def test_the_home_claim_a_job_creates_is_the_one_kubespawner_would(tmp_path, monkeypatch):
+    """A user who never started a server in the team namespace has no home claim there yet;
+    the job creates the claim KubeSpawner's get_pvc_manifest would (its pvc name, storage
+    class, access modes and capacity, as z2jh's singleuser.storage.dynamic sets them), and
+    none for static storage, which is not KubeSpawner's to create."""
+    from hub_config.jobs.service import JobService
+
+    c = kube_jobs_config(tmp_path, monkeypatch)
+    c.KubeSpawner.storage_class = "fast-rwx"
+    c.KubeSpawner.storage_access_modes = ["ReadWriteMany"]
+    c.KubeSpawner.storage_capacity = "10Gi"
+    body = JobService(config=c).backend.home_claim_manifest("jo_smith")
+    assert body["metadata"]["name"] == "claim-jo-smith---515893c9"
+    assert body["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "10Gi"}},
+        "storageClassName": "fast-rwx",
+    }
+    import kubernetes_validate
+
+    kubernetes_validate.validate(body, kubernetes_validate.latest_version(), strict=True)
+    c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "nfs-homes"}}]
+    c.KubeSpawner.volume_mounts = [{"mountPath": "/home/jovyan", "name": "home", "subPath": "{username}"}]
+    assert JobService(config=c).backend.home_claim_manifest("jo_smith") is None

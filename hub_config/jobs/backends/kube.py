@@ -31,13 +31,33 @@ from spawner.core.jobspec import Submission
 from spawner.core.labels import workload_annotations, workload_labels
 from spawner.core.ledger import Workload
 from spawner.core.sharing import SharingError, pod_gpu_spec
-from spawner.kube.conventions import expand_user_template
+from spawner.kube.conventions import expand_user_template, user_template_fields
 
 #: Seconds a job may go without its Job object after creation before it is failed
 #: (a list can race a create on a real API server).
 MISSING_GRACE_SECONDS = 30
 #: KubeSpawner's default pvc_name_template (kubespawner 7).
 KUBESPAWNER_PVC_NAME_TEMPLATE = "claim-{user_server}"
+
+
+def servers_home_mount(volumes: Any, mounts: Any, home_path: str) -> tuple[str, str, str] | None:
+    """``(claim template, mount path, subPath template)`` of the claim KubeSpawner mounts as
+    the home: the one at ``home_path``, else the only claim mounted at all. ``volumes`` and
+    ``mounts`` as KubeSpawner takes them (lists, or dicts keyed by name)."""
+    vols = list(volumes.values()) if isinstance(volumes, dict) else list(volumes)
+    mnts = list(mounts.values()) if isinstance(mounts, dict) else list(mounts)
+    claims = {
+        v.get("name"): (v.get("persistentVolumeClaim") or {}).get("claimName")
+        for v in vols
+        if isinstance(v, dict) and (v.get("persistentVolumeClaim") or {}).get("claimName")
+    }
+    on_claims = [m for m in mnts if isinstance(m, dict) and m.get("name") in claims]
+    at_home = [m for m in on_claims if str(m.get("mountPath", "")).rstrip("/") == home_path.rstrip("/")]
+    chosen = at_home or (on_claims if len(on_claims) == 1 else [])
+    if not chosen:
+        return None
+    m = chosen[0]
+    return str(claims[m["name"]]), str(m.get("mountPath") or home_path), str(m.get("subPath") or "")
 
 
 class KubeJobBackend(JobBackend):
@@ -63,6 +83,13 @@ class KubeJobBackend(JobBackend):
             load_config()
             self._api = shared_client("BatchV1Api")
         return self._api
+
+    def core_api(self):
+        """KubeSpawner's shared ``CoreV1Api``, configured as :meth:`api` (home claims)."""
+        from kubespawner.clients import shared_client
+
+        self.api()  # loads the configuration once
+        return shared_client("CoreV1Api")
 
     def _to_dict(self, obj: Any) -> Any:
         return self.api().api_client.sanitize_for_serialization(obj)
@@ -106,13 +133,47 @@ class KubeJobBackend(JobBackend):
             name = self._spawner_config("scheduler_name")
         return str(name) if name else None
 
+    def home_volume(self, user: str) -> tuple[str, str, str] | None:
+        """``(claim, mount path, subPath)`` of the user's home, as the user's servers mount it.
+
+        ``c.GPULabJobs.kube_home_claim_template`` when set (empty: no home). Otherwise the
+        volume KubeSpawner mounts at the home (``c.KubeSpawner.volumes`` and
+        ``volume_mounts``, as Zero to JupyterHub's ``singleuser.storage`` sets them: a
+        claim per user, ``{pvc_name}``, or one shared claim with a ``subPath`` per user),
+        and without such a volume KubeSpawner's own claim name when it creates claims
+        (``storage_pvc_ensure``). ``None``: the servers have no persistent home.
+        """
+        s = self.settings
+        ns = s.kube_namespace
+        sub_path = expand_user_template(s.kube_home_sub_path, user) if s.kube_home_sub_path else ""
+        if s.kube_home_claim_template is not None:
+            claim = expand_user_template(s.kube_home_claim_template, user, ns) if s.kube_home_claim_template else ""
+            return (claim, s.kube_home_mount_path, sub_path) if claim else None
+        pvc_name = expand_user_template(
+            self._spawner_config("pvc_name_template") or KUBESPAWNER_PVC_NAME_TEMPLATE, user, ns
+        )
+        mounted = servers_home_mount(
+            self._spawner_config("volumes") or [], self._spawner_config("volume_mounts") or [], s.kube_home_mount_path
+        )
+        if mounted is not None:
+            claim, mount_path, sub = mounted
+            claim = expand_user_template(claim.replace("{pvc_name}", pvc_name), user, ns)
+            return claim, mount_path, expand_user_template(sub, user) if sub else sub_path
+        if self._spawner_config("storage_pvc_ensure"):
+            return pvc_name, s.kube_home_mount_path, sub_path
+        return None
+
+    def servers_have_a_home(self) -> bool:
+        """Do the users' servers mount a persistent home the jobs can mount too?"""
+        volumes = self._spawner_config("volumes") or []
+        mounts = self._spawner_config("volume_mounts") or []
+        mounted = servers_home_mount(volumes, mounts, self.settings.kube_home_mount_path)
+        return mounted is not None or bool(self._spawner_config("storage_pvc_ensure"))
+
     def home_claim(self, user: str) -> str:
-        """The user's home claim: the name KubeSpawner gave it (its ``pvc_name_template``,
-        safe slugs), in the team's namespace, where GPUKubeSpawner creates it too."""
-        template = self.settings.kube_home_claim_template
-        if template is None:
-            template = self._spawner_config("pvc_name_template") or KUBESPAWNER_PVC_NAME_TEMPLATE
-        return expand_user_template(template, user, self.settings.kube_namespace) if template else ""
+        """The claim of the user's home (``""``: none); see :meth:`home_volume`."""
+        home = self.home_volume(user)
+        return home[0] if home else ""
 
     # -- the service's calls --------------------------------------------------------------
 
@@ -123,6 +184,14 @@ class KubeJobBackend(JobBackend):
             spec = pod_gpu_spec(request.profile, self.runtime.catalog.sharing, request.team)
         except SharingError as e:
             raise jobspec.JobSpecError(f"profile {request.profile.slug} cannot run here: {e}") from None
+        if self.settings.kube_home_claim_template is None and not self.servers_have_a_home():
+            raise jobspec.JobSpecError(
+                "this hub's servers have no persistent home (no claim mounted at "
+                f"{self.settings.kube_home_mount_path}; Zero to JupyterHub's singleuser.storage.type none), so a "
+                "job's pod could not read your notebook: ask an admin for dynamic or static storage, or to set "
+                "c.GPULabJobs.kube_home_claim_template",
+                409,
+            )
         return spec.effective_milli
 
     def manifest(self, rec: JobRecord) -> dict[str, Any]:
@@ -134,6 +203,7 @@ class KubeJobBackend(JobBackend):
             jobspec.workload_key(rec.id), rec.team, rec.user, rec.gpu_milli, rec.profile, "job", rec.over_quota
         )
         s = self.settings
+        home = self.home_volume(rec.user)
         pull_secrets = self._spawner_config("image_pull_secrets") or []
         if isinstance(pull_secrets, str):
             pull_secrets = [pull_secrets]
@@ -155,9 +225,9 @@ class KubeJobBackend(JobBackend):
             labels=workload_labels(w),
             annotations=workload_annotations(w),
             gpu=gpu,
-            home_claim=self.home_claim(rec.user),
-            home_mount_path=s.kube_home_mount_path,
-            home_sub_path=expand_user_template(s.kube_home_sub_path, rec.user) if s.kube_home_sub_path else "",
+            home_claim=home[0] if home else "",
+            home_mount_path=home[1] if home else s.kube_home_mount_path,
+            home_sub_path=home[2] if home else "",
             ttl_seconds_after_finished=s.kube_ttl_seconds_after_finished,
             backoff_limit=s.kube_backoff_limit,
             kueue_queue=s.kueue_queue_template.format(team=rec.team) if s.kueue_enabled else None,
@@ -180,9 +250,70 @@ class KubeJobBackend(JobBackend):
         self._creating.add(rec.id)
         asyncio.ensure_future(self._create(rec))
 
+    def home_claim_manifest(self, user: str) -> dict[str, Any] | None:
+        """The claim KubeSpawner would create for ``user``'s home (its ``get_pvc_manifest``:
+        ``pvc_name_template``, ``storage_class``, ``storage_access_modes``, ``storage_capacity``,
+        ``storage_selector``), or ``None`` when KubeSpawner creates no claims here or the home
+        is another claim (static storage, an admin's own)."""
+        if not self._spawner_config("storage_pvc_ensure"):
+            return None
+        home = self.home_volume(user)
+        template = self._spawner_config("pvc_name_template") or KUBESPAWNER_PVC_NAME_TEMPLATE
+        name = expand_user_template(template, user, self.settings.kube_namespace)
+        if home is None or home[0] != name:
+            return None
+        spec: dict[str, Any] = {
+            "accessModes": list(self._spawner_config("storage_access_modes") or ["ReadWriteOnce"]),
+            "resources": {"requests": {"storage": str(self._spawner_config("storage_capacity") or "")}},
+        }
+        if self._spawner_config("storage_class"):
+            spec["storageClassName"] = str(self._spawner_config("storage_class"))
+        if self._spawner_config("storage_selector"):
+            spec["selector"] = dict(self._spawner_config("storage_selector"))
+        labels = {
+            "app.kubernetes.io/component": "singleuser-server",
+            "component": "singleuser-storage",
+            "hub.jupyter.org/username": user_template_fields(user)["username"][:63].strip("-"),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec,
+        }
+
+    async def _ensure_home_claim(self, rec: JobRecord, ns: str) -> str | None:
+        """Create the user's home claim when they never started a server in this namespace
+        (KubeSpawner creates it at the first spawn); the failure's sentence, or ``None``."""
+        body = self.home_claim_manifest(rec.user)
+        if body is None:
+            return None
+        if not body["spec"]["resources"]["requests"]["storage"]:
+            return "the hub's config gives home claims no size (c.KubeSpawner.storage_capacity; z2jh's singleuser.storage.capacity)"
+        core = self.core_api()
+        try:
+            await core.read_namespaced_persistent_volume_claim(body["metadata"]["name"], ns)
+            return None
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                return f"cannot read the home claim {ns}/{body['metadata']['name']}: {self._api_message(e)}"
+        try:
+            await core.create_namespaced_persistent_volume_claim(ns, body)
+        except Exception as e:
+            if getattr(e, "status", None) != 409:  # made meanwhile (the user's first spawn)
+                return f"cannot create the home claim {ns}/{body['metadata']['name']}: {self._api_message(e)}"
+        log.info("gpulab jobs: created home claim %s/%s for job %d", ns, body["metadata"]["name"], rec.id)
+        return None
+
     async def _create(self, rec: JobRecord) -> None:
         body = self.manifest(rec)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        failure = await self._ensure_home_claim(rec, ns)
+        if failure is not None:
+            self._creating.discard(rec.id)
+            log.warning("gpulab jobs: job %d: %s", rec.id, failure)
+            self.service.transition(rec.id, jobspec.FAILED, failure)
+            return
         try:
             await self.api().create_namespaced_job(ns, body)
         except Exception as e:

@@ -28,7 +28,12 @@ Kubernetes v1.36's sources:
 Device ids follow the NVIDIA device plugin (replicas of a time-sliced GPU spread over
 the GPUs, :func:`choose_devices`): ``GPU-<uuid>`` for whole GPUs,
 ``GPU-<uuid>::<n>`` for the n-th time-slicing replica of a GPU, ``MIG-<uuid>``
-for MIG instances; the environment it returns from ``Allocate`` is
+for MIG instances; on HAMi's nodes (labelled ``gpu=on``, as HAMi's install guide
+has them labelled) HAMi's device plugin registers ``GPU-<uuid>-<n>``, the n-th vGPU
+slot of a GPU (Project-HAMi/HAMi ``pkg/device-plugin/nvidiadevice/nvinternal/rm/devices.go``,
+``GetPluginDevices``: ``fmt.Sprintf("%v-%v", dev.ID, i)``). MIG instances sit on the
+node's GPUs after its whole ones (:func:`mig_instances`, what NVML would say of
+each: parent GPU, GPU instance id, profile). The environment it returns from ``Allocate`` is
 ``NVIDIA_VISIBLE_DEVICES=<uuids>`` (envvar strategy). The kubelet puts the
 plugin's variables before the container's own (``kubelet_pods.go``,
 ``GenerateRunContainerOptions``), so a container's own value wins.
@@ -83,13 +88,19 @@ def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
     return total
 
 
+def is_hami_node(labels: Mapping[str, str]) -> bool:
+    """HAMi's device plugin serves the node (HAMi's install guide labels its GPU nodes ``gpu=on``)."""
+    return labels.get("gpu") == "on"
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """The UUID NVML would report for GPU ``index`` of a fake node."""
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpulab-testbed/{node}/gpu/{index}')}"
+
+
 def device_ids(node: str, labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> dict[str, list[str]]:
     """The device plugin's device list per resource for a node of tests/kube/bed/nodes.yaml."""
     gpus = int(labels.get("nvidia.com/gpu.count") or 0)
-
-    def gpu_uuid(i: int) -> str:
-        return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpulab-testbed/{node}/gpu/{i}')}"
-
     out: dict[str, list[str]] = {}
     for resource, value in allocatable.items():
         if not is_device_resource(resource):
@@ -100,12 +111,54 @@ def device_ids(node: str, labels: Mapping[str, str], allocatable: Mapping[str, A
                 f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpulab-testbed/{node}/{resource}/{i}')}" for i in range(n)
             ]
         elif n > gpus > 0 and n % gpus == 0:
-            # Replicas of each GPU: time-slicing ("<uuid>::<n>"); HAMi's vGPUs alike.
             per = n // gpus
-            out[resource] = [f"{gpu_uuid(g)}::{r}" for g in range(gpus) for r in range(per)]
+            # HAMi's vGPU slots "<uuid>-<n>"; the NVIDIA device plugin's time-slicing replicas "<uuid>::<n>".
+            sep = "-" if is_hami_node(labels) else "::"
+            out[resource] = [f"{gpu_uuid(node, g)}{sep}{r}" for g in range(gpus) for r in range(per)]
         else:
-            out[resource] = [gpu_uuid(i) for i in range(n)]
+            out[resource] = [gpu_uuid(node, i) for i in range(n)]
     return out
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """What NVML says of a MIG device: its parent GPU (index and UUID), GPU instance id, profile."""
+
+    gpu: int
+    parent_uuid: str
+    gpu_instance: int
+    profile: str
+
+
+#: Compute slices of one MIG-capable GPU (7 on A100/H100).
+MIG_COMPUTE_SLICES = 7
+
+
+def mig_instances(node: str, labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> dict[str, MigInstance]:
+    """The node's MIG devices by id: packed onto GPUs after the node's whole ones, in the
+    device plugin's order, seven compute slices a GPU, GPU instance ids from 1 on each."""
+    devices = device_ids(node, labels, allocatable)
+    whole = len(devices.get("nvidia.com/gpu", ()))
+    out: dict[str, MigInstance] = {}
+    gpu, used, gi = whole, 0, 0
+    for resource in sorted(r for r in devices if r.startswith("nvidia.com/mig-")):
+        profile = resource.removeprefix("nvidia.com/mig-")
+        slices = int(profile.split("g", 1)[0])
+        for mig in devices[resource]:
+            if used + slices > MIG_COMPUTE_SLICES:
+                gpu, used, gi = gpu + 1, 0, 0
+            used, gi = used + slices, gi + 1
+            out[mig] = MigInstance(gpu, gpu_uuid(node, gpu), gi, profile)
+    return out
+
+
+def physical_gpu(device: str) -> str:
+    """The GPU a device id names: a time-slicing replica's or a HAMi vGPU slot's GPU, else itself."""
+    if "::" in device:
+        return device.split("::", 1)[0]
+    if device.startswith("GPU-") and device.count("-") == 6:  # GPU-<8-4-4-4-12 uuid>-<n>
+        return device.rsplit("-", 1)[0]
+    return device
 
 
 def choose_devices(devices: list[str], taken: set[str], n: int) -> list[str]:
@@ -114,16 +167,16 @@ def choose_devices(devices: list[str], taken: set[str], n: int) -> list[str]:
     allocation for shared resources distributes them (k8s-device-plugin,
     internal/rm/allocate.go); whole GPUs and MIG instances in the plugin's order."""
     free = [d for d in devices if d not in taken]
-    if not free or "::" not in free[0]:
+    if not free or physical_gpu(free[0]) == free[0]:
         return free[:n]
     load: dict[str, int] = {}
     for d in devices:
-        base = d.split("::", 1)[0]
+        base = physical_gpu(d)
         load[base] = load.get(base, 0) + (d in taken)
     out: list[str] = []
     for _ in range(min(n, len(free))):
-        pick = min((d for d in free if d not in out), key=lambda d: load[d.split("::", 1)[0]])
-        load[pick.split("::", 1)[0]] += 1
+        pick = min((d for d in free if d not in out), key=lambda d: load[physical_gpu(d)])
+        load[physical_gpu(pick)] += 1
         out.append(pick)
     return out
 
@@ -132,7 +185,7 @@ def visible_devices(ids: Iterable[str]) -> str:
     """``NVIDIA_VISIBLE_DEVICES`` for the devices a container got: the GPU of a replica."""
     seen: list[str] = []
     for device in ids:
-        base = device.split("::", 1)[0]
+        base = physical_gpu(device)
         if base not in seen:
             seen.append(base)
     return ",".join(seen)
