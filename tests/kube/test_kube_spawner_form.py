@@ -93,10 +93,12 @@ async def test_form_shows_availability_and_disables_with_reason(api):
     assert "2 of 4 time-slices of one H100-80GB (0.5 GPU)" in html
     assert re.search(r'value="nlp:h100-2-whole"\s+disabled', html)
     assert "Unavailable: team nlp holds 1 of its 2 GPU burst limit; this request needs 2" in html
-    # ... and what to do about it, as on the single-server form.
+    # ... and what to do about it, as on the single-server form: alice's own server is what
+    # holds team nlp's GPU.
     assert (
-        "Start 1 × H100, which fits now, try again when quota frees (when someone in team nlp stops a "
-        "server), or ask an admin about team nlp&#39;s quota."
+        "Start 1 × H100, which fits now, stop your default server, which holds 1 GPU of team nlp&#39;s "
+        "GPUs, try again when quota frees (when someone in team nlp stops a server), or ask an admin "
+        "about team nlp&#39;s quota."
     ) in html
     assert not re.search(r'value="vision:h100-2-whole"\s+disabled', html)
     assert "starts above the team guarantee, so it is preemptible" in html  # nlp's guarantee is used
