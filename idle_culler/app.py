@@ -22,8 +22,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from tornado.log import LogFormatter
 from traitlets import Any as AnyTrait
@@ -41,35 +39,20 @@ from spawner.core.idle import (
     idle_timeout_of,
     max_gap_for,
 )
-from spawner.core.idle_cycle import UNATTRIBUTED_CODES, ReclaimClaim, Unattributed, WarningRecord
+from spawner.core.idle_cycle import UNATTRIBUTED_CODES, ReclaimClaim, WarningRecord
 
-from .attribution import REASON_PREFIX, REASONS, SHARED_GPU_NOTE, is_unattributed, shares_whole_gpu, unattributed_code
+from .attribution import REASON_PREFIX, hub_has_these, unattributed_servers
 from .dcgm_exporter_source import DCGMExporterSource
 from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, serve_metrics
 from .nvml_source import NVMLSource
-from .plan import CyclePlan, CycleSummary, Who, plan_cycle
+from .plan import CyclePlan, CycleSummary, HubRead, decision_record, plan_cycle
+from .prometheus_source import AnswerTooLarge, PrometheusSource
 from .reclaim import record_and_reclaim
-from .sources import AnswerTooLarge, PrometheusSource, SourceUnavailable, UtilisationSource
+from .sources import SourceUnavailable, UtilisationSource
 from .targets import ServerTarget, targets_from_users
 
 SOURCES = {"prometheus": PrometheusSource, "dcgm-exporter": DCGMExporterSource, "nvml": NVMLSource}
-
-
-@dataclass(frozen=True)
-class HubRead:
-    """What a cycle read from the hub: the users' servers and gpulab's idle state, at ``now``."""
-
-    users: list[dict[str, Any]]
-    profiles: dict[str, Any]
-    teams: dict[str, Any]
-    warnings: dict[Who, IdleWarning]
-    keepalives: dict[Who, float]
-    #: Servers ready or pending (a warning of any other server is void).
-    running: set[Who]
-    now: float
-    #: The unattributed servers the hub has from the culler (``None``: none reported since it started).
-    unattributed: list[dict[str, Any]] | None = None
 
 
 class GPUIdleCuller(Application):
@@ -445,7 +428,7 @@ class GPUIdleCuller(Application):
                 )
                 batch.warn(
                     WarningRecord(
-                        **self._record(t, verdict, seconds, origin),
+                        **decision_record(t, verdict, seconds, origin, self._cycle_now, self.source),
                         grace_seconds=self.grace_seconds,
                         renew=step is Step.REWARN,
                     )
@@ -484,37 +467,20 @@ class GPUIdleCuller(Application):
         """Say which servers no series names, and why: in the log once per server session, in
         the gauge every cycle, and to the hub (for the admin page and the user's sidebar)
         whenever the list differs from the one the hub has."""
-        found: list[Unattributed] = []
-        for t in targets:
-            if not is_unattributed(t, len(data.get(t.key) or ()), read.now, self.unattributed_after):
-                continue
-            code = unattributed_code(t)
-            found.append(Unattributed(user=t.user, server=t.server, session=t.started, code=code, reason=REASONS[code]))
-            summary.unattributed[t.key] = code
+        found = unattributed_servers(targets, data, read.now, self.unattributed_after)
+        for t, u in found:
+            summary.unattributed[t.key] = u.code
             if (t.key, t.started) not in self._told_unattributed:
                 self._told_unattributed.add((t.key, t.started))
                 self.log.warning(
-                    "%s (pod %s/%s, %s): %s%s",
-                    t.key,
-                    t.namespace,
-                    t.pod,
-                    t.sharing or "?",
-                    REASON_PREFIX,
-                    REASONS[code],
+                    "%s (pod %s/%s, %s): %s%s", t.key, t.namespace, t.pod, t.sharing or "?", REASON_PREFIX, u.reason
                 )
         running = {(t.key, t.started) for t in targets}
         self._told_unattributed &= running  # a server gone, or restarted, is told again when it recurs
         for code in UNATTRIBUTED_CODES:
-            self.metrics.unattributed.labels(code).set(sum(1 for u in found if u.code == code))
-        mine = {(u.user, u.server, u.session, u.code, u.reason) for u in found}
-        theirs = None
-        if read.unattributed is not None:
-            theirs = {
-                (u.get("user"), u.get("server"), u.get("session"), u.get("code"), u.get("reason"))
-                for u in read.unattributed
-            }
-        if mine != theirs:
-            batch.unattributed = tuple(found)
+            self.metrics.unattributed.labels(code).set(sum(1 for _, u in found if u.code == code))
+        if not hub_has_these([u for _, u in found], read.unattributed):
+            batch.unattributed = tuple(u for _, u in found)
 
     def _finish(self, summary: CycleSummary, started: float, queries_before: int) -> None:
         summary.queries = self.utilisation.queries - queries_before
@@ -535,28 +501,6 @@ class GPUIdleCuller(Application):
             summary.queries,
             summary.seconds,
         )
-
-    def _record(self, t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str) -> dict[str, Any]:
-        """What a warning and a reclaim claim both say about the server and the decision."""
-        evidence = {
-            **verdict.evidence,
-            **({"shared_gpu": SHARED_GPU_NOTE} if shares_whole_gpu(t) else {}),
-            "idle_timeout_seconds": seconds,
-            "idle_timeout_from": origin,
-            "hub_last_activity": t.last_activity,  # kept to show activity is not utilisation
-            "decided_at": self._cycle_now,
-            "source": self.source,
-        }
-        return {
-            "user": t.user,
-            "server": t.server,
-            "session": t.started,
-            "team": t.team,
-            "profile": t.profile,
-            "gpu_milli": t.gpu_milli,
-            "reason": verdict.reason,
-            "evidence": evidence,
-        }
 
     def _plan_reclaim(
         self,
@@ -587,7 +531,7 @@ class GPUIdleCuller(Application):
             self.log.warning("Reclaiming GPU of %s: shutting down idle kernel(s) %s", t.key, ", ".join(kernel_ids))
             # The server keeps its GPU allocation; only the kernels' GPU memory is freed.
             claim = ReclaimClaim(
-                **self._record(t, verdict, seconds, origin),
+                **decision_record(t, verdict, seconds, origin, self._cycle_now, self.source),
                 action="shutdown-kernel",
                 kernel_ids=tuple(kernel_ids),
                 idle_since=idle_since,
@@ -600,7 +544,7 @@ class GPUIdleCuller(Application):
             "Reclaiming GPU of %s: stopping the server (%.4f idle GPU-hours observed): %s", t.key, hours, verdict.reason
         )
         claim = ReclaimClaim(
-            **self._record(t, verdict, seconds, origin),
+            **decision_record(t, verdict, seconds, origin, self._cycle_now, self.source),
             action="stop-server",
             idle_since=idle_since,
             idle_gpu_hours=hours,

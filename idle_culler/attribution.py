@@ -10,9 +10,10 @@ by sharing backend. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from spawner.core.idle_cycle import UNATTRIBUTED_CODES
+from spawner.core.idle_cycle import UNATTRIBUTED_CODES, Unattributed
 from spawner.core.units import MILLI_PER_GPU
 
 from .targets import POD, ServerTarget
@@ -82,3 +83,26 @@ def is_unattributed(target: ServerTarget, series: int, now: float, after_seconds
 def shares_whole_gpu(target: ServerTarget) -> bool:
     """Its series, when it has one, is the whole GPU's: time-slices and KAI fractions see their GPU's."""
     return target.sharing in ("timeslice", "kai") and target.gpu_milli < MILLI_PER_GPU
+
+
+def unattributed_servers(
+    targets: Sequence[ServerTarget], data: Mapping[str, Sequence[Any]], now: float, after_seconds: float
+) -> list[tuple[ServerTarget, Unattributed]]:
+    """Each server no series names after ``after_seconds``, with its reason for the hub."""
+    found = []
+    for t in targets:
+        if is_unattributed(t, len(data.get(t.key) or ()), now, after_seconds):
+            code = unattributed_code(t)
+            found.append(
+                (t, Unattributed(user=t.user, server=t.server, session=t.started, code=code, reason=REASONS[code]))
+            )
+    return found
+
+
+def hub_has_these(found: Sequence[Unattributed], hub_list: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether the hub's list (``None``: a hub that does not say) is already ``found``."""
+    if hub_list is None:
+        return False
+    mine = {(u.user, u.server, u.session, u.code, u.reason) for u in found}
+    theirs = {(u.get("user"), u.get("server"), u.get("session"), u.get("code"), u.get("reason")) for u in hub_list}
+    return mine == theirs

@@ -16,10 +16,27 @@ from typing import Any
 
 from spawner.core.idle import IdleVerdict, IdleWarning, Step, judge_gpu_idle, next_step
 
+from .attribution import SHARED_GPU_NOTE, shares_whole_gpu
 from .targets import ServerTarget
 
 #: ``(user, server)``
 Who = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class HubRead:
+    """What a cycle read from the hub: the users' servers and gpulab's idle state, at ``now``."""
+
+    users: list[dict[str, Any]]
+    profiles: dict[str, Any]
+    teams: dict[str, Any]
+    warnings: dict[Who, IdleWarning]
+    keepalives: dict[Who, float]
+    #: Servers ready or pending (a warning of any other server is void).
+    running: set[Who]
+    now: float
+    #: The unattributed servers the hub has from the culler (``None``: none reported since it started).
+    unattributed: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,3 +116,28 @@ class CycleSummary:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def decision_record(
+    t: ServerTarget, verdict: IdleVerdict, seconds: int, origin: str, decided_at: float, source: str
+) -> dict[str, Any]:
+    """What a warning and a reclaim claim both say about the server and the decision."""
+    evidence = {
+        **verdict.evidence,
+        **({"shared_gpu": SHARED_GPU_NOTE} if shares_whole_gpu(t) else {}),
+        "idle_timeout_seconds": seconds,
+        "idle_timeout_from": origin,
+        "hub_last_activity": t.last_activity,  # kept to show activity is not utilisation
+        "decided_at": decided_at,
+        "source": source,
+    }
+    return {
+        "user": t.user,
+        "server": t.server,
+        "session": t.started,
+        "team": t.team,
+        "profile": t.profile,
+        "gpu_milli": t.gpu_milli,
+        "reason": verdict.reason,
+        "evidence": evidence,
+    }

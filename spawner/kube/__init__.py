@@ -10,9 +10,15 @@ The names below are public for deployments and must keep working: the entry poin
 (``helm/values-jupyterhub.yaml``) runs ``from spawner.kube import qualified_hub_connect_url``.
 """
 
-from .conventions import expand_user_template, privileged_containers, qualified_hub_connect_url, user_template_fields
+from .conventions import (
+    expand_user_template,
+    privileged_containers,
+    qualified_hub_connect_url,
+    quota_refusal_message,
+    user_template_fields,
+)
 from .ledger import GPUPodReflector, workload_from_pod
-from .spawner import GPUKubeSpawner, quota_refusal_message
+from .spawner import GPUKubeSpawner
 
 __all__ = [
     "GPUKubeSpawner",

@@ -7,6 +7,7 @@ namespace can resolve, and the privileged containers HAMi refuses.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -139,3 +140,42 @@ __all__ = [
     "qualified_hub_connect_url",
     "user_template_fields",
 ]
+
+
+# -- the API server's refusals, in words ---------------------------------------------
+
+_QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
+
+
+def api_refusal(namespace: str, api_message: str) -> tuple[str, str]:
+    """The API server's 403 for a server's pod as ``(sentence for the spawn page, reason)``:
+    a ResourceQuota, Pod Security admission, or anything else the cluster refused."""
+    if _QUOTA_RE.search(api_message):
+        return quota_refusal_message(namespace, api_message), "resource-quota"
+    if "violates PodSecurity" in api_message:
+        sentence = (
+            f"The cluster's Pod Security admission refused the server in namespace {namespace}: "
+            f"{api_message}. An admin must change the server's pod or the namespace's "
+            "pod-security.kubernetes.io/enforce label (the gpulab chart's teamNamespaces.podSecurity)."
+        )
+        if "block-cloud-metadata" in api_message:  # z2jh's privileged iptables init container
+            sentence += (
+                " This one is Zero to JupyterHub's block-cloud-metadata init container: set "
+                "singleuser.cloudMetadata.blockWithIptables=false (the gpulab chart's NetworkPolicy "
+                "blocks the metadata server instead)."
+            )
+        return sentence, "pod-security"
+    return f"The cluster refused to create the server in namespace {namespace}: {api_message}", "forbidden"
+
+
+def quota_refusal_message(namespace: str, api_message: str) -> str:
+    """Turn the API server's ResourceQuota 403 into a sentence for the spawn page."""
+    m = _QUOTA_RE.search(api_message)
+    if not m:
+        return f"The cluster refused to create the server in namespace {namespace}: {api_message}"
+    name, requested, used, limited = (s.strip() for s in m.groups())
+    return (
+        f"The cluster refused the server: namespace {namespace} is at its ResourceQuota "
+        f"'{name}' (in use: {used}; limit: {limited}; this server asks for {requested}). "
+        f"Stop another server in your team or ask an admin to raise the quota."
+    )

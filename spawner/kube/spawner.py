@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from spawner.core.units import format_gpus
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
 from .conventions import (
+    api_refusal,
     privileged_containers,
     profile_list_conflict,
 )
@@ -59,7 +59,6 @@ from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 #: The spawner whose ``_start`` this code runs in, if any (see :meth:`GPUKubeSpawner.stop`).
 _starting_spawner: ContextVar[Any] = ContextVar("gpulab_starting_spawner", default=None)
-_QUOTA_RE = re.compile(r"exceeded quota: ([^,]+), requested: (.+?), used: (.+?), limited: (.+)$")
 #: Traits this class sets per spawn; restored to the configured value before each spawn.
 _APPLIED_TRAITS = (
     "namespace",
@@ -92,40 +91,6 @@ def _usage_unreadable() -> Exception:
 def _escape(value: str) -> str:
     """KubeSpawner str.format()s label/annotation values: keep user text literal."""
     return value.replace("{", "{{").replace("}", "}}")
-
-
-def api_refusal(namespace: str, api_message: str) -> tuple[str, str]:
-    """The API server's 403 for a server's pod as ``(sentence for the spawn page, reason)``:
-    a ResourceQuota, Pod Security admission, or anything else the cluster refused."""
-    if _QUOTA_RE.search(api_message):
-        return quota_refusal_message(namespace, api_message), "resource-quota"
-    if "violates PodSecurity" in api_message:
-        sentence = (
-            f"The cluster's Pod Security admission refused the server in namespace {namespace}: "
-            f"{api_message}. An admin must change the server's pod or the namespace's "
-            "pod-security.kubernetes.io/enforce label (the gpulab chart's teamNamespaces.podSecurity)."
-        )
-        if "block-cloud-metadata" in api_message:  # z2jh's privileged iptables init container
-            sentence += (
-                " This one is Zero to JupyterHub's block-cloud-metadata init container: set "
-                "singleuser.cloudMetadata.blockWithIptables=false (the gpulab chart's NetworkPolicy "
-                "blocks the metadata server instead)."
-            )
-        return sentence, "pod-security"
-    return f"The cluster refused to create the server in namespace {namespace}: {api_message}", "forbidden"
-
-
-def quota_refusal_message(namespace: str, api_message: str) -> str:
-    """Turn the API server's ResourceQuota 403 into a sentence for the spawn page."""
-    m = _QUOTA_RE.search(api_message)
-    if not m:
-        return f"The cluster refused to create the server in namespace {namespace}: {api_message}"
-    name, requested, used, limited = (s.strip() for s in m.groups())
-    return (
-        f"The cluster refused the server: namespace {namespace} is at its ResourceQuota "
-        f"'{name}' (in use: {used}; limit: {limited}; this server asks for {requested}). "
-        f"Stop another server in your team or ask an admin to raise the quota."
-    )
 
 
 class GPUKubeSpawner(ClusterLedger, KubeSpawner):

@@ -18,7 +18,8 @@ import math
 
 import pytest
 
-from idle_culler.sources import GPU_UTIL, GR_ENGINE_ACTIVE, AnswerTooLarge, PrometheusSource
+from idle_culler.prometheus_source import AnswerTooLarge, PrometheusSource
+from idle_culler.sources import GPU_UTIL, GR_ENGINE_ACTIVE
 from idle_culler.targets import POD, ServerTarget
 from spawner.core.idle import BUSY, IDLE, PARTIAL, SHORT, STALE, DeviceSeries, judge_gpu_idle, max_gap_for
 from tests.support.dcgm_fake_exporter import RunningPrometheus

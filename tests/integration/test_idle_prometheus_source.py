@@ -14,7 +14,8 @@ import time
 import pytest
 
 from idle_culler.dcgm_exporter_source import DCGMExporterSource
-from idle_culler.sources import PrometheusSource, SourceUnavailable
+from idle_culler.prometheus_source import PrometheusSource
+from idle_culler.sources import SourceUnavailable
 from idle_culler.targets import DEVICE, POD, ServerTarget
 from spawner.core.idle import BUSY, IDLE, MISSING, judge_gpu_idle
 from tests.support.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus

@@ -26,7 +26,8 @@ from pathlib import Path
 import requests
 import yaml
 
-from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
+from idle_culler.prometheus_source import SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
+from idle_culler.sources import METRICS
 from tests.support import REPO
 from tests.support.hub import free_port
 from tests.support.processes import NotReady, wait_ready

@@ -397,7 +397,8 @@ def test_culler_metrics_service_monitor():
 
 
 def test_idle_culler_recording_rules_are_the_shipped_file_at_the_scrape_interval():
-    from idle_culler.sources import METRICS, SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
+    from idle_culler.prometheus_source import SAMPLE_AGE_COUNT_RULE, SAMPLE_AGE_RULE
+    from idle_culler.sources import METRICS
 
     rules_file = CHART / "rules" / "idle-culler.rules.yaml"
     hami_file = CHART / "rules" / "idle-culler-hami.rules.yaml"

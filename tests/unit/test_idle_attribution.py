@@ -84,7 +84,8 @@ def test_only_a_pod_server_old_enough_and_without_any_series_is_unattributed():
 
 
 def test_hamis_metric_is_asked_for_only_when_a_hami_server_can_exist():
-    from idle_culler.sources import GR_ENGINE_ACTIVE, METRICS, PrometheusSource, metrics_for
+    from idle_culler.prometheus_source import PrometheusSource
+    from idle_culler.sources import GR_ENGINE_ACTIVE, METRICS, metrics_for
 
     assert metrics_for({"whole", "timeslice", "mig", "kai"}) == (GPU_UTIL, GR_ENGINE_ACTIVE)
     assert metrics_for({"whole", "hami"}) == metrics_for({""}) == metrics_for(None) == METRICS
@@ -103,7 +104,7 @@ def test_kais_gpu_groups_are_joined_only_when_configured_and_the_query_parses(tm
 
     import yaml
 
-    from idle_culler.sources import PrometheusSource
+    from idle_culler.prometheus_source import PrometheusSource
 
     source = PrometheusSource()
     assert not source.kai_for({"kai"}) and "kube_pod_labels" not in source.query([60.0], kai=source.kai_for(None))
