@@ -562,6 +562,8 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         try:
             await super().stop(now=now)
         finally:
+            if start is not None and not start.done() and not inside_start:
+                start.cancel()  # again: the first may have been lost, and the start waits for a pod now gone
             if not inside_start:
                 self.runtime.ledger.release(self.workload_key)
                 self._reserved_key = None
