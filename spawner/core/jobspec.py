@@ -27,6 +27,7 @@ from .gpu_pools import and_node_affinity
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
 from .priority import BATCH, TRAINING, PriorityClass, cluster_priority_class_name, effective_priority_class
+from .servers_pod import ServersPodSettings, apply_servers_pod_settings
 from .sharing import NO_GPU_ENV, with_shm
 
 # -- classes and states -------------------------------------------------------
@@ -304,7 +305,8 @@ class KubeJobRequest:
     mem_guarantee: int | None = None
     mem_limit: int | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
-    #: The profile's tolerations and node affinity (KubeSpawner's shapes).
+    #: The servers' tolerations and node affinity (KubeSpawner's config, z2jh's user pods),
+    #: then the profile's (KubeSpawner's shapes).
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_affinity_required: tuple[Mapping[str, Any], ...] = ()
     node_affinity_preferred: tuple[Mapping[str, Any], ...] = ()
@@ -313,6 +315,10 @@ class KubeJobRequest:
     fs_gid: int | None = DEFAULT_FS_GID
     #: The cluster's PriorityClass per gpulab class (the catalog's ``priority_class_names``).
     priority_class_names: Mapping[str, str] = field(default_factory=dict)
+    #: What the hub's KubeSpawner config gives every server pod besides the home (volumes,
+    #: node selector, extra_pod_config); tolerations and node affinity come in the fields
+    #: above, the config's first, as GPUKubeSpawner combines them.
+    servers_pod: ServersPodSettings = field(default_factory=ServersPodSettings)
 
 
 def _cpu(cores: float) -> str:
@@ -449,6 +455,8 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
         pod_spec["schedulerName"] = scheduler_name
     if req.service_account:
         pod_spec["serviceAccountName"] = req.service_account
+    # The world of the user's servers: z2jh's extra volumes, node selector, extraPodConfig.
+    apply_servers_pod_settings(pod_spec, container, req.servers_pod)
     return pod_spec
 
 
