@@ -49,9 +49,15 @@ func byPod(expr string) string {
 	return expr + ` * on (namespace, pod) group_left (` + teamLabel + `, ` + userLabel + `) ` + podLabels
 }
 
-// utilisation: DCGM_FI_DEV_GPU_UTIL (percent) of whole GPUs, and the profiling metric of MIG
-// instances and GPUs without GPU_UTIL, as a percent.
-var utilisation = `(` + pods("DCGM_FI_DEV_GPU_UTIL") + ` or (` + pods("DCGM_FI_PROF_GR_ENGINE_ACTIVE") + ` * 100))`
+// utilisation: DCGM_FI_DEV_GPU_UTIL (percent) of whole GPUs, the profiling metric of MIG
+// instances and GPUs without GPU_UTIL as a percent, and HAMi's per-container utilisation of its
+// vGPUs (0-100; dcgm-exporter names no HAMi pod).
+var utilisation = `(` + pods("DCGM_FI_DEV_GPU_UTIL") + ` or (` + pods("DCGM_FI_PROF_GR_ENGINE_ACTIVE") + ` * 100) or ` +
+	pods("hami_container_device_utilization_ratio") + `)`
+
+// memoryUsed: frame buffer in use (MiB) on the GPUs each pod holds, and HAMi's vGPU memory of
+// each container (bytes, made MiB).
+var memoryUsed = `(` + pods("DCGM_FI_DEV_FB_USED") + ` or (` + pods("hami_vgpu_memory_used_bytes") + ` / 1048576))`
 
 // datasource: the Prometheus the $datasource variable picks.
 func datasource() common.DataSourceRef {
@@ -94,7 +100,7 @@ func (p panel) build() *timeseries.PanelBuilder {
 var panels = []panel{
 	{
 		title:       "GPU utilisation per team",
-		description: "Mean DCGM utilisation of the GPUs (and MIG instances) held by each team's pods.",
+		description: "Mean utilisation of the GPUs (and MIG instances, HAMi vGPUs) held by each team's pods.",
 		unit:        "percent", x: 0, y: 0, w: 12, h: 8,
 		targets: []target{{
 			expr:   `avg by (` + teamLabel + `) (` + byPod(utilisation) + `)`,
@@ -103,7 +109,7 @@ var panels = []panel{
 	},
 	{
 		title:       "GPU utilisation per user",
-		description: "Mean DCGM utilisation of each user's GPUs; a flat zero is what the idle culler reclaims.",
+		description: "Mean utilisation of each user's GPUs; a flat zero is what the idle culler reclaims.",
 		unit:        "percent", x: 12, y: 0, w: 12, h: 8,
 		targets: []target{{
 			expr:   `avg by (` + teamLabel + `, ` + userLabel + `) (` + byPod(utilisation) + `)`,
@@ -112,20 +118,21 @@ var panels = []panel{
 	},
 	{
 		title: "GPU memory used per server",
-		description: "Frame buffer memory in use (DCGM_FI_DEV_FB_USED, MiB) on the GPUs each gpulab pod holds. " +
+		description: "Frame buffer memory in use (DCGM_FI_DEV_FB_USED, MiB) on the GPUs each gpulab pod holds; " +
+			"a HAMi pod's own vGPU memory (hami_vgpu_memory_used_bytes). " +
 			"A time-sliced or KAI-fraction pod shows its whole GPU's memory.",
 		unit: "mbytes", x: 0, y: 8, w: 12, h: 8,
 		targets: []target{{
-			expr:   `sum by (` + teamLabel + `, ` + userLabel + `, namespace, pod) (` + byPod(pods("DCGM_FI_DEV_FB_USED")) + `)`,
+			expr:   `sum by (` + teamLabel + `, ` + userLabel + `, namespace, pod) (` + byPod(memoryUsed) + `)`,
 			legend: "{{" + userLabel + "}} {{namespace}}/{{pod}}",
 		}},
 	},
 	{
 		title:       "GPU memory used per team",
-		description: "Frame buffer memory in use (DCGM_FI_DEV_FB_USED, MiB) on the GPUs held by each team's pods.",
+		description: "Frame buffer memory in use (MiB) on the GPUs held by each team's pods (HAMi pods: their vGPU memory).",
 		unit:        "mbytes", x: 12, y: 8, w: 12, h: 8,
 		targets: []target{{
-			expr:   `sum by (` + teamLabel + `) (` + byPod(pods("DCGM_FI_DEV_FB_USED")) + `)`,
+			expr:   `sum by (` + teamLabel + `) (` + byPod(memoryUsed) + `)`,
 			legend: "{{" + teamLabel + "}}",
 		}},
 	},

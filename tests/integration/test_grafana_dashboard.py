@@ -40,9 +40,7 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from traitlets.config import Config
 
-from idle_culler.app import GPUIdleCuller
 from spawner.core import labels
 from spawner.core.catalog.yaml_text import catalog_from_yaml
 from tests.kube.bed.dcgm_exporter import ExporterSettings, FakeKubeDCGMExporter
@@ -50,7 +48,7 @@ from tests.kube.bed.kubelet_devices import device_ids
 from tests.support import REPO, grafana_dashboard
 from tests.support.dcgm_fake_exporter import RunningPrometheus
 from tests.support.hub import RunningHub
-from tests.support.idle_hub_standin import TOKEN, IdleHubStandin, StandinServer
+from tests.support.idle_hub_standin import IdleHubStandin, StandinServer, standin_culler
 from tests.support.ports import free_port
 
 RULES = REPO / "helm" / "gpulab" / "rules"
@@ -260,7 +258,7 @@ def cluster(hub, tmp_path_factory):
     hub_target = hub.url.split("://", 1)[1].split("/", 1)[0]
     jobs.append({"job_name": "hub", "metrics_path": "/hub/metrics", "static_configs": [{"targets": [hub_target]}]})
     prom = RunningPrometheus(workdir / "prom", [], scrape_configs=jobs).start()
-    app = culler(standin, prom.url)
+    app = standin_culler(standin, prom.url, timeout=WINDOW, unattributed_after=0, scrape_interval=SCRAPE)
     bodies["culler"] = app.metrics.render  # the culler's /metrics
     try:
         prom.wait_for_samples("DCGM_FI_DEV_GPU_UTIL", count=WINDOW + 3, timeout=60)
@@ -298,23 +296,6 @@ def cluster(hub, tmp_path_factory):
         standin.stop()
         honor.stop()
         operator.stop()
-
-
-def culler(standin: IdleHubStandin, prometheus_url: str) -> GPUIdleCuller:
-    c = Config()
-    c.GPUIdleCuller.url = standin.url
-    c.GPUIdleCuller.api_token = TOKEN
-    c.GPUIdleCuller.source = "prometheus"
-    c.GPUIdleCuller.default_timeout = WINDOW
-    c.GPUIdleCuller.grace_seconds = 0
-    c.GPUIdleCuller.unattributed_after = 0
-    c.GPUIdleCuller.metrics_url = ""
-    c.PrometheusSource.prometheus_url = prometheus_url
-    c.PrometheusSource.scrape_interval = SCRAPE
-    c.PrometheusSource.rule_interval = SCRAPE
-    app = GPUIdleCuller(config=c)
-    app.initialize([])
-    return app
 
 
 def shipped_rules() -> list[tuple[str, str]]:
@@ -386,7 +367,8 @@ def test_every_dashboard_query_returns_series(cluster):
 
 
 def test_dcgm_panels_see_pods_however_prometheus_scraped_the_exporter(cluster):
-    """Both scrape styles' pods appear: honor_labels (bob) and the GPU operator's monitor (carol, exported_pod)."""
+    """Both scrape styles' pods appear: honor_labels (bob) and the GPU operator's monitor (carol,
+    exported_pod); HAMi's pod (dave) through HAMi's own series."""
     by_title = {q.panel: q.expr for q in grafana_dashboard.queries(grafana_dashboard.load())}
     expr = grafana_dashboard.interpolate(
         by_title["GPU memory used per server"], {"team": "(nlp|vision)"}, range_seconds=86400, scrape_interval=SCRAPE
@@ -394,6 +376,13 @@ def test_dcgm_panels_see_pods_however_prometheus_scraped_the_exporter(cluster):
     got = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1]) for s in query(cluster, expr)}
     assert got[("gpulab-vision", "jupyter-bob")] == 30000
     assert got[("gpulab-nlp", "jupyter-carol")] == 12000
+    assert got[("gpulab-nlp", "jupyter-dave")] == 8000  # HAMi's own vGPU memory
+    per_user = grafana_dashboard.interpolate(
+        by_title["GPU utilisation per user"], {"team": "(nlp|vision)"}, range_seconds=86400, scrape_interval=SCRAPE
+    )
+    busy = {s["metric"]["label_gpulab_io_user"]: float(s["value"][1]) for s in query(cluster, per_user)}
+    # alice's server was reclaimed (its pod stays in this stand-in's kubelet view, idle); dave's is HAMi's.
+    assert busy == {"alice": 0, "bob": 80, "carol": 55, "dave": 40}
     xid = grafana_dashboard.interpolate(by_title["Xid errors per GPU"], {}, range_seconds=86400, scrape_interval=SCRAPE)
     codes = {s["metric"].get("pod"): float(s["value"][1]) for s in query(cluster, xid) if float(s["value"][1])}
     assert codes == {"jupyter-bob": 79, "jupyter-carol": 48}

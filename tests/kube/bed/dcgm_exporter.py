@@ -50,7 +50,8 @@ list turns them on (both default lists carry them commented out).
 **HAMi's vGPU monitor** (Project-HAMi/HAMi at 4707fb0, ``cmd/vGPUmonitor/metrics.go``):
 per container and vGPU, ``hami_container_device_utilization_ratio{namespace, pod,
 container, vdevice_index, device_uuid}`` (the container's own SM utilisation, 0-100,
-from HAMi's shared region) and per GPU ``hami_host_gpu_utilization_ratio{node,
+from HAMi's shared region), ``hami_vgpu_memory_used_bytes`` (same labels, its memory),
+and per GPU ``hami_host_gpu_utilization_ratio{node,
 device_index, device_uuid, device_type}``. Served at ``/hami/<node>/metrics``.
 
 **kube-state-metrics**' ``kube_pod_labels{namespace, pod, label_<key>}`` (each allowed pod label
@@ -352,10 +353,21 @@ class FakeKubeDCGMExporter:
     def container_busy(self, node_name: str) -> list[tuple[dict[str, str], float]]:
         """HAMi's per-container view: each container's own SM use of each vGPU it holds."""
         with self._lock:
-            activity = dict(self._activity)
+            activity = {k: percent for k, (percent, _) in self._activity.items()}
+        return self._per_container(node_name, activity)
+
+    def container_memory(self, node_name: str) -> list[tuple[dict[str, str], float]]:
+        """HAMi's per-container view: each container's own memory (bytes) of each vGPU it holds."""
+        with self._lock:
+            memory = {k: mib * 1024 * 1024 for k, mib in self._memory.items()}
+        return self._per_container(node_name, memory)
+
+    def _per_container(
+        self, node_name: str, amounts: Mapping[tuple[str, str], float]
+    ) -> list[tuple[dict[str, str], float]]:
         rows = []
         for p in self.pod_resources(node_name):
-            percent = activity.get((p["namespace"], p["name"]), (0.0, None))[0]
+            amount = amounts.get((p["namespace"], p["name"]), 0.0)
             for c in p.get("containers") or []:
                 devices = [d for h in c.get("devices") or [] for d in h["deviceIds"]]
                 for i, device in enumerate(devices):
@@ -366,7 +378,7 @@ class FakeKubeDCGMExporter:
                         "vdevice_index": str(i),
                         "device_uuid": physical_gpu(device)[:40],
                     }
-                    rows.append((labels, percent))
+                    rows.append((labels, amount))
         return rows
 
     # -- /metrics ---------------------------------------------------------------------
@@ -468,6 +480,12 @@ class FakeKubeDCGMExporter:
         ]
         for labels, percent in self.container_busy(node_name):
             out.append(f"hami_container_device_utilization_ratio{{{_labels(labels)}}} {percent:g}")
+        out += [
+            "# HELP hami_vgpu_memory_used_bytes vGPU device memory usage in bytes",
+            "# TYPE hami_vgpu_memory_used_bytes gauge",
+        ]
+        for labels, used in self.container_memory(node_name):
+            out.append(f"hami_vgpu_memory_used_bytes{{{_labels(labels)}}} {int(used)}")
         return "\n".join(out) + "\n"
 
     # -- how Prometheus scrapes it ----------------------------------------------------
