@@ -44,6 +44,7 @@ from spawner.core.policy import (
     what_to_do,
 )
 from spawner.core.priority import effective_priority_class
+from spawner.core.profile_facts import device_memory, profile_facts
 from spawner.core.scheduling import SCHEDULER_EVENT_REASONS, explain_scheduler_event
 from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
@@ -213,9 +214,17 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         several_teams = len({c.team.name for c in choices}) > 1
         chosen = (self.user_options or {}).get("team"), (self.user_options or {}).get("profile")
         out = []
+        inventory = self.runtime.catalog.inventory
         for c in choices:
             p = c.profile
             size = format_gpus(c.effective_milli or p.gpu_milli)
+            try:
+                mig = self._gpu_spec(p).mig_slice
+            except SharingError:
+                mig = ""
+            gives = profile_facts(
+                p, c.effective_milli or p.gpu_milli, device_memory(p.gpu_model, (), inventory), mig_slice=mig
+            )
             notes = [c.team_summary]
             if c.capacity_summary:
                 notes.append(c.capacity_summary)
@@ -229,6 +238,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
                 "gpulab": {
                     "available": c.available,
                     "reason": c.reason,
+                    "gives": gives,
                     "notes": notes,
                     "todo": "" if c.available else what_to_do(c, choices, self.runtime.admin_contact),
                     "gpus": size if p.is_gpu else "",
