@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from html import escape
 
-from .idle import IdleFacts, idle_policy_text
+from .idle import IdleFacts, idle_policy_text, idle_rule, idle_timeout_words
 from .policy import PolicyError, ProfileChoice, quota_split_words, what_to_do
 from .units import format_gpus
 
@@ -17,11 +17,12 @@ FORM_CSS = """
 <style>
 /* Compact cards, a team's profiles side by side: 3 teams of 4 profiles fit one 1400×900 screen,
    and at 800 px the grid drops to fewer columns instead of cutting anything. */
-.gpulab-team { margin: 0 0 .7em 0; min-width: 0; }
+.gpulab-team { margin: 0 0 .5em 0; min-width: 0; }
 .gpulab-team h3 { font-size: 1.05em; margin: .3em 0 .1em 0; }
 .gpulab-team .gpulab-headroom { font-weight: normal; color: #555; font-size: .9em; margin-left: .5em; }
 .gpulab-quota-split { color: #555; font-size: .85em; margin: 0 0 .3em 0; }
-.gpulab-cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(15rem, 1fr)); gap: .4em; }
+.gpulab-cards { display: grid; gap: .4em;
+  grid-template-columns: repeat(auto-fill, minmax(max(15rem, calc((100% - 1.2em) / 4)), 1fr)); }
 .gpulab-profile { display: block; border: 1px solid #ddd; border-radius: 4px; padding: .35em .6em; margin: 0;
   font-size: .85em; line-height: 1.35; min-width: 0; overflow-wrap: anywhere; }
 /* An unavailable card stays readable (no opacity): its reason and what to do are what the user needs. */
@@ -32,7 +33,8 @@ FORM_CSS = """
 .gpulab-gives { display: block; font-weight: 600; }
 .gpulab-reason { color: #a94442; display: block; }
 .gpulab-detail { color: #555; display: block; }
-.gpulab-inventory { color: #555; margin-bottom: .5em; }
+.gpulab-inventory { color: #555; margin-bottom: .2em; }
+.gpulab-idle-rule { margin: 0 0 .4em 0; }
 .gpulab-inventory.gpulab-declared { color: #8a6d3b; }
 .gpulab-todo { display: block; }
 .gpulab-profile.gpulab-kept { border-color: #a94442; border-width: 2px; }
@@ -129,6 +131,8 @@ def render_options_form(
             f'<p class="gpulab-start-again"><a class="btn btn-primary" id="gpulab-start-again" '
             f'href="{escape(start_again_url)}">{escape(start_again_label(last))}</a></p>'
         )
+    if any(c.profile.is_gpu for c in choices):
+        parts.append(f'<p class="gpulab-detail gpulab-idle-rule" id="gpulab-idle-rule">{escape(idle_rule(idle))}.</p>')
     by_team: dict[str, list[ProfileChoice]] = {}
     for c in choices:
         by_team.setdefault(c.team.name, []).append(c)
@@ -177,6 +181,8 @@ def _profile_html(
     cls = "gpulab-profile" + ("" if c.available else " gpulab-unavailable") + (" gpulab-kept" if refused else "")
     # The radio's name is the profile's name; the rest of the card is its description.
     parts: list[tuple[str, str, str]] = []  # (id suffix, class, text)
+    if len(p.images) > 1:  # the image select below lists the choices
+        facts = [f for f in facts if not f.startswith("Images: ")]
     for n, fact in enumerate(facts):
         parts.append((f"gives{n}", "gpulab-gives" if n == 0 else "gpulab-detail gpulab-gives-more", fact))
     details = []
@@ -188,9 +194,8 @@ def _profile_html(
         details.append("above the team guarantee: will run preemptible")
     if details:
         parts.append(("details", "gpulab-detail", " · ".join(details)))
-    policy = idle_policy_text(c.profile, c.team, idle)  # the per-user cap is the team heading's
-    if policy:
-        parts.append(("limits", "gpulab-detail gpulab-limits", policy))
+    if p.is_gpu:  # the page says the idle rule once; the per-user cap is the team heading's
+        parts.append(("limits", "gpulab-detail gpulab-limits", f"Idle timeout {idle_timeout_words(p, c.team)}"))
     if not c.available:
         parts.append(("reason", "gpulab-reason", f"Unavailable: {c.reason}"))
         parts.append(("todo", "gpulab-todo", what_to_do(c, choices, admin_contact)))
@@ -206,7 +211,7 @@ def _profile_html(
         out.append(f'<span class="{klass}" id="{escape(rid)}-{suffix}">{escape(text)}</span>')
     if len(p.images) > 1:
         out.append(
-            f'<span class="gpulab-detail">Image: <select name="image-{escape(value)}"'
+            f'<span class="gpulab-detail">Image <select name="image-{escape(value)}"'
             f' aria-label="Image for {escape(p.display_name)}">'
         )
         for img in p.images:
