@@ -1,5 +1,14 @@
 import { requestAPI } from './handler';
-import { IIdleState, IJob, IJobRequest, ILogChunk, IMe, ISession, IStopState, RerunNotebook } from './types';
+import {
+  IIdleState,
+  IJob,
+  IJobRequest,
+  ILogChunk,
+  IMe,
+  ISession,
+  IStopState,
+  RerunNotebook
+} from './types';
 
 /** Typed calls of the server extension and of the hub API behind it. */
 export const api = {
