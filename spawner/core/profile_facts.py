@@ -107,16 +107,21 @@ def profile_facts(
     *,
     cpu_limit: float | None = None,
     mem_limit: int | None = None,
+    cpu_guarantee: float | None = None,
+    mem_guarantee: int | None = None,
     mig_slice: str = "",
 ) -> list[str]:
     """What ``profile`` gives, one short line per fact: GPU share and GPU memory, CPU and memory,
-    the image choices. ``cpu_limit``/``mem_limit``: what the server really runs under, when the
-    adapter knows better than the profile (the single server: the team's caps and the hub's
-    defaults applied, :func:`spawner.core.limits.workload_limits`)."""
+    the image choices. ``cpu_limit``/``mem_limit`` (and the guarantees): what the server really
+    runs under, when the adapter knows better than the profile (the single server: the team's
+    caps and the hub's defaults applied, :func:`spawner.core.limits.workload_limits`; Kubernetes:
+    KubeSpawner's configured values where the profile sets none)."""
     facts = [gpu_words(profile, effective_milli, memory, mig_slice)]
-    cpu_g = _cores(profile.cpu_guarantee) if profile.cpu_guarantee else None
+    cpu_g_value = cpu_guarantee if cpu_guarantee is not None else profile.cpu_guarantee
+    mem_g_value = mem_guarantee if mem_guarantee is not None else profile.mem_guarantee
+    cpu_g = _cores(cpu_g_value) if cpu_g_value else None
     cpu_l = cpu_limit if cpu_limit is not None else profile.cpu_limit
-    mem_g = _memory(profile.mem_guarantee) if profile.mem_guarantee else None
+    mem_g = _memory(mem_g_value) if mem_g_value else None
     mem_l = mem_limit if mem_limit is not None else profile.mem_limit
     cpu = _range(cpu_g, _cores(cpu_l) if cpu_l else None, "CPU")
     ram = _range(mem_g, _memory(mem_l) if mem_l else None, "RAM")
