@@ -287,6 +287,23 @@ def test_bad_rerun_bodies_get_4xx_and_change_nothing(hub, tokens, body, status, 
     assert len(all_jobs(hub)) == before
 
 
+def test_a_notebook_larger_than_the_hub_keeps_is_a_413_and_nothing_is_recorded(hub, tokens):
+    huge = home(hub, "bob") / "exp" / "huge.ipynb"
+    with open(huge, "wb") as f:
+        f.truncate(40 << 20)  # sparse: its size is checked on the open file, nothing is read
+    hub.give("bob", huge)
+    before = len(all_jobs(hub))
+    r = hub.api(
+        "POST",
+        "/gpulab/jobs",
+        token=tokens["bob"],
+        data=json.dumps({"notebook": "exp/huge.ipynb", "job_class": "batch", "profile": "cpu"}),
+    )
+    assert r.status_code == 413 and "c.GPULabJobs.max_notebook_bytes" in r.text, r.text
+    assert len(all_jobs(hub)) == before and job_holdings(hub) == []
+    assert not any(p.name.startswith("huge-") for p in (home(hub, "bob") / "exp" / "runs").iterdir())
+
+
 def test_rerun_of_a_job_whose_kept_notebook_is_gone_or_tampered_is_refused(hub, tokens):
     """The kept copy is the owner's file: deleted, it is a 404 that names the other choice;
     replaced by a symlink (to another user's notebook), a 403; nothing is submitted either way."""
