@@ -154,6 +154,12 @@ class KubeJobBackend(JobBackend):
                 return value
         return None
 
+    def _keep_from(self, rec: JobRecord) -> str:
+        """What the pod copies the job's notebook from: the kept copy of the job a Re-run repeats
+        (in the same home), else the notebook."""
+        parent = self.service.get_job(rec.rerun_of) if rec.rerun_of is not None else None
+        return jobspec.kept_input_path(parent.output_path) if parent is not None else rec.notebook
+
     def scheduler_name(self) -> str | None:
         """The scheduler of the user's servers, unless the jobs' own setting says otherwise."""
         name = self.settings.kube_scheduler_name
@@ -290,6 +296,7 @@ class KubeJobBackend(JobBackend):
             annotations=workload_annotations(w),
             gpu=gpu,
             home_claim=home[0] if home else "",
+            keep_from=self._keep_from(rec),
             home_mount_path=home[1] if home else s.kube_home_mount_path,
             home_sub_path=home[2] if home else "",
             ttl_seconds_after_finished=s.kube_ttl_seconds_after_finished,
