@@ -17,6 +17,14 @@ kube-scheduler binds to them:
   container's command is ``jupyterhub-singleuser`` the agent starts that
   server as a real local process on the pod IP, so a hub can reach it;
 - a process that exits makes the pod Succeeded or Failed with its exit code;
+- a container's environment is what a kubelet gives it: the device plugin's variables,
+  then the container's own ``env`` with ``configMapKeyRef`` values read from their
+  ConfigMaps (KAI's GPU fractions learn their GPU so, from the ConfigMap its binder writes);
+- KAI's GPU reservation pods (container ``resource-reservation``) do what KAI's
+  reservation image does once it runs: annotate their own pod with the UUID of the one
+  GPU they were given (NVIDIA/KAI-Scheduler v0.20.1 ``cmd/resourcereservation``,
+  ``pkg/resourcereservation/patcher/pod_patcher.go``: NVML's only device, so the GPU the
+  device plugin allocated), which KAI's binder waits for before it binds a fraction;
 - a pod marked for deletion (a user's stop, the scheduler's preemption, an
   eviction) gets its process stopped, a terminal phase with exit code 137
   and whatever conditions the API server set (DisruptionTarget), and is then
@@ -50,6 +58,10 @@ log = logging.getLogger("node-agent")
 KUBE_VERSION = os.environ.get("GPULAB_KUBE_VERSION", "v1.36.3")
 LEASE_SECONDS = 40
 SERVER_COMMANDS = ("jupyterhub-singleuser",)
+#: KAI's GPU reservation pods: their container's name and the annotation its program writes
+#: (NVIDIA/KAI-Scheduler v0.20.1 pkg/binder/binding/resourcereservation/resource_reservation.go).
+KAI_RESERVATION_CONTAINER = "resource-reservation"
+KAI_RESERVED_GPU_ANNOTATION = "run.ai/reserve_for_gpu_index"
 
 
 def now() -> datetime:
@@ -325,6 +337,22 @@ class NodeAgent:
         }
         await self.write_status(pod, status)
         log.info("pod %s/%s Running on %s at %s", pod.metadata.namespace, pod.metadata.name, pod.spec.node_name, ip)
+        if container.name == KAI_RESERVATION_CONTAINER:
+            await self.report_reserved_gpu(pod, device_env(admitted, container.name))
+
+    async def report_reserved_gpu(self, pod: client.V1Pod, devices: dict[str, str]) -> None:
+        """What KAI's resource-reservation container does at start: put the UUID of its only
+        GPU on its own pod (``run.ai/reserve_for_gpu_index``), unless it is there already."""
+        gpu = devices.get("NVIDIA_VISIBLE_DEVICES", "")
+        if not gpu or "," in gpu:  # KAI's program exits: "found N devices, 1 was expected"
+            log.warning("KAI reservation pod %s/%s holds GPUs %r, not exactly one", pod.metadata.namespace,
+                        pod.metadata.name, gpu)  # fmt: skip
+            return
+        if (pod.metadata.annotations or {}).get(KAI_RESERVED_GPU_ANNOTATION):
+            return
+        patch = {"metadata": {"annotations": {KAI_RESERVED_GPU_ANNOTATION: gpu}}}
+        await self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, patch)
+        log.info("KAI reservation pod %s/%s reports GPU %s", pod.metadata.namespace, pod.metadata.name, gpu)
 
     async def reject(self, pod: client.V1Pod, rejection: Rejection) -> None:
         """What a kubelet does with a pod it cannot admit: a Warning event, then phase
@@ -388,8 +416,9 @@ class NodeAgent:
         # The device plugin's variables first, the container's own after (they win), as the kubelet orders them.
         env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", **devices}
         for item in container.env or []:
-            if item.value is not None:
-                env[item.name] = item.value
+            value = item.value if item.value is not None else await self.config_map_value(pod, item)
+            if value is not None:
+                env[item.name] = value
         home = self.work_dir / pod.metadata.namespace / pod.metadata.name
         home.mkdir(parents=True, exist_ok=True)
         env["HOME"] = str(home)
@@ -417,6 +446,25 @@ class NodeAgent:
         logf.close()
         self.procs[pod.metadata.uid] = proc
         asyncio.ensure_future(self.guard(self.reap(pod, proc)))
+
+    async def config_map_value(self, pod: client.V1Pod, item: client.V1EnvVar) -> str | None:
+        """An env var's ``configMapKeyRef`` value, read as the kubelet reads it when the container
+        starts. (A kubelet holds a container whose required key is missing in
+        CreateContainerConfigError; here the variable is left out and the agent logs it.)"""
+        ref = item.value_from.config_map_key_ref if item.value_from else None
+        if ref is None:
+            return None
+        try:
+            cm = await self.core.read_namespaced_config_map(ref.name, pod.metadata.namespace)
+        except ApiException as e:
+            cm = None
+            if e.status != 404:
+                raise
+        value = ((cm.data or {}) if cm else {}).get(ref.key)
+        if value is None and not ref.optional:
+            log.warning("pod %s/%s: ConfigMap %s has no key %s for %s", pod.metadata.namespace, pod.metadata.name,
+                        ref.name, ref.key, item.name)  # fmt: skip
+        return value
 
     async def reap(self, pod: client.V1Pod, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
