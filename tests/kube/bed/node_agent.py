@@ -19,7 +19,9 @@ kube-scheduler binds to them:
 - a process that exits makes the pod Succeeded or Failed with its exit code;
 - a container's environment is what a kubelet gives it: the device plugin's variables,
   then the container's own ``env`` with ``configMapKeyRef`` values read from their
-  ConfigMaps (KAI's GPU fractions learn their GPU so, from the ConfigMap its binder writes);
+  ConfigMaps (KAI's GPU fractions learn their GPU so, from the ConfigMap its binder writes),
+  recorded in ``<work dir>/<namespace>/<pod>/container-env.json`` as a runtime keeps a
+  container's config;
 - KAI's GPU reservation pods (container ``resource-reservation``) do what KAI's
   reservation image does once it runs: annotate their own pod with the UUID of the one
   GPU they were given (NVIDIA/KAI-Scheduler v0.20.1 ``cmd/resourcereservation``,
@@ -62,6 +64,8 @@ SERVER_COMMANDS = ("jupyterhub-singleuser",)
 #: (NVIDIA/KAI-Scheduler v0.20.1 pkg/binder/binding/resourcereservation/resource_reservation.go).
 KAI_RESERVATION_CONTAINER = "resource-reservation"
 KAI_RESERVED_GPU_ANNOTATION = "run.ai/reserve_for_gpu_index"
+#: Where, in a pod's folder, the agent records the environment its container started with.
+CONTAINER_ENV_FILE = "container-env.json"
 
 
 def now() -> datetime:
@@ -305,8 +309,12 @@ class NodeAgent:
         self.started[uid] = ip
         container = pod.spec.containers[0]
         argv = [*(container.command or []), *(container.args or [])]
+        env = await self.container_env(pod, container, device_env(admitted, container.name))
+        home = self.work_dir / pod.metadata.namespace / pod.metadata.name
+        home.mkdir(parents=True, exist_ok=True)
+        (home / CONTAINER_ENV_FILE).write_text(json.dumps(env, indent=1))  # the runtime's record of it
         if argv and os.path.basename(argv[0]) in SERVER_COMMANDS:
-            await self.start_process(pod, ip, argv, device_env(admitted, container.name))
+            await self.start_process(pod, ip, argv, env)
         t = stamp()
         conds = [c for c in (pod.status.conditions or []) if c.type == "PodScheduled"]
         status = {
@@ -411,17 +419,21 @@ class NodeAgent:
                     return
                 raise
 
-    async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str], devices: dict[str, str]) -> None:
-        container = pod.spec.containers[0]
-        # The device plugin's variables first, the container's own after (they win), as the kubelet orders them.
-        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", **devices}
+    async def container_env(
+        self, pod: client.V1Pod, container: client.V1Container, devices: dict[str, str]
+    ) -> dict[str, str]:
+        """The environment the kubelet gives a container: the device plugin's variables first,
+        the container's own after (they win), ``configMapKeyRef`` values read at start."""
+        env = dict(devices)
         for item in container.env or []:
             value = item.value if item.value is not None else await self.config_map_value(pod, item)
             if value is not None:
                 env[item.name] = value
+        return env
+
+    async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str], container_env: dict[str, str]) -> None:
         home = self.work_dir / pod.metadata.namespace / pod.metadata.name
-        home.mkdir(parents=True, exist_ok=True)
-        env["HOME"] = str(home)
+        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", **container_env, "HOME": str(home)}
         port = "8888"
         args = []
         for a in argv[1:]:
