@@ -15,7 +15,6 @@ import copy
 import json
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
 from tests.kube.bed.kai_scheduler import QUEUE_LABEL_KEY, RESERVATION, SCHEDULER_NAME, Kai
 from tests.kube.bed.node_agent import CONTAINER_ENV_FILE, KAI_RESERVED_GPU_ANNOTATION
+from tests.kube.bed.testbed import TestbedError
 from tests.support.helm import CHART, helm
 from tests.support.kube_spawner import chart_config, chart_team, spawner_for
 
@@ -129,6 +129,10 @@ async def test_the_charts_queues_are_kais_and_a_teams_server_runs_in_its_teams_q
     release = kai_release
     vision = chart_team(release, "vision")
     queue = chart_queues[vision]
+    # KAI's queue webhook admitted the chart's queues; it refuses one without resources.
+    with pytest.raises(TestbedError, match="resources must be specified"):
+        kube.create("/apis/scheduling.run.ai/v2/queues", {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue"}
+                    | {"metadata": {"name": f"no-resources-{kube.suffix}"}, "spec": {}})  # fmt: skip
     # The parent queue and one per team, each as the chart's values give its quota and limit.
     assert set(chart_queues) == {"", *release.teams}
     assert queue["spec"]["parentQueue"] == chart_queues[""]["metadata"]["name"]
@@ -236,7 +240,9 @@ async def test_kais_unschedulable_event_reads_as_gpulabs_sentence(
     ]
     for s in holders:
         await s.start()
-    waiting = spawner_for(kai_config(release, kai_catalog, start_timeout=600), "bob", {"team": vision, "profile": "l40s-1"})
+    waiting = spawner_for(
+        kai_config(release, kai_catalog, start_timeout=600), "bob", {"team": vision, "profile": "l40s-1"}
+    )
     start = asyncio.ensure_future(waiting.start())
     waiting._start_future = start
     ns = release.team_ns(vision)

@@ -36,11 +36,12 @@ Where one machine differs from a cluster of pods:
 
 - controller-runtime serves its webhooks on ``:9443`` and no flag of the queue or pod
   group controllers moves it (``cmd/queuecontroller/app/app.go``,
-  ``cmd/podgroupcontroller/app/app.go``), so two of them cannot both serve here: both
-  run with their webhooks off (``--enable-webhook=false``,
-  ``--enable-podgroup-webhook=false``) and their validating webhooks are not registered.
-  KAI's pod admission webhook takes a port (``--webhook-addr``) and is served and
-  registered as KAI's operator registers it, with TLS from the bed's CA;
+  ``cmd/podgroupcontroller/app/app.go``), so only one of them can serve here: the queue
+  controller's Queue validation (``kai-queue-validation-v2``, as
+  ``queue_controller/resources.go`` registers it) is served on 9443 and registered; the pod
+  group controller runs with ``--enable-podgroup-webhook=false`` (PodGroups are made by KAI's
+  own pod grouper). KAI's pod admission webhook takes a port (``--webhook-addr``) and is
+  served and registered as KAI's operator registers it. Both use TLS from the bed's CA;
 - metrics, health and plugin ports the operator leaves at their defaults get free
   loopback ports (every component would otherwise take ``:8080``/``:8081``), except the
   pod group controller's metrics, which stay on ``:8080`` (see ``READY``): two beds
@@ -49,8 +50,8 @@ Where one machine differs from a cluster of pods:
   flag), unlike the rest of the bed, which listens on loopback only.
 
 ``start`` stops a KAI that an earlier session left, installs everything and starts the
-components; ``stop`` ends them and removes KAI's pod webhooks, so a bed without KAI
-creates pods as before. A component that does not come up fails the start with its log.
+components; ``stop`` ends them and removes KAI's webhooks, so a bed without KAI creates
+pods (and Queues) as before. A component that does not come up fails the start with its log.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ SCALE_ADJUST_NAMESPACE = "kai-scale-adjust"
 ADMISSION_SERVICE = "kai-admission"  # the chart's admission.name: the webhook's name is its Service's DNS name
 MUTATING_WEBHOOK = "mutating-kai-admission"
 VALIDATING_WEBHOOK = "validating-kai-admission"
+#: The queue controller's webhook: controller-runtime's fixed port, the operator's names.
+QUEUE_WEBHOOK_PORT = 9443
+QUEUE_WEBHOOK = "kai-queue-validation-v2"
 GPU_RUNTIME_CLASS = "nvidia"
 #: Each component and the chart's ClusterRole that its ServiceAccount is bound to.
 COMPONENT_ROLES = {
@@ -138,9 +142,7 @@ def chart_objects(kai_dir: Path) -> list[dict[str, Any]]:
 
 def service_accounts(objects: list[dict[str, Any]]) -> dict[str, str]:
     """Each component's ServiceAccount, as the chart's ClusterRoleBindings name it."""
-    by_role = {
-        d["roleRef"]["name"]: d["subjects"][0]["name"] for d in objects if d["kind"] == "ClusterRoleBinding"
-    }
+    by_role = {d["roleRef"]["name"]: d["subjects"][0]["name"] for d in objects if d["kind"] == "ClusterRoleBinding"}
     missing = [c for c, role in COMPONENT_ROLES.items() if role not in by_role]
     if missing:
         raise KaiError(f"KAI's chart binds no ServiceAccount for {missing}: its RBAC changed")
@@ -187,6 +189,34 @@ def scheduler_configuration(shard: dict[str, Any]) -> dict[str, Any]:
     if placement["gpu"] == "binpack":
         plugins.append({"name": "gpusharingorder"})
     return {"actions": ", ".join(actions), "tiers": [{"plugins": plugins}]}
+
+
+def queue_webhook_configuration(url: str, ca_bundle: str) -> dict[str, Any]:
+    """The queue controller's Queue validation as KAI's operator registers it (v2 only:
+    ``constants.QueueValidatedVersions``), pointed at the local queue controller."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": QUEUE_WEBHOOK, "labels": {"app": "queuecontroller"}},
+        "webhooks": [
+            {
+                "name": "queue-validation.kai.scheduler",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "clientConfig": {"url": url + "/validate-scheduling-run-ai-v2-queue", "caBundle": ca_bundle},
+                "rules": [
+                    {
+                        "operations": ["CREATE", "UPDATE"],
+                        "apiGroups": ["scheduling.run.ai"],
+                        "apiVersions": ["v2"],
+                        "resources": ["queues"],
+                        "scope": "Cluster",
+                    }
+                ],
+            }
+        ],
+    }
 
 
 def webhook_configurations(url: str, ca_bundle: str) -> list[dict[str, Any]]:
@@ -282,11 +312,7 @@ def component_args(
             "--enable-podgroup-webhook=false",
         ]
     if name == "queuecontroller":
-        return [
-            f"--queue-label-key={QUEUE_LABEL_KEY}",
-            f"--metrics-listen-address={at('metrics')}",
-            "--enable-webhook=false",
-        ]
+        return [f"--queue-label-key={QUEUE_LABEL_KEY}", f"--metrics-listen-address={at('metrics')}"]
     if name == "scheduler":
         shard_partition = ""  # the chart's default shard: every node without a node pool label
         return [
@@ -369,7 +395,9 @@ def _apply(tb: Testbed, obj: dict[str, Any]) -> None:
 
 def _established(tb: Testbed, name: str) -> bool:
     crd = tb.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-    return any(c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions", []))
+    return any(
+        c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions", [])
+    )
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float, kai: Kai | None = None) -> None:
@@ -380,6 +408,8 @@ def _wait(what: str, check: Callable[[], bool], timeout: float, kai: Kai | None 
         try:
             if check():
                 return
+        except KaiError:
+            raise
         except (TestbedError, requests.RequestException):
             pass
         time.sleep(0.3)
@@ -454,6 +484,7 @@ def install(tb: Testbed, kai_dir: Path, admission_url: str) -> tuple[list[dict[s
     )
     for hooks in webhook_configurations(admission_url, ca_bundle):
         _apply(tb, hooks)
+    # Registered once the queue controller serves it (start): a Queue meanwhile would be refused.
     config = next(d for d in objects if d["kind"] == "Config")
     return objects, config["spec"]
 
@@ -484,13 +515,14 @@ def start(tb: Testbed) -> Kai:
     work.mkdir(exist_ok=True)
     # controller-runtime reads its webhook certificate from $TMPDIR/k8s-webhook-server/serving-certs.
     crt, key = issue_cert(
-        tb.pki, "kai-admission", "/CN=kai-admission",
+        tb.pki, "kai-webhooks", "/CN=kai-webhooks",
         f"subjectAltName=IP:{tb.address},DNS:localhost\nextendedKeyUsage=serverAuth",
     )  # fmt: skip
-    certs = work / "admission-tmp" / "k8s-webhook-server" / "serving-certs"
-    certs.mkdir(parents=True, exist_ok=True)
-    (certs / "tls.crt").write_bytes(crt.read_bytes())
-    (certs / "tls.key").write_bytes(key.read_bytes())
+    for component in ("admission", "queuecontroller"):
+        certs = work / f"{component}-tmp" / "k8s-webhook-server" / "serving-certs"
+        certs.mkdir(parents=True, exist_ok=True)
+        (certs / "tls.crt").write_bytes(crt.read_bytes())
+        (certs / "tls.key").write_bytes(key.read_bytes())
     objects, config = install(tb, kai_dir, f"https://{tb.address}:{ports['admission-webhook']}")
     accounts = service_accounts(objects)
     shard = next(d for d in objects if d["kind"] == "SchedulingShard")
@@ -517,10 +549,24 @@ def start(tb: Testbed) -> Kai:
         for name, (port, path) in READY.items():
             url = f"http://{tb.address}:{8080 if port == 'fixed-8080' else ports[f'{name}-{port}']}{path}"
             _wait(f"KAI's {name} at {url}", lambda url=url: requests.get(url, timeout=2).ok, 90, kai)
+        ca_bundle = base64.b64encode(tb.ca_file.read_bytes()).decode()
+        queue_url = f"https://{tb.address}:{QUEUE_WEBHOOK_PORT}"
+        _wait(f"the queue controller's webhook at {queue_url}", lambda: _serves_tls(queue_url, tb.ca_file), 60, kai)
+        _apply(tb, queue_webhook_configuration(queue_url, ca_bundle))
     except BaseException:
         stop(tb)
         raise
     return kai
+
+
+def _serves_tls(url: str, ca_file: Path) -> bool:
+    try:
+        requests.get(url + "/", verify=str(ca_file), timeout=2)
+        return True
+    except requests.exceptions.SSLError as e:
+        raise KaiError(f"{url} serves a certificate the bed's CA did not sign: {e}") from None
+    except requests.RequestException:
+        return False
 
 
 def stop(tb: Testbed) -> None:
@@ -530,6 +576,7 @@ def stop(tb: Testbed) -> None:
         for kind, name in (
             ("mutatingwebhookconfigurations", MUTATING_WEBHOOK),
             ("validatingwebhookconfigurations", VALIDATING_WEBHOOK),
+            ("validatingwebhookconfigurations", QUEUE_WEBHOOK),
         ):
             try:
                 tb.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}")
