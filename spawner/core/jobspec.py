@@ -26,7 +26,7 @@ from typing import Any
 from .gpu_pools import and_node_affinity
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
-from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
+from .priority import BATCH, TRAINING, PriorityClass, cluster_priority_class_name, effective_priority_class
 from .sharing import NO_GPU_ENV, with_shm
 
 # -- classes and states -------------------------------------------------------
@@ -311,6 +311,8 @@ class KubeJobRequest:
     image_pull_secrets: tuple[str, ...] = ()
     uid: int | None = DEFAULT_UID
     fs_gid: int | None = DEFAULT_FS_GID
+    #: The cluster's PriorityClass per gpulab class (the catalog's ``priority_class_names``).
+    priority_class_names: Mapping[str, str] = field(default_factory=dict)
 
 
 def _cpu(cores: float) -> str:
@@ -408,7 +410,7 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
     pc = effective_priority_class(priority_for(req.job_class), req.over_quota)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "priorityClassName": pc.name,
+        "priorityClassName": cluster_priority_class_name(pc, req.priority_class_names),
         "containers": [container],
         # A notebook job has no business with the Kubernetes API.
         "automountServiceAccountToken": False,
