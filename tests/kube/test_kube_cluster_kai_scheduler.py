@@ -15,6 +15,7 @@ import copy
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -40,49 +41,56 @@ KAI_PROFILES = [
 KAI_SHARING = {"node_selector": {"L40S": {"gpulab.io/pool": "kai"}}}
 
 
+@dataclass
+class KaiChart:
+    """What the gpulab chart renders for the release with KAI's profiles added to its values."""
+
+    #: The KAI Queues, by the team each is for (the parent queue under ``""``).
+    queues: dict[str, dict[str, Any]]
+    #: The catalog the chart hands the hub (its ConfigMap): the queue names the pods give.
+    catalog: dict[str, Any]
+
+
 @pytest.fixture(scope="module")
-def kai_catalog(gpulab_release: Release) -> dict[str, Any]:
-    """The session release's catalog with KAI's profiles added: what an admin adds to the chart's values."""
+def kai_chart(
+    kai_scheduler: Kai, gpulab_release: Release, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KaiChart]:
+    """The session release's values with KAI's profiles (what an admin adds), rendered by the
+    real chart; its KAI Queues applied to the cluster as ``helm install`` applies them."""
     gpulab = copy.deepcopy(gpulab_release.values["gpulab"])
     gpulab["profiles"] = [*gpulab["profiles"], *KAI_PROFILES]
     gpulab["sharing"] = {**gpulab.get("sharing", {}), "kai": KAI_SHARING}
-    return gpulab
-
-
-@pytest.fixture(scope="module")
-def chart_queues(
-    kai_scheduler: Kai, gpulab_release: Release, kai_catalog: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, dict[str, Any]]]:
-    """The KAI Queues the gpulab chart renders for the release with KAI's profiles, applied
-    to the cluster as ``helm install`` applies them; by team (the parent queue under ``""``)."""
-    values = {**gpulab_release.values, "gpulab": kai_catalog}
     values_file = tmp_path_factory.mktemp("kai-values") / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
+    values_file.write_text(yaml.safe_dump({**gpulab_release.values, "gpulab": gpulab}))
     out = helm(
         "template", gpulab_release.name, str(CHART), "--namespace", gpulab_release.hub_namespace,
-        "-f", str(values_file), "--show-only", "templates/kai-queues.yaml",
+        "-f", str(values_file),
     ).stdout  # fmt: skip
-    queues = [d for d in yaml.safe_load_all(out) if d]
-    assert {q["kind"] for q in queues} == {"Queue"}, queues
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    queues = [d for d in docs if d["kind"] == "Queue"]
+    (catalog_map,) = [d for d in docs if d["kind"] == "ConfigMap" and "catalog.yaml" in d.get("data", {})]
     c = gpulab_release.cluster
     for q in queues:
         c.create("/apis/scheduling.run.ai/v2/queues", q)
-    by_team = {q["metadata"].get("labels", {}).get("gpulab.io/team", ""): q for q in queues}
-    yield by_team
+    yield KaiChart(
+        {q["metadata"].get("labels", {}).get("gpulab.io/team", ""): q for q in queues},
+        yaml.safe_load(catalog_map["data"]["catalog.yaml"]),
+    )
     for q in reversed(queues):
         c.request("DELETE", f"/apis/scheduling.run.ai/v2/queues/{q['metadata']['name']}")
 
 
 @pytest.fixture
-def kai_release(hub_identity: Release, chart_queues: dict[str, dict[str, Any]], kube: Cluster) -> Iterator[Release]:
+def kai_release(hub_identity: Release, kai_chart: KaiChart, kube: Cluster) -> Iterator[Release]:
     """The hub's identity with KAI running; KAI's reservation pods gone after the test."""
     yield hub_identity
     hub_identity.clean_team_namespaces()
     kube.wait(lambda: not kube.pods(RESERVATION["namespace"]), "KAI's reservation pods to be gone", 60)
 
 
-def kai_config(release: Release, catalog: dict[str, Any], **traits: Any):
-    config = chart_config(release, profiles=catalog["profiles"], sharing=catalog["sharing"])
+def kai_config(release: Release, chart: KaiChart, **traits: Any):
+    """The hub's config with the catalog the chart renders for it."""
+    config = chart_config(release, profiles=chart.catalog["profiles"], sharing=chart.catalog["sharing"])
     for name, value in traits.items():
         setattr(config.KubeSpawner, name, value)
     return config
@@ -124,20 +132,20 @@ def container_environment(kube: Cluster, pod: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_the_charts_queues_are_kais_and_a_teams_server_runs_in_its_teams_queue(
-    kai_release: Release, kube: Cluster, chart_queues: dict[str, dict[str, Any]], kai_catalog: dict[str, Any]
+    kai_release: Release, kube: Cluster, kai_chart: KaiChart
 ):
     release = kai_release
     vision = chart_team(release, "vision")
-    queue = chart_queues[vision]
+    queue = kai_chart.queues[vision]
     # KAI's queue webhook admitted the chart's queues; it refuses one without resources.
     with pytest.raises(TestbedError, match="resources must be specified"):
         kube.create("/apis/scheduling.run.ai/v2/queues", {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue"}
                     | {"metadata": {"name": f"no-resources-{kube.suffix}"}, "spec": {}})  # fmt: skip
     # The parent queue and one per team, each as the chart's values give its quota and limit.
-    assert set(chart_queues) == {"", *release.teams}
-    assert queue["spec"]["parentQueue"] == chart_queues[""]["metadata"]["name"]
+    assert set(kai_chart.queues) == {"", *release.teams}
+    assert queue["spec"]["parentQueue"] == kai_chart.queues[""]["metadata"]["name"]
     assert queue["spec"]["resources"]["gpu"]["quota"] == 2 and queue["spec"]["resources"]["gpu"]["limit"] == 3
-    s = spawner_for(kai_config(release, kai_catalog), "alice", {"team": vision, "profile": "l40s-half"})
+    s = spawner_for(kai_config(release, kai_chart), "alice", {"team": vision, "profile": "l40s-half"})
     await s.start()
     pod = kube.pod(release.team_ns(vision), s.pod_name)
     assert pod["spec"]["schedulerName"] == SCHEDULER_NAME and pod["spec"]["nodeName"] == KAI_NODE
@@ -152,12 +160,12 @@ async def test_the_charts_queues_are_kais_and_a_teams_server_runs_in_its_teams_q
 
 
 async def test_two_half_gpu_fractions_share_the_gpu_that_kais_reservation_pod_holds(
-    kai_release: Release, kube: Cluster, kai_catalog: dict[str, Any]
+    kai_release: Release, kube: Cluster, kai_chart: KaiChart
 ):
     release = kai_release
     vision = chart_team(release, "vision")
     ns = release.team_ns(vision)
-    config = kai_config(release, kai_catalog)
+    config = kai_config(release, kai_chart)
     spawners = [spawner_for(config, user, {"team": vision, "profile": "l40s-half"}) for user in ("alice", "bob")]
     for s in spawners:
         await s.start()
@@ -200,11 +208,11 @@ async def test_two_half_gpu_fractions_share_the_gpu_that_kais_reservation_pod_ho
 
 
 async def test_over_quota_work_is_reclaimed_when_another_queue_needs_its_quota(
-    kai_release: Release, kube: Cluster, kai_catalog: dict[str, Any]
+    kai_release: Release, kube: Cluster, kai_chart: KaiChart
 ):
     release = kai_release
     nlp, vision = chart_team(release, "nlp"), chart_team(release, "vision")
-    config = kai_config(release, kai_catalog)
+    config = kai_config(release, kai_chart)
     # Team nlp (guarantee 1, burst 2) fills KAI's 2-GPU node: 1 GPU in quota, 1 borrowed.
     carol = spawner_for(config, "carol", {"team": nlp, "profile": "l40s-1"})
     await carol.start()
@@ -229,11 +237,11 @@ async def test_over_quota_work_is_reclaimed_when_another_queue_needs_its_quota(
 
 
 async def test_kais_unschedulable_event_reads_as_gpulabs_sentence(
-    kai_release: Release, kube: Cluster, kai_catalog: dict[str, Any]
+    kai_release: Release, kube: Cluster, kai_chart: KaiChart
 ):
     release = kai_release
     crowd, vision = chart_team(release, "crowd"), chart_team(release, "vision")
-    config = kai_config(release, kai_catalog)
+    config = kai_config(release, kai_chart)
     # Team crowd holds both GPUs of KAI's node within its guarantee: nothing there is reclaimable.
     holders = [
         spawner_for(config, f"crowd{i}", {"team": crowd, "profile": "l40s-1"}, groups=("crowd",)) for i in range(2)
@@ -241,7 +249,7 @@ async def test_kais_unschedulable_event_reads_as_gpulabs_sentence(
     for s in holders:
         await s.start()
     waiting = spawner_for(
-        kai_config(release, kai_catalog, start_timeout=600), "bob", {"team": vision, "profile": "l40s-1"}
+        kai_config(release, kai_chart, start_timeout=600), "bob", {"team": vision, "profile": "l40s-1"}
     )
     start = asyncio.ensure_future(waiting.start())
     waiting._start_future = start
