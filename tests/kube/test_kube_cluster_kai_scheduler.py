@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from spawner.runtime import get_runtime
 from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
 from tests.kube.bed.kai_scheduler import QUEUE_LABEL_KEY, RESERVATION, SCHEDULER_NAME, Kai
@@ -229,10 +230,16 @@ async def test_over_quota_work_is_reclaimed_when_another_queue_needs_its_quota(
     assert claimed["spec"]["nodeName"] == KAI_NODE and claimed["status"]["phase"] == "Running"
     kube.wait(lambda: kube.pod(release.team_ns(nlp), alice.pod_name) is None, "the borrowed pod to be gone", 60)
     assert kube.pod(release.team_ns(nlp), carol.pod_name)["status"]["phase"] == "Running"
+    # The hub's poll sees the reclaimed server gone; JupyterHub then stops it (its poll
+    # callback, app.py user_stopped), which frees its share in the ledger.
+    assert await alice.poll() is not None
+    assert await carol.poll() is None
+    await alice.stop()
+    assert get_runtime().ledger.get(alice.workload_key) is None
     # KAI records the eviction on the pod group, naming the action.
     evictions = [e for e in kube.events(release.team_ns(nlp), borrowed_group) if e["reason"] == "Evict"]
     assert evictions, kube.events(release.team_ns(nlp), borrowed_group)
-    for s in (bob, carol, alice):
+    for s in (bob, carol):
         await s.stop()
 
 
