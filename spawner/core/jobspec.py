@@ -27,6 +27,7 @@ from .gpu_pools import and_node_affinity
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
 from .priority import BATCH, TRAINING, PriorityClass, cluster_priority_class_name, effective_priority_class
+from .servers_pod import ServersPodSettings, apply_servers_pod_settings
 from .sharing import NO_GPU_ENV, with_shm
 
 # -- classes and states -------------------------------------------------------
@@ -236,6 +237,19 @@ def output_paths(notebook: str, name: str, stamp: str) -> tuple[str, str]:
     return str(base) + ".ipynb", str(base) + ".log"
 
 
+#: Re-run's choices: the notebook exactly as the job ran it (its kept copy), or as it is now.
+RERUN_KEPT, RERUN_CURRENT = "kept", "current"
+RERUN_CHOICES = (RERUN_KEPT, RERUN_CURRENT)
+#: The suffix of the notebook a job runs, kept beside its output as it was submitted.
+KEPT_INPUT_SUFFIX = ".input.ipynb"
+
+
+def kept_input_path(output_path: str) -> str:
+    """The job's own copy of its notebook as submitted, beside its output and log:
+    ``<dir>/runs/<name>-<stamp>.input.ipynb``. The job runs this copy, and Re-run runs it again."""
+    return output_path.removesuffix(".ipynb") + KEPT_INPUT_SUFFIX
+
+
 # -- Kubernetes ---------------------------------------------------------------
 
 #: The container command: papermill reads the parameters (JSON is YAML) from an
@@ -250,7 +264,11 @@ def output_paths(notebook: str, name: str, stamp: str) -> tuple[str, str]:
 PAPERMILL_SCRIPT = (
     'trap \'stop=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null\' TERM INT; '
     'cd "$GPULAB_HOME" && mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; '
-    'papermill "$GPULAB_NOTEBOOK" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
+    # The job's own copy of its notebook, made once (a retried pod runs the same copy); a Job
+    # made before jobs kept one has no GPULAB_INPUT and runs its notebook.
+    'input="${GPULAB_INPUT:-$GPULAB_NOTEBOOK}"; '
+    '[ -e "$input" ] || cp -- "${GPULAB_KEEP_FROM:-$GPULAB_NOTEBOOK}" "$input" 2> "$GPULAB_LOG" || exit 1; '
+    'papermill "$input" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
     '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" '
     '> "$GPULAB_LOG" 2>&1 & child=$!; '
     '[ -n "$stop" ] && kill -TERM "$child"; '  # a signal before papermill started
@@ -290,6 +308,9 @@ class KubeJobRequest:
     #: The profile's GPU mapping (:class:`spawner.core.sharing.PodGPUSpec`); ``None`` = CPU only.
     gpu: Any = None
     home_claim: str = ""
+    #: What the pod copies its kept notebook from (:func:`kept_input_path`): the notebook, or the
+    #: kept copy of the job a Re-run repeats; ``""``: the notebook.
+    keep_from: str = ""
     home_mount_path: str = "/home/jovyan"
     home_sub_path: str = ""
     ttl_seconds_after_finished: int = 86400
@@ -304,7 +325,8 @@ class KubeJobRequest:
     mem_guarantee: int | None = None
     mem_limit: int | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
-    #: The profile's tolerations and node affinity (KubeSpawner's shapes).
+    #: The servers' tolerations and node affinity (KubeSpawner's config, z2jh's user pods),
+    #: then the profile's (KubeSpawner's shapes).
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_affinity_required: tuple[Mapping[str, Any], ...] = ()
     node_affinity_preferred: tuple[Mapping[str, Any], ...] = ()
@@ -313,6 +335,10 @@ class KubeJobRequest:
     fs_gid: int | None = DEFAULT_FS_GID
     #: The cluster's PriorityClass per gpulab class (the catalog's ``priority_class_names``).
     priority_class_names: Mapping[str, str] = field(default_factory=dict)
+    #: What the hub's KubeSpawner config gives every server pod besides the home (volumes,
+    #: node selector, extra_pod_config); tolerations and node affinity come in the fields
+    #: above, the config's first, as GPUKubeSpawner combines them.
+    servers_pod: ServersPodSettings = field(default_factory=ServersPodSettings)
 
 
 def _cpu(cores: float) -> str:
@@ -377,6 +403,8 @@ def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
     env = [
         {"name": "GPULAB_HOME", "value": home},
         {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
+        {"name": "GPULAB_INPUT", "value": kept_input_path(req.output_path)},
+        {"name": "GPULAB_KEEP_FROM", "value": req.keep_from or req.notebook},
         {"name": "GPULAB_OUTPUT", "value": req.output_path},
         {"name": "GPULAB_LOG", "value": req.log_path},
         {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
@@ -449,6 +477,8 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
         pod_spec["schedulerName"] = scheduler_name
     if req.service_account:
         pod_spec["serviceAccountName"] = req.service_account
+    # The world of the user's servers: z2jh's extra volumes, node selector, extraPodConfig.
+    apply_servers_pod_settings(pod_spec, container, req.servers_pod)
     return pod_spec
 
 

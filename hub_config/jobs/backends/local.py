@@ -446,7 +446,7 @@ class LocalJobBackend(JobBackend):
             if self.service.owner_accounts:
                 account = await self.service.accounts.prepare(rec.user)
             home = self.service.homes.home_dir(rec.user)
-            source = await self.service.check_notebook(rec.user, rec.notebook)
+            source = await self.service.job_input(rec)  # its notebook as submitted
             output = home / rec.output_path
             log_file = home / rec.log_path
             homes = self.service.homes
@@ -471,7 +471,7 @@ class LocalJobBackend(JobBackend):
         files = {
             "input": str(source),
             "output": str(output),
-            "cwd": str(source.parent),
+            "cwd": str((home / rec.notebook).parent),  # the notebook's folder: its relative paths hold
             "status": str(status),
             "log": str(log_file),
         }
@@ -491,7 +491,7 @@ class LocalJobBackend(JobBackend):
             else:
                 proc = subprocess.Popen(
                     runner_argv(confinement.argv_prefix if confinement else [], files, attempt),
-                    cwd=str(source.parent),
+                    cwd=files["cwd"],
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
