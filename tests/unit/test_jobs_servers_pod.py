@@ -8,7 +8,7 @@ import kubernetes_validate
 from hub_config.jobs.backends.kube import expand_for_user, servers_home_volume
 from spawner.core import jobspec
 from spawner.core.servers_pod import apply_servers_pod_settings, camel_case, servers_pod_settings
-from tests.unit.test_jobs_spec import request
+from tests.support.job_requests import request
 
 # z2jh's singleuser.storage.type dynamic, as its hub config writes c.KubeSpawner (volume
 # name and claim templated), plus extraVolumes / extraVolumeMounts and extraFiles.
