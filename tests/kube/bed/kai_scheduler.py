@@ -149,6 +149,14 @@ def service_accounts(objects: list[dict[str, Any]]) -> dict[str, str]:
     return {c: by_role[role] for c, role in COMPONENT_ROLES.items()}
 
 
+#: The plugin tier ``configMapForShard`` writes before the placement plugins, in its order.
+SCHEDULER_PLUGINS = (
+    "predicates", "proportion", "priority", "nodeavailability", "resourcetype", "podaffinity", "elastic",
+    "kubeflow", "ray", "subgrouporder", "taskorder", "nominatednode", "dynamicresources", "minruntime",
+    "topology", "snapshot",
+)  # fmt: skip
+
+
 def scheduler_configuration(shard: dict[str, Any]) -> dict[str, Any]:
     """The scheduler's config.yaml for a SchedulingShard, as the operator writes its ConfigMap
     (``configMapForShard``: binpack keeps consolidation; the GPU plugin is ``gpu`` + the
@@ -163,27 +171,7 @@ def scheduler_configuration(shard: dict[str, Any]) -> dict[str, Any]:
     if "spread" not in (placement["gpu"], placement["cpu"]):
         actions.append("consolidation")
     actions += ["reclaim", "preempt", "stalegangeviction"]
-    plugins: list[dict[str, Any]] = [
-        {"name": name}
-        for name in (
-            "predicates",
-            "proportion",
-            "priority",
-            "nodeavailability",
-            "resourcetype",
-            "podaffinity",
-            "elastic",
-            "kubeflow",
-            "ray",
-            "subgrouporder",
-            "taskorder",
-            "nominatednode",
-            "dynamicresources",
-            "minruntime",
-            "topology",
-            "snapshot",
-        )
-    ]
+    plugins: list[dict[str, Any]] = [{"name": name} for name in SCHEDULER_PLUGINS]
     plugins.append({"name": "gpu" + placement["gpu"].replace("bin", "", 1)})
     plugins.append({"name": "nodeplacement", "arguments": {"gpu": placement["gpu"], "cpu": placement["cpu"]}})
     if placement["gpu"] == "binpack":
@@ -328,6 +316,12 @@ def component_args(
     raise KaiError(f"unknown KAI component {name}")
 
 
+#: The local ports the components get (``<component>-<use>``).
+PORTS = (
+    "admission-webhook", "admission-probe", "admission-metrics", "binder-probe", "binder-metrics",
+    "podgrouper-probe", "podgrouper-metrics", "podgroupcontroller-probe", "podgroupcontroller-metrics",
+    "queuecontroller-metrics", "scheduler-metrics", "scheduler-plugins",
+)  # fmt: skip
 #: How each component shows it is up: a path on one of its ports.
 #: (Only the admission server registers a readiness check: the webhook server's start.)
 READY = {
@@ -493,23 +487,7 @@ def start(tb: Testbed) -> Kai:
     """Install KAI into ``tb`` and start its components (a KAI an earlier session left is stopped first)."""
     stop(tb)
     kai_dir = build()
-    ports = {
-        name: free_port(tb.address)
-        for name in (
-            "admission-webhook",
-            "admission-probe",
-            "admission-metrics",
-            "binder-probe",
-            "binder-metrics",
-            "podgrouper-probe",
-            "podgrouper-metrics",
-            "podgroupcontroller-probe",
-            "podgroupcontroller-metrics",
-            "queuecontroller-metrics",
-            "scheduler-metrics",
-            "scheduler-plugins",
-        )
-    }
+    ports = {name: free_port(tb.address) for name in PORTS}
     kai = Kai(tb, version(kai_dir), ports, {})
     work = tb.state_dir / "kai"
     work.mkdir(exist_ok=True)
