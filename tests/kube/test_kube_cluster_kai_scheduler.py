@@ -23,7 +23,7 @@ import yaml
 
 from spawner.runtime import get_runtime
 from tests.kube.bed.chart import Release
-from tests.kube.bed.cluster import Cluster
+from tests.kube.bed.cluster import Cluster, collection_path
 from tests.kube.bed.kai_scheduler import QUEUE_LABEL_KEY, RESERVATION, SCHEDULER_NAME, Kai
 from tests.kube.bed.node_agent import CONTAINER_ENV_FILE, KAI_RESERVED_GPU_ANNOTATION
 from tests.kube.bed.testbed import TestbedError
@@ -70,15 +70,23 @@ def kai_chart(
     docs = [d for d in yaml.safe_load_all(out) if d]
     queues = [d for d in docs if d["kind"] == "Queue"]
     (catalog_map,) = [d for d in docs if d["kind"] == "ConfigMap" and "catalog.yaml" in d.get("data", {})]
+    # The hub's read access to KAI's queues, which the chart grants when KAI is in use.
+    queue_rbac = [
+        d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding") and "kai-queue" in d["metadata"]["name"]
+    ]
     c = gpulab_release.cluster
     for q in queues:
         c.create("/apis/scheduling.run.ai/v2/queues", q)
+    for obj in queue_rbac:
+        c.create(collection_path(obj), obj)
     yield KaiChart(
         {q["metadata"].get("labels", {}).get("gpulab.io/team", ""): q for q in queues},
         yaml.safe_load(catalog_map["data"]["catalog.yaml"]),
     )
     for q in reversed(queues):
         c.request("DELETE", f"/apis/scheduling.run.ai/v2/queues/{q['metadata']['name']}")
+    for obj in queue_rbac:
+        c.request("DELETE", f"{collection_path(obj)}/{obj['metadata']['name']}")
 
 
 @pytest.fixture
@@ -296,3 +304,28 @@ async def test_kais_unschedulable_event_reads_as_gpulabs_sentence(
     await waiting.stop()
     for s in holders:
         await s.stop()
+
+
+async def test_a_server_whose_kai_queue_does_not_exist_is_refused_before_any_pod(
+    kai_release: Release, kube: Cluster, kai_chart: KaiChart
+):
+    """KAI's scheduler skips a pod group whose queue does not exist without a word
+    (pkg/scheduler/cache/cluster_info/cluster_info.go), so such a server would wait until
+    its start timeout. A hub whose catalog names other queues than the chart made (here
+    the bare team name) is told so before a pod is created (the other tests start the same
+    server with the chart's names)."""
+    release = kai_release
+    vision = chart_team(release, "vision")
+    ns = release.team_ns(vision)
+    config = kai_config(release, kai_chart)
+    config.GPULab.sharing = {**config.GPULab.sharing, "kai": {**config.GPULab.sharing["kai"], "queue": "{team}"}}
+    s = spawner_for(config, "alice", {"team": vision, "profile": "l40s-half"})
+    with pytest.raises(Exception) as refused:
+        await s.start()
+    assert getattr(refused.value, "jupyterhub_message", "") == (
+        f"The KAI scheduler has no queue {vision!r}, so it would never place this server. Ask an admin: the "
+        f"hub's catalog names team {vision}'s queue {vision!r} (sharing.kai.queue '{{team}}'), which the "
+        f"gpulab chart did not create."
+    )
+    assert kube.pods(ns) == []
+    assert get_runtime().ledger.get(s.workload_key) is None
