@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from . import jobprogram
 from .gpu_pools import and_node_affinity
+from .jobprogram import NOTEBOOK as NOTEBOOK
+from .jobprogram import SCRIPT as SCRIPT
+from .jobprogram import JobSpecError as JobSpecError
+from .jobprogram import program_kind, validate_program_path
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
 from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
@@ -49,14 +54,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, TIMED_OUT, PREEMPTED}),
     PREEMPTED: frozenset({QUEUED, RUNNING, CANCELLED, FAILED}),
 }
-
-
-class JobSpecError(ValueError):
-    """A job request is refused; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 def priority_for(job_class: str) -> PriorityClass:
@@ -91,11 +88,17 @@ class Submission:
 
     request: SpawnRequest
     job_class: str
+    #: The path of what runs: the notebook, or the script when ``kind`` is ``script``.
     notebook: str
     name: str
     parameters: Mapping[str, Any] = field(default_factory=dict)
     time_limit_seconds: int
     idempotency_key: str | None = None
+    #: ``notebook`` (papermill) or ``script`` (Python with ``args``): :mod:`spawner.core.jobprogram`.
+    kind: str = NOTEBOOK
+    args: tuple[str, ...] = ()
+    #: Nodes of the profile's GPUs (a gang when more than one): ``gpu_milli`` × ``nodes`` in all.
+    nodes: int = 1
 
     @property
     def priority(self) -> PriorityClass:
@@ -107,11 +110,16 @@ class Submission:
             "team": r.team.name,
             "profile": r.profile.slug,
             "job_class": self.job_class,
-            "notebook": self.notebook,
+            self.kind: self.notebook,
             "name": self.name,
-            "parameters": dict(self.parameters),
             "time_limit_seconds": self.time_limit_seconds,
         }
+        if self.kind == SCRIPT:
+            out["args"] = list(self.args)
+        else:
+            out["parameters"] = dict(self.parameters)
+        if self.nodes != 1:
+            out["nodes"] = self.nodes
         if r.image is not None:
             out["image"] = r.image.slug
         if self.idempotency_key is not None:
@@ -127,58 +135,50 @@ class Submission:
         max_parameters_bytes: int,
         default_time_limit: int,
         max_time_limit: int,
+        max_nodes: int = 1,
     ) -> Submission:
         """A submission body checked field by field (:class:`JobSpecError` says which and why);
         ``resolve`` turns its ``team``/``profile``/``image`` into the catalog's choice."""
         job_class = str(data.get("job_class") or "")
         priority_for(job_class)  # an unknown class is refused first
+        kind = program_kind(dict(data))
+        path = validate_program_path(data.get(kind), kind)
+        if kind == SCRIPT and data.get("parameters") not in (None, {}):
+            raise JobSpecError("parameters are papermill's, for notebooks; give a script its args instead")
+        args = jobprogram.validate_args(data.get("args"), kind, max_parameters_bytes)
         request = resolve({k: data[k] for k in ("team", "profile", "image") if data.get(k) is not None})
-        notebook = validate_notebook_path(data.get("notebook"))
+        nodes = jobprogram.validate_nodes(
+            data.get("nodes"),
+            kind=kind,
+            job_class=job_class,
+            profile_milli=request.profile.gpu_milli,
+            max_nodes=max_nodes,
+        )
         return cls(
             request=request,
             job_class=job_class,
-            notebook=notebook,
-            name=validate_name(data.get("name"), notebook),
+            notebook=path,
+            name=validate_name(data.get("name"), path),
             parameters=validate_parameters(data.get("parameters"), max_parameters_bytes),
             time_limit_seconds=validate_time_limit(data.get("time_limit_seconds"), default_time_limit, max_time_limit),
             idempotency_key=validate_idempotency_key(data.get("idempotency_key")),
+            kind=kind,
+            args=args,
+            nodes=nodes,
         )
 
 
 # -- validation ---------------------------------------------------------------
 
-MAX_PATH_LEN = 1024
+MAX_PATH_LEN = jobprogram.MAX_PATH_LEN
 MAX_NAME_LEN = 63
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
 def validate_notebook_path(path: Any) -> str:
-    """A notebook path relative to the user's home, normalised; refuses escapes.
-
-    Refused: non-strings, absolute paths, any ``..`` component, NUL and
-    control characters, hidden-name tricks like an empty path, and anything
-    that is not an ``.ipynb``. Symlinks are checked by the caller against the
-    real file system (that is I/O).
-    """
-    if not isinstance(path, str) or not path.strip():
-        raise JobSpecError("notebook must be a path relative to your home directory, e.g. 'experiments/train.ipynb'")
-    if len(path) > MAX_PATH_LEN:
-        raise JobSpecError(f"notebook path is longer than {MAX_PATH_LEN} characters")
-    if path.endswith("/"):
-        raise JobSpecError("notebook path ends with '/': name a .ipynb file, not a folder")
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in path) or "\\" in path:
-        raise JobSpecError("notebook path contains control characters or backslashes")
-    p = PurePosixPath(path)
-    if p.is_absolute() or path.startswith("~"):
-        raise JobSpecError("notebook path must be relative to your home directory, not absolute")
-    if ".." in p.parts:
-        raise JobSpecError("notebook path must not contain '..'")
-    parts = [x for x in p.parts if x != "."]
-    if not parts:
-        raise JobSpecError("notebook path names no file")
-    if not parts[-1].endswith(".ipynb"):
-        raise JobSpecError("notebook must be a .ipynb file")
-    return str(PurePosixPath(*parts))
+    """A notebook path relative to the user's home, normalised; refuses escapes
+    (:func:`spawner.core.jobprogram.validate_program_path`)."""
+    return validate_program_path(path, NOTEBOOK)
 
 
 def validate_name(name: Any, notebook: str) -> str:
@@ -229,11 +229,21 @@ def validate_idempotency_key(value: Any) -> str | None:
     return value
 
 
-def output_paths(notebook: str, name: str, stamp: str) -> tuple[str, str]:
-    """``(output notebook, log)`` beside the input: ``<dir>/runs/<name>-<stamp>.ipynb`` and ``.log``."""
-    runs = PurePosixPath(notebook).parent / "runs"
-    base = runs / f"{name}-{stamp}"
-    return str(base) + ".ipynb", str(base) + ".log"
+def output_paths(notebook: str, name: str, stamp: str, kind: str = NOTEBOOK) -> tuple[str, str]:
+    """``(output notebook, log)`` beside the input: ``<dir>/runs/<name>-<stamp>.ipynb`` and ``.log``
+    (a script has no output notebook: ``""``)."""
+    base = _run_base(notebook, name, stamp)
+    return (str(base) + ".ipynb" if kind == NOTEBOOK else ""), str(base) + ".log"
+
+
+def checkpoint_path(notebook: str, name: str, stamp: str) -> str:
+    """The job's checkpoint folder beside its outputs, ``<dir>/runs/<name>-<stamp>.checkpoints``:
+    one per job, kept across its attempts (a preempted job resumes from it)."""
+    return str(_run_base(notebook, name, stamp)) + ".checkpoints"
+
+
+def _run_base(notebook: str, name: str, stamp: str) -> PurePosixPath:
+    return PurePosixPath(notebook).parent / "runs" / f"{name}-{stamp}"
 
 
 # -- Kubernetes ---------------------------------------------------------------

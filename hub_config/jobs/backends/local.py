@@ -51,6 +51,7 @@ from hub_config.jobs.backends.local_runner import (
     MAX_STATUS_BYTES,
     RUNNER_MODULE,
     outcome_from_status,
+    run_options,
     runner_argv,
     runner_env,
 )
@@ -71,6 +72,9 @@ from spawner.local.inventory import ensure_packer
 from spawner.local.mediator_client import MediatorError
 from spawner.local.processes import command_line, owner, process_alive, signal_group, start_time
 from spawner.local.sudo import ROOT, SUDO
+
+#: Seconds past the grace before the hub's own SIGKILL to the runner's group.
+KILL_MARGIN_SECONDS = 3.0
 
 
 class LocalJobBackend(JobBackend):
@@ -124,6 +128,12 @@ class LocalJobBackend(JobBackend):
         """The milli-GPUs the job takes; refuses a profile this server can never hold."""
         profile = submission.request.profile
         milli = profile.gpu_milli
+        if submission.nodes > 1:
+            raise jobspec.JobSpecError(
+                f"this server is one node: a job here takes nodes: 1 (for more of its GPUs, pick a profile "
+                f"with more GPUs than {profile.slug})",
+                409,
+            )
         if milli:
             models = {profile.gpu_model} if profile.gpu_model else None
             devices = [d for d in self.packer.devices.values() if not models or d.model in models]
@@ -271,7 +281,7 @@ class LocalJobBackend(JobBackend):
             now = self.service.transition(job_id, jobspec.RUNNING, reason, **fields)
             del self.unrecorded_starts[job_id]
             if (now is None or now.state != jobspec.RUNNING) and job_id in self.pids:  # cancelled meanwhile
-                self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+                self.stopping[job_id] = (self._kill_deadline(), None)
                 self._signal(job_id, self.pids[job_id], signal.SIGTERM)
 
     def _forget(self, job_id: int) -> None:
@@ -446,12 +456,15 @@ class LocalJobBackend(JobBackend):
             if self.service.owner_accounts:
                 account = await self.service.accounts.prepare(rec.user)
             home = self.service.homes.home_dir(rec.user)
-            source = await self.service.check_notebook(rec.user, rec.notebook)
-            output = home / rec.output_path
+            source = await self.service.check_notebook(rec.user, rec.notebook, rec.kind)
+            output = home / rec.output_path if rec.output_path else None
             log_file = home / rec.log_path
+            checkpoint = home / rec.checkpoint_path if rec.checkpoint_path else None
             homes = self.service.homes
             if isinstance(homes, HubHomes):  # the runner writes as the hub: check what it would write through
-                homes.safe_path(rec.user, output, create_parent=True)
+                for path in (output, checkpoint):
+                    if path is not None:
+                        homes.safe_path(rec.user, path, create_parent=True)
                 homes.safe_path(rec.user, log_file)
         except (jobspec.JobSpecError, AccountError) as e:  # e.g. the file went away while queued
             self._give_up(rec.id, str(e))
@@ -461,7 +474,9 @@ class LocalJobBackend(JobBackend):
             return
         attempt = rec.attempts + 1
         status = self.status_path(rec, attempt)  # the runner makes it (as the owner)
-        env = runner_env(rec, shares, self.packer.devices, home, account, self.settings.env_keep)
+        env = runner_env(
+            rec, shares, self.packer.devices, home, account, self.settings.env_keep, self.settings.torchrun_command
+        )
         try:
             confinement = self._confine(rec, account, shares, home)
         except (CgroupError, OSError) as e:
@@ -470,11 +485,13 @@ class LocalJobBackend(JobBackend):
             return
         files = {
             "input": str(source),
-            "output": str(output),
+            "output": str(output or ""),
             "cwd": str(source.parent),
             "status": str(status),
             "log": str(log_file),
+            "checkpoint": str(checkpoint or ""),
         }
+        run = run_options(rec, self.settings.stop_grace_seconds)
         uid = account.uid if account is not None else os.getuid()
         try:
             if self.sudo and account is not None:  # the mediator starts it in a session of its own
@@ -482,6 +499,7 @@ class LocalJobBackend(JobBackend):
                     account.name,
                     env,
                     attempt=attempt,
+                    run=run,
                     preexec=confinement.sudo_preexec() if confinement else None,
                     extra=confinement.mediator_request() if confinement else None,
                     **files,
@@ -490,7 +508,7 @@ class LocalJobBackend(JobBackend):
                     raise MediatorError(f"the mediator answered pid {pid}, which is not a process of {account.name}")
             else:
                 proc = subprocess.Popen(
-                    runner_argv(confinement.argv_prefix if confinement else [], files, attempt),
+                    runner_argv(confinement.argv_prefix if confinement else [], files, attempt, run),
                     cwd=str(source.parent),
                     env=env,
                     stdout=subprocess.DEVNULL,
@@ -503,7 +521,7 @@ class LocalJobBackend(JobBackend):
                 self.procs[rec.id] = proc
                 pid = proc.pid
         except (OSError, subprocess.SubprocessError, MediatorError) as e:
-            self._give_up(rec.id, f"cannot start papermill: {e}")
+            self._give_up(rec.id, f"cannot start the job's runner: {e}")
             return
         started = start_time(pid)
         self._track(rec.id, pid, uid, started)
@@ -520,7 +538,7 @@ class LocalJobBackend(JobBackend):
             self.unrecorded_starts[rec.id] = (reason, fields)
             raise
         if now is None or now.state != jobspec.RUNNING:  # cancelled while the mediator started it
-            self.stopping[rec.id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+            self.stopping[rec.id] = (self._kill_deadline(), None)
             self._signal(rec.id, pid, signal.SIGTERM)
             return
         log.info(
@@ -590,8 +608,14 @@ class LocalJobBackend(JobBackend):
             if then:
                 self.service.transition(job_id, then, "requeued after preemption")
             return
-        self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, then)
+        self.stopping[job_id] = (self._kill_deadline(), then)
         self._signal(job_id, pid, signal.SIGTERM)
+
+    def _kill_deadline(self) -> float:
+        """When the hub SIGKILLs a runner it sent SIGTERM: a moment after the grace, which the
+        runner itself ends by killing every process of the job still there (those outside its
+        process group too, which a SIGKILL to the group would miss)."""
+        return time.monotonic() + self.settings.stop_grace_seconds + KILL_MARGIN_SECONDS
 
     def _release_devices(self, job_id: int) -> None:
         """The job's run ended (or never began): its devices, cgroup and what is left in it go."""
