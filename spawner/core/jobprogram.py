@@ -146,3 +146,41 @@ def script_argv(python: str, launcher: Sequence[str], script: str, args: Sequenc
     if nproc <= 1:
         return [python, script, *args]
     return [*launcher, "--standalone", "--nnodes=1", f"--nproc_per_node={int(nproc)}", script, *args]
+
+
+# -- Kubernetes: the container's shell ---------------------------------------------------
+
+#: Counts the attempts in the checkpoint folder (it survives them; the pod does not) and exports
+#: ``GPULAB_ATTEMPT``; only digits are read back from the user's own file.
+_ATTEMPT_SHELL = (
+    'if [ -n "$GPULAB_CHECKPOINT_DIR" ]; then mkdir -p "$GPULAB_CHECKPOINT_DIR" || exit 1; '
+    'n=$(tr -cd 0-9 2>/dev/null < "$GPULAB_CHECKPOINT_DIR/.attempts" | cut -c1-9); '
+    'GPULAB_ATTEMPT=$(( ${n:-0} + 1 )); echo "$GPULAB_ATTEMPT" > "$GPULAB_CHECKPOINT_DIR/.attempts"; '
+    "else GPULAB_ATTEMPT=1; fi; export GPULAB_ATTEMPT; "
+)
+
+
+def kube_shell(prepare: str, program: str) -> str:
+    """A job container's ``/bin/sh -c`` command around ``program`` (its output into ``$GPULAB_LOG``).
+
+    No user value is ever parsed by the shell: paths come in ``GPULAB_*`` variables, a
+    script's arguments as its positional parameters. The command replaces the image's
+    entrypoint (docker-stacks' tini), so the shell is the container's PID 1, and PID 1
+    receives only the signals it has a handler for (pid_namespaces(7)): an exec'd program
+    without one would ignore the SIGTERM of a cancel, a preemption or a drain and die only at
+    SIGKILL after ``terminationGracePeriodSeconds``. The shell stays PID 1 instead, forwards
+    SIGTERM and SIGINT to the program (a signal that came before it started too), waits for it
+    (again, after a trapped signal cut the wait short) and exits with its status.
+    """
+    return (
+        'trap \'stop=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null\' TERM INT; '
+        'cd "$GPULAB_HOME" && mkdir -p "$(dirname "$GPULAB_LOG")" || exit 1; '
+        + _ATTEMPT_SHELL
+        + prepare
+        + program
+        + '> "$GPULAB_LOG" 2>&1 & child=$!; '
+        '[ -n "$stop" ] && kill -TERM "$child"; '  # a signal before the program started
+        'wait "$child"; status=$?; '
+        'while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done; '
+        'exit "$status"'
+    )

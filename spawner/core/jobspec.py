@@ -248,30 +248,27 @@ def _run_base(notebook: str, name: str, stamp: str) -> PurePosixPath:
 
 # -- Kubernetes ---------------------------------------------------------------
 
-#: The container command: papermill reads the parameters (JSON is YAML) from an
-#: environment variable, so no user value is ever parsed by a shell. The command
-#: replaces the image's entrypoint (docker-stacks' tini), so the shell is the
-#: container's PID 1, and PID 1 receives only the signals it has a handler for
-#: (pid_namespaces(7)): an exec'd papermill, which has none, would ignore the SIGTERM of
-#: a cancel, a preemption or a drain and die only at SIGKILL after the grace period.
-#: The shell stays PID 1 instead, forwards SIGTERM and SIGINT to papermill (a signal that
-#: came before papermill started too), waits for it (again, after a trapped signal cut the
-#: wait short) and exits with its status.
-PAPERMILL_SCRIPT = (
-    'trap \'stop=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null\' TERM INT; '
-    'cd "$GPULAB_HOME" && mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; '
+#: A notebook's container command: papermill reads the parameters (JSON is YAML) from an
+#: environment variable; :func:`spawner.core.jobprogram.kube_shell` says why a shell stays PID 1.
+PAPERMILL_SCRIPT = jobprogram.kube_shell(
+    'mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; ',
     'papermill "$GPULAB_NOTEBOOK" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
-    '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" '
-    '> "$GPULAB_LOG" 2>&1 & child=$!; '
-    '[ -n "$stop" ] && kill -TERM "$child"; '  # a signal before papermill started
-    'wait "$child"; status=$?; '
-    'while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done; '
-    'exit "$status"'
+    '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" ',
+)
+#: A script's container command: ``python script args`` or, over N GPUs, torchrun; the
+#: arguments are the shell's own positional parameters (``sh -c SCRIPT gpulab-job args...``).
+SCRIPT_SHELL = jobprogram.kube_shell(
+    'script=$(basename "$GPULAB_SCRIPT"); '
+    'if [ "${GPULAB_NPROC:-1}" -gt 1 ]; then '
+    'set -- torchrun --standalone --nnodes=1 --nproc_per_node="$GPULAB_NPROC" "$script" "$@"; '
+    'else set -- python "$script" "$@"; fi; ',
+    # In the script's folder; the log's redirection is the outer shell's, relative to the home.
+    '(cd "$(dirname "$GPULAB_SCRIPT")" && exec "$@") ',
 )
 
 
-#: papermill's exit status when the notebook raised (or could not be read):
-#: the notebook's fault, so running it again on a GPU only fails again.
+#: papermill's exit status when the notebook raised (or could not be read), and Python's
+#: when a script raised: the program's fault, so running it again on a GPU only fails again.
 NOTEBOOK_FAILED_EXIT_CODES = (1,)
 #: The user and group of z2jh's single-user pods (singleuser.uid, singleuser.fsGid).
 DEFAULT_UID = 1000
@@ -321,12 +318,24 @@ class KubeJobRequest:
     image_pull_secrets: tuple[str, ...] = ()
     uid: int | None = DEFAULT_UID
     fs_gid: int | None = DEFAULT_FS_GID
+    #: ``notebook`` (papermill) or ``script`` (``notebook`` is then the script, ``args`` its arguments).
+    kind: str = NOTEBOOK
+    args: tuple[str, ...] = ()
+    #: The job's checkpoint folder, relative to the home (``GPULAB_CHECKPOINT_DIR``); ``""``: none.
+    checkpoint_path: str = ""
+    #: The checkpoint grace: ``terminationGracePeriodSeconds`` between SIGTERM and SIGKILL.
+    termination_grace_seconds: int | None = None
 
 
 def _cpu(cores: float) -> str:
     """A CPU quantity: ``8`` for 8.0 cores, ``500m`` for half a core."""
     millicores = round(float(cores) * 1000)
     return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def job_container_name(kind: str) -> str:
+    """The job container's name: ``papermill`` for a notebook, ``script`` for a script."""
+    return "script" if kind == SCRIPT else "papermill"
 
 
 def kube_job_name(job_id: int) -> str:
@@ -382,12 +391,20 @@ def _job_resources(req: KubeJobRequest, gpu: Any) -> dict[str, dict[str, str]]:
 
 def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
     """papermill in the profile's image, told what to run through ``GPULAB_*`` variables."""
-    env = [
-        {"name": "GPULAB_HOME", "value": home},
-        {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
-        {"name": "GPULAB_OUTPUT", "value": req.output_path},
+    env = [{"name": "GPULAB_HOME", "value": home}]
+    if req.kind == SCRIPT:
+        nproc = jobprogram.processes_per_node(gpu.effective_milli if gpu else 0)
+        env += [{"name": "GPULAB_SCRIPT", "value": req.notebook}, {"name": "GPULAB_NPROC", "value": str(nproc)}]
+    else:
+        env += [
+            {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
+            {"name": "GPULAB_OUTPUT", "value": req.output_path},
+            {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
+        ]
+    if req.checkpoint_path:  # the shell makes it and counts GPULAB_ATTEMPT there (docs/jobs.md)
+        env.append({"name": "GPULAB_CHECKPOINT_DIR", "value": f"{home.rstrip('/')}/{req.checkpoint_path}"})
+    env += [
         {"name": "GPULAB_LOG", "value": req.log_path},
-        {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
         {"name": "GPULAB_JOB_ID", "value": str(req.job_id)},
         {"name": "GPULAB_JOB_CLASS", "value": req.job_class},
         {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},
@@ -395,10 +412,14 @@ def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
     # A job without a GPU sees none, even in a CUDA image on a GPU node (sharing.NO_GPU_ENV).
     share_env = dict(req.gpu.env) if req.gpu is not None else dict(NO_GPU_ENV)
     env += [{"name": k, "value": v} for k, v in sorted({**share_env, **req.extra_env}.items())]
+    if req.kind == SCRIPT:  # the arguments are the shell's positional parameters, never parsed by it
+        command = ["/bin/sh", "-c", SCRIPT_SHELL, "gpulab-job", *req.args]
+    else:
+        command = ["/bin/sh", "-c", PAPERMILL_SCRIPT]
     container: dict[str, Any] = {
-        "name": "papermill",
+        "name": job_container_name(req.kind),
         "image": req.image,
-        "command": ["/bin/sh", "-c", PAPERMILL_SCRIPT],
+        "command": command,
         "env": env,
         "workingDir": home,
         # The "restricted" Pod Security Standard: no setuid, no privilege escalation, no
@@ -423,6 +444,8 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
         # A notebook job has no business with the Kubernetes API.
         "automountServiceAccountToken": False,
     }
+    if req.termination_grace_seconds is not None:  # the checkpoint grace after SIGTERM
+        pod_spec["terminationGracePeriodSeconds"] = int(req.termination_grace_seconds)
     # The "restricted" Pod Security Standard, which the chart's team namespaces warn and
     # audit at: the runtime's default seccomp profile, and never root (unless an admin
     # runs the users' servers as uid 0, c.KubeSpawner.uid = 0: then the job does too).
@@ -495,7 +518,7 @@ def _job_spec(req: KubeJobRequest, template: dict[str, Any]) -> dict[str, Any]:
                 {
                     "action": "FailJob",
                     "onExitCodes": {
-                        "containerName": "papermill",
+                        "containerName": job_container_name(req.kind),
                         "operator": "In",
                         "values": list(NOTEBOOK_FAILED_EXIT_CODES),
                     },
