@@ -96,7 +96,8 @@ class JobRecord(Base):
             "gpu_milli": self.gpu_milli,
             "over_quota": self.over_quota,
             "kind": self.kind,
-            "notebook": self.notebook if self.kind == "notebook" else None,
+            # The path of what runs, for either kind: clients written before scripts read it.
+            "notebook": self.notebook,
             "script": self.notebook if self.kind == "script" else None,
             "args": self.args,
             "nodes": self.nodes,

@@ -176,7 +176,7 @@ def test_script_job_runs_with_its_arguments_and_the_contract_variables(hub, toke
         job_class="batch",
         profile="h100-half",
     )
-    assert job["kind"] == "script" and job["script"] == "exp/args.py" and job["notebook"] is None
+    assert job["kind"] == "script" and job["script"] == job["notebook"] == "exp/args.py"
     assert job["args"] == ["--epochs", "3", "a b; $(x)"] and job["nodes"] == 1 and job["output_path"] == ""
     assert job["checkpoint_path"].startswith("exp/runs/args-") and job["checkpoint_path"].endswith(".checkpoints")
     done = wait_state(hub, job["id"], {"succeeded", "failed"}, token=tokens["alice"])

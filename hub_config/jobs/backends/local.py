@@ -1,4 +1,4 @@
-"""The single-server job backend: papermill processes on this machine's GPUs.
+"""The single-server job backend: job runners (papermill or a script) on this machine's GPUs.
 
 - Placement goes through the runtime's :class:`~spawner.core.packer.DevicePacker`
   -- the one the notebook spawner uses -- so jobs and notebooks never share
@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, log
+from hub_config.jobs.backends.local_confinement import JobConfinement
 from hub_config.jobs.backends.local_runner import (
     MAX_STATUS_BYTES,
     RUNNER_MODULE,
@@ -60,24 +61,21 @@ from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, database_file, storage_failure, utcnow
 from spawner.core import jobspec
 from spawner.core.jobspec import Submission
-from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
-from spawner.core.model import Profile
+from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason
 from spawner.core.packer import FULL
 from spawner.local import home_files
 from spawner.local.accounts import Account, AccountError, lookup
 from spawner.local.cgroups import CgroupError
-from spawner.local.confinement import Confinement, Confiner, UserLimits, get_confiner
-from spawner.local.devices import placed_minors
+from spawner.local.confinement import UserLimits
 from spawner.local.inventory import ensure_packer
 from spawner.local.mediator_client import MediatorError
 from spawner.local.processes import command_line, owner, process_alive, signal_group, start_time
-from spawner.local.sudo import ROOT, SUDO
 
 #: Seconds past the grace before the hub's own SIGKILL to the runner's group.
 KILL_MARGIN_SECONDS = 3.0
 
 
-class LocalJobBackend(JobBackend):
+class LocalJobBackend(JobConfinement, JobBackend):
     """Runs jobs as local processes; see the module docstring."""
 
     name = "local"
@@ -114,13 +112,6 @@ class LocalJobBackend(JobBackend):
     @property
     def packer(self):
         return ensure_packer(self.runtime)
-
-    @property
-    def confiner(self) -> Confiner:
-        return get_confiner(self.user_limits, SUDO if self.sudo else ROOT)
-
-    def cgroup_name(self, rec: JobRecord) -> str:
-        return f"{self.service.accounts.name_for(rec.user)}.job-{rec.id}"
 
     # -- the service's calls ---------------------------------------------------
 
@@ -319,16 +310,6 @@ class LocalJobBackend(JobBackend):
             else:
                 self._forget(job_id)
 
-    def _oom_note(self, job_id: int) -> str:
-        """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
-        rec = self.service.get_job(job_id)
-        if rec is None or not self.service.owner_accounts:
-            return ""
-        kills = self.confiner.oom_kills(self.cgroup_name(rec))
-        if not kills:
-            return ""
-        return f"; it reached its memory limit: the kernel ended {kills} of its processes (out of memory)"
-
     async def _finish_from_status(self, rec: JobRecord, gone_reason: str, note: str = "") -> None:
         path = self.status_path(rec, rec.attempts)
         try:
@@ -412,25 +393,10 @@ class LocalJobBackend(JobBackend):
         ]
         # Over-quota work first, then the youngest: the least work lost.
         running.sort(key=lambda r: (not r.over_quota, -(r.started_at.timestamp() if r.started_at else 0)))
-        victims: list[tuple[int, Any]] = []
-        fits = False
         with self.runtime.lock:
-            packer = self.packer
-            try:
-                for victim in running:
-                    placement = packer.release(jobspec.workload_key(victim.id))
-                    if placement is None:
-                        continue
-                    victims.append((victim.id, placement))
-                    if packer.can_place(rec.gpu_milli, models):
-                        fits = True
-                        break
-            finally:  # a what-if: put everything back, the processes still run
-                for _, placement in victims:
-                    packer.adopt(placement.key, placement.shares)
-        if not fits:
-            return
-        for victim_id, _ in victims:
+            victims = self.packer.fewest_to_free((jobspec.workload_key(r.id) for r in running), rec.gpu_milli, models)
+        by_key = {jobspec.workload_key(r.id): r.id for r in running}
+        for victim_id in (by_key[k] for k in victims or ()):
             self.service.transition(
                 victim_id, jobspec.PREEMPTED, f"preempted by training job {rec.id}, which needs its GPU"
             )
@@ -549,31 +515,6 @@ class LocalJobBackend(JobBackend):
             account.name if account is not None else "the hub's account",
             env.get("CUDA_VISIBLE_DEVICES"),
         )
-
-    def _confine(
-        self, rec: JobRecord, account: Account | None, shares: list[list[int]], home: Path
-    ) -> Confinement | None:
-        """The job's cgroup (profile's and team's limits, its GPUs only) and private /tmp; ``None`` without accounts."""
-        if account is None:
-            return None
-        profile = self.runtime.catalog.profile(rec.profile)
-        team = self.runtime.catalog.team(rec.team)
-        # A profile edited away while the job waited: the defaults, under the team's cap.
-        limits = workload_limits(profile or Profile(rec.profile, rec.profile), team, self.user_limits.defaults())
-        gpus = placed_minors((int(i) for i, _ in shares), self.packer.devices)
-        status_folder = self.status_path(rec, rec.attempts + 1).parent
-        confinement = self.confiner.prepare(self.cgroup_name(rec), account, limits, gpus, home, (status_folder,))
-        log.info("gpulab jobs: job %d runs with %s", rec.id, confinement.words)
-        return confinement
-
-    def _release_confinement(self, job_id: int) -> None:
-        rec = self.service.get_job(job_id)
-        if rec is None or not self.service.owner_accounts:
-            return
-        try:
-            self.confiner.release(self.cgroup_name(rec))
-        except (CgroupError, OSError) as e:
-            log.warning("gpulab jobs: cannot remove the cgroup of job %d: %s", job_id, e)
 
     def _signal(self, job_id: int, pid: int, sig: int) -> None:
         """``sig`` to the runner's process group (papermill's kernel is in it), while it is still the runner."""
