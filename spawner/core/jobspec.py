@@ -31,7 +31,7 @@ from .jobprogram import JobSpecError as JobSpecError
 from .jobprogram import program_kind, validate_program_path
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
-from .priority import BATCH, TRAINING, PriorityClass, effective_priority_class
+from .priority import BATCH, TRAINING, PriorityClass, cluster_priority_class_name, effective_priority_class
 from .sharing import NO_GPU_ENV, with_shm
 
 # -- classes and states -------------------------------------------------------
@@ -325,6 +325,8 @@ class KubeJobRequest:
     checkpoint_path: str = ""
     #: The checkpoint grace: ``terminationGracePeriodSeconds`` between SIGTERM and SIGKILL.
     termination_grace_seconds: int | None = None
+    #: The cluster's PriorityClass per gpulab class (the catalog's ``priority_class_names``).
+    priority_class_names: Mapping[str, str] = field(default_factory=dict)
 
 
 def _cpu(cores: float) -> str:
@@ -439,7 +441,7 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
     pc = effective_priority_class(priority_for(req.job_class), req.over_quota)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "priorityClassName": pc.name,
+        "priorityClassName": cluster_priority_class_name(pc, req.priority_class_names),
         "containers": [container],
         # A notebook job has no business with the Kubernetes API.
         "automountServiceAccountToken": False,

@@ -29,6 +29,7 @@ Two orders live here, on purpose:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: KAI scheduler: pods with a priority value at or above this are non-preemptible.
@@ -37,6 +38,19 @@ KAI_NON_PREEMPTIBLE_MIN = 100
 GUARANTEED_VALUE = 10000
 #: Kubernetes priority value of borrowed (over-quota) work: below KAI's threshold.
 OVER_QUOTA_VALUE = 50
+
+#: What gpulab's in-quota pods do to other tenants' pods on a shared cluster, as the chart's
+#: ``priorityClasses.otherTenants`` chooses: the (in-quota, over-quota) priority values.
+#: Pods without a PriorityClass have priority 0 (the cluster may set a ``globalDefault``).
+#: ``preempt``: in-quota work (10000) may evict any pod of lower priority on a node it needs,
+#: other tenants' priority-0 pods included; works with KAI (in-quota >= 100).
+#: ``protect``: in-quota work has priority 0 and evicts only gpulab's own borrowed work
+#: (-50), which other tenants' priority-0 pods may evict too; refused with KAI, which would
+#: treat in-quota work below 100 as preemptible.
+OTHER_TENANTS_VALUES: dict[str, tuple[int, int]] = {
+    "preempt": (GUARANTEED_VALUE, OVER_QUOTA_VALUE),
+    "protect": (0, -50),
+}
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,17 @@ def short_name(pc: PriorityClass) -> str:
         if value == pc:
             return key
     return "over-quota"
+
+
+def cluster_priority_class_name(pc: PriorityClass, names: Mapping[str, str] | None = None) -> str:
+    """The Kubernetes PriorityClass of ``pc`` on this cluster.
+
+    The Helm chart names its classes after the release (``<release>-<class>``, so a
+    staging and a production release can share a cluster) and writes the names into the
+    catalog it renders (``priority_class_names``); without them, the names of the
+    release the docs install (``gpulab``): :attr:`PriorityClass.name`.
+    """
+    return (names or {}).get(short_name(pc)) or pc.name
 
 
 def effective_priority_class(pc: PriorityClass, over_quota: bool) -> PriorityClass:

@@ -43,7 +43,7 @@ from spawner.core.policy import (
     choices_for_user,
     what_to_do,
 )
-from spawner.core.priority import effective_priority_class
+from spawner.core.priority import cluster_priority_class_name, effective_priority_class
 from spawner.core.scheduling import SCHEDULER_EVENT_REASONS, explain_scheduler_event
 from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
@@ -379,7 +379,10 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             [*self.node_affinity_required, *map(dict, profile.node_affinity_required)], spec.node_requirements
         )
         self.node_affinity_preferred = [*self.node_affinity_preferred, *map(dict, profile.node_affinity_preferred)]
-        self.priority_class_name = effective_priority_class(profile.priority_class, workload.over_quota).name
+        self.priority_class_name = cluster_priority_class_name(
+            effective_priority_class(profile.priority_class, workload.over_quota),
+            self.runtime.catalog.priority_class_names,
+        )
         for trait, value in (
             ("cpu_guarantee", profile.cpu_guarantee),
             ("cpu_limit", profile.cpu_limit),

@@ -21,7 +21,7 @@ from spawner.core.catalog import catalog_from_dict
 from spawner.core.sharing import pod_gpu_spec
 from spawner.kube.spawner import GPUKubeSpawner
 from spawner.runtime import get_runtime, set_runtime
-from tests.kube.bed.chart import Release, helm
+from tests.kube.bed.chart import Release, helm, team_values
 from tests.kube.bed.cluster import Cluster
 from tests.kube.bed.testbed import TestbedError
 from tests.support import REPO
@@ -183,6 +183,21 @@ def preempted(kube: Cluster, ns: str, name: str) -> bool:
     )
 
 
+async def assert_waits_without_evicting(
+    kube: Cluster, waiting: tuple[str, str], running: tuple[str, str], what: str
+) -> None:
+    """The scheduler tries the ``waiting`` pod, finds no node and no victim it may evict: the
+    pod stays Pending and the ``running`` one is not preempted."""
+    kube.wait(
+        lambda: any(e["reason"] == "FailedScheduling" for e in kube.events(*waiting)),
+        f"the scheduler to have tried {waiting[1]}",
+        60,
+    )
+    await asyncio.sleep(5)
+    assert not preempted(kube, *running), f"{what} was preempted by {waiting[1]}"
+    assert kube.pod(*waiting)["status"]["phase"] == "Pending"
+
+
 async def test_a_teams_guarantee_holds_against_other_teams_only_borrowed_work_is_preempted(
     hub_identity: Release, kube: Cluster
 ):
@@ -194,15 +209,7 @@ async def test_a_teams_guarantee_holds_against_other_teams_only_borrowed_work_is
     kube.create(f"/api/v1/namespaces/{b_ns}/pods", gpu_pod("b-batch", "gpulab-batch", nlp))
     kube.wait_pod(b_ns, "b-batch", "Running", 60)
     kube.create(f"/api/v1/namespaces/{a_ns}/pods", gpu_pod("a-training", "gpulab-training", vision))
-    # The scheduler tries, finds no node, and finds no victim it may evict.
-    kube.wait(
-        lambda: any(e["reason"] == "FailedScheduling" for e in kube.events(a_ns, "a-training")),
-        "the scheduler to have tried a-training",
-        60,
-    )
-    await asyncio.sleep(5)
-    assert not preempted(kube, b_ns, "b-batch"), "team B's in-quota batch job was preempted by team A"
-    assert kube.pod(a_ns, "a-training")["status"]["phase"] == "Pending"
+    await assert_waits_without_evicting(kube, (a_ns, "a-training"), (b_ns, "b-batch"), "team B's in-quota batch job")
     # Team B's work above its guarantee runs in gpulab-over-quota: team A takes the GPU back.
     kube.request("DELETE", f"/api/v1/namespaces/{a_ns}/pods/a-training?gracePeriodSeconds=0")
     kube.request("DELETE", f"/api/v1/namespaces/{b_ns}/pods/b-batch?gracePeriodSeconds=0")
@@ -313,7 +320,9 @@ def test_kueue_admits_a_cpu_only_job_without_the_gpu_flavor(hub_identity: Releas
 
     workload = kube.wait(admitted, "Kueue to admit the CPU-only Job", 60)
     (assignment,) = workload["status"]["admission"]["podSetAssignments"]
-    assert set(assignment["flavors"].values()) == {values["cpuFlavor"]["name"]}, assignment["flavors"]
+    # An unnamed flavor is the release's: <release>-cpu.
+    cpu_flavor = values["cpuFlavor"]["name"] or f"{release.name}-cpu"
+    assert set(assignment["flavors"].values()) == {cpu_flavor}, assignment["flavors"]
 
 
 # --------------------------------------------------------------------------
@@ -355,25 +364,107 @@ def test_job_pods_pass_the_restricted_pod_security_standard(release: Release, ku
 
 def test_an_upgrade_that_changes_a_priority_class_is_refused_before_anything_changes(release: Release, tmp_path):
     """A PriorityClass's value and preemptionPolicy are immutable: the real helm upgrade
-    (``--dry-run=server``, which runs the chart's lookup against the bed's API server) is
-    refused with a sentence that says what to do, and the cluster's class is unchanged; the
-    same upgrade with the classes as they are goes through."""
-    classes = yaml.safe_load((CHART / "values.yaml").read_text())["priorityClasses"]["classes"]
-    changed = [{**c, "value": 60} if c["name"] == "gpulab-over-quota" else c for c in classes]
+    (``--dry-run=server``, which runs the chart's lookup against the bed's API server) that
+    switches ``priorityClasses.otherTenants`` is refused with a sentence that says what to do,
+    and the cluster's class is unchanged; the same upgrade with the choice as it is goes
+    through."""
     tb = release.cluster.tb
 
-    def upgrade(class_list: list[dict]) -> subprocess.CompletedProcess:
+    def upgrade(other_tenants: str) -> subprocess.CompletedProcess:
         values = tmp_path / "upgrade.yaml"
         values.write_text(
-            yaml.safe_dump({**release.values, "priorityClasses": {"create": True, "classes": class_list}})
+            yaml.safe_dump({**release.values, "priorityClasses": {"create": True, "otherTenants": other_tenants}})
         )
         args = ["upgrade", release.name, str(CHART), "--namespace", release.hub_namespace, "-f", str(values)]
         return helm(tb, *args, "--dry-run=server", check=False)
 
-    refused = upgrade(changed)
+    refused = upgrade("protect")
     assert refused.returncode != 0
-    assert "gpulab: PriorityClass gpulab-over-quota exists with value 50 and preemptionPolicy" in refused.stderr
-    assert "kubectl delete priorityclass gpulab-over-quota" in refused.stderr, refused.stderr
-    assert release.cluster.get("/apis/scheduling.k8s.io/v1/priorityclasses/gpulab-over-quota")["value"] == 50
-    same = upgrade(classes)
+    assert "gpulab: PriorityClass gpulab-production exists with value 10000 and preemptionPolicy" in refused.stderr
+    assert "(priorityClasses.otherTenants: protect)" in refused.stderr, refused.stderr
+    assert "kubectl delete priorityclass gpulab-production" in refused.stderr, refused.stderr
+    assert release.cluster.get("/apis/scheduling.k8s.io/v1/priorityclasses/gpulab-production")["value"] == 10000
+    same = upgrade("preempt")
     assert same.returncode == 0, same.stderr
+
+
+def other_tenant_pod(name: str) -> dict:
+    """A pod of another tenant of the cluster: no PriorityClass (priority 0), one whole GPU
+    on the bed's single-GPU node, as :func:`gpu_pod` asks for it."""
+    pod = gpu_pod(name, "", "none")
+    del pod["spec"]["priorityClassName"]
+    pod["metadata"]["labels"] = {}
+    return pod
+
+
+async def test_a_second_release_shares_the_cluster_and_protects_other_tenants(
+    release: Release, kube: Cluster, tmp_path
+):
+    """Two releases (production "gpulab" and a staging one) install into one cluster: every
+    cluster-scoped object of the second carries its release's name, so helm finds nothing
+    owned by the other release. The staging release chose ``priorityClasses.otherTenants:
+    protect``: its in-quota notebook waits beside another tenant's priority-0 pod on a full
+    GPU, while the production release's in-quota notebook (``preempt``, the default) evicts it
+    (the kube-scheduler's rule: only pods of strictly lower priority are preempted)."""
+    tb = release.cluster.tb
+    staging = f"staging-{kube.suffix}"
+    values = team_values(kube.suffix)
+    for team in values["gpulab"]["teams"]:
+        del team["namespace"]  # the release's own: staging-<suffix>-<team>
+    values["priorityClasses"] = {"create": True, "otherTenants": "protect"}
+    hub_ns = kube.namespace("staging-hub")
+    values_file = tmp_path / f"{staging}-values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    teams = [f"{staging}-{t['name']}" for t in values["gpulab"]["teams"]]
+    kube.namespaces.extend(teams)  # helm uninstall keeps them (resource-policy: keep)
+    install = ["install", staging, str(CHART), "--namespace", hub_ns, "-f", str(values_file)]
+    # The device plugin's time-slicing ConfigMap exists once per cluster: the second
+    # release is told, before anything is applied, to leave it to the first.
+    refused = helm(tb, *install, "--dry-run=server", check=False)
+    assert refused.returncode != 0
+    assert 'belongs to release "gpulab"' in refused.stderr and "timeSlicing.create: false" in refused.stderr, (
+        refused.stderr
+    )
+    values["timeSlicing"] = {"create": False}
+    values_file.write_text(yaml.safe_dump(values))
+    try:
+        helm(tb, *install, "--wait")
+        classes = {
+            pc["metadata"]["name"]: pc["value"]
+            for pc in kube.get("/apis/scheduling.k8s.io/v1/priorityclasses")["items"]
+            if pc["metadata"]["name"].startswith(staging)
+        }
+        assert classes == {
+            f"{staging}-production": 0,
+            f"{staging}-training": 0,
+            f"{staging}-development": 0,
+            f"{staging}-batch": 0,
+            f"{staging}-over-quota": -50,
+        }
+        assert kube.get("/apis/scheduling.k8s.io/v1/priorityclasses/gpulab-development")["value"] == 10000
+        queues = {q["metadata"]["name"] for q in kube.get("/apis/kueue.x-k8s.io/v1beta2/clusterqueues")["items"]}
+        assert {f"{staging}-vision", f"{staging}-nlp", f"{staging}-crowd"} <= queues
+        assert {"gpulab-vision", "gpulab-nlp"} <= queues, "the production release's queues are untouched"
+        # The staging hub learns its own names from the catalog its release rendered.
+        cm = kube.get(f"/api/v1/namespaces/{hub_ns}/configmaps/gpulab-catalog")
+        catalog = yaml.safe_load(cm["data"]["catalog.yaml"])
+        assert catalog["priority_class_names"]["development"] == f"{staging}-development"
+
+        other_ns = kube.namespace("other-tenant")
+        kube.create(f"/api/v1/namespaces/{other_ns}/pods", other_tenant_pod("theirs"))
+        kube.wait_pod(other_ns, "theirs", "Running", 60)
+        vision_staging = f"{staging}-vision"
+        kube.create(
+            f"/api/v1/namespaces/{vision_staging}/pods", gpu_pod("staging-nb", f"{staging}-development", "vision")
+        )
+        await assert_waits_without_evicting(
+            kube, (vision_staging, "staging-nb"), (other_ns, "theirs"), "protect: another tenant's pod"
+        )
+        kube.request("DELETE", f"/api/v1/namespaces/{vision_staging}/pods/staging-nb?gracePeriodSeconds=0")
+        vision = chart_team(release, "vision")
+        prod_ns = release.team_ns(vision)
+        kube.create(f"/api/v1/namespaces/{prod_ns}/pods", gpu_pod("prod-nb", "gpulab-development", vision))
+        kube.wait(lambda: preempted(kube, other_ns, "theirs"), "preempt: the other tenant's pod to be evicted", 60)
+        kube.wait_pod(prod_ns, "prod-nb", "Running", 90)
+    finally:
+        helm(tb, "uninstall", staging, "--namespace", hub_ns, "--wait", check=False)

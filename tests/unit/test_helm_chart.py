@@ -228,13 +228,23 @@ def test_mig_tables_equal_the_spawners():
 # priority classes
 
 
-def test_priority_classes_equal_the_python_ones():
+@pytest.mark.parametrize("choice", sorted(priority.OTHER_TENANTS_VALUES))
+def test_priority_classes_equal_the_python_ones(choice):
+    """The chart's classes are spawner/core/priority.py's, with the values of the chosen
+    ``priorityClasses.otherTenants``, named after the release; the catalog the chart renders
+    tells the hub those names, and every class a profile names exists."""
+    in_quota, over_quota = priority.OTHER_TENANTS_VALUES[choice]
     expected = [
-        {"name": pc.name, "value": pc.value, "preemptionPolicy": pc.preemption_policy, "description": pc.description}
+        {
+            "name": pc.name,
+            "value": over_quota if pc is priority.OVER_QUOTA else in_quota,
+            "preemptionPolicy": pc.preemption_policy,
+            "description": pc.description,
+        }
         for pc in priority.ALL_PRIORITY_CLASSES
     ]
-    assert chart_values()["priorityClasses"]["classes"] == expected
-    rendered = of_kind(render("default"), "PriorityClass")
+    docs = render("default", (f"priorityClasses.otherTenants={choice}",))
+    rendered = of_kind(docs, "PriorityClass")
     assert [
         {
             "name": d["metadata"]["name"],
@@ -249,11 +259,56 @@ def test_priority_classes_equal_the_python_ones():
     names = [d["metadata"]["name"] for d in rendered]
     assert names == ["gpulab-production", "gpulab-training", "gpulab-development", "gpulab-batch", "gpulab-over-quota"]
     assert values == sorted(values, reverse=True)
+    # The relations the module docstring promises hold for both choices.
+    assert over_quota < in_quota
+    assert (in_quota >= priority.KAI_NON_PREEMPTIBLE_MIN) == (choice == "preempt")
+    if choice == "protect":
+        assert in_quota == 0 and over_quota < 0, "protect: equal to other tenants' priority-0 pods, borrowed below"
     # Every class a catalog profile can name, and the over-quota class, exists.
     for variant in VARIANTS:
-        for p in catalog_of(render(variant)).profiles.values():
-            assert p.priority_class.name in names
+        catalog = catalog_of(render(variant))
+        for p in catalog.profiles.values():
+            assert priority.cluster_priority_class_name(p.priority_class, catalog.priority_class_names) in names
     assert priority.OVER_QUOTA.name in names
+
+
+def test_cluster_scoped_names_carry_the_release():
+    """PriorityClasses, ClusterQueues, ResourceFlavors, KAI Queues and team namespaces are
+    cluster-wide: a second release ("staging") renders none of the first's names, and the
+    catalog it renders gives the hub its own PriorityClass and KAI queue names."""
+    sets = ("kueue.enabled=true", "gpulab.sharing.backend=kai")
+
+    def cluster_scoped(release: str) -> dict[str, set[str]]:
+        out = helm("template", release, str(CHART), "--namespace", NAMESPACE, *[a for s in sets for a in ("--set", s)])
+        docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+        kinds = ("PriorityClass", "ClusterQueue", "ResourceFlavor", "Queue", "Namespace", "ClusterRole")
+        names = {k: {d["metadata"]["name"] for d in docs if d["kind"] == k} for k in kinds}
+        names["catalog"] = docs  # type: ignore[assignment]
+        return names
+
+    gpulab, staging = cluster_scoped("gpulab"), cluster_scoped("staging")
+    for kind in ("PriorityClass", "ClusterQueue", "ResourceFlavor", "Queue", "Namespace"):
+        assert gpulab[kind] and staging[kind], kind
+        assert not gpulab[kind] & staging[kind], f"{kind}: {gpulab[kind] & staging[kind]} in both releases"
+        assert all(n.startswith("staging") for n in staging[kind]), staging[kind]
+    # The documented release keeps the names an existing install has.
+    assert "gpulab-over-quota" in gpulab["PriorityClass"] and "gpulab-cpu" in gpulab["ResourceFlavor"]
+    catalog = catalog_of(staging["catalog"])  # type: ignore[arg-type]
+    assert catalog.priority_class_names["over-quota"] == "staging-over-quota"
+    assert (
+        priority.cluster_priority_class_name(priority.DEVELOPMENT, catalog.priority_class_names)
+        == "staging-development"
+    )
+    assert catalog.sharing["kai"]["queue"] == "staging-{team}"
+    team = next(iter(catalog.teams.values()))
+    assert f"staging-{team.name}" in staging["Queue"]
+    assert team.namespace == f"staging-{team.name}"
+
+
+def test_protect_other_tenants_is_refused_with_kai():
+    proc = helm(*template_args([], ("gpulab.sharing.backend=kai", "priorityClasses.otherTenants=protect")), check=False)
+    assert proc.returncode != 0
+    assert "KAI scheduler treats as preemptible" in proc.stderr, proc.stderr
 
 
 def test_no_in_quota_work_can_preempt_another_teams_guarantee():
@@ -520,7 +575,8 @@ def test_schema_rejects_typos_with_a_clear_message(tmp_path, text, words):
 def test_schema_mirrors_the_catalog_schema():
     schema = json.loads((CHART / "values.schema.json").read_text())
     g = schema["properties"]["gpulab"]["properties"]
-    assert set(g) == catalog_read.TOP_KEYS
+    # priority_class_names is the chart's to write (after the release), not a value.
+    assert set(g) == catalog_read.TOP_KEYS - {"priority_class_names"}
     assert set(g["teams"]["items"]["properties"]) == catalog_teams.TEAM_KEYS
     assert set(g["profiles"]["items"]["properties"]) == catalog_profiles.PROFILE_KEYS
     backends = g["sharing"]["properties"]
@@ -564,5 +620,6 @@ def test_notes_tell_the_next_steps():
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "values-jupyterhub.yaml" in notes and '"gpulab-catalog"' in notes
     assert "vision: namespace gpulab-vision" in notes and "nvidia.com/gpu.shared quota 9" in notes
-    assert "clusterpolicies.nvidia.com/cluster-policy" in notes and '"default":"whole"' in notes
+    assert "--set devicePlugin.config.name=gpulab-time-slicing --set devicePlugin.config.default=whole" in notes
+    assert "kubectl patch" not in notes, "the GPU operator's next helm upgrade would undo a patch"
     assert "nvidia.com/device-plugin.config=time-sliced" in notes

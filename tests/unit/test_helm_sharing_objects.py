@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from spawner.core import labels, sharing
+from tests.support import REPO
 from tests.support.helm import (
     NAMESPACE,
     QUANTITY,
@@ -67,6 +68,22 @@ def test_time_slicing_configmap(tmp_path):
     assert quota_in(docs, "gpulab-vision") == {"requests.nvidia.com/gpu.shared": "4"}
 
 
+def test_gpu_operator_values_point_its_device_plugin_at_the_charts_configs():
+    """The GPU operator's chart renders ClusterPolicy spec.devicePlugin.config from its values
+    devicePlugin.config.name and .default (gpu-operator deployments/gpu-operator/templates/
+    clusterpolicy.yaml), and its next helm upgrade overwrites any kubectl patch: so the
+    time-slicing configs are named there, and they must be the gpulab chart's ConfigMap,
+    with whole GPUs by default, in the namespace the operator is installed into."""
+    operator = yaml.safe_load((REPO / "helm" / "values-gpu-operator.yaml").read_text())
+    ts = chart_values()["timeSlicing"]
+    [cm] = [d for d in of_kind(render("timeslice"), "ConfigMap") if ts["wholeConfig"] in d.get("data", {})]
+    assert operator["devicePlugin"]["config"] == {"name": cm["metadata"]["name"], "default": ts["wholeConfig"]}
+    assert ts["wholeConfig"] in cm["data"] and ts["sharedConfig"] in cm["data"]
+    assert cm["metadata"]["namespace"] == "gpu-operator"  # the install command's --namespace
+    for doc in ("docs/install-kubernetes.md", "docs/kubernetes.md", "helm/gpulab/values.yaml"):
+        assert "kubectl patch clusterpolic" not in (REPO / doc).read_text(), f"{doc} still patches the ClusterPolicy"
+
+
 @pytest.mark.parametrize("variant", ["kueue", "no-namespaces"])
 def test_kueue_objects(variant):
     docs = render(variant)
@@ -74,15 +91,17 @@ def test_kueue_objects(variant):
     values = chart_values()["kueue"]
     assert not of_kind(render("default"), "ClusterQueue"), "Kueue is off by default"
     flavors = {f["metadata"]["name"]: f for f in of_kind(docs, "ResourceFlavor")}
-    gpu_flavor_name = "h100" if variant == "kueue" else values["flavor"]["name"]
-    assert set(flavors) == {values["cpuFlavor"]["name"], gpu_flavor_name}
+    # Unnamed flavors are the release's (helm template's release here: "gpulab").
+    cpu_flavor_name = values["cpuFlavor"]["name"] or "gpulab-cpu"
+    gpu_flavor_name = "h100" if variant == "kueue" else (values["flavor"]["name"] or "gpulab-gpu")
+    assert set(flavors) == {cpu_flavor_name, gpu_flavor_name}
     for flavor in flavors.values():
         assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta2" and "namespace" not in flavor["metadata"]
         assert isinstance(flavor["spec"], dict)
         assert all(isinstance(v, str) for v in (flavor["spec"].get("nodeLabels") or {}).values())
     # Kueue injects the node labels of every flavor it assigns: CPU and memory
     # get a flavor of their own, without the GPU nodes' labels.
-    assert not flavors[values["cpuFlavor"]["name"]]["spec"].get("nodeLabels")
+    assert not flavors[cpu_flavor_name]["spec"].get("nodeLabels")
     if variant == "kueue":
         assert flavors["h100"]["spec"]["nodeLabels"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     cqs = {d["metadata"]["name"]: d for d in of_kind(docs, "ClusterQueue")}
@@ -101,7 +120,7 @@ def test_kueue_objects(variant):
         assert spec["preemption"] == {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"}
         cpu_group, gpu_group = spec["resourceGroups"]
         assert cpu_group["coveredResources"] == ["cpu", "memory"]
-        assert [f["name"] for f in cpu_group["flavors"]] == [values["cpuFlavor"]["name"]]
+        assert [f["name"] for f in cpu_group["flavors"]] == [cpu_flavor_name]
         (fl,) = gpu_group["flavors"]
         assert fl["name"] == gpu_flavor_name
         assert "cpu" not in gpu_group["coveredResources"]
@@ -152,7 +171,7 @@ def test_kai_queues_per_team():
     catalog = catalog_of(docs)
     queues = {q["metadata"]["name"]: q for q in of_kind(docs, "Queue")}
     assert not of_kind(render("default"), "Queue"), "only when the kai backend is in use"
-    parent = chart_values()["kai"]["parentQueue"]
+    parent = chart_values()["kai"]["parentQueue"] or "gpulab"  # empty = the release's name
     assert queues[parent]["apiVersion"] == "scheduling.run.ai/v2" and "parentQueue" not in queues[parent]["spec"]
     for team in catalog.teams.values():
         # The queue the spawner's pods name (sharing.kai_queue), quota = guarantee, limit = burst.

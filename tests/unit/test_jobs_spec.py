@@ -188,6 +188,16 @@ def test_manifest_mig_fraction_over_quota_with_kueue_validates():
     assert any(k.startswith("nvidia.com/mig-") for k in pod["containers"][0]["resources"]["limits"])
 
 
+def test_job_pods_name_the_priority_classes_of_the_release_the_catalog_gives():
+    """The chart names its PriorityClasses after its release and tells the hub through the
+    catalog's priority_class_names; a job of a "staging" release names staging's classes."""
+    names = {c: f"staging-{c}" for c in ("production", "training", "development", "batch", "over-quota")}
+    pod = jobspec.kube_job_manifest(request("h100-2", priority_class_names=names))["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "staging-training"
+    borrowed = request("mig-3g", job_class="batch", over_quota=True, priority_class_names=names)
+    assert jobspec.kube_job_manifest(borrowed)["spec"]["template"]["spec"]["priorityClassName"] == "staging-over-quota"
+
+
 def test_gpu_jobs_get_a_memory_backed_dev_shm_and_cpu_jobs_none():
     """A container runtime gives /dev/shm 64 MiB; PyTorch's DataLoader workers need more."""
     pod = jobspec.kube_job_manifest(request("h100-2"))["spec"]["template"]["spec"]

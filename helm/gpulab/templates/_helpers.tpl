@@ -12,6 +12,59 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- end }}
 
+{{/*
+The name of a cluster-scoped object of this release (PriorityClass, ClusterQueue,
+ResourceFlavor, KAI Queue): "<release>-<suffix>", so that two releases (staging and
+production) can share a cluster. Call with (list $ "suffix").
+*/}}
+{{- define "gpulab.clusterName" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-%s" $root.Release.Name (index . 1) | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/*
+gpulab's priority classes, highest first, as a YAML list of {class, value,
+preemptionPolicy, description}: spawner/core/priority.py's table (the tests check it),
+with the values priorityClasses.otherTenants chooses (priority.OTHER_TENANTS_VALUES).
+*/}}
+{{- define "gpulab.priorityClasses" -}}
+{{- $choice := .Values.priorityClasses.otherTenants | default "preempt" -}}
+{{- $bands := dict "preempt" (list 10000 50) "protect" (list 0 -50) -}}
+{{- if not (hasKey $bands $choice) -}}
+{{- fail (printf "gpulab: priorityClasses.otherTenants %q: choose preempt or protect" $choice) -}}
+{{- end -}}
+{{- $inQuota := index (get $bands $choice) 0 -}}
+{{- $overQuota := index (get $bands $choice) 1 -}}
+- {class: production, value: {{ $inQuota }}, preemptionPolicy: PreemptLowerPriority, description: "Inference endpoints, in quota. Never preempted; never admitted over quota."}
+- {class: training, value: {{ $inQuota }}, preemptionPolicy: PreemptLowerPriority, description: "Training jobs, in quota. Never preempted; never admitted over quota."}
+- {class: development, value: {{ $inQuota }}, preemptionPolicy: PreemptLowerPriority, description: "Notebooks within the team guarantee. Never preempted; above it they run as over-quota."}
+- {class: batch, value: {{ $inQuota }}, preemptionPolicy: PreemptLowerPriority, description: "Sweeps and background jobs within the team guarantee; above it they run as over-quota."}
+- {class: over-quota, value: {{ $overQuota }}, preemptionPolicy: Never, description: "Work running above its team's guarantee on borrowed capacity; preempted by any in-quota work."}
+{{- end }}
+
+{{/* "true" when the kai backend is the default or any profile's. */}}
+{{- define "gpulab.kaiInUse" -}}
+{{- $sharing := .Values.gpulab.sharing | default dict -}}
+{{- $want := eq ($sharing.backend | default "whole") "kai" -}}
+{{- range .Values.gpulab.profiles }}{{ if eq (.sharing | default "") "kai" }}{{ $want = true }}{{ end }}{{ end -}}
+{{- $want -}}
+{{- end }}
+
+{{/*
+The name template of the teams' KAI queues ({team} = the team's name):
+gpulab.sharing.kai.queue when set, else "<release>-{team}". The chart writes it
+into the catalog, so the hub labels pods with the queues this release creates.
+*/}}
+{{- define "gpulab.kaiQueueTemplate" -}}
+{{- $kai := (.Values.gpulab.sharing | default dict).kai | default dict -}}
+{{- $kai.queue | default (printf "%s-{team}" .Release.Name) -}}
+{{- end }}
+
+{{/* The parent of the teams' KAI queues: kai.parentQueue, else the release's name. */}}
+{{- define "gpulab.kaiParentQueue" -}}
+{{- .Values.kai.parentQueue | default .Release.Name -}}
+{{- end }}
+
 {{- define "gpulab.hubNamespace" -}}
 {{- .Values.hub.serviceAccount.namespace | default .Release.Namespace -}}
 {{- end }}
@@ -20,7 +73,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- define "gpulab.teamNamespace" -}}
 {{- $v := .root.Values -}}
 {{- if $v.teamNamespaces.enabled -}}
-{{- .team.namespace | default (printf "%s%s" $v.teamNamespaces.prefix .team.name) -}}
+{{- .team.namespace | default (printf "%s%s" ($v.teamNamespaces.prefix | default (printf "%s-" .root.Release.Name)) .team.name) -}}
 {{- else -}}
 {{- .root.Release.Namespace -}}
 {{- end -}}
@@ -167,6 +220,19 @@ A team's amount in one resource's unit, rounded up. Call with
 {{- $cat := dict "teams" $teams "profiles" (.Values.gpulab.profiles | default list) "sharing" (.Values.gpulab.sharing | default (dict "backend" "whole")) -}}
 {{- if .Values.gpulab.prices -}}{{- $_ := set $cat "prices" .Values.gpulab.prices -}}{{- end -}}
 {{- if .Values.gpulab.inventory -}}{{- $_ := set $cat "inventory" .Values.gpulab.inventory -}}{{- end -}}
+{{- /* The cluster-scoped names the hub puts on its pods: this release's. */ -}}
+{{- $classNames := dict -}}
+{{- range include "gpulab.priorityClasses" . | fromYamlArray -}}
+{{- $_ := set $classNames .class (include "gpulab.clusterName" (list $root .class)) -}}
+{{- end -}}
+{{- $_ := set $cat "priority_class_names" $classNames -}}
+{{- if eq (include "gpulab.kaiInUse" .) "true" -}}
+{{- $sharing := deepCopy (get $cat "sharing") -}}
+{{- $kai := deepCopy ($sharing.kai | default dict) -}}
+{{- $_ := set $kai "queue" (include "gpulab.kaiQueueTemplate" .) -}}
+{{- $_ := set $sharing "kai" $kai -}}
+{{- $_ := set $cat "sharing" $sharing -}}
+{{- end -}}
 {{- toYaml $cat -}}
 {{- end }}
 

@@ -253,6 +253,7 @@ class KubeJobBackend(JobBackend):
             image_pull_secrets=tuple(p["name"] if isinstance(p, dict) else str(p) for p in pull_secrets),
             uid=uid if isinstance(uid, int) else jobspec.DEFAULT_UID,
             fs_gid=fs_gid if isinstance(fs_gid, int) else jobspec.DEFAULT_FS_GID,
+            priority_class_names=catalog.priority_class_names,
         )
         return jobspec.kube_job_manifest(req)
 

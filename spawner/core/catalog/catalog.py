@@ -24,6 +24,10 @@ class Catalog:
     inventory: tuple[DeviceSpec, ...] = ()
     #: Price per GPU-hour by GPU model, ``"*"`` for any model (cost reports).
     prices: Mapping[str, float] = field(default_factory=dict)
+    #: Kubernetes: the cluster's PriorityClass per gpulab class (``development`` ->
+    #: ``staging-development``), as the Helm chart names them after its release; empty =
+    #: gpulab's own names (:func:`spawner.core.priority.cluster_priority_class_name`).
+    priority_class_names: Mapping[str, str] = field(default_factory=dict)
 
     def team(self, name: str) -> Team | None:
         return self.teams.get(name)

@@ -1,10 +1,14 @@
-"""The catalog's ``inventory`` (GPUs declared for a single server without NVML) and ``prices``."""
+"""The catalog's ``inventory`` (GPUs declared for a single server without NVML), ``prices``,
+and ``priority_class_names`` (Kubernetes)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from spawner.core.priority import BY_SHORT_NAME
 
 from .reader import Reader, kind
 
@@ -60,3 +64,32 @@ def read_prices(r: Reader, value: Any) -> dict[str, float]:
         else:
             prices[str(model)] = float(price)
     return prices
+
+
+#: A Kubernetes object name (DNS-1123 label, as the chart's schema checks).
+_KUBE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def read_priority_class_names(r: Reader, value: Any) -> dict[str, str]:
+    """``priority_class_names``: the cluster's PriorityClass per gpulab class, as the Helm
+    chart names them after its release (``{development: staging-development, ...}``)."""
+    names: dict[str, str] = {}
+    if value is None:
+        return names
+    if not isinstance(value, Mapping):
+        r.error(
+            ("priority_class_names",), f"expected a mapping of gpulab class to PriorityClass name, got {kind(value)}"
+        )
+        return names
+    classes = [*BY_SHORT_NAME, "over-quota"]
+    for cls, name in value.items():
+        if cls not in classes:
+            r.error(
+                ("priority_class_names", str(cls)),
+                f"unknown class {str(cls)[:40]!r}; expected one of {', '.join(classes)}",
+            )
+        elif not isinstance(name, str) or not _KUBE_NAME.match(name):
+            r.error(("priority_class_names", str(cls)), f"expected a Kubernetes object name, got {str(name)[:70]!r}")
+        else:
+            names[str(cls)] = name
+    return names

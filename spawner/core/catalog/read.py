@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .catalog import Catalog
-from .inventory import read_inventory, read_prices
+from .inventory import read_inventory, read_prices, read_priority_class_names
 from .profiles import profile_specs, read_profiles
 from .reader import CatalogError, KeyPath, Reader, closest_match
 from .sharing import read_sharing
 from .teams import TeamEntry, read_teams, team_entries
 
-TOP_KEYS = {"teams", "profiles", "sharing", "inventory", "prices"}
+TOP_KEYS = {"teams", "profiles", "sharing", "inventory", "prices", "priority_class_names"}
 
 
 def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[KeyPath, int] | None = None) -> Catalog:
@@ -38,9 +38,17 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[KeyPat
     sharing = read_sharing(r, top.get("sharing"))
     inventory = read_inventory(r, top.get("inventory"))
     prices = read_prices(r, top.get("prices"))
+    class_names = read_priority_class_names(r, top.get("priority_class_names"))
     if r.issues:
         raise CatalogError(source, r.issues)
-    return Catalog(teams=teams, profiles=profiles, sharing=sharing, inventory=inventory, prices=prices)
+    return Catalog(
+        teams=teams,
+        profiles=profiles,
+        sharing=sharing,
+        inventory=inventory,
+        prices=prices,
+        priority_class_names=class_names,
+    )
 
 
 def check_references(r: Reader, profile_specs: list[Any], team_entries: list[TeamEntry]) -> None:

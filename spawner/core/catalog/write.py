@@ -75,6 +75,8 @@ def catalog_to_dict(c: Catalog) -> dict[str, Any]:
         d["inventory"] = [{"model": s.model, "count": s.count, "memory_mib": s.memory_mib} for s in c.inventory]
     if c.prices:
         d["prices"] = dict(c.prices)
+    if c.priority_class_names:
+        d["priority_class_names"] = dict(c.priority_class_names)
     return d
 
 

@@ -175,12 +175,18 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
     values = team_values(suffix)
     values_file = tmp / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
-    name = f"gpulab-{suffix}"
-    # The chart's PriorityClasses are cluster-wide, so one release per test bed: a
-    # release of a test session that has died is removed; a live session's is not.
+    # The release the docs install: its cluster-scoped objects carry its name (gpulab-
+    # development, ...), as on a cluster where platform engineers typed `helm install gpulab`.
+    name = "gpulab"
+    # The chart's team namespaces and PriorityClasses are cluster-wide, so one session's
+    # release per test bed: a release of a test session that has died is removed; a live
+    # session's is not.
     c.patch(f"/api/v1/namespaces/{hub_ns}", {"metadata": {"annotations": {SESSION_ANNOTATION: session_id()}}})
     for other in json.loads(helm(kube_testbed, "list", "--all-namespaces", "-o", "json").stdout or "[]"):
-        if not (other["name"].startswith("gpulab-") and other["namespace"].startswith("gpulab-hub-")):
+        if not (
+            (other["name"] == "gpulab" or other["name"].startswith("gpulab-"))
+            and other["namespace"].startswith("gpulab-hub-")
+        ):
             continue
         owner = (
             (c.maybe_get(f"/api/v1/namespaces/{other['namespace']}") or {})
