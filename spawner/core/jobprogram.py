@@ -152,10 +152,12 @@ def script_argv(python: str, launcher: Sequence[str], script: str, args: Sequenc
 
 #: Counts the attempts in the checkpoint folder (it survives them; the pod does not) and exports
 #: ``GPULAB_ATTEMPT``; only digits are read back from the user's own file.
+#: The nodes of a multi-node job share the folder: each counts its own starts (they restart together).
 _ATTEMPT_SHELL = (
     'if [ -n "$GPULAB_CHECKPOINT_DIR" ]; then mkdir -p "$GPULAB_CHECKPOINT_DIR" || exit 1; '
-    'n=$(tr -cd 0-9 2>/dev/null < "$GPULAB_CHECKPOINT_DIR/.attempts" | cut -c1-9); '
-    'GPULAB_ATTEMPT=$(( ${n:-0} + 1 )); echo "$GPULAB_ATTEMPT" > "$GPULAB_CHECKPOINT_DIR/.attempts"; '
+    'counter="$GPULAB_CHECKPOINT_DIR/.attempts${PET_NODE_RANK:+-$PET_NODE_RANK}"; '
+    'n=$(tr -cd 0-9 2>/dev/null < "$counter" | cut -c1-9); '
+    'GPULAB_ATTEMPT=$(( ${n:-0} + 1 )); echo "$GPULAB_ATTEMPT" > "$counter"; '
     "else GPULAB_ATTEMPT=1; fi; export GPULAB_ATTEMPT; "
 )
 

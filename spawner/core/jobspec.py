@@ -259,7 +259,9 @@ PAPERMILL_SCRIPT = jobprogram.kube_shell(
 #: arguments are the shell's own positional parameters (``sh -c SCRIPT gpulab-job args...``).
 SCRIPT_SHELL = jobprogram.kube_shell(
     'script=$(basename "$GPULAB_SCRIPT"); '
-    'if [ "${GPULAB_NPROC:-1}" -gt 1 ]; then '
+    # Several nodes: torchrun takes its nodes, rank and rendezvous from the engine's PET_* variables.
+    'if [ "${GPULAB_NODES:-1}" -gt 1 ]; then set -- torchrun "$script" "$@"; '
+    'elif [ "${GPULAB_NPROC:-1}" -gt 1 ]; then '
     'set -- torchrun --standalone --nnodes=1 --nproc_per_node="$GPULAB_NPROC" "$script" "$@"; '
     'else set -- python "$script" "$@"; fi; ',
     # In the script's folder; the log's redirection is the outer shell's, relative to the home.
@@ -351,14 +353,9 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
     (:func:`_job_pod_spec`, with its scheduling: :func:`_job_scheduling`) and the Job
     around it (:func:`_job_spec`).
     """
-    labels = {**req.labels, "gpulab.io/job-class": req.job_class, "gpulab.io/job-id": str(req.job_id)}
+    labels = job_labels(req)
     annotations = dict(req.annotations)
-    # The share's resources, labels and pool apply when it holds a GPU at all.
-    gpu = req.gpu if req.gpu is not None and req.gpu.effective_milli > 0 else None
-    pod_labels = {**labels, **(gpu.labels if gpu else {})}
-    pod_annotations = {**annotations, **(gpu.annotations if gpu else {})}
-    template = {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": _job_pod_spec(req, gpu)}
-    job_spec = _job_spec(req, template)
+    job_spec = _job_spec(req, job_pod_template(req))
     if req.kueue_queue:
         labels[KUEUE_QUEUE_NAME] = req.kueue_queue
         # Kueue unsuspends the Job when it admits it against the ClusterQueue.
@@ -374,6 +371,20 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         },
         "spec": job_spec,
     }
+
+
+def job_labels(req: KubeJobRequest) -> dict[str, str]:
+    """The job's own labels: the ledger's, its class and its id."""
+    return {**req.labels, "gpulab.io/job-class": req.job_class, "gpulab.io/job-id": str(req.job_id)}
+
+
+def job_pod_template(req: KubeJobRequest) -> dict[str, Any]:
+    """The pod template of the job (of each node of a multi-node job): labels, annotations, spec."""
+    # The share's resources, labels and pool apply when it holds a GPU at all.
+    gpu = req.gpu if req.gpu is not None and req.gpu.effective_milli > 0 else None
+    labels = {**job_labels(req), **(gpu.labels if gpu else {})}
+    annotations = {**req.annotations, **(gpu.annotations if gpu else {})}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": _job_pod_spec(req, gpu)}
 
 
 def _job_resources(req: KubeJobRequest, gpu: Any) -> dict[str, dict[str, str]]:
