@@ -99,6 +99,9 @@ def run_notebook(args: argparse.Namespace) -> dict[str, Any]:
 def run_script(args: argparse.Namespace, processes: JobProcesses) -> dict[str, Any]:
     script_args = json.loads(os.environ.get("GPULAB_JOB_ARGS", "[]"))
     launcher = json.loads(os.environ.get("GPULAB_TORCHRUN", '["torchrun"]'))
+    beside = Path(sys.executable).with_name("torchrun")
+    if launcher == ["torchrun"] and beside.exists():  # torch's own, in the environment the job runs in
+        launcher = [str(beside)]
     argv = script_argv(sys.executable, launcher, args.input, script_args, args.nproc)
     print(f"gpulab: running {json.dumps(argv)}", flush=True)
     try:

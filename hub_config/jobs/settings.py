@@ -91,9 +91,10 @@ class GPULabJobs(Configurable):
         default_value=["torchrun"],
         config=True,
         help="""The launcher a single-server script job over N whole GPUs runs as
-        `<launcher> --standalone --nnodes=1 --nproc_per_node=N script args...` (PyTorch's
-        torchrun, from the job's PATH); a script on one GPU, a fraction or no GPU runs as
-        `python script args...`.""",
+        `<launcher> --standalone --nnodes=1 --nproc_per_node=N script args...`. The default,
+        `torchrun`, is PyTorch's beside the job's Python (the environment the user's lab runs
+        in) when torch is installed there, else the first on the job's PATH. A script on one
+        GPU, a fraction or no GPU runs as `python script args...`.""",
     )
     state_dir = Unicode(
         config=True,
