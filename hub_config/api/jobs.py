@@ -20,10 +20,12 @@ from hub_config.config.scopes import ADMIN, JOBS
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.service import get_service
 from spawner.admission import user_groups
-from spawner.core.jobspec import STATES, JobSpecError
+from spawner.core.jobspec import RERUN_KEPT, STATES, JobSpecError
 
 #: Largest submission body (parameters are limited separately, and more tightly).
 MAX_SUBMIT_BYTES = 64 * 1024
+#: A re-run's body names one choice.
+MAX_RERUN_BYTES = 1024
 #: Most log bytes one ``/logs`` call returns.
 LOG_CHUNK = 256 * 1024
 
@@ -122,11 +124,17 @@ class JobCancelHandler(JobsBase):
 
 class JobRerunHandler(JobsBase):
     async def post(self, job_id: str) -> None:
+        """``{"notebook": "kept"}`` (the default, also for an empty body): the notebook exactly as the
+        job ran it; ``{"notebook": "current"}``: the notebook as it is now."""
         rec = self.load(job_id)
         if self.caller_name != rec.user and not self.has_scope(ADMIN):
             raise web.HTTPError(403, "only the job's owner or an admin may re-run it")
+        body = self.read_json(MAX_RERUN_BYTES) if self.request.body else {}
+        unknown = sorted(str(k)[:40] for k in body if k != "notebook")
+        if unknown:
+            raise web.HTTPError(400, "unknown field(s): " + ", ".join(unknown[:5]) + "; a re-run takes only 'notebook'")
         try:
-            new = await self.jobs.rerun(rec, self.groups_of(rec.user))
+            new = await self.jobs.rerun(rec, self.groups_of(rec.user), body.get("notebook", RERUN_KEPT))
         except JobSpecError as e:
             raise web.HTTPError(e.status, str(e)) from None
         self.write_json(new.to_json(), 201)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,11 @@ class Homes:
         when it cannot be asked at all."""
         raise NotImplementedError
 
+    async def keep_copy(self, user: str, source: Path, target: Path, max_size: int) -> tuple[home_files.Found, bool]:
+        """Copy ``source`` to the new file ``target`` in ``user``'s home, as its owner where there is
+        one (:func:`spawner.local.home_files.copy_to_new_file`): ``(what was found, whether made)``."""
+        raise NotImplementedError
+
 
 class HubHomes(Homes):
     """The hub reads the homes itself (its jobs run as its own account)."""
@@ -60,6 +67,10 @@ class HubHomes(Homes):
     ) -> home_files.Found:
         home = str(self.home_dir(user))
         return await asyncio.to_thread(home_files.read_beneath, home, str(path), offset, limit, max_size)
+
+    async def keep_copy(self, user: str, source: Path, target: Path, max_size: int) -> tuple[home_files.Found, bool]:
+        home = str(self.home_dir(user))
+        return await asyncio.to_thread(home_files.copy_to_new_file, home, str(source), str(target), max_size)
 
     def safe_path(self, user: str, path: Path, create_parent: bool = False) -> Path:
         """``path`` inside ``user``'s home, refusing symlinks that lead out of it (jobs without accounts).
@@ -92,24 +103,43 @@ class OwnerHomes(Homes):
     async def read(
         self, user: str, path: Path, offset: int = 0, limit: int = 0, max_size: int | None = None
     ) -> home_files.Found:
+        name = self._account(user)
+        if name is None:
+            return home_files.Found(home_files.ABSENT, detail=self.accounts.name_for(user))
+        with self._asking(name, path.name, "read"):
+            return await self.accounts.launcher.read(name, str(path), offset, limit, max_size)
+
+    async def keep_copy(self, user: str, source: Path, target: Path, max_size: int) -> tuple[home_files.Found, bool]:
+        name = self._account(user)
+        if name is None:
+            return home_files.Found(home_files.ABSENT, detail=self.accounts.name_for(user)), False
+        with self._asking(name, source.name, "copy"):
+            return await self.accounts.launcher.keep_copy(name, str(source), str(target), max_size)
+
+    def _account(self, user: str) -> str | None:
+        """The name of ``user``'s system account; ``None`` when it does not exist yet."""
         try:
-            name = self.accounts.existing(user).name
+            return self.accounts.existing(user).name
         except AccountRefused as e:
             raise JobSpecError(str(e), 403) from None
         except AccountError:
-            return home_files.Found(home_files.ABSENT, detail=self.accounts.name_for(user))
+            return None
+
+    @contextmanager
+    def _asking(self, name: str, what: str, verb: str) -> Iterator[None]:
+        """A mediator run as ``name`` that fails is a sentence with its status."""
         try:
-            return await self.accounts.launcher.read(name, str(path), offset, limit, max_size)
+            yield
         except MediatorTimeout:
             raise JobSpecError(
-                f"reading {path.name} as {name} took longer than {self.accounts.mediator_timeout:g} s and was "
+                f"{verb}ing {what} as {name} took longer than {self.accounts.mediator_timeout:g} s and was "
                 f"stopped: processes of {name} may be stopped or overloaded; try again",
                 504,
             ) from None
         except MediatorBusy as e:
-            raise JobSpecError(f"cannot read {path.name} now: {e}", 429) from None
+            raise JobSpecError(f"cannot {verb} {what} now: {e}", 429) from None
         except MediatorError as e:
-            raise JobSpecError(f"cannot read {path.name} as {name}: {e}", 502) from None
+            raise JobSpecError(f"cannot {verb} {what} as {name}: {e}", 502) from None
 
 
 def refusal(found: home_files.Found, what: str, limit_name: str = "") -> JobSpecError:

@@ -10,6 +10,7 @@ from sqlalchemy import BigInteger, Boolean, DateTime, Integer, String, Text, Uni
 from sqlalchemy.orm import Mapped, mapped_column
 
 from hub_config.storage.db import Base, iso, utcnow
+from spawner.core.jobspec import kept_input_path
 
 
 class JobRecord(Base):
@@ -104,6 +105,8 @@ class JobRecord(Base):
             "output_path": self.output_path,
             "checkpoint_path": self.checkpoint_path,
             "log_path": self.log_path,
+            # The notebook as submitted, which the job runs and Re-run runs again.
+            "input_path": kept_input_path(self.output_path) if self.output_path else "",
             "parameters": self.parameters,
             "time_limit_seconds": self.time_limit_seconds,
             "created_at": iso(self.created_at),

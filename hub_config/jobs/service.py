@@ -30,7 +30,7 @@ from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
 from spawner.core import jobspec
-from spawner.core.jobspec import FINAL_STATES, JobSpecError, Submission
+from spawner.core.jobspec import FINAL_STATES, RERUN_CHOICES, RERUN_KEPT, JobSpecError, Submission
 from spawner.core.ledger import RESERVED, RUNNING, Workload
 from spawner.core.policy import PolicyError, SpawnRequest, resolve_request
 from spawner.local import home_files
@@ -187,7 +187,9 @@ class JobService:
 
     # -- submitting ---------------------------------------------------------
 
-    async def _validate(self, user: str, groups: Iterable[str], body: dict[str, Any]) -> Submission:
+    async def _validate(
+        self, user: str, groups: Iterable[str], body: dict[str, Any], check_notebook: bool = True
+    ) -> Submission:
         unknown = sorted(str(k)[:40] for k in body if k not in SUBMIT_KEYS)
         if unknown:
             raise JobSpecError(
@@ -211,8 +213,52 @@ class JobService:
             max_time_limit=s.max_time_limit_seconds,
             max_nodes=s.max_nodes,
         )
-        await self.check_notebook(user, submission.notebook, submission.kind)
+        # A Re-run of a kept notebook runs the copy; a script is never copied (it would not find
+        # its neighbours' imports elsewhere): it runs where it is, so it is checked every time.
+        if check_notebook or submission.kind == jobspec.SCRIPT:
+            await self.check_notebook(user, submission.notebook, submission.kind)
         return submission
+
+    async def keep_input(self, rec: JobRecord, source: str) -> None:
+        """Keep the notebook a job runs, as submitted, in its own file beside its output
+        (:func:`spawner.core.jobspec.kept_input_path`), written as the job's owner with no symlink
+        followed. ``source``: the notebook, or the kept copy of the job a Re-run repeats. On
+        Kubernetes, where the hub does not reach the homes, the job's pod makes the same copy.
+        A script is not copied: it runs where it is."""
+        if not self.backend.sees_homes or rec.kind == jobspec.SCRIPT:
+            return
+        home = self.homes.home_dir(rec.user)
+        target = jobspec.kept_input_path(rec.output_path)
+        cap = self.settings.max_notebook_bytes
+        found, created = await self.homes.keep_copy(rec.user, home / source, home / target, cap)
+        repeated = source != rec.notebook
+        if found.state == home_files.ABSENT and repeated:
+            raise JobSpecError(
+                f"the notebook as job {rec.rerun_of} ran it is no longer kept ({source} is not in your home); "
+                "re-run with the current notebook instead",
+                404,
+            )
+        if found.state != home_files.OK:
+            what = f"the notebook as job {rec.rerun_of} ran it ({source})" if repeated else f"notebook {source!r}"
+            raise refusal(found, what, f"c.GPULabJobs.max_notebook_bytes = {cap}")
+        if not created:
+            raise JobSpecError(f"{target} exists already in your home: the job's own copy is never overwritten", 409)
+
+    async def job_input(self, rec: JobRecord) -> Path:
+        """What a job runs: its kept copy (a job submitted before jobs kept one: its notebook now);
+        a script job its script."""
+        if rec.kind == jobspec.SCRIPT:
+            return await self.check_notebook(rec.user, rec.notebook, rec.kind)
+        home = self.homes.home_dir(rec.user)
+        kept = home / jobspec.kept_input_path(rec.output_path)
+        if not self.backend.sees_homes:
+            return kept
+        found = await self.homes.read(rec.user, kept)
+        if found.state == home_files.ABSENT:
+            return await self.check_notebook(rec.user, rec.notebook)
+        if found.state != home_files.OK:
+            raise refusal(found, "the job's own copy of its notebook")
+        return kept
 
     async def check_notebook(self, user: str, notebook: str, kind: str = jobspec.NOTEBOOK) -> Path:
         """The notebook's (or script's) path in the home: a regular file, reached through no symlink
@@ -240,11 +286,16 @@ class JobService:
         raise refusal(found, f"{kind} {notebook!r}")
 
     async def create_job(
-        self, user: str, groups: Iterable[str], body: dict[str, Any], rerun_of: int | None = None
+        self,
+        user: str,
+        groups: Iterable[str],
+        body: dict[str, Any],
+        rerun_of: JobRecord | None = None,
     ) -> tuple[JobRecord, bool]:
-        """Validate, admit and record a job; ``(record, created)``. Raises :class:`JobSpecError`."""
+        """Validate, admit and record a job, and keep its notebook; ``(record, created)``.
+        ``rerun_of``: the job whose kept notebook this one runs again. Raises :class:`JobSpecError`."""
         groups = list(groups)
-        sub = await self._validate(user, groups, body)
+        sub = await self._validate(user, groups, body, check_notebook=rerun_of is None)
         full = self.runtime.disk_full()
         if full is not None:  # before anything is written
             raise JobSpecError(full, 507)
@@ -287,7 +338,7 @@ class JobService:
                 parameters_json=json.dumps(dict(sub.parameters)),
                 time_limit_seconds=sub.time_limit_seconds,
                 idempotency_key=sub.idempotency_key,
-                rerun_of=rerun_of,
+                rerun_of=rerun_of.id if rerun_of is not None else None,
                 backend=self.backend.name,
                 created_at=utcnow(),
                 over_quota=decision.over_quota,
@@ -321,6 +372,15 @@ class JobService:
                 s.delete(s.get(JobRecord, rec.id))
                 s.commit()
             raise JobSpecError(decision.reason or "quota changed while admitting; submit again", 409)
+        source = jobspec.kept_input_path(rerun_of.output_path) if rerun_of is not None else sub.notebook
+        try:
+            await self.keep_input(rec, source)
+        except JobSpecError:  # nothing of the job stays: neither its share nor its record
+            ledger.release(key)
+            with self.db() as s:
+                s.delete(s.get(JobRecord, rec.id))
+                s.commit()
+            raise
         log.info(
             "gpulab jobs: job %d (%s, %s) by %s admitted in team %s: %d milli-GPU, %s",
             rec.id,
@@ -335,7 +395,13 @@ class JobService:
         self.wake()
         return rec, True
 
-    async def rerun(self, rec: JobRecord, groups: Iterable[str]) -> JobRecord:
+    async def rerun(self, rec: JobRecord, groups: Iterable[str], notebook: str = RERUN_KEPT) -> JobRecord:
+        """Submit ``rec`` again with its profile, team, class, parameters or arguments, nodes and time
+        limit: the notebook exactly as it ran (its kept copy; the new job's ``rerun_of``), or, with
+        ``notebook="current"``, the notebook as it is now (a new submission of the same settings).
+        A script runs as it is now either way (it is never copied)."""
+        if notebook not in RERUN_CHOICES:
+            raise JobSpecError(f"notebook must be one of {', '.join(RERUN_CHOICES)}, not {str(notebook)[:40]!r}")
         body: dict[str, Any] = {
             rec.kind: rec.notebook,
             "job_class": rec.job_class,
@@ -349,7 +415,7 @@ class JobService:
             body["args"] = rec.args
         else:
             body["parameters"] = rec.parameters
-        new, _ = await self.create_job(rec.user, groups, body, rerun_of=rec.id)
+        new, _ = await self.create_job(rec.user, groups, body, rerun_of=rec if notebook == RERUN_KEPT else None)
         return new
 
     # -- state changes ------------------------------------------------------

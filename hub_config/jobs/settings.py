@@ -42,6 +42,13 @@ class GPULabJobs(Configurable):
         so a sparse file of any apparent size costs nothing); it can still be opened from the
         user's own server.""",
     )
+    max_notebook_bytes = Int(
+        32 * 1024 * 1024,
+        config=True,
+        help="""Largest notebook a job may be submitted with, in bytes. Each job keeps its notebook as
+        submitted beside its output (`runs/<name>-<stamp>.input.ipynb`, written as its owner), runs that
+        copy, and Re-run runs it again; a larger notebook is refused with a 413 at submit.""",
+    )
     max_parameters_bytes = Int(
         16 * 1024,
         config=True,

@@ -1,5 +1,14 @@
 import { requestAPI } from './handler';
-import { IIdleState, IJob, IJobRequest, ILogChunk, IMe, ISession, IStopState } from './types';
+import {
+  IIdleState,
+  IJob,
+  IJobRequest,
+  ILogChunk,
+  IMe,
+  ISession,
+  IStopState,
+  RerunNotebook
+} from './types';
 
 /** Typed calls of the server extension and of the hub API behind it. */
 export const api = {
@@ -29,10 +38,11 @@ export const api = {
       method: 'POST',
       body: '{}'
     }),
-  rerun: (id: string | number) =>
+  /** Submit a job again: its notebook as it ran (``kept``) or as it is now (``current``). */
+  rerun: (id: string | number, notebook: RerunNotebook = 'kept') =>
     requestAPI<IJob>(`hub/jobs/${encodeURIComponent(String(id))}/rerun`, {
       method: 'POST',
-      body: '{}'
+      body: JSON.stringify({ notebook })
     }),
   logs: (id: string | number, offset: number) =>
     requestAPI<ILogChunk>(`hub/jobs/${encodeURIComponent(String(id))}/logs?offset=${offset}`),

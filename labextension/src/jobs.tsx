@@ -23,7 +23,7 @@ async function confirmCancel(job: IJob, title: string): Promise<boolean> {
     title: `Cancel job #${String(job.id)}?`,
     body:
       `“${title}” stops now and cannot be resumed. Its log and the output notebook written ` +
-      'so far stay; Re-run starts it again from the beginning.',
+      'so far stay; Re-run starts it again from the beginning, with the notebook as it ran.',
     buttons: [
       Dialog.cancelButton({ label: 'Keep running' }),
       Dialog.warnButton({ label: 'Cancel job' })
@@ -135,12 +135,22 @@ function JobRow({
           Cancel
         </button>
         <button
-          className="jp-mod-styled gpulab-small"
-          aria-label={`Run job ${title} again`}
+          className="jp-mod-styled gpulab-small gpulab-rerun"
+          aria-label={`Run job ${title} again with its notebook as it ran`}
+          title={`Runs ${job.input_path || 'the notebook'} as this job ran it, with the same settings`}
           disabled={!isTerminal(job.state)}
-          onClick={() => act('Submitted again', () => api.rerun(job.id))}
+          onClick={() => act('Submitted again', () => api.rerun(job.id, 'kept'))}
         >
           Re-run
+        </button>
+        <button
+          className="jp-mod-styled gpulab-small gpulab-rerun-current"
+          aria-label={`Run the current ${job.notebook} with the settings of job ${title}`}
+          title={`Runs ${job.notebook} as it is now, with the same settings`}
+          disabled={!isTerminal(job.state)}
+          onClick={() => act('Submitted the current notebook', () => api.rerun(job.id, 'current'))}
+        >
+          Run current
         </button>
       </div>
     </li>

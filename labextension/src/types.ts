@@ -129,6 +129,9 @@ export type JobState =
 
 export type JobClass = 'batch' | 'training';
 
+/** Re-run's choices: the notebook exactly as the job ran it, or as it is now. */
+export type RerunNotebook = 'kept' | 'current';
+
 export interface IJob {
   id: string | number;
   name: string;
@@ -149,6 +152,10 @@ export interface IJob {
   nodes?: number;
   output_path: string | null;
   log_path: string | null;
+  /** The notebook as submitted, kept with the job: what it ran and what Re-run runs again. */
+  input_path?: string;
+  /** The job whose kept notebook this one ran again. */
+  rerun_of?: number | null;
   parameters: Record<string, unknown>;
   time_limit_seconds: number;
   created_at: string;

@@ -6,31 +6,39 @@ template but gets the same choices and texts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from html import escape
 
-from .idle import IdleFacts, idle_policy_text
+from .idle import IdleFacts, idle_policy_text, idle_rule, idle_timeout_words
 from .policy import PolicyError, ProfileChoice, quota_split_words, what_to_do
 from .units import format_gpus
 
 FORM_CSS = """
 <style>
-.gpulab-team { margin: 0 0 1.2em 0; }
-.gpulab-team h3 { font-size: 1.1em; margin: .4em 0; }
+/* Compact cards, a team's profiles side by side: 3 teams of 4 profiles fit one 1400×900 screen,
+   and at 800 px the grid drops to fewer columns instead of cutting anything. */
+.gpulab-team { margin: 0 0 .5em 0; min-width: 0; }
+.gpulab-team h3 { font-size: 1.05em; margin: .3em 0 .1em 0; }
 .gpulab-team .gpulab-headroom { font-weight: normal; color: #555; font-size: .9em; margin-left: .5em; }
-.gpulab-quota-split { color: #555; font-size: .9em; margin: -.2em 0 .3em 0; }
-.gpulab-profile { display: block; border: 1px solid #ddd; border-radius: 4px; padding: .5em .8em; margin: .3em 0; }
+.gpulab-quota-split { color: #555; font-size: .85em; margin: 0 0 .3em 0; }
+.gpulab-cards { display: grid; gap: .4em;
+  grid-template-columns: repeat(auto-fill, minmax(max(15rem, calc((100% - 1.2em) / 4)), 1fr)); }
+.gpulab-profile { display: block; border: 1px solid #ddd; border-radius: 4px; padding: .35em .6em; margin: 0;
+  font-size: .85em; line-height: 1.35; min-width: 0; overflow-wrap: anywhere; }
 /* An unavailable card stays readable (no opacity): its reason and what to do are what the user needs. */
 .gpulab-profile.gpulab-unavailable { background: #f6f6f6; border-style: dashed; }
 .gpulab-profile.gpulab-unavailable strong { color: #555; }
-.gpulab-profile input[type=radio] { margin-right: .6em; }
-.gpulab-reason { color: #a94442; display: block; margin-left: 1.8em; font-size: .9em; }
-.gpulab-detail { color: #555; display: block; margin-left: 1.8em; font-size: .9em; }
-.gpulab-inventory { color: #555; margin-bottom: 1em; }
+.gpulab-profile input[type=radio] { margin-right: .4em; }
+.gpulab-profile select { max-width: 100%; }
+.gpulab-gives { display: block; font-weight: 600; }
+.gpulab-reason { color: #a94442; display: block; }
+.gpulab-detail { color: #555; display: block; }
+.gpulab-inventory { color: #555; margin-bottom: .2em; }
+.gpulab-idle-rule { margin: 0 0 .4em 0; }
 .gpulab-inventory.gpulab-declared { color: #8a6d3b; }
-.gpulab-todo { display: block; margin-left: 1.8em; font-size: .9em; }
+.gpulab-todo { display: block; }
 .gpulab-profile.gpulab-kept { border-color: #a94442; border-width: 2px; }
-.gpulab-start-again { margin: 0 0 1.2em 0; }
+.gpulab-start-again { margin: 0 0 .7em 0; }
 [data-bs-theme=dark] .gpulab-profile { border-color: #495057; }
 [data-bs-theme=dark] .gpulab-profile.gpulab-unavailable { background: #2b3035; }
 [data-bs-theme=dark] .gpulab-detail, [data-bs-theme=dark] .gpulab-inventory,
@@ -85,6 +93,7 @@ def render_options_form(
     idle: IdleFacts | None = None,
     admin_contact: str = "",
     admin_page_url: str = "",
+    gives: Callable[[ProfileChoice], Sequence[str]] | None = None,
 ) -> str:
     """HTML for JupyterHub's spawn form: one radio per (team, profile).
 
@@ -96,7 +105,10 @@ def render_options_form(
     one-click button when that choice is available. ``idle``: what the hub knows of
     its GPU idle culler (idle timeouts are shown as not enforced when it does not run).
     ``admin_contact``: whom to ask for quota; ``admin_page_url``: set for
-    admins, linked when they are in no team.
+    admins, linked when they are in no team. ``gives``: what a profile gives
+    (:func:`spawner.core.profile_facts.profile_facts`), first on its card.
+    The team's heading says what it holds and its per-user cap once, so the cards
+    say only what differs between profiles.
     """
     choices = list(choices)
     idle = idle or IdleFacts()
@@ -119,6 +131,8 @@ def render_options_form(
             f'<p class="gpulab-start-again"><a class="btn btn-primary" id="gpulab-start-again" '
             f'href="{escape(start_again_url)}">{escape(start_again_label(last))}</a></p>'
         )
+    if any(c.profile.is_gpu for c in choices):
+        parts.append(f'<p class="gpulab-detail gpulab-idle-rule" id="gpulab-idle-rule">{escape(idle_rule(idle))}.</p>')
     by_team: dict[str, list[ProfileChoice]] = {}
     for c in choices:
         by_team.setdefault(c.team.name, []).append(c)
@@ -140,11 +154,15 @@ def render_options_form(
         usage = team_choices[0].team_usage
         if usage is not None:
             parts.append(f'<p class="gpulab-quota-split">{escape(quota_split_words(usage))}</p>')
+        parts.append('<div class="gpulab-cards">')
         for c in team_choices:
+            facts = list(gives(c)) if gives else []
             parts.extend(
-                _profile_html(c, choices, c is checked_choice, kept is c and not c.available, idle, admin_contact)
+                _profile_html(
+                    c, choices, c is checked_choice, kept is c and not c.available, idle, admin_contact, facts
+                )
             )
-        parts.append("</fieldset>")
+        parts.append("</div></fieldset>")
     return "\n".join(parts)
 
 
@@ -155,6 +173,7 @@ def _profile_html(
     refused: bool,
     idle: IdleFacts,
     admin_contact: str,
+    facts: Sequence[str] = (),
 ) -> list[str]:
     p = c.profile
     value = choice_value(c)
@@ -162,20 +181,21 @@ def _profile_html(
     cls = "gpulab-profile" + ("" if c.available else " gpulab-unavailable") + (" gpulab-kept" if refused else "")
     # The radio's name is the profile's name; the rest of the card is its description.
     parts: list[tuple[str, str, str]] = []  # (id suffix, class, text)
+    if len(p.images) > 1:  # the image select below lists the choices
+        facts = [f for f in facts if not f.startswith("Images: ")]
+    for n, fact in enumerate(facts):
+        parts.append((f"gives{n}", "gpulab-gives" if n == 0 else "gpulab-detail gpulab-gives-more", fact))
     details = []
     if p.description:
         details.append(p.description)
     if c.effective_milli is not None:
         details.append(f"allocated as {format_gpus(c.effective_milli)} GPU")
-    if c.capacity_summary:
-        details.append(c.capacity_summary)
     if c.available and c.over_quota:
         details.append("above the team guarantee: will run preemptible")
     if details:
         parts.append(("details", "gpulab-detail", " · ".join(details)))
-    limits = limit_notes(c, idle)
-    if limits:
-        parts.append(("limits", "gpulab-detail gpulab-limits", " · ".join(limits)))
+    if p.is_gpu:  # the page says the idle rule once; the per-user cap is the team heading's
+        parts.append(("limits", "gpulab-detail gpulab-limits", f"Idle timeout {idle_timeout_words(p, c.team)}"))
     if not c.available:
         parts.append(("reason", "gpulab-reason", f"Unavailable: {c.reason}"))
         parts.append(("todo", "gpulab-todo", what_to_do(c, choices, admin_contact)))
@@ -191,7 +211,7 @@ def _profile_html(
         out.append(f'<span class="{klass}" id="{escape(rid)}-{suffix}">{escape(text)}</span>')
     if len(p.images) > 1:
         out.append(
-            f'<span class="gpulab-detail">Image: <select name="image-{escape(value)}"'
+            f'<span class="gpulab-detail">Image <select name="image-{escape(value)}"'
             f' aria-label="Image for {escape(p.display_name)}">'
         )
         for img in p.images:

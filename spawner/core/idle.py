@@ -299,7 +299,8 @@ def idle_timeout_words(profile: Profile, team: Team | None) -> str:
 
 def idle_policy_text(profile: Profile, team: Team | None, facts: IdleFacts) -> str:
     """What happens to an idle GPU of this profile, in one sentence: the spawn page, the lab's
-    sidebar, the progress page, the admin page and the what-if page all say it with this.
+    sidebar, the progress page, the admin page and the what-if page all say it with this
+    (the spawn page, with many cards, says the timeout on each and :func:`idle_rule` once).
 
     The timeout (the shorter of the profile's and the team's, else the culler's default), the
     warning and its grace period, "Keep my GPU", and whether this hub runs the culler at all:
@@ -307,15 +308,19 @@ def idle_policy_text(profile: Profile, team: Team | None, facts: IdleFacts) -> s
     """
     if not profile.is_gpu:
         return ""
-    after = idle_timeout_words(profile, team)
+    return idle_rule(facts, idle_timeout_words(profile, team))
+
+
+def idle_rule(facts: IdleFacts, after: str = "") -> str:
+    """The idle rule of this hub for a server idle ``after`` (``"2h"``), or, without ``after``,
+    for every GPU server at its own timeout (said once on a page that lists the timeouts)."""
     if facts.culler_on is False:
-        return (
-            f"Idle timeout {after}, not enforced: the GPU idle culler is off on this hub, "
-            "so the server keeps its GPU until it is stopped"
-        )
+        head = f"Idle timeout {after}, not enforced" if after else "Idle timeouts are not enforced"
+        who = "the server keeps" if after else "a server keeps"
+        return f"{head}: the GPU idle culler is off on this hub, so {who} its GPU until it is stopped"
     text = (
-        f"After {after} with the GPU idle you get a warning; after a grace period the server is "
-        "stopped and its GPU released, unless you use the GPU"
+        f"After {after or 'its idle timeout'} with the GPU idle you get a warning; after a grace period the "
+        "server is stopped and its GPU released, unless you use the GPU"
     )
     if facts.keepalive_uses > 0:
         times = "once" if facts.keepalive_uses == 1 else f"{facts.keepalive_uses} times"

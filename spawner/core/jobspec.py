@@ -32,6 +32,7 @@ from .jobprogram import program_kind, validate_program_path
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
 from .priority import BATCH, TRAINING, PriorityClass, cluster_priority_class_name, effective_priority_class
+from .servers_pod import ServersPodSettings, apply_servers_pod_settings
 from .sharing import NO_GPU_ENV, with_shm
 
 # -- classes and states -------------------------------------------------------
@@ -246,17 +247,35 @@ def _run_base(notebook: str, name: str, stamp: str) -> PurePosixPath:
     return PurePosixPath(notebook).parent / "runs" / f"{name}-{stamp}"
 
 
+#: Re-run's choices: the notebook exactly as the job ran it (its kept copy), or as it is now.
+RERUN_KEPT, RERUN_CURRENT = "kept", "current"
+RERUN_CHOICES = (RERUN_KEPT, RERUN_CURRENT)
+#: The suffix of the notebook a job runs, kept beside its output as it was submitted.
+KEPT_INPUT_SUFFIX = ".input.ipynb"
+
+
+def kept_input_path(output_path: str) -> str:
+    """The job's own copy of its notebook as submitted, beside its output and log:
+    ``<dir>/runs/<name>-<stamp>.input.ipynb``. The job runs this copy, and Re-run runs it again."""
+    return output_path.removesuffix(".ipynb") + KEPT_INPUT_SUFFIX
+
+
 # -- Kubernetes ---------------------------------------------------------------
 
 #: A notebook's container command: papermill reads the parameters (JSON is YAML) from an
 #: environment variable; :func:`spawner.core.jobprogram.kube_shell` says why a shell stays PID 1.
+#: It runs the job's own copy of its notebook, made once (a retried pod runs the same copy); a
+#: Job made before jobs kept one has no GPULAB_INPUT and runs its notebook.
 PAPERMILL_SCRIPT = jobprogram.kube_shell(
-    'mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; ',
-    'papermill "$GPULAB_NOTEBOOK" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
+    'mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; '
+    'input="${GPULAB_INPUT:-$GPULAB_NOTEBOOK}"; '
+    '[ -e "$input" ] || cp -- "${GPULAB_KEEP_FROM:-$GPULAB_NOTEBOOK}" "$input" 2> "$GPULAB_LOG" || exit 1; ',
+    'papermill "$input" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
     '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" ',
 )
 #: A script's container command: ``python script args`` or, over N GPUs, torchrun; the
 #: arguments are the shell's own positional parameters (``sh -c SCRIPT gpulab-job args...``).
+#: A script runs where it is (a copy elsewhere would not import its neighbours).
 SCRIPT_SHELL = jobprogram.kube_shell(
     'script=$(basename "$GPULAB_SCRIPT"); '
     # Several nodes: torchrun takes its nodes, rank and rendezvous from the engine's PET_* variables.
@@ -299,6 +318,9 @@ class KubeJobRequest:
     #: The profile's GPU mapping (:class:`spawner.core.sharing.PodGPUSpec`); ``None`` = CPU only.
     gpu: Any = None
     home_claim: str = ""
+    #: What the pod copies its kept notebook from (:func:`kept_input_path`): the notebook, or the
+    #: kept copy of the job a Re-run repeats; ``""``: the notebook.
+    keep_from: str = ""
     home_mount_path: str = "/home/jovyan"
     home_sub_path: str = ""
     ttl_seconds_after_finished: int = 86400
@@ -313,7 +335,8 @@ class KubeJobRequest:
     mem_guarantee: int | None = None
     mem_limit: int | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
-    #: The profile's tolerations and node affinity (KubeSpawner's shapes).
+    #: The servers' tolerations and node affinity (KubeSpawner's config, z2jh's user pods),
+    #: then the profile's (KubeSpawner's shapes).
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_affinity_required: tuple[Mapping[str, Any], ...] = ()
     node_affinity_preferred: tuple[Mapping[str, Any], ...] = ()
@@ -329,6 +352,10 @@ class KubeJobRequest:
     termination_grace_seconds: int | None = None
     #: The cluster's PriorityClass per gpulab class (the catalog's ``priority_class_names``).
     priority_class_names: Mapping[str, str] = field(default_factory=dict)
+    #: What the hub's KubeSpawner config gives every server pod besides the home (volumes,
+    #: node selector, extra_pod_config); tolerations and node affinity come in the fields
+    #: above, the config's first, as GPUKubeSpawner combines them.
+    servers_pod: ServersPodSettings = field(default_factory=ServersPodSettings)
 
 
 def _cpu(cores: float) -> str:
@@ -411,6 +438,8 @@ def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
     else:
         env += [
             {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
+            {"name": "GPULAB_INPUT", "value": kept_input_path(req.output_path)},
+            {"name": "GPULAB_KEEP_FROM", "value": req.keep_from or req.notebook},
             {"name": "GPULAB_OUTPUT", "value": req.output_path},
             {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
         ]
@@ -493,6 +522,8 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
         pod_spec["schedulerName"] = scheduler_name
     if req.service_account:
         pod_spec["serviceAccountName"] = req.service_account
+    # The world of the user's servers: z2jh's extra volumes, node selector, extraPodConfig.
+    apply_servers_pod_settings(pod_spec, container, req.servers_pod)
     return pod_spec
 
 

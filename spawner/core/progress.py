@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from .model import Profile, Team
 from .packer import GPUDevice
+from .profile_facts import gib_words
 from .units import MILLI_PER_GPU, format_gpus
 
 
@@ -21,10 +22,6 @@ def quota_words(team: Team, milli: int, over_quota: bool) -> str:
             "(it may be stopped when the team's guaranteed work needs the GPU)"
         )
     return f"within team {team.name}'s {format_gpus(team.guarantee_milli)}-GPU guarantee: in quota, not preemptible"
-
-
-def _gib(mib: int) -> str:
-    return f"{mib / 1024:.1f}".removesuffix(".0") + " GiB"
 
 
 def device_words(shares: Sequence[Sequence[int]], devices: Mapping[int, GPUDevice]) -> str:
@@ -39,10 +36,10 @@ def device_words(shares: Sequence[Sequence[int]], devices: Mapping[int, GPUDevic
         if int(milli) >= MILLI_PER_GPU:
             out.append(f"GPU {d.index} ({d.model}{source}): all of it")
         else:
-            share = _gib(d.memory_mib * int(milli) // MILLI_PER_GPU)
+            share = gib_words(d.memory_mib * int(milli) // MILLI_PER_GPU)
             out.append(
                 f"GPU {d.index} ({d.model}{source}): {format_gpus(int(milli))} of it, "
-                f"{share} of its {_gib(d.memory_mib)} memory"
+                f"{share} of its {gib_words(d.memory_mib)} memory"
             )
     return "; ".join(out)
 

@@ -101,6 +101,8 @@ class PodGPUSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     #: Node selector requirements to AND into the pod's node affinity (:mod:`spawner.core.gpu_pools`).
     node_requirements: tuple[Mapping[str, Any], ...] = ()
+    #: The MIG slice a fraction maps to (``1g.10gb``); ``""`` under every other backend.
+    mig_slice: str = ""
 
     @property
     def rounded(self) -> bool:
@@ -354,6 +356,7 @@ def map_mig(profile: Profile, milli: int, team: Team | None, config: Mapping[str
         requests={chosen.resource: "1"},
         limits={chosen.resource: "1"},
         node_selector=_node_selector(profile, opts),
+        mig_slice=chosen.name,
         summary=(
             f"MIG slice {chosen.name} of one {model} ({chosen.compute}/{total_c} compute, "
             f"{chosen.memory_gb} GB; counted as {format_gpus(effective)} GPU)"

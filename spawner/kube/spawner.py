@@ -44,6 +44,7 @@ from spawner.core.policy import (
     what_to_do,
 )
 from spawner.core.priority import cluster_priority_class_name, effective_priority_class
+from spawner.core.profile_facts import device_memory, profile_facts
 from spawner.core.scheduling import SCHEDULER_EVENT_REASONS, explain_scheduler_event
 from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
@@ -59,6 +60,8 @@ from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 #: The spawner whose ``_start`` this code runs in, if any (see :meth:`GPUKubeSpawner.stop`).
 _starting_spawner: ContextVar[Any] = ContextVar("gpulab_starting_spawner", default=None)
+#: A profile's CPU and memory, by the KubeSpawner trait of the same name (unset: the configured one).
+RESOURCE_TRAITS = ("cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit")
 #: Traits this class sets per spawn; restored to the configured value before each spawn.
 _APPLIED_TRAITS = (
     "namespace",
@@ -213,9 +216,23 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         several_teams = len({c.team.name for c in choices}) > 1
         chosen = (self.user_options or {}).get("team"), (self.user_options or {}).get("profile")
         out = []
+        inventory, conf = self.runtime.catalog.inventory, self._configured
         for c in choices:
             p = c.profile
             size = format_gpus(c.effective_milli or p.gpu_milli)
+            try:
+                mig = self._gpu_spec(p).mig_slice
+            except SharingError:
+                mig = ""
+            # Where the profile sets none, the pod gets KubeSpawner's configured values (z2jh's singleuser.*).
+            resources = {k: getattr(p, k) if getattr(p, k) is not None else conf[k] for k in RESOURCE_TRAITS}
+            gives = profile_facts(
+                p,
+                c.effective_milli or p.gpu_milli,
+                device_memory(p.gpu_model, (), inventory),
+                mig_slice=mig,
+                **resources,
+            )
             notes = [c.team_summary]
             if c.capacity_summary:
                 notes.append(c.capacity_summary)
@@ -229,6 +246,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
                 "gpulab": {
                     "available": c.available,
                     "reason": c.reason,
+                    "gives": gives,
                     "notes": notes,
                     "todo": "" if c.available else what_to_do(c, choices, self.runtime.admin_contact),
                     "gpus": size if p.is_gpu else "",
@@ -383,14 +401,9 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             effective_priority_class(profile.priority_class, workload.over_quota),
             self.runtime.catalog.priority_class_names,
         )
-        for trait, value in (
-            ("cpu_guarantee", profile.cpu_guarantee),
-            ("cpu_limit", profile.cpu_limit),
-            ("mem_guarantee", profile.mem_guarantee),
-            ("mem_limit", profile.mem_limit),
-        ):
-            if value is not None:
-                setattr(self, trait, value)
+        for trait in RESOURCE_TRAITS:
+            if getattr(profile, trait) is not None:
+                setattr(self, trait, getattr(profile, trait))
         if request.image is not None:
             self.image = request.image.image
         # Saved in the hub's spawner state: services (the idle culler) read what was granted.

@@ -1,7 +1,8 @@
 """Files below a user's home, opened without following any symlink and without blocking.
 
 Every read of a file a user controls (a job's log, output notebook and exit
-status, the notebook of a submission) goes through :func:`read_beneath`:
+status, the notebook of a submission and the job's own copy of it) goes through
+:func:`read_beneath`:
 
 - the walk starts at the home, opened by the path the account database gives
   (the administrator's, not the user's), and opens each further component
@@ -187,9 +188,25 @@ def write_new_file(base: str, path: str, data: bytes, mode: int = 0o600) -> bool
         except FileExistsError:
             return False
         try:
-            os.write(out, data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view) :]
         finally:
             os.close(out)
         return True
     finally:
         os.close(fd)
+
+
+def copy_to_new_file(base: str, source: str, target: str, max_size: int) -> tuple[Found, bool]:
+    """Copy the regular file ``source`` to the new file ``target``, both below ``base``: read as
+    :func:`read_beneath` reads (at most ``max_size`` bytes, else ``too-large``), written as
+    :func:`write_new_file` writes. ``(what was found, whether target was made)``; a target that
+    cannot be made is the found state of its path (``symlink``, ``not-a-file``, ...)."""
+    found = read_beneath(base, source, 0, max_size, max_size)
+    if found.state != OK:
+        return found, False
+    try:
+        return Found(OK, size=found.size), write_new_file(base, target, found.data)
+    except Beneath as e:
+        return Found(e.state, size=found.size, detail=f"{target}: {e.detail}"), False

@@ -8,7 +8,7 @@ answers with one JSON object on stdout. The sudoers rule
 (``scripts/gpulab.sudoers``) lets a non-root hub's account run exactly this
 program, as members of the users' group only.
 
-It can do five things, each as the account it runs as, nothing else:
+It can do six things, each as the account it runs as, nothing else:
 
 - ``start-server``: start ``jupyterhub-singleuser`` (the one next to this
   program's interpreter) with the arguments and environment in the request;
@@ -21,6 +21,10 @@ It can do five things, each as the account it runs as, nothing else:
   (:mod:`spawner.local.home_files`): the job's log, output notebook and exit
   status, and a submitted notebook. Every read of a file a user controls
   happens here, with that user's credentials;
+- ``keep-copy``: copy a notebook below this account's home to a new file there
+  (a job's own copy of what was submitted): read as by ``read``, written with
+  :func:`spawner.local.home_files.write_new_file` (no symlink followed, never into
+  an existing file, folders ``0700``), up to a size cap;
 - ``prepare-home``: make the home ``0700`` and claim it for the asking hub
   (``~/.gpulab/hub``), or say which hub claimed it first.
 
@@ -271,6 +275,17 @@ def read(req: dict) -> dict:
     return reply
 
 
+def keep_copy(req: dict) -> dict:
+    """Copy the regular file ``source`` to the new file ``target``, both below this account's home
+    (:func:`home_files.copy_to_new_file`). ``created`` is false when the target exists already."""
+    max_size = _int(req.get("max_size"), "max_size", lo=1, hi=MAX_READ)
+    source, target = req.get("source"), req.get("target")
+    if not isinstance(source, str) or not isinstance(target, str):
+        raise Refused("source and target must be strings")
+    found, created = home_files.copy_to_new_file(me().pw_dir, source, target, max_size)
+    return {"ok": True, "state": found.state, "size": found.size, "detail": found.detail[:200], "created": created}
+
+
 #: The file in a home that names the hub using the account (see :func:`prepare_home`).
 OWNER_MARKER = ".gpulab/hub"
 
@@ -323,6 +338,7 @@ ACTIONS = {
     "start-job": start_job,
     "signal": send_signal,
     "read": read,
+    "keep-copy": keep_copy,
     "prepare-home": prepare_home,
 }
 

@@ -297,6 +297,17 @@ class MediatorClient:
             raise MediatorError(f"the mediator answered {len(data)} bytes where at most {limit} were asked")
         return home_files.Found(state, data, _whole(reply.get("size", 0)), str(reply.get("detail") or "")[:200])
 
+    async def keep_copy(self, account: str, source: str, target: str, max_size: int) -> tuple[home_files.Found, bool]:
+        """Copy ``source`` to the new file ``target`` below the account's home, as the account
+        (the mediator's ``keep-copy``): ``(what the read found, whether the target was made)``."""
+        request = {"action": "keep-copy", "source": str(source), "target": str(target), "max_size": max_size}
+        reply = await self.call(account, request)
+        state = reply.get("state")
+        if state not in home_files.STATES:
+            raise MediatorError(f"the mediator answered the unknown state {str(state)[:40]!r}")
+        found = home_files.Found(state, b"", _whole(reply.get("size", 0)), str(reply.get("detail") or "")[:200])
+        return found, reply.get("created") is True
+
     async def prepare_home(self, account: str, hub: str = "") -> dict[str, Any]:
         """Make the home 0700 and claim it for ``hub``; the answer's ``owner`` names the hub holding it."""
         reply = await self.call(account, {"action": "prepare-home", "hub": hub})

@@ -47,6 +47,7 @@ from spawner.core.policy import (
     resolve_request,
     what_to_do,
 )
+from spawner.core.profile_facts import device_memory, profile_facts
 from spawner.core.progress import setup_messages
 from spawner.core.units import format_gpus
 from spawner.runtime import SINGLE_SERVER, GPULabRuntime, get_runtime
@@ -183,7 +184,18 @@ class GPULocalMixin(_SpawnerBase):
             idle=self.gpulab.idle_facts,
             admin_contact=runtime.admin_contact,
             admin_page_url=f"{self.hub.base_url}gpulab/admin" if admin and not choices else "",
+            gives=self._profile_gives,
         )
+
+    def _profile_gives(self, choice: ProfileChoice) -> list[str]:
+        """What a profile gives here: its share of this server's device memory, the CPU and memory
+        its server runs under (the profile's, else the team's cap and the hub's defaults)."""
+        p = choice.profile
+        limits = workload_limits(p, choice.team, self.limit_defaults())
+        devices = [(d.model, d.memory_mib) for d in self.packer.devices.values()]
+        memory = device_memory(p.gpu_model, devices, self.gpulab.catalog.inventory)
+        milli = choice.effective_milli or p.gpu_milli
+        return profile_facts(p, milli, memory, cpu_limit=limits.cpu, mem_limit=limits.memory)
 
     def _last_choice_value(self) -> str:
         """``team:profile`` this user last started ('' if none, or unreadable: the form renders anyway)."""

@@ -5,8 +5,10 @@ real papermill job.
 alice logs in, starts a 0.25-GPU profile, opens the GPU sidebar (session and
 team quota), submits the open notebook as a batch job with a parameter from the
 "Run as GPU job" dialog, watches it reach `succeeded` in the sidebar, opens its
-output notebook and sees the parameter's effect. Screenshots go to
-gpulab-test-output/e2e-lab/ under the temporary folder (sidebar, dialog, finished job, output, dark theme).
+output notebook and sees the parameter's effect; she edits the notebook, and the
+jobs list's Re-run runs it as the job ran it, "Run current" as it is now. Screenshots go to
+gpulab-test-output/e2e-lab/ under the temporary folder (sidebar, dialog, finished job, output, dark
+theme), and the Re-run choices to docs/img/lab-job-rerun.png (scripts/screenshots).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pytest
 from tests.support.browser import screenshots_dir
 from tests.support.catalogs import H100_PROFILES, VISION_TEAM, h100_inventory
 from tests.support.hub import ADMIN_AND_CULLER_SCOPES, RunningHub
-from tests.support.lab import give_notebook
+from tests.support.lab import give_notebook, shot_docs
+
+pytestmark = pytest.mark.docs_screenshots
 
 SHOTS = screenshots_dir("e2e-lab")
 CATALOG = h100_inventory(1) + H100_PROFILES + "teams:\n" + VISION_TEAM
@@ -146,13 +150,33 @@ def run_scenario(hub: RunningHub, page) -> None:
     slow_id = slow.get_attribute("data-job-id")
     slow_record = hub.api("GET", f"/gpulab/jobs/{slow_id}").json()
     assert slow_record["state"] == "cancelled" and slow_record["parameters"]["pause"] == 60
-    # Re-run the first job: a new job with the same parameters.
-    job.get_by_role("button", name="Run job greet again").click()
+    # The notebook is edited after the first job ran; Re-run runs it as that job ran it (its kept
+    # copy), "Run current" runs it as it is now; both with the same parameters.
+    greet = hub.home("alice") / "greet.ipynb"
+    edited = json.loads(greet.read_text())
+    edited["cells"][-1]["source"] = 'print("edited since")'
+    greet.write_text(json.dumps(edited))
+    job.get_by_role("button", name="Run job greet again with its notebook as it ran").click()
     panel.locator(".gpulab-job").nth(2).wait_for()
     jobs = hub.api("GET", "/gpulab/jobs", params={"user": "alice"}).json()["jobs"]
     assert len(jobs) == 3
     rerun = [j for j in jobs if str(j["id"]) not in (job_id, slow_id)][0]
     assert rerun["parameters"] == record["parameters"] and rerun["notebook"] == "greet.ipynb"
+    assert rerun["rerun_of"] == int(job_id)
+    job.get_by_role("button", name="Run the current greet.ipynb with the settings of job greet").click()
+    panel.locator(".gpulab-job").nth(3).wait_for()
+    jobs = hub.api("GET", "/gpulab/jobs", params={"user": "alice"}).json()["jobs"]
+    current = [j for j in jobs if str(j["id"]) not in (job_id, slow_id, str(rerun["id"]))][0]
+    assert current["parameters"] == record["parameters"] and current["rerun_of"] is None
+
+    def printed(job_record: dict) -> str:
+        panel.locator(f'.gpulab-job[data-job-id="{job_record["id"]}"][data-state="succeeded"]').wait_for(timeout=90_000)
+        nb = hub.api("GET", f"/gpulab/jobs/{job_record['id']}/output").json()
+        return "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+
+    assert "hello gpulab e2e! hello gpulab e2e!" in printed(rerun) and "edited since" not in printed(rerun)
+    assert "edited since" in printed(current)
+    shot_docs(page, "lab-job-rerun", panel.locator(".gpulab-jobs"))
 
     # The culler warns: a countdown and "Keep my GPU", which clears the warning.
     r = hub.api(

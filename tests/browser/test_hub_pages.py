@@ -54,10 +54,15 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
     ctx, page = login(browser, hub, "alice")
     assert "/hub/spawn" in page.url  # a user without a server lands on the spawn page
     half = profile(page, "vision:h100-half")
-    # The one idle sentence (no NVIDIA driver here, so the embedded hub runs no culler).
-    idle = "Idle timeout 2h, not enforced: the GPU idle culler is off on this hub"
-    assert idle in half.inner_text()
-    assert "per-user cap in team vision: 1 GPUs" in half.inner_text()
+    # The idle rule once for the page (no NVIDIA driver here, so the embedded hub runs no culler),
+    # each card's own timeout, and what the profile gives.
+    rule = page.locator("#gpulab-idle-rule").inner_text()
+    assert (
+        rule
+        == "Idle timeouts are not enforced: the GPU idle culler is off on this hub, so a server keeps its GPU until it is stopped."
+    ), rule
+    assert "Idle timeout 2h" in half.inner_text()
+    assert "0.5 × H100-80GB · 39.8 GiB GPU memory" in half.inner_text()
     assert "at most 1 GPUs per user, you hold 0" in page.locator('fieldset[data-team="vision"] h3').inner_text()
     split = page.locator('fieldset[data-team="vision"] .gpulab-quota-split').inner_text()
     assert split == "in quota 0.5 of 0.5 · borrowable 0.5 above the guarantee (preemptible) · 0.5 free in all", split

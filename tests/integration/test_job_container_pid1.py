@@ -96,3 +96,49 @@ def test_job_command_as_pid1_ends_papermill_and_its_kernel_at_sigterm(tmp_path):
             proc.wait(10)
     assert status == 128 + signal.SIGTERM, status
     assert not Path(f"/proc/{pid1}").exists()  # the namespace's init is gone, with all in it
+
+
+def test_job_command_keeps_the_notebook_once_and_runs_the_kept_copy(tmp_path):
+    """The Kubernetes job's command copies its notebook to the job's own file (the single
+    server's hub does the same at submit) and runs that copy; a retried pod finds the copy and
+    runs the same content, whatever the notebook holds by then; a Re-run's pod copies from the
+    earlier job's kept copy."""
+    notebook = tmp_path / "exp" / "calc.ipynb"
+    write_parameterised_notebook(notebook, "x = 1", "print('version one', x)")
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "GPULAB_HOME": str(tmp_path),
+        "GPULAB_NOTEBOOK": "exp/calc.ipynb",
+        "GPULAB_INPUT": "exp/runs/calc-1.input.ipynb",
+        "GPULAB_KEEP_FROM": "exp/calc.ipynb",
+        "GPULAB_OUTPUT": "exp/runs/calc-1.ipynb",
+        "GPULAB_LOG": "exp/runs/calc-1.log",
+        "GPULAB_PARAMETERS": "{}",
+    }
+
+    def run(**changes: str) -> str:
+        e = {**env, **changes}
+        subprocess.run(["/bin/sh", "-c", PAPERMILL_SCRIPT], env=e, check=True, timeout=120)
+        return (tmp_path / e["GPULAB_OUTPUT"]).read_text()
+
+    assert "version one" in run()
+    write_parameterised_notebook(notebook, "x = 2", "print('version two', x)")  # edited since
+    assert "version one" in run()  # a retried pod: the kept copy, not the edited notebook
+    rerun = run(
+        GPULAB_INPUT="exp/runs/calc-2.input.ipynb",
+        GPULAB_KEEP_FROM="exp/runs/calc-1.input.ipynb",
+        GPULAB_OUTPUT="exp/runs/calc-2.ipynb",
+        GPULAB_LOG="exp/runs/calc-2.log",
+    )
+    assert "version one" in rerun and "version two" not in rerun
+    fresh = run(
+        GPULAB_INPUT="exp/runs/calc-3.input.ipynb", GPULAB_OUTPUT="exp/runs/calc-3.ipynb", GPULAB_LOG="exp/runs/c3.log"
+    )
+    assert "version two" in fresh
+    gone = subprocess.run(
+        ["/bin/sh", "-c", PAPERMILL_SCRIPT],
+        env={**env, "GPULAB_INPUT": "exp/runs/x.input.ipynb", "GPULAB_KEEP_FROM": "exp/runs/gone.input.ipynb"},
+        timeout=60,
+    )
+    assert gone.returncode == 1 and "gone.input.ipynb" in (tmp_path / "exp/runs/calc-1.log").read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.hub import RunningHub
-from tests.support.jobs import get_job, submit, user_token, wait_state, write_notebook
+from tests.support.jobs import get_job, submit, user_token, wait_state, write_notebook, write_parameterised_notebook
 
 CATALOG = """
 inventory:
@@ -229,6 +229,99 @@ def test_rerun_and_idempotency(hub, tokens):
     assert second["id"] != first["id"] and second["rerun_of"] == first["id"]
     assert second["parameters"] == {"x": 4} and second["output_path"] != first["output_path"]
     wait_state(hub, second["id"], "succeeded")
+
+
+def test_rerun_runs_the_notebook_as_submitted_and_current_runs_it_as_it_is_now(hub, tokens):
+    """The job keeps its notebook as submitted (written as its owner, beside its output); a
+    notebook edited after submit changes neither what the job ran nor what Re-run runs."""
+    path = home(hub, "bob") / "exp" / "versions.ipynb"
+    hub.give("bob", write_parameterised_notebook(path, "x = 1", "print('version one', x)"))
+    first = submit(hub, tokens["bob"], notebook="exp/versions.ipynb", job_class="batch", profile="cpu")
+    kept = home(hub, "bob") / first["input_path"]
+    assert first["input_path"] == first["output_path"].removesuffix(".ipynb") + ".input.ipynb"
+    write_parameterised_notebook(path, "x = 2", "print('version two', x)")  # edited after submit
+    hub.give("bob", path)
+    done = wait_state(hub, first["id"], {"succeeded", "failed"}, token=tokens["bob"])
+    assert done["state"] == "succeeded", done
+    account = hub.account("bob")
+    if account is not None:  # made by the owner, never by the hub: the job's outputs' rules
+        assert kept.stat().st_uid == account.uid
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert "version one" in kept.read_text() and "version two" not in kept.read_text()
+
+    def ran(job: dict) -> str:
+        r = hub.api("GET", f"/gpulab/jobs/{job['id']}/output", token=tokens["bob"])
+        assert r.status_code == 200, r.text
+        return "".join("".join(o.get("text", "")) for c in r.json()["cells"] for o in c.get("outputs", []))
+
+    assert "version one 1" in ran(done)
+    r = hub.api("POST", f"/gpulab/jobs/{first['id']}/rerun", token=tokens["bob"])  # default: as it ran
+    assert r.status_code == 201, r.text
+    again = wait_state(hub, r.json()["id"], {"succeeded", "failed"}, token=tokens["bob"])
+    assert again["rerun_of"] == first["id"] and "version one 1" in ran(again)
+    # A re-run of the re-run runs the same content again: each job keeps its own copy.
+    assert "version one" in (home(hub, "bob") / again["input_path"]).read_text()
+    r = hub.api(
+        "POST", f"/gpulab/jobs/{first['id']}/rerun", token=tokens["bob"], data=json.dumps({"notebook": "current"})
+    )
+    assert r.status_code == 201, r.text
+    current = wait_state(hub, r.json()["id"], {"succeeded", "failed"}, token=tokens["bob"])
+    assert current["rerun_of"] is None and "version two 2" in ran(current)
+
+
+@pytest.mark.parametrize(
+    "body,status,text",
+    [
+        ({"notebook": "yesterday"}, 400, "notebook must be one of kept, current"),
+        ({"notebook": ["kept"]}, 400, "notebook must be one of"),
+        ({"notebook": "kept", "profile": "h100-2"}, 400, "a re-run takes only 'notebook'"),
+        ({"notebook": "x" * 2000}, 413, ""),
+    ],
+)
+def test_bad_rerun_bodies_get_4xx_and_change_nothing(hub, tokens, body, status, text):
+    job = next(j for j in all_jobs(hub) if j["user"] == "bob" and j["state"] == "succeeded")
+    before = len(all_jobs(hub))
+    r = hub.api("POST", f"/gpulab/jobs/{job['id']}/rerun", token=tokens["bob"], data=json.dumps(body))
+    assert r.status_code == status, r.text
+    assert text in r.text
+    assert len(all_jobs(hub)) == before
+
+
+def test_a_notebook_larger_than_the_hub_keeps_is_a_413_and_nothing_is_recorded(hub, tokens):
+    huge = home(hub, "bob") / "exp" / "huge.ipynb"
+    with open(huge, "wb") as f:
+        f.truncate(40 << 20)  # sparse: its size is checked on the open file, nothing is read
+    hub.give("bob", huge)
+    before = len(all_jobs(hub))
+    r = hub.api(
+        "POST",
+        "/gpulab/jobs",
+        token=tokens["bob"],
+        data=json.dumps({"notebook": "exp/huge.ipynb", "job_class": "batch", "profile": "cpu"}),
+    )
+    assert r.status_code == 413 and "c.GPULabJobs.max_notebook_bytes" in r.text, r.text
+    assert len(all_jobs(hub)) == before and job_holdings(hub) == []
+    assert not any(p.name.startswith("huge-") for p in (home(hub, "bob") / "exp" / "runs").iterdir())
+
+
+def test_rerun_of_a_job_whose_kept_notebook_is_gone_or_tampered_is_refused(hub, tokens):
+    """The kept copy is the owner's file: deleted, it is a 404 that names the other choice;
+    replaced by a symlink (to another user's notebook), a 403; nothing is submitted either way."""
+    job = next(j for j in all_jobs(hub) if j["user"] == "bob" and j["state"] == "succeeded" and j["rerun_of"] is None)
+    kept = home(hub, "bob") / job["input_path"]
+    kept.unlink()
+    before = len(all_jobs(hub))
+    r = hub.api("POST", f"/gpulab/jobs/{job['id']}/rerun", token=tokens["bob"])
+    assert r.status_code == 404 and "re-run with the current notebook" in r.text, r.text
+    kept.symlink_to(home(hub, "alice") / "exp" / "calc.ipynb")
+    r = hub.api("POST", f"/gpulab/jobs/{job['id']}/rerun", token=tokens["bob"])
+    assert r.status_code == 403 and "symlink" in r.text, r.text
+    assert len(all_jobs(hub)) == before
+    r = hub.api("POST", "/gpulab/jobs/99999999/rerun", token=tokens["bob"])
+    assert r.status_code == 404, r.text
+    r = hub.api("POST", "/gpulab/jobs/1%2F..%2F2/rerun", token=tokens["bob"])
+    assert 400 <= r.status_code < 500, r.text
+    assert len(all_jobs(hub)) == before
 
 
 # -- security ------------------------------------------------------------------

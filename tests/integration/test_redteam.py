@@ -216,6 +216,49 @@ def test_critical_log_and_output_swapped_for_symlinks_read_no_file_outside_the_h
     assert set(refusals) <= {200, 403, 409}, dict(refusals)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_critical_kept_notebook_and_runs_folder_swapped_for_symlinks_copy_nothing_across(request, mode, tmp_path):
+    """Alice replaces her job's kept notebook with a symlink to a root-only file and asks for a
+    Re-run of it; then makes a notebook's ``runs/`` folder a symlink to a folder outside her home
+    and submits. The copies are made as alice with no symlink followed: both are refused, no job
+    is recorded, nothing is written outside her home and no root-only byte reaches her files."""
+    w = world(request, mode)
+    hub, alice = w.hub, w.accounts["alice"]
+    job = w.job("alice")
+    kept = alice.home / job["input_path"]
+    assert kept.is_file() and kept.stat().st_uid == alice.uid
+    target, secret = root_only_file(tmp_path, '{"cells": [], "metadata": {"root": "SECRET"}}')
+    run_as_user(
+        alice, "import os, sys; os.unlink(sys.argv[1]); os.symlink(sys.argv[2], sys.argv[1])", str(kept), str(target)
+    )
+    count = len(hub.api("GET", "/gpulab/jobs").json()["jobs"])
+    r = hub.api("POST", f"/gpulab/jobs/{job['id']}/rerun", token=w.tokens["alice"])
+    assert r.status_code == 403 and "symlink" in message(r), r.text
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o777)
+    os.chmod(outside, 0o777)  # writable by anyone: only the hub's refusal keeps alice's copy out of it
+    run_as_user(
+        alice,
+        "import os, shutil, sys; os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True); "
+        "shutil.copy(sys.argv[3], sys.argv[1]); os.symlink(sys.argv[2], os.path.join(os.path.dirname(sys.argv[1]), 'runs'))",
+        str(alice.home / "evil" / "calc.ipynb"),
+        str(outside),
+        str(alice.home / "exp" / "calc.ipynb"),
+    )
+    r = hub.api(
+        "POST",
+        "/gpulab/jobs",
+        token=w.tokens["alice"],
+        data=json.dumps({"notebook": "evil/calc.ipynb", "job_class": "batch", "profile": "cpu"}),
+    )
+    assert r.status_code == 403 and "symlink" in message(r), r.text
+    assert list(outside.iterdir()) == []
+    assert len(hub.api("GET", "/gpulab/jobs").json()["jobs"]) == count
+    for path in (alice.home / "exp" / "runs").iterdir():
+        if not path.is_symlink():
+            assert secret not in path.read_text(errors="replace"), path
+
+
 # -- HIGH ---------------------------------------------------------------------------------------
 
 

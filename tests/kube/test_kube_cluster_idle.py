@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from traitlets.config import Config
 
 from idle_culler.app import GPUIdleCuller
 from idle_culler.attribution import REASONS
@@ -42,7 +41,7 @@ from tests.kube.bed.dcgm_exporter import ExporterSettings, FakeKubeDCGMExporter
 from tests.kube.bed.testbed import NODES_FILE, Testbed
 from tests.support import REPO
 from tests.support.dcgm_fake_exporter import RunningPrometheus
-from tests.support.idle_hub_standin import TOKEN, IdleHubStandin, StandinServer
+from tests.support.idle_hub_standin import IdleHubStandin, StandinServer, standin_culler
 
 WINDOW = 8  # seconds: the idle timeout of every profile here
 OPERATOR_VALUES = yaml.safe_load((REPO / "helm" / "values-gpu-operator.yaml").read_text())
@@ -232,22 +231,10 @@ def bed(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def culler(hub: IdleHubStandin, prometheus_url: str, kai_groups: bool) -> GPUIdleCuller:
-    c = Config()
-    if kai_groups:
-        c.PrometheusSource.kai_reservation_namespace = KAI_NAMESPACE
-    c.GPUIdleCuller.url = hub.url
-    c.GPUIdleCuller.api_token = TOKEN
-    c.GPUIdleCuller.source = "prometheus"
-    c.GPUIdleCuller.default_timeout = WINDOW
-    c.GPUIdleCuller.grace_seconds = 0
-    c.GPUIdleCuller.unattributed_after = 60
-    c.GPUIdleCuller.metrics_url = ""
-    c.PrometheusSource.prometheus_url = prometheus_url
-    c.PrometheusSource.scrape_interval = 1
-    c.PrometheusSource.rule_interval = 1
-    app = GPUIdleCuller(config=c)
-    app.initialize([])
-    return app
+    namespace = KAI_NAMESPACE if kai_groups else ""
+    return standin_culler(
+        hub, prometheus_url, timeout=WINDOW, unattributed_after=60, kai_reservation_namespace=namespace
+    )
 
 
 def expected(setting: str, pod: str, role: str) -> str:

@@ -27,7 +27,9 @@ from tests.support.kube_spawner import chart_team
 A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 
-def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "", homes: bool = False) -> RunningHub:
+def jobs_hub_for(
+    release: Release, workdir, guarantee: float, extra: str = "", homes: bool = False, site_extra: dict | None = None
+) -> RunningHub:
     """A hub running notebook jobs on the cluster as the chart-bound hub ServiceAccount,
     configured as Zero to JupyterHub configures it (tests/kube/bed/z2jh_hub_config.py): job
     pods go to z2jh's user-scheduler, like the servers."""
@@ -48,6 +50,8 @@ def jobs_hub_for(release: Release, workdir, guarantee: float, extra: str = "", h
         }
     else:
         jobs["kube_home_claim_template"] = ""
+    for key, value in (site_extra or {}).items():
+        site[key] = {**site.get(key, {}), **value}
     return bed_hub(workdir, release.hub_namespace, release.hub_kubeconfig, yaml.safe_dump(catalog), site, extra)
 
 
@@ -78,20 +82,29 @@ def job_pods(kube: Cluster, ns: str, job_id: int) -> list[dict]:
 
 
 def running_pod(kube: Cluster, ns: str, job_id: int, exclude: set[str] = frozenset()) -> dict:
-    return kube.wait(
-        lambda: next(
-            (
-                p
-                for p in job_pods(kube, ns, job_id)
-                if p["metadata"]["name"] not in exclude
-                and p["status"].get("phase") == "Running"
-                and not p["metadata"].get("deletionTimestamp")
+    try:
+        return kube.wait(
+            lambda: next(
+                (
+                    p
+                    for p in job_pods(kube, ns, job_id)
+                    if p["metadata"]["name"] not in exclude
+                    and p["status"].get("phase") == "Running"
+                    and not p["metadata"].get("deletionTimestamp")
+                ),
+                None,
             ),
-            None,
-        ),
-        f"a Running pod of job {job_id}",
-        60,
-    )
+            f"a Running pod of job {job_id}",
+            60,
+        )
+    except AssertionError as e:  # say why: the Job's conditions and what happened to its pods
+        job = kube.maybe_get(f"/apis/batch/v1/namespaces/{ns}/jobs/gpulab-job-{job_id}") or {}
+        events = [
+            f"{ev['involvedObject']['name']}: {ev['reason']}: {ev['message']}"
+            for name in [f"gpulab-job-{job_id}", *(p["metadata"]["name"] for p in job_pods(kube, ns, job_id))]
+            for ev in kube.events(ns, name)
+        ]
+        raise AssertionError(f"{e}; Job status {job.get('status')}; events {events}") from None
 
 
 def k8s_job(kube: Cluster, ns: str, job_id: int) -> dict:
@@ -271,6 +284,57 @@ def test_the_job_the_hub_creates_is_accepted_and_carries_gpu_priority_and_labels
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert json.loads(env["GPULAB_PARAMETERS"]) == {"x": 5, "lr": 0.01}
     running_pod(kube, ns, job["id"])  # scheduled and started by the real controllers
+
+
+def test_a_job_gets_the_volumes_scheduling_and_pod_config_z2jh_gives_the_servers(release, kube, tmp_path):
+    """Z2jh's singleuser.storage.extraVolumes / extraVolumeMounts, singleuser.extraTolerations,
+    singleuser.nodeSelector, scheduling.userPods.nodeAffinity.matchNodePurpose: require and
+    singleuser.extraPodConfig reach a job's pod as they reach the servers (through the z2jh
+    loader into c.KubeSpawner), except the fields a Job owns (restartPolicy). The required
+    node purpose holds the pod until a node carries it, as it would a server."""
+    site = {
+        "singleuser": {
+            "storage": {
+                "extraVolumes": [{"name": "scratch-{username}", "emptyDir": {"sizeLimit": "1Gi"}}],
+                "extraVolumeMounts": [{"name": "scratch-{username}", "mountPath": "/scratch"}],
+            },
+            "extraTolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+            "nodeSelector": {"gpulab.io/pool": "mig"},
+            "extraPodConfig": {"dnsConfig": {"options": [{"name": "ndots", "value": "2"}]}, "restartPolicy": "Always"},
+        },
+        "scheduling": {"userPods": {"nodeAffinity": {"matchNodePurpose": "require"}}},
+    }
+    hub = jobs_hub_for(release, tmp_path, guarantee=1, site_extra=site)
+    hub.start()
+    node = "/api/v1/nodes/gpu-a100-mig"
+    try:
+        token = member_token(hub, "carol")
+        ns = release.team_ns(chart_team(release, "nlp"))
+        job = submit(hub, token, notebook="exp/calc.ipynb", job_class="batch", profile="a100-1")
+        pod = k8s_job(kube, ns, job["id"])["spec"]["template"]["spec"]
+        assert {"name": "scratch-carol", "emptyDir": {"sizeLimit": "1Gi"}} in pod["volumes"]
+        assert {"name": "scratch-carol", "mountPath": "/scratch"} in pod["containers"][0]["volumeMounts"]
+        assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
+        assert pod["nodeSelector"] == {"gpulab.io/pool": "mig", **A100_SELECTOR}
+        [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": "hub.jupyter.org/node-purpose", "operator": "In", "values": ["user"]} in term["matchExpressions"]
+        assert pod["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
+        assert pod["restartPolicy"] == "Never", "a Job's pod must not restart in place"
+        # No node is a user node yet: the scheduler holds the pod, as it would a server.
+        kube.wait(
+            lambda: any(
+                e["reason"] == "FailedScheduling"
+                for p in job_pods(kube, ns, job["id"])
+                for e in kube.events(ns, p["metadata"]["name"])
+            ),
+            "the scheduler to have refused the job's pod for its node purpose",
+            60,
+        )
+        kube.patch(node, {"metadata": {"labels": {"hub.jupyter.org/node-purpose": "user"}}})
+        assert running_pod(kube, ns, job["id"])["spec"]["nodeName"] == "gpu-a100-mig"
+    finally:
+        kube.patch(node, {"metadata": {"labels": {"hub.jupyter.org/node-purpose": None}}})
+        hub.close()
 
 
 def test_the_time_limit_is_the_job_controllers_deadline(jobs_hub, release, kube, carol):

@@ -105,6 +105,12 @@ async def test_form_shows_availability_and_disables_with_reason(api):
     assert "0.5 GPU (rounded up" in html  # the 0.3 profile shows what it really gets
     assert not re.search(r'value="vision:h100-half"\s+disabled', html)
     assert 'name="profile-option-vision:h100-half--image"' in html
+    # What each profile gives, first on its card (no inventory here: the model's name gives its memory).
+    assert "0.5 × H100-80GB · 40 GB GPU memory" in html  # 0.3 asked, 0.5 (2 of 4 time-slices) given
+    assert "2 × H100-80GB · 160 GB GPU memory" in html
+    assert "1 CPU guaranteed, up to 4 · 7.5 GiB RAM guaranteed, up to 14.9 GiB" in html  # 8G / 16G
+    assert "Images: PyTorch, Base" in html
+    assert '<p class="gpulab-note gpulab-gives">No GPU</p>' in html
     await holder.stop()
 
 

@@ -88,3 +88,26 @@ teams:
   - {name: nlp, display_name: Language models, users: [alice], guarantee: 1, burst: 1,
      allowed_profiles: [h100-quarter]}
 """
+
+
+#: The spawn page at its largest common size: three teams of four profiles each (CPU, a quarter,
+#: half and one H100, one with two images) for alice on a server of four H100s. Team speech's
+#: burst of 0.5 leaves its 1 × H100 unavailable, so a card with a reason and what to do is measured too.
+SPAWN_THREE_TEAMS = """
+inventory:
+  - {model: H100-80GB, count: 4, memory_mib: 81559}
+profiles:
+  - {slug: cpu, display_name: "CPU only", gpus: 0, cpu: {limit: 2}, memory: {guarantee: 2Gi, limit: 4Gi}}
+  - {slug: h100-quarter, display_name: "0.25 × H100", gpus: 0.25, gpu_model: H100-80GB, idle_timeout: 4h,
+     memory: {limit: 16Gi}}
+  - {slug: h100-half, display_name: "0.5 × H100", gpus: 0.5, gpu_model: H100-80GB, idle_timeout: 2h,
+     cpu: {guarantee: 2, limit: 8}, memory: {limit: 32Gi},
+     images: [{slug: torch, display_name: PyTorch, image: quay.io/jupyter/pytorch-notebook},
+              {slug: base, display_name: Base, image: quay.io/jupyter/base-notebook}]}
+  - {slug: h100-1, display_name: "1 × H100", gpus: 1, gpu_model: H100-80GB, idle_timeout: 1h,
+     cpu: {limit: 16}, memory: {limit: 64Gi}}
+teams:
+  - {name: vision, display_name: Computer vision, users: [alice], guarantee: 1, burst: 2, per_user_cap: 1.5}
+  - {name: nlp, display_name: Language models, users: [alice], guarantee: 1, burst: 1}
+  - {name: speech, display_name: Speech, users: [alice], guarantee: 0.5, burst: 0.5}
+"""

@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from tornado import httpserver, web
+from traitlets.config import Config
 
 from hub_config.domain.idle_store import IdleStore, UnattributedServers
 from hub_config.storage.db import session_factory, utcnow
+from idle_culler.app import GPUIdleCuller
 from spawner.core.catalog import Catalog
 from spawner.core.grant import GrantedShare
 from spawner.core.idle import KeepalivePolicy
@@ -165,3 +167,31 @@ class IdleHubStandin:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+def standin_culler(
+    hub: IdleHubStandin,
+    prometheus_url: str,
+    *,
+    timeout: float,
+    unattributed_after: float,
+    scrape_interval: float = 1,
+    kai_reservation_namespace: str = "",
+) -> GPUIdleCuller:
+    """The real culler (in-process, no grace, no /metrics server) over ``hub`` and a Prometheus."""
+    c = Config()
+    if kai_reservation_namespace:
+        c.PrometheusSource.kai_reservation_namespace = kai_reservation_namespace
+    c.GPUIdleCuller.url = hub.url
+    c.GPUIdleCuller.api_token = TOKEN
+    c.GPUIdleCuller.source = "prometheus"
+    c.GPUIdleCuller.default_timeout = timeout
+    c.GPUIdleCuller.grace_seconds = 0
+    c.GPUIdleCuller.unattributed_after = unattributed_after
+    c.GPUIdleCuller.metrics_url = ""
+    c.PrometheusSource.prometheus_url = prometheus_url
+    c.PrometheusSource.scrape_interval = scrape_interval
+    c.PrometheusSource.rule_interval = scrape_interval
+    app = GPUIdleCuller(config=c)
+    app.initialize([])
+    return app

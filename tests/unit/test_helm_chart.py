@@ -31,7 +31,7 @@ from spawner.core.catalog import teams as catalog_teams
 from spawner.core.catalog.yaml_text import catalog_from_yaml
 from spawner.core.units import parse_gpus
 from spawner.runtime import GPULab
-from tests.support import REPO
+from tests.support import REPO, grafana_dashboard
 from tests.support.helm import (
     CHART,
     NAMESPACE,
@@ -521,7 +521,12 @@ def test_grafana_dashboard_queries_are_valid_promql(tmp_path):
             {
                 "name": "gpulab-dashboard",
                 "rules": [
-                    {"record": f"gpulab:panel{i}", "expr": e.replace("$__range", "1h")}
+                    {
+                        "record": f"gpulab:panel{i}",
+                        "expr": grafana_dashboard.interpolate(
+                            e, {"team": "vision"}, range_seconds=86400, scrape_interval=30
+                        ),
+                    }
                     for i, e in enumerate(exprs.values())
                 ],
             }

@@ -114,6 +114,27 @@ def test_a_new_file_is_written_only_where_nothing_is(home: Path, tmp_path: Path)
     assert refused.value.state == "symlink" and not (tmp_path / "planted").exists()
 
 
+def test_a_notebook_is_kept_in_a_new_file_and_nothing_crosses_a_symlink(home: Path, tmp_path: Path):
+    """A job's own copy of its notebook: a regular file below the home, up to the cap, into a
+    new file; a symlinked source, target folder or existing target is refused, nothing written."""
+    source = home / "exp" / "train.ipynb"
+    source.write_bytes(b'{"cells": []}')
+    target = home / "exp" / "runs" / "train-1.input.ipynb"
+    found, created = home_files.copy_to_new_file(str(home), str(source), str(target), 1024)
+    assert (found.state, created) == ("ok", True) and target.read_bytes() == b'{"cells": []}'
+    assert target.stat().st_mode & 0o777 == 0o600
+    found, created = home_files.copy_to_new_file(str(home), str(source), str(target), 1024)
+    assert (found.state, created) == ("ok", False)  # never written into
+    found, _ = home_files.copy_to_new_file(str(home), str(source), str(home / "exp" / "big.ipynb"), 4)
+    assert found.state == "too-large" and not (home / "exp" / "big.ipynb").exists()
+    (home / "exp" / "link.ipynb").symlink_to(tmp_path / "secret")
+    found, _ = home_files.copy_to_new_file(str(home), str(home / "exp" / "link.ipynb"), str(home / "x.ipynb"), 1024)
+    assert found.state == "symlink" and not (home / "x.ipynb").exists()
+    (home / "out").symlink_to(tmp_path)
+    found, created = home_files.copy_to_new_file(str(home), str(source), str(home / "out" / "planted"), 1024)
+    assert (found.state, created) == ("symlink", False) and not (tmp_path / "planted").exists()
+
+
 # -- process identity ------------------------------------------------------------------------
 
 

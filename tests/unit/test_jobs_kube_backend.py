@@ -318,3 +318,27 @@ def test_the_home_claim_a_job_creates_is_the_one_kubespawner_would(tmp_path, mon
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "nfs-homes"}}]
     c.KubeSpawner.volume_mounts = [{"mountPath": "/home/jovyan", "name": "home", "subPath": "{username}"}]
     assert JobService(config=c).backend.home_claim_manifest("jo_smith") is None
+
+
+def test_the_jobs_pod_keeps_its_notebook_and_a_rerun_copies_the_earlier_jobs_copy(tmp_path, monkeypatch):
+    """The hub does not reach the homes on Kubernetes: the pod copies the notebook to the job's
+    own file beside its output (as the single server's hub does at submit) and runs it; a Re-run's
+    pod copies from the earlier job's kept copy, "Run current"'s from the notebook."""
+    from hub_config.jobs.service import JobService
+
+    service = JobService(config=kube_jobs_config(tmp_path, monkeypatch))
+    monkeypatch.setattr(service.backend, "submitted", lambda rec: None)
+    body = {"notebook": "exp/calc.ipynb", "job_class": "batch", "profile": "cpu"}
+    first, _ = asyncio.run(service.create_job("alice", [], body))
+
+    def env(rec) -> dict[str, str]:
+        container = service.backend.manifest(service.get_job(rec.id))["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value", "") for e in container["env"]}
+
+    kept = first.output_path.removesuffix(".ipynb") + ".input.ipynb"
+    assert env(first)["GPULAB_INPUT"] == kept and env(first)["GPULAB_KEEP_FROM"] == "exp/calc.ipynb"
+    again = asyncio.run(service.rerun(service.get_job(first.id), []))
+    assert again.rerun_of == first.id and env(again)["GPULAB_KEEP_FROM"] == kept
+    assert env(again)["GPULAB_INPUT"] == again.output_path.removesuffix(".ipynb") + ".input.ipynb"
+    current = asyncio.run(service.rerun(service.get_job(first.id), [], "current"))
+    assert current.rerun_of is None and env(current)["GPULAB_KEEP_FROM"] == "exp/calc.ipynb"

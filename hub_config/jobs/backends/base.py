@@ -6,6 +6,8 @@ import abc
 import logging
 from typing import TYPE_CHECKING, Any
 
+from traitlets.config.loader import LazyConfigValue
+
 if TYPE_CHECKING:  # only for annotations: the service imports the backends, not the reverse
     from hub_config.jobs.models import JobRecord
     from hub_config.jobs.service import JobService
@@ -16,12 +18,20 @@ log = logging.getLogger("JupyterHub.gpulab.jobs")
 
 
 def config_value(config: Any, section: str, key: str) -> Any:
-    """``config[section][key]`` when the hub's config sets it, else ``None`` (never creates it)."""
+    """``config[section][key]`` when the hub's config sets it, else ``None`` (never creates it).
+
+    A value only appended to or updated (``c.KubeSpawner.tolerations.append(...)``, as
+    Zero to JupyterHub's hub config writes many) is traitlets' ``LazyConfigValue``: it is
+    resolved over an empty list or dict, as the trait's default would be.
+    """
     try:
         sec = config[section] if section in config else None
-        return sec[key] if sec is not None and key in sec else None
+        value = sec[key] if sec is not None and key in sec else None
     except (KeyError, TypeError):
         return None
+    if isinstance(value, LazyConfigValue):
+        return value.get_value({} if "update" in value.to_dict() else [])
+    return value
 
 
 class JobBackend(abc.ABC):

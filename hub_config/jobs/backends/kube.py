@@ -9,8 +9,10 @@ ledger's labels, ``activeDeadlineSeconds`` from the time limit,
 when the notebook raised and ignores ``DisruptionTarget``, so that
 Kubernetes itself restarts a preempted pod without counting it against
 ``backoffLimit``. The pod runs as z2jh's single-user pods do (uid, fsGroup,
-no privilege escalation, the same pull secrets), with the profile's
-tolerations and node affinity, and mounts the home claim KubeSpawner named.
+no privilege escalation, the same pull secrets), with the servers' and the
+profile's tolerations and node affinity, the servers' extra volumes, node
+selector and extra_pod_config (:mod:`spawner.core.servers_pod`), and mounts the
+home claim KubeSpawner named.
 With Kueue, the Job carries the team's LocalQueue and starts suspended;
 Kueue admits it.
 
@@ -30,6 +32,13 @@ from spawner.core import jobspec
 from spawner.core.jobspec import Submission
 from spawner.core.labels import workload_annotations, workload_labels
 from spawner.core.ledger import Workload
+from spawner.core.servers_pod import (
+    JOB_OWNED_POD_FIELDS,
+    ServersPodSettings,
+    as_list,
+    camel_case,
+    servers_pod_settings,
+)
 from spawner.core.sharing import SharingError, pod_gpu_spec
 from spawner.kube.conventions import expand_user_template, user_template_fields
 
@@ -40,24 +49,43 @@ MISSING_GRACE_SECONDS = 30
 KUBESPAWNER_PVC_NAME_TEMPLATE = "claim-{user_server}"
 
 
-def servers_home_mount(volumes: Any, mounts: Any, home_path: str) -> tuple[str, str, str] | None:
-    """``(claim template, mount path, subPath template)`` of the claim KubeSpawner mounts as
-    the home: the one at ``home_path``, else the only claim mounted at all. ``volumes`` and
-    ``mounts`` as KubeSpawner takes them (lists, or dicts keyed by name)."""
-    vols = list(volumes.values()) if isinstance(volumes, dict) else list(volumes)
-    mnts = list(mounts.values()) if isinstance(mounts, dict) else list(mounts)
+def servers_home_volume(volumes: Any, mounts: Any, home_path: str) -> tuple[str, str, str, str] | None:
+    """``(volume name, claim template, mount path, subPath template)`` of the claim
+    KubeSpawner mounts as the home: the one at ``home_path``, else the only claim mounted at
+    all. ``volumes`` and ``mounts`` as KubeSpawner takes them (lists, or dicts keyed by name)."""
     claims = {
         v.get("name"): (v.get("persistentVolumeClaim") or {}).get("claimName")
-        for v in vols
+        for v in as_list(volumes)
         if isinstance(v, dict) and (v.get("persistentVolumeClaim") or {}).get("claimName")
     }
-    on_claims = [m for m in mnts if isinstance(m, dict) and m.get("name") in claims]
+    on_claims = [m for m in as_list(mounts) if isinstance(m, dict) and m.get("name") in claims]
     at_home = [m for m in on_claims if str(m.get("mountPath", "")).rstrip("/") == home_path.rstrip("/")]
     chosen = at_home or (on_claims if len(on_claims) == 1 else [])
     if not chosen:
         return None
     m = chosen[0]
-    return str(claims[m["name"]]), str(m.get("mountPath") or home_path), str(m.get("subPath") or "")
+    return str(m["name"]), str(claims[m["name"]]), str(m.get("mountPath") or home_path), str(m.get("subPath") or "")
+
+
+def servers_home_mount(volumes: Any, mounts: Any, home_path: str) -> tuple[str, str, str] | None:
+    """``(claim template, mount path, subPath template)`` of :func:`servers_home_volume`."""
+    found = servers_home_volume(volumes, mounts, home_path)
+    return found[1:] if found else None
+
+
+def expand_for_user(value: Any, user: str, namespace: str, pvc_name: str = "") -> Any:
+    """``value`` with every string expanded as KubeSpawner expands its volumes and mounts
+    for a user's default server (its ``_expand_all``: ``{username}``, ``{user_server}``,
+    ``{pvc_name}`` ...)."""
+    if isinstance(value, str):
+        if "{" not in value:
+            return value
+        return expand_user_template(value.replace("{pvc_name}", pvc_name), user, namespace)
+    if isinstance(value, dict):
+        return {k: expand_for_user(v, user, namespace, pvc_name) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [expand_for_user(v, user, namespace, pvc_name) for v in value]
+    return value
 
 
 class KubeJobBackend(JobBackend):
@@ -126,6 +154,12 @@ class KubeJobBackend(JobBackend):
                 return value
         return None
 
+    def _keep_from(self, rec: JobRecord) -> str:
+        """What the pod copies the job's notebook from: the kept copy of the job a Re-run repeats
+        (in the same home), else the notebook."""
+        parent = self.service.get_job(rec.rerun_of) if rec.rerun_of is not None else None
+        return jobspec.kept_input_path(parent.output_path) if parent is not None else rec.notebook
+
     def scheduler_name(self) -> str | None:
         """The scheduler of the user's servers, unless the jobs' own setting says otherwise."""
         name = self.settings.kube_scheduler_name
@@ -162,6 +196,42 @@ class KubeJobBackend(JobBackend):
         if self._spawner_config("storage_pvc_ensure"):
             return pvc_name, s.kube_home_mount_path, sub_path
         return None
+
+    def servers_pod(self, user: str) -> ServersPodSettings:
+        """What the hub's KubeSpawner config gives ``user``'s servers besides the home and
+        the scheduling (z2jh's extra volumes and mounts, extraFiles, nodeSelector,
+        extraPodConfig), expanded for ``user`` as KubeSpawner expands them."""
+        ns = self.settings.kube_namespace
+        volumes = self._spawner_config("volumes") or []
+        mounts = self._spawner_config("volume_mounts") or []
+        home = servers_home_volume(volumes, mounts, self.settings.kube_home_mount_path)
+        pvc_name = expand_user_template(
+            self._spawner_config("pvc_name_template") or KUBESPAWNER_PVC_NAME_TEMPLATE, user, ns
+        )
+        # The home is the job's own volume: left out by its name before names are expanded.
+        home_name = home[0] if home else None
+        settings = servers_pod_settings(
+            expand_for_user(
+                [v for v in as_list(volumes) if isinstance(v, dict) and v.get("name") != home_name], user, ns, pvc_name
+            ),
+            expand_for_user(
+                [m for m in as_list(mounts) if isinstance(m, dict) and m.get("name") != home_name], user, ns, pvc_name
+            ),
+            self._spawner_config("node_selector"),
+            self._spawner_config("extra_pod_config"),
+        )
+        for key in settings.extra_pod_config:
+            if camel_case(str(key)) in JOB_OWNED_POD_FIELDS:
+                log.warning(
+                    "gpulab jobs: c.KubeSpawner.extra_pod_config[%r] is not given to jobs: the job sets its own", key
+                )
+        return settings
+
+    def servers_scheduling(self, key: str) -> list[dict[str, Any]]:
+        """The servers' ``tolerations`` / ``node_affinity_required`` / ``node_affinity_preferred``
+        from the hub's config (z2jh: scheduling.userPods, singleuser.extraTolerations,
+        matchNodePurpose), which the job's come before, as for a server."""
+        return [dict(t) for t in as_list(self._spawner_config(key)) if isinstance(t, dict)]
 
     def servers_have_a_home(self) -> bool:
         """Do the users' servers mount a persistent home the jobs can mount too?"""
@@ -236,6 +306,7 @@ class KubeJobBackend(JobBackend):
             annotations=workload_annotations(w),
             gpu=gpu,
             home_claim=home[0] if home else "",
+            keep_from=self._keep_from(rec),
             home_mount_path=home[1] if home else s.kube_home_mount_path,
             home_sub_path=home[2] if home else "",
             ttl_seconds_after_finished=s.kube_ttl_seconds_after_finished,
@@ -247,13 +318,20 @@ class KubeJobBackend(JobBackend):
             cpu_limit=profile.cpu_limit if profile else None,
             mem_guarantee=profile.mem_guarantee if profile else None,
             mem_limit=profile.mem_limit if profile else None,
-            tolerations=profile.tolerations if profile else (),
-            node_affinity_required=profile.node_affinity_required if profile else (),
-            node_affinity_preferred=profile.node_affinity_preferred if profile else (),
+            tolerations=(*self.servers_scheduling("tolerations"), *(profile.tolerations if profile else ())),
+            node_affinity_required=(
+                *self.servers_scheduling("node_affinity_required"),
+                *(profile.node_affinity_required if profile else ()),
+            ),
+            node_affinity_preferred=(
+                *self.servers_scheduling("node_affinity_preferred"),
+                *(profile.node_affinity_preferred if profile else ()),
+            ),
             image_pull_secrets=tuple(p["name"] if isinstance(p, dict) else str(p) for p in pull_secrets),
             uid=uid if isinstance(uid, int) else jobspec.DEFAULT_UID,
             fs_gid=fs_gid if isinstance(fs_gid, int) else jobspec.DEFAULT_FS_GID,
             priority_class_names=catalog.priority_class_names,
+            servers_pod=self.servers_pod(rec.user),
         )
         return jobspec.kube_job_manifest(req)
 
@@ -317,7 +395,14 @@ class KubeJobBackend(JobBackend):
         return None
 
     async def _create(self, rec: JobRecord) -> None:
-        body = self.manifest(rec)
+        try:
+            body = self.manifest(rec)
+        except ValueError as e:  # a volume template naming a field KubeSpawner fills per server
+            self._creating.discard(rec.id)
+            refusal = f"the hub's c.KubeSpawner.volumes or volume_mounts cannot be given to a job: {e}"
+            log.warning("gpulab jobs: job %d: %s", rec.id, refusal)
+            self.service.transition(rec.id, jobspec.FAILED, refusal)
+            return
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         failure = await self._ensure_home_claim(rec, ns)
         if failure is not None:

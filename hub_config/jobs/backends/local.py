@@ -422,7 +422,7 @@ class LocalJobBackend(JobConfinement, JobBackend):
             if self.service.owner_accounts:
                 account = await self.service.accounts.prepare(rec.user)
             home = self.service.homes.home_dir(rec.user)
-            source = await self.service.check_notebook(rec.user, rec.notebook, rec.kind)
+            source = await self.service.job_input(rec)  # its notebook as submitted, or its script
             output = home / rec.output_path if rec.output_path else None
             log_file = home / rec.log_path
             checkpoint = home / rec.checkpoint_path if rec.checkpoint_path else None
@@ -452,7 +452,7 @@ class LocalJobBackend(JobConfinement, JobBackend):
         files = {
             "input": str(source),
             "output": str(output or ""),
-            "cwd": str(source.parent),
+            "cwd": str((home / rec.notebook).parent),  # the notebook's (script's) folder: its relative paths hold
             "status": str(status),
             "log": str(log_file),
             "checkpoint": str(checkpoint or ""),
@@ -475,7 +475,7 @@ class LocalJobBackend(JobConfinement, JobBackend):
             else:
                 proc = subprocess.Popen(
                     runner_argv(confinement.argv_prefix if confinement else [], files, attempt, run),
-                    cwd=str(source.parent),
+                    cwd=files["cwd"],
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

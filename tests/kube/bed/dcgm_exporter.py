@@ -39,12 +39,19 @@ Series and labels follow ``internal/pkg/rendermetrics/render_metrics.go``: ``gpu
 for MIG instances, ``Hostname`` (``hostname`` in newer builds), then the attributes.
 ``DCGM_FI_DEV_GPU_UTIL`` exists for whole GPUs only (a MIG-enabled GPU reports none);
 ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` only when the profiling (DCP) counters are on
-(``etc/dcp-metrics-included.csv``), per GPU and per MIG instance.
+(``etc/dcp-metrics-included.csv``), per GPU and per MIG instance. Each GPU's memory and
+health fields of that default list follow, labelled like its utilisation:
+``DCGM_FI_DEV_FB_USED``/``DCGM_FI_DEV_FB_FREE`` (MiB), ``DCGM_FI_DEV_XID_ERRORS`` (the last
+Xid, 0: none), ``DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS``/``DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS``
+(counters) and ``DCGM_FI_DEV_ROW_REMAP_FAILURE``; the volatile ECC counters
+``DCGM_FI_DEV_ECC_SBE_VOL_TOTAL``/``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`` only when the counters
+list turns them on (both default lists carry them commented out).
 
 **HAMi's vGPU monitor** (Project-HAMi/HAMi at 4707fb0, ``cmd/vGPUmonitor/metrics.go``):
 per container and vGPU, ``hami_container_device_utilization_ratio{namespace, pod,
 container, vdevice_index, device_uuid}`` (the container's own SM utilisation, 0-100,
-from HAMi's shared region) and per GPU ``hami_host_gpu_utilization_ratio{node,
+from HAMi's shared region), ``hami_vgpu_memory_used_bytes`` (same labels, its memory),
+and per GPU ``hami_host_gpu_utilization_ratio{node,
 device_index, device_uuid, device_type}``. Served at ``/hami/<node>/metrics``.
 
 **kube-state-metrics**' ``kube_pod_labels{namespace, pod, label_<key>}`` (each allowed pod label
@@ -81,6 +88,23 @@ NVIDIA_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 MIG_UUID_PREFIX = "MIG-"
 #: Where the GPU operator runs dcgm-exporter, and the names its ServiceMonitor's targets carry.
 OPERATOR_NAMESPACE = "gpu-operator"
+#: The volatile ECC counters (commented out in dcgm-exporter's default counters lists).
+ECC_VOLATILE = {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
+#: Help text and type of each field served (dcgm-exporter's etc/dcp-metrics-included.csv).
+FIELDS = {
+    "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "Ratio of time the graphics engine is active."),
+    "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
+    "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
+    "DCGM_FI_DEV_XID_ERRORS": ("gauge", "Value of the last XID error encountered."),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", "Number of remapped rows for uncorrectable errors"),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", "Number of remapped rows for correctable errors"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", "Whether remapping of rows has failed"),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("counter", "Total number of single-bit volatile ECC errors."),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", "Total number of double-bit volatile ECC errors."),
+}
+#: Frame buffer of each fake GPU, MiB (an H100 80GB's as NVML reports it).
+FB_TOTAL_MIB = 81559
 MODELS = {"NVIDIA-H100-80GB-HBM3": "NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB"}
 
 
@@ -97,6 +121,8 @@ class ExporterSettings:
     profiling: bool = True
     #: ``Hostname`` in older builds, ``hostname`` in newer ones.
     hostname_label: str = "Hostname"
+    #: The volatile ECC counters are in the counters list (``DCGM_EXPORTER_COLLECTORS``).
+    ecc: bool = False
 
     @classmethod
     def from_env(cls, env: Iterable[Mapping[str, str]], **kw: Any) -> ExporterSettings:
@@ -106,6 +132,15 @@ class ExporterSettings:
         names = tuple(n.strip() for n in values.get("NVIDIA_RESOURCE_NAMES", "").split(",") if n.strip())
         virtual = values.get("KUBERNETES_VIRTUAL_GPUS", "false").lower() in ("1", "t", "true")
         return cls(resource_names=names, virtual_gpus=virtual, **kw)
+
+    @classmethod
+    def from_operator_values(cls, values: Mapping[str, Any], **kw: Any) -> ExporterSettings:
+        """The settings the GPU operator's ``dcgmExporter`` values give: its ``env``, and the
+        counters list of ``config.data`` (the ConfigMap the operator mounts as dcgm-metrics.csv,
+        replacing dcp-metrics-included.csv) when it creates one."""
+        data = str((values.get("config") or {}).get("data") or "")
+        fields = {line.split(",", 1)[0].strip() for line in data.splitlines() if not line.lstrip().startswith("#")}
+        return cls.from_env(values.get("env") or [], ecc=ECC_VOLATILE <= fields, **kw)
 
 
 @dataclass
@@ -143,9 +178,12 @@ class FakeKubeDCGMExporter:
         nodes: Iterable[Mapping[str, Any]],
         settings: ExporterSettings,
         pod_labels: Callable[[], list[tuple[str, str, dict[str, str]]]] | None = None,
+        kube_state: Callable[[], str] | None = None,
     ):
-        """``pod_labels``: every pod's (namespace, name, allowed labels), for kube-state-metrics."""
+        """``pod_labels``: every pod's (namespace, name, allowed labels), for kube-state-metrics;
+        ``kube_state``: more of kube-state-metrics' exposition text to serve beside them."""
         self.pod_labels = pod_labels
+        self.kube_state = kube_state
         self.pod_resources_dir = Path(pod_resources_dir)
         self.settings = settings
         self.nodes = {
@@ -154,6 +192,9 @@ class FakeKubeDCGMExporter:
             if int((n.get("labels") or {}).get("nvidia.com/gpu.count") or 0)
         }
         self._activity: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
+        self._memory: dict[tuple[str, str], float] = {}
+        #: (node, gpu) -> field -> value, for the health fields a test sets (Xid, ECC, remapping).
+        self._health: dict[tuple[str, int], dict[str, float]] = {}
         self._lock = threading.Lock()
         self.port = free_port()
         self.base = f"127.0.0.1:{self.port}"
@@ -200,7 +241,7 @@ class FakeKubeDCGMExporter:
         for namespace, name, labels in self.pod_labels() if self.pod_labels else []:
             extra = {"label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in sorted(labels.items())}
             out.append(f"kube_pod_labels{{{_labels({'namespace': namespace, 'pod': name, **extra})}}} 1")
-        return "\n".join(out) + "\n"
+        return "\n".join(out) + "\n" + (self.kube_state() if self.kube_state else "")
 
     def start(self) -> FakeKubeDCGMExporter:
         self._thread.start()
@@ -217,6 +258,16 @@ class FakeKubeDCGMExporter:
         devices it uses when it holds none itself (a KAI fraction runs on its reservation pod's GPU)."""
         with self._lock:
             self._activity[(namespace, pod)] = (float(percent), runs_on)
+
+    def set_memory(self, namespace: str, pod: str, mib: float) -> None:
+        """``pod`` holds ``mib`` of frame buffer on each GPU it runs on."""
+        with self._lock:
+            self._memory[(namespace, pod)] = float(mib)
+
+    def set_health(self, node: str, gpu: int, **fields: float) -> None:
+        """Health fields of one GPU, by name without ``DCGM_FI_DEV_`` (``XID_ERRORS=79``, ``ECC_DBE_VOL_TOTAL=2``)."""
+        with self._lock:
+            self._health.setdefault((node, gpu), {}).update({f"DCGM_FI_DEV_{k}": float(v) for k, v in fields.items()})
 
     # -- the kubelet's view ------------------------------------------------------------
 
@@ -278,23 +329,45 @@ class FakeKubeDCGMExporter:
     def busy(self, node_name: str) -> dict[str, float]:
         """Utilisation (percent) per GPU UUID and per MIG device id: the sum of what the pods on it do."""
         with self._lock:
-            activity = dict(self._activity)
-        busy: dict[str, float] = {}
-        for (namespace, pod), (percent, runs_on) in activity.items():
+            activity = {k: (percent, runs_on) for k, (percent, runs_on) in self._activity.items()}
+        return self._per_device(node_name, activity, cap=100.0)
+
+    def memory_used(self, node_name: str) -> dict[str, float]:
+        """Frame buffer used (MiB) per GPU UUID and MIG device id: the sum of the pods' on it."""
+        with self._lock:
+            memory = {k: (mib, self._activity.get(k, (0.0, None))[1]) for k, mib in self._memory.items()}
+        return self._per_device(node_name, memory, cap=FB_TOTAL_MIB)
+
+    def _per_device(
+        self, node_name: str, amounts: Mapping[tuple[str, str], tuple[float, tuple[str, str] | None]], cap: float
+    ) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (namespace, pod), (amount, runs_on) in amounts.items():
             devices = self._devices_of(node_name, namespace, pod)
             if not devices and runs_on is not None:
                 devices = self._devices_of(node_name, *runs_on)
             for device in {physical_gpu(d) for d in devices}:
-                busy[device] = min(100.0, busy.get(device, 0.0) + percent)
-        return busy
+                out[device] = min(cap, out.get(device, 0.0) + amount)
+        return out
 
     def container_busy(self, node_name: str) -> list[tuple[dict[str, str], float]]:
         """HAMi's per-container view: each container's own SM use of each vGPU it holds."""
         with self._lock:
-            activity = dict(self._activity)
+            activity = {k: percent for k, (percent, _) in self._activity.items()}
+        return self._per_container(node_name, activity)
+
+    def container_memory(self, node_name: str) -> list[tuple[dict[str, str], float]]:
+        """HAMi's per-container view: each container's own memory (bytes) of each vGPU it holds."""
+        with self._lock:
+            memory = {k: mib * 1024 * 1024 for k, mib in self._memory.items()}
+        return self._per_container(node_name, memory)
+
+    def _per_container(
+        self, node_name: str, amounts: Mapping[tuple[str, str], float]
+    ) -> list[tuple[dict[str, str], float]]:
         rows = []
         for p in self.pod_resources(node_name):
-            percent = activity.get((p["namespace"], p["name"]), (0.0, None))[0]
+            amount = amounts.get((p["namespace"], p["name"]), 0.0)
             for c in p.get("containers") or []:
                 devices = [d for h in c.get("devices") or [] for d in h["deviceIds"]]
                 for i, device in enumerate(devices):
@@ -305,7 +378,7 @@ class FakeKubeDCGMExporter:
                         "vdevice_index": str(i),
                         "device_uuid": physical_gpu(device)[:40],
                     }
-                    rows.append((labels, percent))
+                    rows.append((labels, amount))
         return rows
 
     # -- /metrics ---------------------------------------------------------------------
@@ -315,6 +388,9 @@ class FakeKubeDCGMExporter:
         node = self.nodes[node_name]
         s = self.settings
         busy = self.busy(node_name)
+        memory = self.memory_used(node_name)
+        with self._lock:
+            health = {gpu: dict(fields) for (n, gpu), fields in self._health.items() if n == node_name}
         pods = self.attribution(node_name)
         host = {s.hostname_label: node_name}
         rows: list[tuple[str, dict[str, str], float]] = []
@@ -337,6 +413,19 @@ class FakeKubeDCGMExporter:
                 **host,
                 "DCGM_FI_DRIVER_VERSION": "570.133.20",
             }
+            used = memory.get(uuid, 0.0)
+            fields = {
+                "DCGM_FI_DEV_FB_USED": used,
+                "DCGM_FI_DEV_FB_FREE": FB_TOTAL_MIB - used,
+                "DCGM_FI_DEV_XID_ERRORS": 0.0,
+                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0.0,
+                "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0.0,
+                "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0.0,
+                **({m: 0.0 for m in sorted(ECC_VOLATILE)} if s.ecc else {}),
+            }
+            for metric, value in {**fields, **health.get(gpu, {})}.items():
+                if metric in fields:
+                    emit(metric, base, uuid, value)
             if gpu in node.mig_gpus:
                 continue  # a MIG-enabled GPU has no GPU_UTIL; its instances follow
             util = busy.get(uuid, 0.0)
@@ -362,17 +451,13 @@ class FakeKubeDCGMExporter:
         return rows
 
     def render_dcgm(self, node_name: str) -> str:
-        helps = {
-            "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
-            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "Ratio of time the graphics engine is active.",
-        }
         rows = self.series(node_name)
         out = []
-        for metric, help_text in helps.items():
+        for metric, (kind, help_text) in FIELDS.items():
             mine = [(labels, v) for m, labels, v in rows if m == metric]
             if not mine:
                 continue
-            out += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+            out += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
             for labels, v in mine:
                 value = f"{v:.6f}" if metric.startswith("DCGM_FI_PROF") else f"{int(v)}"
                 out.append(f"{metric}{{{_labels(labels)}}} {value}")
@@ -395,6 +480,12 @@ class FakeKubeDCGMExporter:
         ]
         for labels, percent in self.container_busy(node_name):
             out.append(f"hami_container_device_utilization_ratio{{{_labels(labels)}}} {percent:g}")
+        out += [
+            "# HELP hami_vgpu_memory_used_bytes vGPU device memory usage in bytes",
+            "# TYPE hami_vgpu_memory_used_bytes gauge",
+        ]
+        for labels, used in self.container_memory(node_name):
+            out.append(f"hami_vgpu_memory_used_bytes{{{_labels(labels)}}} {int(used)}")
         return "\n".join(out) + "\n"
 
     # -- how Prometheus scrapes it ----------------------------------------------------
