@@ -254,9 +254,11 @@ def test_critical_kept_notebook_and_runs_folder_swapped_for_symlinks_copy_nothin
     assert r.status_code == 403 and "symlink" in message(r), r.text
     assert list(outside.iterdir()) == []
     assert len(hub.api("GET", "/gpulab/jobs").json()["jobs"]) == count
-    for path in (alice.home / "exp" / "runs").iterdir():
-        if not path.is_symlink():
-            assert secret not in path.read_text(errors="replace"), path
+    # Every file of hers there (the jobs' checkpoint folders too), no link followed.
+    for folder, _, names in os.walk(alice.home / "exp" / "runs"):
+        for path in (Path(folder) / n for n in names):
+            if not path.is_symlink():
+                assert secret not in path.read_text(errors="replace"), path
 
 
 # -- HIGH ---------------------------------------------------------------------------------------
