@@ -8,6 +8,8 @@
 # our own that requires the release builds cmd/trainer-controller-manager as is.
 # The build runs at the lowest CPU priority: the machines are shared.
 set -euo pipefail
+# shellcheck source=lib/go-release.sh
+source "$(dirname "$0")/lib/go-release.sh"
 
 TRAINER_VERSION=${GPULAB_TRAINER_VERSION:-v2.2.0}
 CACHE_DIR=${GPULAB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpulab}
@@ -21,32 +23,12 @@ if [[ -f $STAMP ]] && [[ "$(cat "$STAMP")" == "$TRAINER_VERSION" ]]; then
   echo "$OUT"
   exit 0
 fi
-command -v go >/dev/null || { log "Go is not installed: Trainer is built from Go modules (Go >= 1.25)"; exit 1; }
-mkdir -p "$OUT/bin" "$OUT/src"
-cd "$OUT/src"
-# `go install pkg@version` also reads the module's version list (for deprecations),
-# which the proxy may refuse while it serves the exact version: build from a small
-# module of our own that requires the release instead.
-log "reading $MODULE@$TRAINER_VERSION's go.mod from the module proxy"
-gomod=$(go mod download -json "$MODULE@$TRAINER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-if grep -qE '^replace|=>' "$gomod"; then
-  log "$MODULE@$TRAINER_VERSION's go.mod has replace lines, which a dependency's build ignores: copy them into this script's module"
-  exit 1
-fi
-{
-  echo "module gpulab.local/trainertestbed"
-  echo
-  grep -m1 -E '^go [0-9.]+' "$gomod"
-  echo
-  echo "require $MODULE $TRAINER_VERSION"
-} > go.mod
-printf '// Package trainertestbed only pins the Kubeflow Trainer release gpulab'"'"'s test bed builds.\npackage trainertestbed\n' > tools.go
-export GOFLAGS="${GOFLAGS:-} -mod=mod"
+go_release_module trainer $MODULE "$TRAINER_VERSION" "$OUT"
 log "building $MODULE/cmd/trainer-controller-manager of Trainer $TRAINER_VERSION (a cold build takes many minutes on 2 cores)"
 start=$(date +%s)
 nice -n 19 go build -trimpath -ldflags "-s -w" \
   -o "$OUT/bin/trainer-controller-manager" "$MODULE/cmd/trainer-controller-manager"
-src=$(go mod download -json "$MODULE@$TRAINER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+src=$(go_release_dir "$MODULE" "$TRAINER_VERSION")
 rm -rf "$OUT/crds" "$OUT/runtimes"
 cp -r "$src/manifests/base/crds" "$OUT/crds"
 rm -f "$OUT/crds/kustomization.yaml"
