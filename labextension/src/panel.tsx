@@ -14,7 +14,7 @@ import { absenceSentence, message } from './errors';
 import { gpuIcon } from './icons';
 import { JobsList, IJobActions } from './jobs';
 import { formatCountdown, formatGPUs, keepAliveState, quotaSegments, sparklinePath } from './logic';
-import { reclaimedMessage, reclaimFromWarning } from './idleLogic';
+import { reclaimedMessage, reclaimFromWarning, warnedLifetime } from './idleLogic';
 import { GpuStatusModel } from './model';
 import { announceStopFailed, announceStopRequested, hubHome } from './stopped';
 import { IIdleState, ISession, ITeamView } from './types';
@@ -118,7 +118,8 @@ function IdleWarning({
   return (
     <div className="gpulab-idle" role="alert">
       <div>
-        <strong>Idle GPU:</strong> {idle.warning.reason}
+        <strong>{warnedLifetime(idle) === null ? 'Idle GPU:' : 'Maximum lifetime:'}</strong>{' '}
+        {idle.warning.reason}
       </div>
       {idle.warning.held ? (
         <div className="gpulab-idle-held">
@@ -126,7 +127,7 @@ function IdleWarning({
         </div>
       ) : (
         <div>
-          Reclaimed in{' '}
+          {warnedLifetime(idle) === null ? 'Reclaimed' : 'Stopped, whatever the GPU does,'} in{' '}
           <span
             className="gpulab-countdown"
             role="timer"

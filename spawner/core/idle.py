@@ -388,7 +388,7 @@ def lifetime_rule(profile: Profile, team: Team | None, facts: IdleFacts) -> str:
         return ""
     words = format_duration(lifetime[0])
     if facts.culler_on is False:
-        return f"maximum lifetime {words} not enforced either"
+        return f"maximum lifetime {words}, not enforced"
     return f"stopped after {words}, whatever it does, after a warning and its grace"
 
 
