@@ -380,6 +380,14 @@ def idle_policy_text(profile: Profile, team: Team | None, facts: IdleFacts) -> s
     return f"{text}; {lifetime}" if lifetime else text
 
 
+def idle_and_lifetime_words(profile: Profile, team: Team | None) -> str:
+    """A GPU profile's idle timeout in ``team`` and its maximum lifetime, if any ("2h, maximum
+    lifetime 1d"), as the admin and what-if pages list them per team."""
+    found = max_lifetime_for(profile, team)
+    idle = idle_timeout_words(profile, team)
+    return idle if found is None else f"{idle}, maximum lifetime {format_duration(found[0])}"
+
+
 def lifetime_rule(profile: Profile, team: Team | None, facts: IdleFacts) -> str:
     """A GPU profile's maximum lifetime in ``team``, in words ("" when it has none): "stopped after
     24h, whatever it does, after a warning and its grace", or, culler off, that nothing enforces it."""

@@ -28,6 +28,7 @@ from spawner.core.idle import (
     Lifetime,
     Step,
     grant_keepalive,
+    idle_and_lifetime_words,
     idle_policy_text,
     lifetime_verdict,
     max_lifetime_for,
@@ -273,6 +274,9 @@ def test_the_idle_sentence_says_the_lifetime_and_is_unchanged_without_one():
     assert off.endswith("until it is stopped; maximum lifetime 8h, not enforced")
     team_rule = idle_policy_text(plain, Team("vision", max_lifetime_seconds=3600), on)
     assert team_rule.endswith("; stopped after 1h, whatever it does, after a warning and its grace")
+    # The admin and what-if pages list both per team.
+    assert idle_and_lifetime_words(p, Team("vision")) == "30m, maximum lifetime 8h"
+    assert idle_and_lifetime_words(plain, Team("vision")) == "30m"
 
 
 def test_the_spawn_card_says_the_lifetime_next_to_the_idle_timeout():
@@ -291,3 +295,40 @@ def test_the_spawn_card_says_the_lifetime_next_to_the_idle_timeout():
     assert f"Idle timeout the culler&#x27;s default idle time · {RULE}" in q
     w = html[html.index('data-choice="vision:w"') :]
     assert "Idle timeout 2h<" in w[: w.index("</label>")]
+
+
+# -- the hub's re-check, on a real database ---------------------------------------
+
+
+def test_the_hub_grants_a_claim_past_the_lifetime_over_a_keepalive_on_its_records(tmp_path):
+    """A keep-alive granted before the lifetime was set (its record reaches past S+L) blocks an
+    idle claim, never one at the lifetime; a press after S+L is refused and changes nothing."""
+    import logging
+    from datetime import timedelta
+
+    from hub_config.domain.idle_records import IdleEventRow, KeepaliveRow
+    from hub_config.domain.idle_store import IdleStore
+    from hub_config.storage.db import session_factory, to_epoch, utcnow
+    from spawner.core.idle_cycle import CycleRecords, ReclaimClaim, WarningRecord
+
+    store = IdleStore(
+        session_factory(url=f"sqlite:///{tmp_path / 'gpulab.sqlite'}"), KeepalivePolicy(3, 7200), logging.getLogger()
+    )
+    now = utcnow()
+    session_id = "2026-01-01T00:00:00.000000Z"
+    store.keep_alive("alice", "", session_id, {"team": "vision", "profile": "h100-4"}, "alice")  # no lifetime yet
+    lifetime = Lifetime(LIFE, "profile h100-4", to_epoch(now) - LIFE)  # ... and now it has passed
+    warning = WarningRecord(user="alice", server="", session=session_id, grace_seconds=60, reason=lifetime.reason)
+    claim = ReclaimClaim(user="alice", server="", session=session_id, reason=lifetime.reason)
+    store.apply_cycle(CycleRecords(warnings=(warning,)), now)
+    later = now + timedelta(seconds=61)
+    refused = store.apply_cycle(CycleRecords(reclaims=(claim,)), later)["reclaims"][0]
+    assert not refused["accepted"] and "kept alive until" in refused["message"]  # no lifetime known: as before
+    with pytest.raises(KeepaliveRefused, match="cannot extend this server past its maximum lifetime"):
+        store.keep_alive("alice", "", session_id, {}, "alice", lifetime)
+    granted = store.apply_cycle(CycleRecords(reclaims=(claim,)), later, {("alice", ""): lifetime})["reclaims"][0]
+    assert granted == {"user": "alice", "server": "", "accepted": True, "message": "recorded"}
+    with store.sessions() as session:
+        kinds = [e.kind for e in session.query(IdleEventRow).order_by(IdleEventRow.id)]
+        assert session.get(KeepaliveRow, ("alice", "")) is None  # the session ended with its allowance
+    assert kinds == ["keepalive", "warning", "reclaim"]
