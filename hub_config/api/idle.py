@@ -37,7 +37,7 @@ from hub_config.config.scopes import ADMIN, CULLER, JOBS
 from hub_config.domain.idle_records import EVENT_KINDS, MAX_CYCLE_BYTES, GPULabIdle
 from hub_config.domain.idle_store import IdleStore, UnattributedServers
 from hub_config.storage.db import session_factory, to_epoch, utcnow
-from spawner.core.idle import KeepaliveRefused, Lifetime, max_lifetime_for
+from spawner.core.idle import KeepaliveRefused, Lifetime, session_lifetime
 from spawner.core.idle_cycle import MAX_REASON, CycleRecords, Mark, ReclaimClaim, RecordError, WarningRecord, target_of
 from spawner.runtime import granted_share
 
@@ -94,11 +94,12 @@ class IdleBase(GPULabAPIHandler):
         spawner = u.spawners[server] if u is not None and server in u.orm_spawners else None
         started = getattr(getattr(spawner, "orm_spawner", None), "started", None) if spawner else None
         share = granted_share(spawner) if spawner is not None and spawner.active else None
-        if started is None or share is None or not share.milli:
+        if started is None or share is None:
             return None
         catalog = self.gpulab.catalog
-        found = max_lifetime_for(catalog.profiles.get(share.profile), catalog.teams.get(share.team))
-        return None if found is None else Lifetime(found[0], found[1], to_epoch(started))
+        return session_lifetime(
+            catalog.profiles.get(share.profile), catalog.teams.get(share.team), share.milli, to_epoch(started)
+        )
 
     def _view(self, user: str, server: str) -> dict[str, Any]:
         with self.store.sessions() as session:

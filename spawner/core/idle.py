@@ -324,6 +324,15 @@ class Lifetime:
         return f"maximum lifetime {format_duration(self.seconds)} of {self.origin} reached"
 
 
+def session_lifetime(
+    profile: Profile | None, team: Team | None, gpu_milli: int, started_at: float | None
+) -> Lifetime | None:
+    """The maximum lifetime of a running session that holds ``gpu_milli`` of ``profile`` in
+    ``team`` since ``started_at``, as the hub knows it (``None``: no GPU, no start, no lifetime)."""
+    found = max_lifetime_for(profile, team) if gpu_milli > 0 and started_at is not None else None
+    return None if found is None or started_at is None else Lifetime(found[0], found[1], started_at)
+
+
 def lifetime_verdict(lifetime: Lifetime | None, now: float) -> IdleVerdict | None:
     """The verdict of a session past its maximum lifetime (reclaimable whatever its GPU does),
     or ``None`` while it is within it (or has none): then it is judged on its utilisation."""

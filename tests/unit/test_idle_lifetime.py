@@ -34,6 +34,7 @@ from spawner.core.idle import (
     max_lifetime_for,
     next_step,
     reclaim_refusal,
+    session_lifetime,
 )
 from spawner.core.ledger import Ledger
 from spawner.core.model import Profile, Team
@@ -101,6 +102,13 @@ def test_the_shorter_of_profile_and_team_wins_and_only_gpu_servers_have_one():
     assert max_lifetime_for(p, Team("open")) == (LIFE, "profile h100-4")
     assert max_lifetime_for(Profile("q", "q", gpu_milli=250), Team("open")) is None  # none: unlimited
     assert max_lifetime_for(Profile("cpu", "cpu"), Team("vision", max_lifetime_seconds=60)) is None
+    # A running session's, as the hub knows it: only with a GPU held and a start.
+    assert session_lifetime(p, Team("open"), 4000, START) == Lifetime(LIFE, "profile h100-4", START)
+    assert session_lifetime(p, Team("open"), 0, START) is None
+    assert session_lifetime(p, Team("open"), 4000, None) is None
+    assert session_lifetime(None, Team("vision", max_lifetime_seconds=60), 500, START) == Lifetime(
+        60, "team vision", START
+    )  # a profile gone from the catalog: the team's still applies
 
 
 # -- the decision -----------------------------------------------------------
