@@ -45,6 +45,8 @@ def test_the_lab_says_the_lifetime_is_reached_and_keep_my_gpu_cannot_extend_it(h
     page.set_default_timeout(60_000)
     try:
         panel = open_gpu_sidebar(page, hub.url, "alice", "vision:h100-half", "0.5 × H100")
+        # The idle policy the sidebar states says the lifetime (the hub's one idle sentence).
+        assert f"stopped after {LIFETIME}s, whatever it does, after a warning and its grace" in panel.inner_text()
 
         session = as_culler(hub, CULLER_TOKEN, "GET", "/users/alice").json()["servers"][""]["started"]
         started_at = parse_time(session)

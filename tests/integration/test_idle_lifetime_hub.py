@@ -123,6 +123,11 @@ def test_a_busy_server_past_its_lifetime_is_warned_then_reclaimed_and_keepalive_
     old = spawn(hub, "alice", "life", "h100-life")
     spawn(hub, "bob", "long", "h100-long")
     ends = _ts(old["started"]) + LIFETIME
+    # What the lab's sidebar reads: the lifetime, in seconds and in the idle sentence.
+    offered = {p["slug"]: p for t in hub.me("alice")["teams"] for p in t["profiles"]}
+    assert offered["h100-life"]["max_lifetime_seconds"] == LIFETIME
+    assert f"stopped after {LIFETIME}s, whatever it does" in offered["h100-life"]["idle_policy"]
+    assert offered["h100-long"]["max_lifetime_seconds"] == 3600
 
     # Pressed within the lifetime: granted, but it reaches no further than the lifetime.
     r = keep(hub, "alice", "life", alice)
