@@ -100,13 +100,14 @@ if [[ $WANT_TEST == 1 ]]; then
 fi
 
 # 6. The Kubernetes test bed's binaries, built from Go modules once and cached
-#    outside the work tree (scripts/build-kube.sh, scripts/build-kueue.sh), and the
-#    Grafana dashboard generator the dashboard's test compares with the chart's JSON
-#    (scripts/build-grafana-dashboard.sh).
+#    outside the work tree (scripts/build-kube.sh, scripts/build-kueue.sh,
+#    scripts/build-kai.sh), and the Grafana dashboard generator the dashboard's test
+#    compares with the chart's JSON (scripts/build-grafana-dashboard.sh).
 if [[ $WANT_TEST == 1 ]]; then
   # Debian's golang-go is too old for Kubernetes 1.36; the machines carry Go 1.26.
   [[ -x /usr/local/go/bin/go ]] && export PATH="$PATH:/usr/local/go/bin"
   scripts/build-kube.sh >/dev/null
   scripts/build-kueue.sh >/dev/null
+  scripts/build-kai.sh >/dev/null
   scripts/build-grafana-dashboard.sh >/dev/null
 fi

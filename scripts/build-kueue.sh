@@ -5,6 +5,8 @@
 #
 # sigs.k8s.io/kueue's go.mod has no replace lines, so `go install` works as is.
 set -euo pipefail
+# shellcheck source=lib/go-release.sh
+source "$(dirname "$0")/lib/go-release.sh"
 
 KUEUE_VERSION=${GPULAB_KUEUE_VERSION:-v0.17.0}
 CACHE_DIR=${GPULAB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpulab}
@@ -23,7 +25,7 @@ log "building sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION (a cold build takes man
 start=$(date +%s)
 GOBIN=$OUT/bin go install -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
   "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
-src=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+src=$(go_release_dir sigs.k8s.io/kueue "$KUEUE_VERSION")
 rm -rf "$OUT/config"
 mkdir -p "$OUT/config"
 cp -r "$src/config/components/crd" "$src/config/components/webhook" "$src/config/components/rbac" "$OUT/config/"

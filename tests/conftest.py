@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 #: The Kubernetes test bed's fixtures (tests/kube/bed): the session-wide control plane
-#: ``kube_testbed`` (also for the benchmarks' smoke run on it), ``kube`` and the chart's ``release``.
-pytest_plugins = ("tests.kube.bed.cluster", "tests.kube.bed.chart")
+#: ``kube_testbed`` (also for the benchmarks' smoke run on it), ``kube``, the chart's ``release``
+#: and ``kai_scheduler`` (KAI's components, for the tests of one module).
+pytest_plugins = ("tests.kube.bed.cluster", "tests.kube.bed.chart", "tests.kube.bed.kai_scheduler")
 
 TESTS = Path(__file__).resolve().parent
 #: The tier folders and the markers each gives its tests: the folder is the tier, so a new

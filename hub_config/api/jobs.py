@@ -1,4 +1,4 @@
-"""``/hub/api/gpulab/jobs``: submit, list, read, cancel, re-run notebook jobs; logs and outputs.
+"""``/hub/api/gpulab/jobs``: submit, list, read, cancel, re-run jobs (notebooks, scripts); logs and outputs.
 
 Scopes: ``custom:gpulab:jobs`` for one's own jobs (every user holds
 ``custom:gpulab:jobs!user``), ``custom:gpulab:admin`` for everyone's. A job
@@ -164,6 +164,8 @@ class JobLogsHandler(JobsBase):
 class JobOutputHandler(JobsBase):
     async def get(self, job_id: str) -> None:
         rec = self.load(job_id)
+        if not rec.output_path:
+            raise web.HTTPError(404, f"job {rec.id} runs a script: it has no output notebook; its output is its log")
         try:
             data = await self.jobs.read_output(rec)
         except JobSpecError as e:

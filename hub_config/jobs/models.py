@@ -14,7 +14,7 @@ from spawner.core.jobspec import kept_input_path
 
 
 class JobRecord(Base):
-    """One notebook job: what was asked, where it runs, and every state it went through."""
+    """One job (a notebook or a script): what was asked, where it runs, and every state it went through."""
 
     __tablename__ = "gpulab_jobs"
     __table_args__ = (UniqueConstraint("user", "idempotency_key", name="uq_gpulab_jobs_idempotency"),)
@@ -29,7 +29,15 @@ class JobRecord(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     over_quota: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: The path of what runs: the notebook, or the script when ``kind`` is ``script``.
     notebook: Mapped[str] = mapped_column(Text)
+    #: ``notebook`` (papermill) or ``script`` (Python with ``args``).
+    kind: Mapped[str] = mapped_column(String(16), default="notebook", server_default="notebook")
+    args_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    #: Nodes of the profile's GPUs; ``gpu_milli`` is all of them (a gang when more than one).
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    #: The checkpoint folder (relative to the home), kept across the job's attempts.
+    checkpoint_path: Mapped[str] = mapped_column(Text, default="", server_default="")
     output_path: Mapped[str] = mapped_column(Text)
     log_path: Mapped[str] = mapped_column(Text)
     parameters_json: Mapped[str] = mapped_column(Text, default="{}")
@@ -58,6 +66,10 @@ class JobRecord(Base):
         return json.loads(self.parameters_json or "{}")
 
     @property
+    def args(self) -> list[str]:
+        return json.loads(self.args_json or "[]")
+
+    @property
     def shares(self) -> list[list[int]]:
         return json.loads(self.shares_json or "[]")
 
@@ -84,8 +96,14 @@ class JobRecord(Base):
             "reason": self.reason,
             "gpu_milli": self.gpu_milli,
             "over_quota": self.over_quota,
+            "kind": self.kind,
+            # The path of what runs, for either kind: clients written before scripts read it.
             "notebook": self.notebook,
+            "script": self.notebook if self.kind == "script" else None,
+            "args": self.args,
+            "nodes": self.nodes,
             "output_path": self.output_path,
+            "checkpoint_path": self.checkpoint_path,
             "log_path": self.log_path,
             # The notebook as submitted, which the job runs and Re-run runs again.
             "input_path": kept_input_path(self.output_path) if self.output_path else "",

@@ -39,7 +39,20 @@ from spawner.runtime import GPULabRuntime, get_runtime
 
 #: Keys a submission may carry; anything else is refused (never silently ignored).
 SUBMIT_KEYS = frozenset(
-    {"notebook", "job_class", "profile", "team", "image", "parameters", "time_limit_seconds", "name", "idempotency_key"}
+    {
+        "notebook",
+        "script",
+        "args",
+        "nodes",
+        "job_class",
+        "profile",
+        "team",
+        "image",
+        "parameters",
+        "time_limit_seconds",
+        "name",
+        "idempotency_key",
+    }
 )
 
 
@@ -81,6 +94,7 @@ class JobService:
                 "job",
                 rec.over_quota,
                 RUNNING if rec.state == jobspec.RUNNING else RESERVED,
+                rec.nodes,
             )
             self.runtime.ledger.adopt(w)
         self._task = asyncio.ensure_future(self._loop())
@@ -197,17 +211,21 @@ class JobService:
             max_parameters_bytes=s.max_parameters_bytes,
             default_time_limit=s.default_time_limit_seconds,
             max_time_limit=s.max_time_limit_seconds,
+            max_nodes=s.max_nodes,
         )
-        if check_notebook:
-            await self.check_notebook(user, submission.notebook)
+        # A Re-run of a kept notebook runs the copy; a script is never copied (it would not find
+        # its neighbours' imports elsewhere): it runs where it is, so it is checked every time.
+        if check_notebook or submission.kind == jobspec.SCRIPT:
+            await self.check_notebook(user, submission.notebook, submission.kind)
         return submission
 
     async def keep_input(self, rec: JobRecord, source: str) -> None:
         """Keep the notebook a job runs, as submitted, in its own file beside its output
         (:func:`spawner.core.jobspec.kept_input_path`), written as the job's owner with no symlink
         followed. ``source``: the notebook, or the kept copy of the job a Re-run repeats. On
-        Kubernetes, where the hub does not reach the homes, the job's pod makes the same copy."""
-        if not self.backend.sees_homes:
+        Kubernetes, where the hub does not reach the homes, the job's pod makes the same copy.
+        A script is not copied: it runs where it is."""
+        if not self.backend.sees_homes or rec.kind == jobspec.SCRIPT:
             return
         home = self.homes.home_dir(rec.user)
         target = jobspec.kept_input_path(rec.output_path)
@@ -227,7 +245,10 @@ class JobService:
             raise JobSpecError(f"{target} exists already in your home: the job's own copy is never overwritten", 409)
 
     async def job_input(self, rec: JobRecord) -> Path:
-        """What a job runs: its kept copy (a job submitted before jobs kept one: its notebook now)."""
+        """What a job runs: its kept copy (a job submitted before jobs kept one: its notebook now);
+        a script job its script."""
+        if rec.kind == jobspec.SCRIPT:
+            return await self.check_notebook(rec.user, rec.notebook, rec.kind)
         home = self.homes.home_dir(rec.user)
         kept = home / jobspec.kept_input_path(rec.output_path)
         if not self.backend.sees_homes:
@@ -239,8 +260,9 @@ class JobService:
             raise refusal(found, "the job's own copy of its notebook")
         return kept
 
-    async def check_notebook(self, user: str, notebook: str) -> Path:
-        """The notebook's path in the home: a regular file, reached through no symlink (checked as its owner)."""
+    async def check_notebook(self, user: str, notebook: str, kind: str = jobspec.NOTEBOOK) -> Path:
+        """The notebook's (or script's) path in the home: a regular file, reached through no symlink
+        (checked as its owner)."""
         home = self.homes.home_dir(user)
         path = home / notebook
         if not self.backend.sees_homes:
@@ -253,15 +275,15 @@ class JobService:
         if found.state == home_files.ABSENT:
             if found.detail == str(home):
                 raise JobSpecError("your home directory does not exist yet: start a server once", 404)
-            raise JobSpecError(f"notebook {notebook!r} does not exist in your home directory", 404)
+            raise JobSpecError(f"{kind} {notebook!r} does not exist in your home directory", 404)
         if found.state == home_files.SYMLINK:
             raise JobSpecError(
-                f"notebook path {notebook!r} goes through a symlink ({found.detail}); give the real path in your home",
+                f"{kind} path {notebook!r} goes through a symlink ({found.detail}); give the real path in your home",
                 403,
             )
         if found.state == home_files.NOT_A_FILE:
-            raise JobSpecError(f"notebook {notebook!r} is not a regular file in your home directory", 404)
-        raise refusal(found, f"notebook {notebook!r}")
+            raise JobSpecError(f"{kind} {notebook!r} is not a regular file in your home directory", 404)
+        raise refusal(found, f"{kind} {notebook!r}")
 
     async def create_job(
         self,
@@ -286,12 +308,13 @@ class JobService:
                 return existing, False
         request = sub.request
         profile = request.profile
-        milli = self.backend.prepare(sub)
+        # The GPUs of all its nodes at once: a multi-node job is a gang, admitted whole or not at all.
+        milli = self.backend.prepare(sub) * sub.nodes
         ledger = self.runtime.ledger
         may_burst = sub.priority.may_burst
         # Decide first, write after: no database transaction may stay open while
         # the ledger runs its observers (they write to the same database).
-        decision = ledger.admit(request.team.name, user, milli, may_burst=may_burst)
+        decision = ledger.admit(request.team.name, user, milli, may_burst=may_burst, members=sub.nodes)
         if not decision.allowed:
             log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, decision.reason)
             raise JobSpecError(decision.reason, 403)
@@ -307,6 +330,9 @@ class JobService:
                 reason="",
                 gpu_milli=milli,
                 notebook=sub.notebook,
+                kind=sub.kind,
+                args_json=json.dumps(list(sub.args)),
+                nodes=sub.nodes,
                 output_path="",
                 log_path="",
                 parameters_json=json.dumps(dict(sub.parameters)),
@@ -319,7 +345,9 @@ class JobService:
             )
             s.add(rec)
             s.flush()  # the id names the ledger key and the output files
-            rec.output_path, rec.log_path = jobspec.output_paths(sub.notebook, sub.name, f"{stamp}-{rec.id}")
+            run = f"{stamp}-{rec.id}"
+            rec.output_path, rec.log_path = jobspec.output_paths(sub.notebook, sub.name, run, sub.kind)
+            rec.checkpoint_path = jobspec.checkpoint_path(sub.notebook, sub.name, run)
             rec.record(
                 jobspec.QUEUED,
                 "admitted " + ("over quota (preemptible)" if decision.over_quota else "within the team guarantee"),
@@ -327,7 +355,14 @@ class JobService:
             s.commit()
         key = jobspec.workload_key(rec.id)
         decision = ledger.reserve(
-            key, request.team.name, user, milli, profile=profile.slug, kind="job", may_burst=may_burst
+            key,
+            request.team.name,
+            user,
+            milli,
+            profile=profile.slug,
+            kind="job",
+            may_burst=may_burst,
+            members=sub.nodes,
         )
         if not decision.allowed or decision.over_quota != rec.over_quota:
             # Someone else took the share between the two steps: undo the record.
@@ -361,20 +396,25 @@ class JobService:
         return rec, True
 
     async def rerun(self, rec: JobRecord, groups: Iterable[str], notebook: str = RERUN_KEPT) -> JobRecord:
-        """Submit ``rec`` again with its profile, team, class, parameters and time limit: the
-        notebook exactly as it ran (its kept copy; the new job's ``rerun_of``), or, with
-        ``notebook="current"``, the notebook as it is now (a new submission of the same settings)."""
+        """Submit ``rec`` again with its profile, team, class, parameters or arguments, nodes and time
+        limit: the notebook exactly as it ran (its kept copy; the new job's ``rerun_of``), or, with
+        ``notebook="current"``, the notebook as it is now (a new submission of the same settings).
+        A script runs as it is now either way (it is never copied)."""
         if notebook not in RERUN_CHOICES:
             raise JobSpecError(f"notebook must be one of {', '.join(RERUN_CHOICES)}, not {str(notebook)[:40]!r}")
-        body = {
-            "notebook": rec.notebook,
+        body: dict[str, Any] = {
+            rec.kind: rec.notebook,
             "job_class": rec.job_class,
             "profile": rec.profile,
             "team": rec.team,
-            "parameters": rec.parameters,
             "time_limit_seconds": rec.time_limit_seconds,
             "name": rec.name,
+            "nodes": rec.nodes,
         }
+        if rec.kind == jobspec.SCRIPT:
+            body["args"] = rec.args
+        else:
+            body["parameters"] = rec.parameters
         new, _ = await self.create_job(rec.user, groups, body, rerun_of=rec if notebook == RERUN_KEPT else None)
         return new
 
@@ -412,7 +452,9 @@ class JobService:
                 # Its pod is gone (Kueue suspended the Job, or a preemption), so
                 # a ledger rebuilt from pods dropped it: the job still holds its share.
                 ledger.adopt(
-                    Workload(key, rec.team, rec.user, rec.gpu_milli, rec.profile, "job", rec.over_quota, RESERVED)
+                    Workload(
+                        key, rec.team, rec.user, rec.gpu_milli, rec.profile, "job", rec.over_quota, RESERVED, rec.nodes
+                    )
                 )
             elif w.state != RESERVED:  # still admitted, waiting for devices again
                 ledger.adopt(replace(w, state=RESERVED))

@@ -79,8 +79,29 @@ class GPULabJobs(Configurable):
     stop_grace_seconds = Float(
         10.0,
         config=True,
-        help="""Seconds between SIGTERM and SIGKILL when a local job is cancelled,
-        preempted or timed out.""",
+        help="""The checkpoint grace: seconds a job has between SIGTERM and SIGKILL when it is
+        cancelled, preempted or reaches its time limit, to save a checkpoint in
+        `$GPULAB_CHECKPOINT_DIR` (docs/jobs.md). On one server the runner passes the SIGTERM to
+        every process of the job and ends those still there when the grace is over (the hub
+        sends SIGKILL a moment later, in case the runner could not); on Kubernetes it is the job
+        pods' `terminationGracePeriodSeconds`.""",
+    )
+    max_nodes = Int(
+        8,
+        config=True,
+        help="""Most nodes a training job may ask for (`nodes`): it then holds `nodes` × its
+        profile's GPUs, admitted all at once or not at all. Only a script runs on several
+        nodes, on whole GPUs; one server is one node.""",
+    )
+    torchrun_command = List(
+        Unicode(),
+        default_value=["torchrun"],
+        config=True,
+        help="""The launcher a single-server script job over N whole GPUs runs as
+        `<launcher> --standalone --nnodes=1 --nproc_per_node=N script args...`. The default,
+        `torchrun`, is PyTorch's beside the job's Python (the environment the user's lab runs
+        in) when torch is installed there, else the first on the job's PATH. A script on one
+        GPU, a fraction or no GPU runs as `python script args...`.""",
     )
     state_dir = Unicode(
         config=True,

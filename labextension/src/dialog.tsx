@@ -1,7 +1,8 @@
 /**
- * "Run as GPU job": the form (notebook, name and time limit, job class, team,
+ * "Run as GPU job": the form (notebook or script, name and time limit, job class, team,
  * profile with what a job of that class would get now, parameters from the
- * notebook's `parameters` cell) and the submit loop that shows the API's
+ * notebook's `parameters` cell, or a script's arguments and, for training, its nodes
+ * with their total "2 × 8 H100 = 16 GPUs") and the submit loop that shows the API's
  * errors in the dialog. The profile starts as the last one used for a job
  * (kept in the browser's local storage, per hub user), else the server's own,
  * when it fits now. After that the dialog never changes a choice: a choice
@@ -16,7 +17,15 @@ import React, { useEffect, useRef, useState } from 'react';
 
 import { api } from './api';
 import { anyProfile, choiceStatus, initialProfile, profileOptionLabel } from './jobChoice';
-import { buildJobRequest, FieldErrors, fieldErrors, IJobForm, parameterText } from './logic';
+import {
+  buildJobRequest,
+  FieldErrors,
+  fieldErrors,
+  IJobForm,
+  isScript,
+  nodesTotal,
+  parameterText
+} from './logic';
 import { trapFocus } from './modal';
 import { IJob, IMe, ITeamView, JobClass } from './types';
 
@@ -76,6 +85,9 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
   const visible = (key: string): string | undefined =>
     shown.has(key) || shown.has('*') ? errors[key as keyof FieldErrors] : undefined;
   const touch = (key: string) => setShown(s => new Set(s).add(key));
+  const script = isScript(form.notebook);
+  const chosen = profiles.find(p => p.slug === form.profile);
+  const nodes = Number(form.nodes ?? '1');
   const chosenElsewhere =
     form.profile && !profiles.some(p => p.slug === form.profile)
       ? anyProfile(me, form.profile)
@@ -161,17 +173,33 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
             </div>
           )}
           <label className="gpulab-field">
-            <span>Notebook</span>
+            <span>Notebook or script</span>
             <input
               className="jp-mod-styled"
               name="notebook"
               value={form.notebook}
+              placeholder="experiments/train.ipynb or train.py"
               onChange={e => update({ notebook: e.target.value })}
               onBlur={() => touch('notebook')}
               {...invalid('gpulab-err-notebook', visible('notebook'))}
             />
             <FieldError id="gpulab-err-notebook" text={visible('notebook')} />
           </label>
+          {script && (
+            <label className="gpulab-field">
+              <span>Arguments</span>
+              <input
+                className="jp-mod-styled"
+                name="args"
+                value={form.args ?? ''}
+                placeholder="--epochs 3"
+                onChange={e => update({ args: e.target.value })}
+                onBlur={() => touch('args')}
+                {...invalid('gpulab-err-args', visible('args'))}
+              />
+              <FieldError id="gpulab-err-args" text={visible('args')} />
+            </label>
+          )}
           <div className="gpulab-row">
             <label className="gpulab-field gpulab-grow">
               <span>Name (optional)</span>
@@ -179,7 +207,7 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
                 className="jp-mod-styled"
                 name="name"
                 value={form.name}
-                placeholder="from the notebook"
+                placeholder="from the file name"
                 onChange={e => update({ name: e.target.value })}
               />
             </label>
@@ -263,6 +291,30 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
               </select>
             </label>
           </div>
+          {script && form.jobClass === 'training' && (
+            <label className="gpulab-field gpulab-nodes">
+              <span>Nodes</span>
+              <input
+                className="jp-mod-styled"
+                name="nodes"
+                type="number"
+                min={1}
+                step={1}
+                value={form.nodes ?? '1'}
+                onChange={e => update({ nodes: e.target.value })}
+                onBlur={() => touch('nodes')}
+                aria-describedby="gpulab-nodes-total"
+                {...invalid('gpulab-err-nodes', visible('nodes'))}
+              />
+              {chosen && Number.isInteger(nodes) && nodes >= 1 && (
+                <span id="gpulab-nodes-total" className="gpulab-muted">
+                  {nodesTotal(nodes, chosen.gpu_milli, chosen.gpu_model)}
+                  {nodes > 1 ? ', admitted all at once or not at all' : ''}
+                </span>
+              )}
+              <FieldError id="gpulab-err-nodes" text={visible('nodes')} />
+            </label>
+          )}
           <div
             id={STATUS_ID}
             className={
@@ -293,58 +345,62 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
               </>
             )}
           </div>
-          <fieldset className="gpulab-field gpulab-params">
-            <legend>Parameters</legend>
-            {form.parameters.length === 0 && (
-              <div className="gpulab-muted">
-                No parameters (the notebook’s cell tagged “parameters” sets none).
-              </div>
-            )}
-            {form.parameters.map((p, i) => {
-              const err = visible(`param-${i}`);
-              const label = p.name || `parameter ${i + 1}`;
-              return (
-                <div key={i} className="gpulab-param-row">
-                  <div className="gpulab-param">
-                    <input
-                      className="jp-mod-styled"
-                      aria-label={`Name of parameter ${i + 1}`}
-                      data-param-name={i}
-                      value={p.name}
-                      onChange={e => setParam(i, { name: e.target.value })}
-                      onBlur={() => touch(`param-${i}`)}
-                      {...invalid(`gpulab-err-param-${i}`, err)}
-                    />
-                    <span aria-hidden="true">=</span>
-                    <input
-                      className="jp-mod-styled"
-                      aria-label={`Value of ${label}`}
-                      name={`param-${p.name}`}
-                      value={p.value}
-                      onChange={e => setParam(i, { value: e.target.value })}
-                    />
-                    <button
-                      type="button"
-                      className="jp-mod-styled gpulab-small gpulab-remove-param"
-                      aria-label={`Remove ${label}`}
-                      title={`Remove ${label}`}
-                      onClick={() => removeParam(i)}
-                    >
-                      Remove
-                    </button>
-                  </div>
-                  <FieldError id={`gpulab-err-param-${i}`} text={err} />
+          {!script && (
+            <fieldset className="gpulab-field gpulab-params">
+              <legend>Parameters</legend>
+              {form.parameters.length === 0 && (
+                <div className="gpulab-muted">
+                  No parameters (the notebook’s cell tagged “parameters” sets none).
                 </div>
-              );
-            })}
-            <button
-              type="button"
-              className="jp-mod-styled gpulab-small gpulab-add-param"
-              onClick={() => update({ parameters: [...form.parameters, { name: '', value: '' }] })}
-            >
-              Add parameter
-            </button>
-          </fieldset>
+              )}
+              {form.parameters.map((p, i) => {
+                const err = visible(`param-${i}`);
+                const label = p.name || `parameter ${i + 1}`;
+                return (
+                  <div key={i} className="gpulab-param-row">
+                    <div className="gpulab-param">
+                      <input
+                        className="jp-mod-styled"
+                        aria-label={`Name of parameter ${i + 1}`}
+                        data-param-name={i}
+                        value={p.name}
+                        onChange={e => setParam(i, { name: e.target.value })}
+                        onBlur={() => touch(`param-${i}`)}
+                        {...invalid(`gpulab-err-param-${i}`, err)}
+                      />
+                      <span aria-hidden="true">=</span>
+                      <input
+                        className="jp-mod-styled"
+                        aria-label={`Value of ${label}`}
+                        name={`param-${p.name}`}
+                        value={p.value}
+                        onChange={e => setParam(i, { value: e.target.value })}
+                      />
+                      <button
+                        type="button"
+                        className="jp-mod-styled gpulab-small gpulab-remove-param"
+                        aria-label={`Remove ${label}`}
+                        title={`Remove ${label}`}
+                        onClick={() => removeParam(i)}
+                      >
+                        Remove
+                      </button>
+                    </div>
+                    <FieldError id={`gpulab-err-param-${i}`} text={err} />
+                  </div>
+                );
+              })}
+              <button
+                type="button"
+                className="jp-mod-styled gpulab-small gpulab-add-param"
+                onClick={() =>
+                  update({ parameters: [...form.parameters, { name: '', value: '' }] })
+                }
+              >
+                Add parameter
+              </button>
+            </fieldset>
+          )}
         </form>
       </div>
       <div className="jp-Dialog-footer">
@@ -452,7 +508,9 @@ export function initialForm(
       value: parameterText(value)
     })),
     timeLimitMinutes: '60',
-    name: ''
+    name: '',
+    args: '',
+    nodes: '1'
   };
 }
 

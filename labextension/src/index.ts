@@ -134,14 +134,18 @@ const runAsJob: JupyterFrontEndPlugin<void> = {
         return current.context.path;
       }
       const selected = browser?.selectedItems().next();
-      if (selected && !selected.done && selected.value.path.endsWith('.ipynb')) {
+      if (
+        selected &&
+        !selected.done &&
+        (selected.value.path.endsWith('.ipynb') || selected.value.path.endsWith('.py'))
+      ) {
         return selected.value.path;
       }
       return current?.context.path ?? '';
     };
     app.commands.addCommand(CommandIDs.runAsJob, {
       label: args => (args.isLauncher ? 'GPU job' : 'Run as GPU job…'),
-      caption: 'Run a notebook as a batch or training job on GPUs',
+      caption: 'Run a notebook or a Python script as a batch or training job on GPUs',
       icon: gpuIcon,
       execute: async args => {
         const path = pickNotebook(args);
@@ -216,7 +220,7 @@ const notebookToolbar: JupyterFrontEndPlugin<void> = {
 
 const fileBrowserMenu: JupyterFrontEndPlugin<void> = {
   id: 'gpulab-labextension:filebrowser',
-  description: 'File browser context menu entry "Run as GPU job" on notebooks.',
+  description: 'File browser context menu entry "Run as GPU job" on notebooks and Python scripts.',
   autoStart: true,
   requires: [IDefaultFileBrowser],
   activate: (app: JupyterFrontEnd, browser: IDefaultFileBrowser) => {
@@ -230,11 +234,13 @@ const fileBrowserMenu: JupyterFrontEndPlugin<void> = {
         return app.commands.execute(CommandIDs.runAsJob, { path });
       }
     });
-    app.contextMenu.addItem({
-      command: id,
-      selector: '.jp-DirListing-item[data-file-type="notebook"]',
-      rank: 3
-    });
+    for (const type of ['notebook', 'python']) {
+      app.contextMenu.addItem({
+        command: id,
+        selector: `.jp-DirListing-item[data-file-type="${type}"]`,
+        rank: 3
+      });
+    }
   }
 };
 

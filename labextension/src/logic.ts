@@ -252,7 +252,12 @@ export function notebookParameters(cells: ICellLike[]): Record<string, unknown> 
 // -- the job dialog's form -----------------------------------------------------
 
 export interface IJobForm {
+  /** The notebook (.ipynb, run by papermill) or the Python script (.py) to run. */
   notebook: string;
+  /** A script's command line after its name, as typed (`--epochs 3 --name "a b"`). */
+  args?: string;
+  /** Nodes of the profile's GPUs (training scripts on whole GPUs), as typed. */
+  nodes?: string;
   jobClass: JobClass;
   team: string;
   profile: string;
@@ -280,13 +285,85 @@ export function parameterText(value: unknown): string {
   return typeof value === 'string' ? value : JSON.stringify(value);
 }
 
+/** Does the form run a Python script (else a notebook)? */
+export function isScript(path: string): boolean {
+  return path.trim().endsWith('.py');
+}
+
+/**
+ * A typed command line split into arguments as a POSIX shell splits words (quotes and
+ * backslashes; nothing is expanded): `--name "a b"` -> `['--name', 'a b']`; null when a
+ * quote is left open. The hub receives the list and passes it on as it is.
+ */
+export function splitArgs(text: string): string[] | null {
+  const out: string[] = [];
+  let word: string | null = null;
+  let quote: '"' | "'" | null = null;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quote === "'") {
+      if (c === "'") {
+        quote = null;
+      } else {
+        word += c;
+      }
+    } else if (quote === '"') {
+      if (c === '"') {
+        quote = null;
+      } else if (c === '\\' && i + 1 < text.length && '"\\$`'.includes(text[i + 1])) {
+        word += text[++i];
+      } else {
+        word += c;
+      }
+    } else if (c === "'" || c === '"') {
+      quote = c;
+      word = word ?? '';
+    } else if (c === '\\' && i + 1 < text.length) {
+      word = (word ?? '') + text[++i];
+    } else if (/\s/.test(c)) {
+      if (word !== null) {
+        out.push(word);
+        word = null;
+      }
+    } else {
+      word = (word ?? '') + c;
+    }
+  }
+  if (quote) {
+    return null;
+  }
+  if (word !== null) {
+    out.push(word);
+  }
+  return out;
+}
+
+/** `"2 × 8 H100 = 16 GPUs"`: what a job of `nodes` nodes of a profile holds in all. */
+export function nodesTotal(nodes: number, profileMilli: number, model: string): string {
+  const label = model ? ` ${model}` : '';
+  return `${nodes} × ${formatGPUs(profileMilli)}${label} = ${formatGPUs(nodes * profileMilli)} GPUs`;
+}
+
 /** The problems of the form's own fields, keyed by field (`param-N`: the Nth parameter's name). */
-export type FieldErrors = Partial<Record<'notebook' | 'time_limit' | `param-${number}`, string>>;
+export type FieldErrors = Partial<
+  Record<'notebook' | 'args' | 'nodes' | 'time_limit' | `param-${number}`, string>
+>;
 
 export function fieldErrors(form: IJobForm): FieldErrors {
   const out: FieldErrors = {};
-  if (!form.notebook.trim().replace(/^\/+/, '').endsWith('.ipynb')) {
-    out.notebook = 'Choose a notebook (.ipynb) to run.';
+  const path = form.notebook.trim().replace(/^\/+/, '');
+  if (!path.endsWith('.ipynb') && !path.endsWith('.py')) {
+    out.notebook = 'Choose a notebook (.ipynb) or a Python script (.py) to run.';
+  }
+  if (isScript(path) && splitArgs(form.args ?? '') === null) {
+    out.args = 'A quote is left open in the arguments.';
+  }
+  const nodesText = (form.nodes ?? '1').trim();
+  const nodes = Number(nodesText);
+  if (nodesText === '' || !Number.isInteger(nodes) || nodes < 1) {
+    out.nodes = 'Nodes must be a whole number, at least 1.';
+  } else if (nodes > 1 && (!isScript(path) || form.jobClass !== 'training')) {
+    out.nodes = 'Only a training job of a script runs on several nodes.';
   }
   const minutes = Number(form.timeLimitMinutes);
   if (
@@ -298,7 +375,8 @@ export function fieldErrors(form: IJobForm): FieldErrors {
     out.time_limit = 'The time limit must be a whole number of minutes above 0.';
   }
   const seen = new Set<string>();
-  form.parameters.forEach((p, i) => {
+  // A script takes arguments, not papermill parameters.
+  (isScript(path) ? [] : form.parameters).forEach((p, i) => {
     const name = p.name.trim();
     if (!name) {
       if (p.value.trim()) {
@@ -327,19 +405,29 @@ export function buildJobRequest(
   if (errors.length) {
     return { request: null, errors };
   }
-  const parameters: Record<string, unknown> = {};
-  for (const p of form.parameters) {
-    if (p.name.trim()) {
-      parameters[p.name.trim()] = parameterValue(p.value);
-    }
-  }
+  const path = form.notebook.trim().replace(/^\/+/, '');
   const request: IJobRequest = {
-    notebook: form.notebook.trim().replace(/^\/+/, ''),
     job_class: form.jobClass,
     profile: form.profile,
-    parameters,
     time_limit_seconds: Number(form.timeLimitMinutes) * 60
   };
+  if (isScript(path)) {
+    request.script = path;
+    request.args = splitArgs(form.args ?? '') ?? [];
+    const nodes = Number((form.nodes ?? '1').trim());
+    if (nodes > 1) {
+      request.nodes = nodes;
+    }
+  } else {
+    const parameters: Record<string, unknown> = {};
+    for (const p of form.parameters) {
+      if (p.name.trim()) {
+        parameters[p.name.trim()] = parameterValue(p.value);
+      }
+    }
+    request.notebook = path;
+    request.parameters = parameters;
+  }
   if (form.team) {
     request.team = form.team;
   }

@@ -143,7 +143,13 @@ export interface IJob {
   reason: string | null;
   gpu_milli: number;
   over_quota: boolean;
+  /** `notebook` (papermill) or `script` (older hubs: absent, a notebook). */
+  kind?: 'notebook' | 'script';
+  /** The path of what runs: the notebook, or the script of a script job (also in `script`). */
   notebook: string;
+  script?: string | null;
+  args?: string[];
+  nodes?: number;
   output_path: string | null;
   log_path: string | null;
   /** The notebook as submitted, kept with the job: what it ran and what Re-run runs again. */
@@ -159,11 +165,16 @@ export interface IJob {
 }
 
 export interface IJobRequest {
-  notebook: string;
+  /** Exactly one of `notebook` and `script`. */
+  notebook?: string;
+  script?: string;
+  /** A script's arguments, passed as they are. */
+  args?: string[];
+  nodes?: number;
   job_class: JobClass;
   profile: string;
   team?: string;
-  parameters: Record<string, unknown>;
+  parameters?: Record<string, unknown>;
   time_limit_seconds: number;
   name?: string;
   idempotency_key?: string;

@@ -8,6 +8,8 @@ import {
   formatDuration,
   formatGPUs,
   IJobForm,
+  nodesTotal,
+  splitArgs,
   isTerminal,
   jobDuration,
   keepAliveState,
@@ -239,7 +241,7 @@ describe('buildJobRequest', () => {
   it('refuses bad input with every reason', () => {
     const r = buildJobRequest(
       form({
-        notebook: 'x.py',
+        notebook: 'x.txt',
         profile: '',
         timeLimitMinutes: '0',
         parameters: [{ name: '1bad', value: '1' }]
@@ -267,12 +269,61 @@ describe('buildJobRequest', () => {
         })
       )
     ).toEqual({
-      notebook: 'Choose a notebook (.ipynb) to run.',
+      notebook: 'Choose a notebook (.ipynb) or a Python script (.py) to run.',
       time_limit: 'The time limit must be a whole number of minutes above 0.',
       'param-1': 'Name this parameter, or remove it.',
       'param-2': '"a" is a parameter twice.',
       'param-3': '"not valid" is not a valid Python parameter name.'
     });
+  });
+
+  it('builds a script job with its arguments split as a shell would, nothing expanded', () => {
+    const r = buildJobRequest(
+      form({
+        notebook: 'exp/train.py',
+        jobClass: 'training',
+        args: `--epochs 3 --name "a b" 'it''s' $(id) back\\ slash`,
+        nodes: '2'
+      })
+    );
+    expect(r.errors).toEqual([]);
+    expect(r.request).toEqual({
+      script: 'exp/train.py',
+      args: ['--epochs', '3', '--name', 'a b', 'its', '$(id)', 'back slash'],
+      nodes: 2,
+      job_class: 'training',
+      team: 'vision',
+      profile: 'h100-quarter',
+      time_limit_seconds: 1800
+    });
+    // A script takes no papermill parameters: the notebook's rows are not checked or sent.
+    expect(
+      fieldErrors(form({ notebook: 'a.py', parameters: [{ name: '1bad', value: '' }] }))
+    ).toEqual({});
+  });
+
+  it('says what is wrong with arguments and nodes', () => {
+    expect(fieldErrors(form({ notebook: 'a.py', args: '--name "open' }))).toEqual({
+      args: 'A quote is left open in the arguments.'
+    });
+    for (const nodes of ['0', '1.5', '', 'x']) {
+      expect(fieldErrors(form({ notebook: 'a.py', jobClass: 'training', nodes })).nodes).toBe(
+        'Nodes must be a whole number, at least 1.'
+      );
+    }
+    expect(fieldErrors(form({ notebook: 'a.py', jobClass: 'batch', nodes: '2' })).nodes).toBe(
+      'Only a training job of a script runs on several nodes.'
+    );
+    expect(fieldErrors(form({ jobClass: 'training', nodes: '2' })).nodes).toBe(
+      'Only a training job of a script runs on several nodes.'
+    );
+  });
+
+  it('shows the total of a multi-node job', () => {
+    expect(nodesTotal(2, 8000, 'H100')).toBe('2 × 8 H100 = 16 GPUs');
+    expect(nodesTotal(1, 500, '')).toBe('1 × 0.5 = 0.5 GPUs');
+    expect(splitArgs('')).toEqual([]);
+    expect(splitArgs('  a  "" b ')).toEqual(['a', '', 'b']);
   });
 
   it('types parameter text', () => {

@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from . import jobprogram
 from .gpu_pools import and_node_affinity
+from .jobprogram import NOTEBOOK as NOTEBOOK
+from .jobprogram import SCRIPT as SCRIPT
+from .jobprogram import JobSpecError as JobSpecError
+from .jobprogram import program_kind, validate_program_path
 from .labels import KUEUE_QUEUE_NAME
 from .policy import SpawnRequest
 from .priority import BATCH, TRAINING, PriorityClass, cluster_priority_class_name, effective_priority_class
@@ -50,14 +55,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, TIMED_OUT, PREEMPTED}),
     PREEMPTED: frozenset({QUEUED, RUNNING, CANCELLED, FAILED}),
 }
-
-
-class JobSpecError(ValueError):
-    """A job request is refused; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 def priority_for(job_class: str) -> PriorityClass:
@@ -92,11 +89,17 @@ class Submission:
 
     request: SpawnRequest
     job_class: str
+    #: The path of what runs: the notebook, or the script when ``kind`` is ``script``.
     notebook: str
     name: str
     parameters: Mapping[str, Any] = field(default_factory=dict)
     time_limit_seconds: int
     idempotency_key: str | None = None
+    #: ``notebook`` (papermill) or ``script`` (Python with ``args``): :mod:`spawner.core.jobprogram`.
+    kind: str = NOTEBOOK
+    args: tuple[str, ...] = ()
+    #: Nodes of the profile's GPUs (a gang when more than one): ``gpu_milli`` × ``nodes`` in all.
+    nodes: int = 1
 
     @property
     def priority(self) -> PriorityClass:
@@ -108,11 +111,16 @@ class Submission:
             "team": r.team.name,
             "profile": r.profile.slug,
             "job_class": self.job_class,
-            "notebook": self.notebook,
+            self.kind: self.notebook,
             "name": self.name,
-            "parameters": dict(self.parameters),
             "time_limit_seconds": self.time_limit_seconds,
         }
+        if self.kind == SCRIPT:
+            out["args"] = list(self.args)
+        else:
+            out["parameters"] = dict(self.parameters)
+        if self.nodes != 1:
+            out["nodes"] = self.nodes
         if r.image is not None:
             out["image"] = r.image.slug
         if self.idempotency_key is not None:
@@ -128,58 +136,50 @@ class Submission:
         max_parameters_bytes: int,
         default_time_limit: int,
         max_time_limit: int,
+        max_nodes: int = 1,
     ) -> Submission:
         """A submission body checked field by field (:class:`JobSpecError` says which and why);
         ``resolve`` turns its ``team``/``profile``/``image`` into the catalog's choice."""
         job_class = str(data.get("job_class") or "")
         priority_for(job_class)  # an unknown class is refused first
+        kind = program_kind(dict(data))
+        path = validate_program_path(data.get(kind), kind)
+        if kind == SCRIPT and data.get("parameters") not in (None, {}):
+            raise JobSpecError("parameters are papermill's, for notebooks; give a script its args instead")
+        args = jobprogram.validate_args(data.get("args"), kind, max_parameters_bytes)
         request = resolve({k: data[k] for k in ("team", "profile", "image") if data.get(k) is not None})
-        notebook = validate_notebook_path(data.get("notebook"))
+        nodes = jobprogram.validate_nodes(
+            data.get("nodes"),
+            kind=kind,
+            job_class=job_class,
+            profile_milli=request.profile.gpu_milli,
+            max_nodes=max_nodes,
+        )
         return cls(
             request=request,
             job_class=job_class,
-            notebook=notebook,
-            name=validate_name(data.get("name"), notebook),
+            notebook=path,
+            name=validate_name(data.get("name"), path),
             parameters=validate_parameters(data.get("parameters"), max_parameters_bytes),
             time_limit_seconds=validate_time_limit(data.get("time_limit_seconds"), default_time_limit, max_time_limit),
             idempotency_key=validate_idempotency_key(data.get("idempotency_key")),
+            kind=kind,
+            args=args,
+            nodes=nodes,
         )
 
 
 # -- validation ---------------------------------------------------------------
 
-MAX_PATH_LEN = 1024
+MAX_PATH_LEN = jobprogram.MAX_PATH_LEN
 MAX_NAME_LEN = 63
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
 def validate_notebook_path(path: Any) -> str:
-    """A notebook path relative to the user's home, normalised; refuses escapes.
-
-    Refused: non-strings, absolute paths, any ``..`` component, NUL and
-    control characters, hidden-name tricks like an empty path, and anything
-    that is not an ``.ipynb``. Symlinks are checked by the caller against the
-    real file system (that is I/O).
-    """
-    if not isinstance(path, str) or not path.strip():
-        raise JobSpecError("notebook must be a path relative to your home directory, e.g. 'experiments/train.ipynb'")
-    if len(path) > MAX_PATH_LEN:
-        raise JobSpecError(f"notebook path is longer than {MAX_PATH_LEN} characters")
-    if path.endswith("/"):
-        raise JobSpecError("notebook path ends with '/': name a .ipynb file, not a folder")
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in path) or "\\" in path:
-        raise JobSpecError("notebook path contains control characters or backslashes")
-    p = PurePosixPath(path)
-    if p.is_absolute() or path.startswith("~"):
-        raise JobSpecError("notebook path must be relative to your home directory, not absolute")
-    if ".." in p.parts:
-        raise JobSpecError("notebook path must not contain '..'")
-    parts = [x for x in p.parts if x != "."]
-    if not parts:
-        raise JobSpecError("notebook path names no file")
-    if not parts[-1].endswith(".ipynb"):
-        raise JobSpecError("notebook must be a .ipynb file")
-    return str(PurePosixPath(*parts))
+    """A notebook path relative to the user's home, normalised; refuses escapes
+    (:func:`spawner.core.jobprogram.validate_program_path`)."""
+    return validate_program_path(path, NOTEBOOK)
 
 
 def validate_name(name: Any, notebook: str) -> str:
@@ -230,11 +230,21 @@ def validate_idempotency_key(value: Any) -> str | None:
     return value
 
 
-def output_paths(notebook: str, name: str, stamp: str) -> tuple[str, str]:
-    """``(output notebook, log)`` beside the input: ``<dir>/runs/<name>-<stamp>.ipynb`` and ``.log``."""
-    runs = PurePosixPath(notebook).parent / "runs"
-    base = runs / f"{name}-{stamp}"
-    return str(base) + ".ipynb", str(base) + ".log"
+def output_paths(notebook: str, name: str, stamp: str, kind: str = NOTEBOOK) -> tuple[str, str]:
+    """``(output notebook, log)`` beside the input: ``<dir>/runs/<name>-<stamp>.ipynb`` and ``.log``
+    (a script has no output notebook: ``""``)."""
+    base = _run_base(notebook, name, stamp)
+    return (str(base) + ".ipynb" if kind == NOTEBOOK else ""), str(base) + ".log"
+
+
+def checkpoint_path(notebook: str, name: str, stamp: str) -> str:
+    """The job's checkpoint folder beside its outputs, ``<dir>/runs/<name>-<stamp>.checkpoints``:
+    one per job, kept across its attempts (a preempted job resumes from it)."""
+    return str(_run_base(notebook, name, stamp)) + ".checkpoints"
+
+
+def _run_base(notebook: str, name: str, stamp: str) -> PurePosixPath:
+    return PurePosixPath(notebook).parent / "runs" / f"{name}-{stamp}"
 
 
 #: Re-run's choices: the notebook exactly as the job ran it (its kept copy), or as it is now.
@@ -252,34 +262,34 @@ def kept_input_path(output_path: str) -> str:
 
 # -- Kubernetes ---------------------------------------------------------------
 
-#: The container command: papermill reads the parameters (JSON is YAML) from an
-#: environment variable, so no user value is ever parsed by a shell. The command
-#: replaces the image's entrypoint (docker-stacks' tini), so the shell is the
-#: container's PID 1, and PID 1 receives only the signals it has a handler for
-#: (pid_namespaces(7)): an exec'd papermill, which has none, would ignore the SIGTERM of
-#: a cancel, a preemption or a drain and die only at SIGKILL after the grace period.
-#: The shell stays PID 1 instead, forwards SIGTERM and SIGINT to papermill (a signal that
-#: came before papermill started too), waits for it (again, after a trapped signal cut the
-#: wait short) and exits with its status.
-PAPERMILL_SCRIPT = (
-    'trap \'stop=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null\' TERM INT; '
-    'cd "$GPULAB_HOME" && mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; '
-    # The job's own copy of its notebook, made once (a retried pod runs the same copy); a Job
-    # made before jobs kept one has no GPULAB_INPUT and runs its notebook.
+#: A notebook's container command: papermill reads the parameters (JSON is YAML) from an
+#: environment variable; :func:`spawner.core.jobprogram.kube_shell` says why a shell stays PID 1.
+#: It runs the job's own copy of its notebook, made once (a retried pod runs the same copy); a
+#: Job made before jobs kept one has no GPULAB_INPUT and runs its notebook.
+PAPERMILL_SCRIPT = jobprogram.kube_shell(
+    'mkdir -p "$(dirname "$GPULAB_OUTPUT")" || exit 1; '
     'input="${GPULAB_INPUT:-$GPULAB_NOTEBOOK}"; '
-    '[ -e "$input" ] || cp -- "${GPULAB_KEEP_FROM:-$GPULAB_NOTEBOOK}" "$input" 2> "$GPULAB_LOG" || exit 1; '
+    '[ -e "$input" ] || cp -- "${GPULAB_KEEP_FROM:-$GPULAB_NOTEBOOK}" "$input" 2> "$GPULAB_LOG" || exit 1; ',
     'papermill "$input" "$GPULAB_OUTPUT" -y "$GPULAB_PARAMETERS" '
-    '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" '
-    '> "$GPULAB_LOG" 2>&1 & child=$!; '
-    '[ -n "$stop" ] && kill -TERM "$child"; '  # a signal before papermill started
-    'wait "$child"; status=$?; '
-    'while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done; '
-    'exit "$status"'
+    '--log-output --no-progress-bar --cwd "$(dirname "$GPULAB_NOTEBOOK")" ',
+)
+#: A script's container command: ``python script args`` or, over N GPUs, torchrun; the
+#: arguments are the shell's own positional parameters (``sh -c SCRIPT gpulab-job args...``).
+#: A script runs where it is (a copy elsewhere would not import its neighbours).
+SCRIPT_SHELL = jobprogram.kube_shell(
+    'script=$(basename "$GPULAB_SCRIPT"); '
+    # Several nodes: torchrun takes its nodes, rank and rendezvous from the engine's PET_* variables.
+    'if [ "${GPULAB_NODES:-1}" -gt 1 ]; then set -- torchrun "$script" "$@"; '
+    'elif [ "${GPULAB_NPROC:-1}" -gt 1 ]; then '
+    'set -- torchrun --standalone --nnodes=1 --nproc_per_node="$GPULAB_NPROC" "$script" "$@"; '
+    'else set -- python "$script" "$@"; fi; ',
+    # In the script's folder; the log's redirection is the outer shell's, relative to the home.
+    '(cd "$(dirname "$GPULAB_SCRIPT")" && exec "$@") ',
 )
 
 
-#: papermill's exit status when the notebook raised (or could not be read):
-#: the notebook's fault, so running it again on a GPU only fails again.
+#: papermill's exit status when the notebook raised (or could not be read), and Python's
+#: when a script raised: the program's fault, so running it again on a GPU only fails again.
 NOTEBOOK_FAILED_EXIT_CODES = (1,)
 #: The user and group of z2jh's single-user pods (singleuser.uid, singleuser.fsGid).
 DEFAULT_UID = 1000
@@ -333,6 +343,13 @@ class KubeJobRequest:
     image_pull_secrets: tuple[str, ...] = ()
     uid: int | None = DEFAULT_UID
     fs_gid: int | None = DEFAULT_FS_GID
+    #: ``notebook`` (papermill) or ``script`` (``notebook`` is then the script, ``args`` its arguments).
+    kind: str = NOTEBOOK
+    args: tuple[str, ...] = ()
+    #: The job's checkpoint folder, relative to the home (``GPULAB_CHECKPOINT_DIR``); ``""``: none.
+    checkpoint_path: str = ""
+    #: The checkpoint grace: ``terminationGracePeriodSeconds`` between SIGTERM and SIGKILL.
+    termination_grace_seconds: int | None = None
     #: The cluster's PriorityClass per gpulab class (the catalog's ``priority_class_names``).
     priority_class_names: Mapping[str, str] = field(default_factory=dict)
     #: What the hub's KubeSpawner config gives every server pod besides the home (volumes,
@@ -347,6 +364,11 @@ def _cpu(cores: float) -> str:
     return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
 
 
+def job_container_name(kind: str) -> str:
+    """The job container's name: ``papermill`` for a notebook, ``script`` for a script."""
+    return "script" if kind == SCRIPT else "papermill"
+
+
 def kube_job_name(job_id: int) -> str:
     return f"gpulab-job-{int(job_id)}"
 
@@ -358,14 +380,9 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
     (:func:`_job_pod_spec`, with its scheduling: :func:`_job_scheduling`) and the Job
     around it (:func:`_job_spec`).
     """
-    labels = {**req.labels, "gpulab.io/job-class": req.job_class, "gpulab.io/job-id": str(req.job_id)}
+    labels = job_labels(req)
     annotations = dict(req.annotations)
-    # The share's resources, labels and pool apply when it holds a GPU at all.
-    gpu = req.gpu if req.gpu is not None and req.gpu.effective_milli > 0 else None
-    pod_labels = {**labels, **(gpu.labels if gpu else {})}
-    pod_annotations = {**annotations, **(gpu.annotations if gpu else {})}
-    template = {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": _job_pod_spec(req, gpu)}
-    job_spec = _job_spec(req, template)
+    job_spec = _job_spec(req, job_pod_template(req))
     if req.kueue_queue:
         labels[KUEUE_QUEUE_NAME] = req.kueue_queue
         # Kueue unsuspends the Job when it admits it against the ClusterQueue.
@@ -381,6 +398,20 @@ def kube_job_manifest(req: KubeJobRequest) -> dict[str, Any]:
         },
         "spec": job_spec,
     }
+
+
+def job_labels(req: KubeJobRequest) -> dict[str, str]:
+    """The job's own labels: the ledger's, its class and its id."""
+    return {**req.labels, "gpulab.io/job-class": req.job_class, "gpulab.io/job-id": str(req.job_id)}
+
+
+def job_pod_template(req: KubeJobRequest) -> dict[str, Any]:
+    """The pod template of the job (of each node of a multi-node job): labels, annotations, spec."""
+    # The share's resources, labels and pool apply when it holds a GPU at all.
+    gpu = req.gpu if req.gpu is not None and req.gpu.effective_milli > 0 else None
+    labels = {**job_labels(req), **(gpu.labels if gpu else {})}
+    annotations = {**req.annotations, **(gpu.annotations if gpu else {})}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": _job_pod_spec(req, gpu)}
 
 
 def _job_resources(req: KubeJobRequest, gpu: Any) -> dict[str, dict[str, str]]:
@@ -400,14 +431,22 @@ def _job_resources(req: KubeJobRequest, gpu: Any) -> dict[str, dict[str, str]]:
 
 def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
     """papermill in the profile's image, told what to run through ``GPULAB_*`` variables."""
-    env = [
-        {"name": "GPULAB_HOME", "value": home},
-        {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
-        {"name": "GPULAB_INPUT", "value": kept_input_path(req.output_path)},
-        {"name": "GPULAB_KEEP_FROM", "value": req.keep_from or req.notebook},
-        {"name": "GPULAB_OUTPUT", "value": req.output_path},
+    env = [{"name": "GPULAB_HOME", "value": home}]
+    if req.kind == SCRIPT:
+        nproc = jobprogram.processes_per_node(gpu.effective_milli if gpu else 0)
+        env += [{"name": "GPULAB_SCRIPT", "value": req.notebook}, {"name": "GPULAB_NPROC", "value": str(nproc)}]
+    else:
+        env += [
+            {"name": "GPULAB_NOTEBOOK", "value": req.notebook},
+            {"name": "GPULAB_INPUT", "value": kept_input_path(req.output_path)},
+            {"name": "GPULAB_KEEP_FROM", "value": req.keep_from or req.notebook},
+            {"name": "GPULAB_OUTPUT", "value": req.output_path},
+            {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
+        ]
+    if req.checkpoint_path:  # the shell makes it and counts GPULAB_ATTEMPT there (docs/jobs.md)
+        env.append({"name": "GPULAB_CHECKPOINT_DIR", "value": f"{home.rstrip('/')}/{req.checkpoint_path}"})
+    env += [
         {"name": "GPULAB_LOG", "value": req.log_path},
-        {"name": "GPULAB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
         {"name": "GPULAB_JOB_ID", "value": str(req.job_id)},
         {"name": "GPULAB_JOB_CLASS", "value": req.job_class},
         {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},
@@ -415,10 +454,14 @@ def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
     # A job without a GPU sees none, even in a CUDA image on a GPU node (sharing.NO_GPU_ENV).
     share_env = dict(req.gpu.env) if req.gpu is not None else dict(NO_GPU_ENV)
     env += [{"name": k, "value": v} for k, v in sorted({**share_env, **req.extra_env}.items())]
+    if req.kind == SCRIPT:  # the arguments are the shell's positional parameters, never parsed by it
+        command = ["/bin/sh", "-c", SCRIPT_SHELL, "gpulab-job", *req.args]
+    else:
+        command = ["/bin/sh", "-c", PAPERMILL_SCRIPT]
     container: dict[str, Any] = {
-        "name": "papermill",
+        "name": job_container_name(req.kind),
         "image": req.image,
-        "command": ["/bin/sh", "-c", PAPERMILL_SCRIPT],
+        "command": command,
         "env": env,
         "workingDir": home,
         # The "restricted" Pod Security Standard: no setuid, no privilege escalation, no
@@ -443,6 +486,8 @@ def _job_pod_spec(req: KubeJobRequest, gpu: Any) -> dict[str, Any]:
         # A notebook job has no business with the Kubernetes API.
         "automountServiceAccountToken": False,
     }
+    if req.termination_grace_seconds is not None:  # the checkpoint grace after SIGTERM
+        pod_spec["terminationGracePeriodSeconds"] = int(req.termination_grace_seconds)
     # The "restricted" Pod Security Standard, which the chart's team namespaces warn and
     # audit at: the runtime's default seccomp profile, and never root (unless an admin
     # runs the users' servers as uid 0, c.KubeSpawner.uid = 0: then the job does too).
@@ -517,7 +562,7 @@ def _job_spec(req: KubeJobRequest, template: dict[str, Any]) -> dict[str, Any]:
                 {
                     "action": "FailJob",
                     "onExitCodes": {
-                        "containerName": "papermill",
+                        "containerName": job_container_name(req.kind),
                         "operator": "In",
                         "values": list(NOTEBOOK_FAILED_EXIT_CODES),
                     },

@@ -9,6 +9,12 @@ the cluster is the source of truth, the ledger is a cache of it.
 
 Costs are O(1) per admission: per-team and per-user totals are kept
 incrementally rather than summed over workloads.
+
+A multi-node job is a gang: ``members`` nodes of the same GPUs each. It is one
+workload holding the GPUs of all its members, reserved in the same single step
+as any other, so it is admitted whole or not at all -- never a part of it that
+would hold GPUs while waiting for the rest -- and a refusal says what the whole
+gang needs ("needs 16 GPUs in one go; team vision has 10 free of its guarantee").
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ RUNNING = "running"
 #: record changes (reserve, confirm, adopt, rebuild), ``("remove", w)`` when it
 #: is freed. Called after the change, outside the ledger lock.
 LedgerObserver = Callable[[str, "Workload"], None]
+
+
+def gang_need(milli: int, members: int) -> str:
+    """``"this job of 2 × 8 GPUs needs 16 GPUs in one go"``: what a whole gang asks for."""
+    return f"this job of {members} × {format_gpus(milli // members)} GPUs needs {format_gpus(milli)} GPUs in one go"
 
 
 def notebook_key(username: str, server_name: str) -> str:
@@ -50,6 +61,9 @@ class Workload:
     #: Decided at admission: runs above the team guarantee, so preemptible.
     over_quota: bool = False
     state: str = RUNNING
+    #: Members of a gang (a multi-node job's nodes), each holding ``milli // members``;
+    #: ``milli`` is always the whole gang's.
+    members: int = 1
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,8 @@ class Decision:
     milli: int
     #: The work would run above the team's guarantee (and is preemptible).
     over_quota: bool = False
+    #: Members of the gang asked for (1: not a gang); ``milli`` is the whole gang's.
+    members: int = 1
 
     @property
     def quota_label(self) -> str:
@@ -155,44 +171,64 @@ class Ledger:
 
     # -- decisions --------------------------------------------------------
 
-    def _decide(self, team_name: str, user: str, milli: int, may_burst: bool) -> Decision:
+    def _decide(self, team_name: str, user: str, milli: int, may_burst: bool, members: int = 1) -> Decision:
         def refuse(reason: str) -> Decision:
-            return Decision(False, reason, team_name, user, milli)
+            return Decision(False, reason, team_name, user, milli, members=members)
 
         if isinstance(milli, bool) or not isinstance(milli, int) or milli < 0:
             return refuse(f"invalid GPU request {milli!r}: must be a whole number of milli-GPUs, at least 0")
+        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+            return refuse(f"invalid gang size {members!r}: must be a whole number of members, at least 1")
+        if milli % members:
+            return refuse(f"a gang's {format_gpus(milli)} GPUs do not split evenly across its {members} members")
         team = self._teams.get(team_name)
         if team is None:
             return refuse(f"unknown team {team_name!r}")
         if milli == 0:
-            return Decision(True, "", team_name, user, 0, False)
+            return Decision(True, "", team_name, user, 0, False, members)
         totals = self._totals.get(team_name) or _Totals()
         held = totals.held
-        need = format_gpus(milli)
         if held + milli > team.burst_milli:
+            if members > 1:
+                return refuse(
+                    f"{gang_need(milli, members)}; team {team.name} has {format_gpus(max(0, team.burst_milli - held))} "
+                    f"free of its {format_gpus(team.burst_milli)} GPU burst limit"
+                )
             return refuse(
                 f"team {team.name} holds {format_gpus(held)} of its {format_gpus(team.burst_milli)} "
-                f"GPU burst limit; this request needs {need}"
+                f"GPU burst limit; this request needs {format_gpus(milli)}"
             )
         if team.per_user_cap_milli is not None:
             mine = totals.per_user.get(user, 0)
             if mine + milli > team.per_user_cap_milli:
+                if members > 1:
+                    return refuse(
+                        f"{gang_need(milli, members)}; {user} may take "
+                        f"{format_gpus(max(0, team.per_user_cap_milli - mine))} more of the "
+                        f"{format_gpus(team.per_user_cap_milli)} GPUs one user may hold in team {team.name}"
+                    )
                 return refuse(
                     f"{user} holds {format_gpus(mine)} of the {format_gpus(team.per_user_cap_milli)} "
-                    f"GPUs one user may hold in team {team.name}; this request needs {need}"
+                    f"GPUs one user may hold in team {team.name}; this request needs {format_gpus(milli)}"
                 )
         over = held + milli > team.guarantee_milli
         if over and not may_burst:
+            if members > 1:
+                return refuse(
+                    f"{gang_need(milli, members)}; team {team.name} has "
+                    f"{format_gpus(max(0, team.guarantee_milli - held))} free of its guarantee "
+                    f"({format_gpus(team.guarantee_milli)} GPUs), and this work is never admitted over quota"
+                )
             return refuse(
                 f"team {team.name} holds {format_gpus(held)} of its {format_gpus(team.guarantee_milli)} "
-                f"GPU guarantee; this work is never admitted over quota and needs {need}"
+                f"GPU guarantee; this work is never admitted over quota and needs {format_gpus(milli)}"
             )
-        return Decision(True, "", team_name, user, milli, over)
+        return Decision(True, "", team_name, user, milli, over, members)
 
-    def admit(self, team: str, user: str, milli: int, *, may_burst: bool = True) -> Decision:
-        """Would this request be admitted now? Records nothing."""
+    def admit(self, team: str, user: str, milli: int, *, may_burst: bool = True, members: int = 1) -> Decision:
+        """Would this request (a gang of ``members`` sharing ``milli``) be admitted now? Records nothing."""
         with self._lock:
-            return self._decide(team, user, milli, may_burst)
+            return self._decide(team, user, milli, may_burst, members)
 
     def reserve(
         self,
@@ -204,17 +240,21 @@ class Ledger:
         profile: str = "",
         kind: str = "notebook",
         may_burst: bool = True,
+        members: int = 1,
     ) -> Decision:
-        """Admit and record in one atomic step (as a reservation)."""
+        """Admit and record in one atomic step (as a reservation).
+
+        ``members`` > 1: a gang whose ``milli`` is split evenly over its members,
+        recorded whole or not at all."""
         with self._lock:
             if key in self._workloads:
                 held = self._workloads[key]
                 return Decision(
                     False, f"{key} already holds {format_gpus(held.milli)} GPUs in team {held.team}", team, user, milli
                 )
-            decision = self._decide(team, user, milli, may_burst)
+            decision = self._decide(team, user, milli, may_burst, members)
             if decision.allowed:
-                w = Workload(key, team, user, milli, profile, kind, decision.over_quota, RESERVED)
+                w = Workload(key, team, user, milli, profile, kind, decision.over_quota, RESERVED, members)
                 self._add(w)
         if decision.allowed:
             self._notify([("add", w)])

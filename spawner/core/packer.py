@@ -356,6 +356,25 @@ class DevicePacker:
 
     # -- reading -----------------------------------------------------------
 
+    def fewest_to_free(
+        self, candidates: Iterable[str], milli: int, models: Collection[str] | None = None
+    ) -> list[str] | None:
+        """The first of ``candidates`` (in their order) whose release would let ``milli`` be placed;
+        ``None`` when releasing all of them would not. A what-if: every placement is kept."""
+        released: list[Placement] = []
+        try:
+            for key in candidates:
+                placement = self.release(key)
+                if placement is None:
+                    continue
+                released.append(placement)
+                if self.can_place(milli, models):
+                    return [p.key for p in released]
+            return None
+        finally:
+            for placement in released:
+                self.adopt(placement.key, placement.shares)
+
     def placement(self, key: str) -> Placement | None:
         return self._placements.get(key)
 

@@ -185,8 +185,10 @@ def explain_hami_filtering(message: str, what: str) -> str | None:
 # <queue> quota is <q> GPUs, while <u> GPUs are already allocated for non-preemptible
 # pods. Use a preemptible workload to go over quota." and "<queue> quota has reached the
 # allowable limit of GPUs. Limit is ..." (pkg/scheduler/api/unschedule_info.go), or
-# "no nodes with enough resources were found: <n> node(s) didn't have enough
-# resources: GPUs." (pkg/scheduler/api/common_info/pod_errors.go).
+# "no nodes with enough resources were found: <n> <reason>. \n<n> <reason>." with the
+# nodes' reasons counted and sorted (pkg/scheduler/api/common_info/errors.go,
+# FitErrors.Error; the reasons there and in node_info/node_info.go, plus kube-scheduler's
+# own filters' words), as KAI v0.20.1 wrote it on the test bed.
 
 _KAI_OVER_QUOTA = re.compile(
     r"Workload requested ([\d.]+) GPUs, but (\S+) quota is ([\d.]+) GPUs, while ([\d.]+) GPUs are already allocated"
@@ -195,6 +197,39 @@ _KAI_LIMIT = re.compile(
     r"^(\S+) quota has reached the allowable limit of GPUs\. Limit is ([\d.]+) GPUs, currently ([\d.]+) GPUs allocated"
 )
 _KAI_NO_NODES = re.compile(r"no nodes with enough resources were found(?::\s*(.*))?$", re.S)
+_KAI_NODE_REASON = re.compile(r"^(\d+)\s+(.*)$", re.S)
+#: KAI's own per-node reasons -> words (common_info/errors.go, node_info/node_info.go).
+_KAI_WORDS = {
+    "node(s) didn't have enough resources: GPUs": "without enough free GPUs",
+    "node(s) didn't have enough resources: GPU memory": "without enough GPU memory",
+    "node(s) didn't have enough resources: CPU cores": "without enough free CPU",
+    "node(s) didn't have enough resources: memory": "without enough free memory",
+    "non MIG jobs cant run on a node with MigStrategy='mixed'": "with MIG partitions only",
+    "only whole gpu jobs can run on a node with MigStrategy='single'": "with MIG partitions only",
+}
+_KAI_MIG_PROFILE = "node(s) didn't have enough of mig profile: "
+
+
+def _kai_reason_words(n: int, text: str) -> str:
+    if text in _KAI_WORDS:
+        return f"{_nodes(n)} {_KAI_WORDS[text]}"
+    if text.startswith(_KAI_MIG_PROFILE):
+        return f"{_nodes(n)} with every {text[len(_KAI_MIG_PROFILE) :]} in use"
+    return _reason_words(n, text)  # kube-scheduler's filters, which KAI runs as predicates
+
+
+def _kai_nodes_detail(histogram: str) -> str:
+    """KAI's "<n> <reason>. \n<n> <reason>." as "of <total> nodes: <words>; <words>"."""
+    reasons = []
+    for part in re.split(r"\.\s*\n", histogram.strip()):
+        m = _KAI_NODE_REASON.match(" ".join(part.split()).rstrip("."))
+        if m:
+            reasons.append((int(m.group(1)), m.group(2)))
+    if not reasons:
+        return " ".join(histogram.split()).rstrip(".")
+    total = sum(n for n, _ in reasons)
+    reasons.sort(key=lambda r: -r[0])  # KAI sorts them as text: the most nodes first reads better
+    return f"of {_nodes(total)}: " + "; ".join(_kai_reason_words(n, text) for n, text in reasons)
 
 
 def explain_kai_unschedulable(message: str, what: str) -> str | None:
@@ -215,9 +250,9 @@ def explain_kai_unschedulable(message: str, what: str) -> str | None:
             f"Waiting for {what}: queue {queue} holds {used} GPUs, its limit of {cap}. "
             f"It starts when the team's work frees some."
         )
-    nodes = _KAI_NO_NODES.search(text)
+    nodes = _KAI_NO_NODES.search(message.strip())
     if nodes:
-        detail = (nodes.group(1) or "").strip().rstrip(".")
+        detail = _kai_nodes_detail(nodes.group(1) or "") if (nodes.group(1) or "").strip() else ""
         return (
             f"Waiting for {what}: KAI's scheduler found no node with enough free resources"
             f"{' (' + detail + ')' if detail else ''}. The server starts as soon as one frees up, "

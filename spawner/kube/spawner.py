@@ -36,6 +36,7 @@ from spawner.core.form import choice_value, limit_notes, notice_html
 from spawner.core.gpu_pools import and_node_affinity
 from spawner.core.grant import STATE_KEY, GrantedShare
 from spawner.core.ledger import Workload, notebook_key
+from spawner.core.model import Team
 from spawner.core.policy import (
     Capacity,
     ProfileChoice,
@@ -46,7 +47,7 @@ from spawner.core.policy import (
 from spawner.core.priority import cluster_priority_class_name, effective_priority_class
 from spawner.core.profile_facts import device_memory, profile_facts
 from spawner.core.scheduling import SCHEDULER_EVENT_REASONS, explain_scheduler_event
-from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, pod_gpu_spec, with_shm
+from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, kai_queue, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
@@ -55,6 +56,7 @@ from .conventions import (
     privileged_containers,
     profile_list_conflict,
 )
+from .kai_queues import kai_queue_exists, missing_queue_sentence
 from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
@@ -325,6 +327,7 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         except SharingError as e:
             raise refusal(str(e), 403, "sharing") from None
         self._check_hami_privileged(spec)
+        await self._check_kai_queue(spec, team)
         try:
             failed = await self.refresh_ledger()
         except Exception:
@@ -355,6 +358,19 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             spec.summary,
             decision.quota_label,
         )
+
+    async def _check_kai_queue(self, spec: PodGPUSpec, team: Team) -> None:
+        """A KAI pod whose queue does not exist would wait unseen (spawner/kube/kai_queues.py)."""
+        if spec.backend != "kai":
+            return
+        opts = self.runtime.catalog.sharing.get("kai") or {}
+        queue = kai_queue(team, opts)
+        exists = await kai_queue_exists(self.api.api_client, queue)
+        if exists is None:
+            self.log.info("gpulab: the hub may not read KAI queues; not checking that queue %s exists", queue)
+        elif not exists:
+            template = str(opts.get("queue") or "{team}")
+            raise refusal(missing_queue_sentence(queue, team.name, template), 409, "kai-queue")
 
     def _check_hami_privileged(self, spec: PodGPUSpec) -> None:
         """HAMi's webhook denies any pod asking for its resources that has a privileged

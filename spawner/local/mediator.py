@@ -12,8 +12,8 @@ It can do six things, each as the account it runs as, nothing else:
 
 - ``start-server``: start ``jupyterhub-singleuser`` (the one next to this
   program's interpreter) with the arguments and environment in the request;
-- ``start-job``: start the notebook job runner (``hub_config.jobs.runner``)
-  of the same interpreter;
+- ``start-job``: start the job runner (``hub_config.jobs.runner``: a notebook
+  or a script) of the same interpreter;
 - ``signal``: send a signal to one of this account's processes (or its
   group), named by pid and start time (:mod:`spawner.local.processes`);
 - ``read``: read a regular file below this account's home, never through a
@@ -194,33 +194,44 @@ def start_server(req: dict) -> dict:
     return start(argv, env, me().pw_dir, 2, req)
 
 
+#: What the job runner runs: a notebook with papermill (it writes an output notebook) or a script.
+JOB_KINDS = ("notebook", "script")
+
+
 def start_job(req: dict) -> dict:
+    kind = req.get("kind", "notebook")
+    if kind not in JOB_KINDS:
+        raise Refused(f"kind must be one of {', '.join(JOB_KINDS)}")
     fields: dict[str, str] = {}
-    for key in ("input", "output", "cwd", "status", "log"):
+    for key in ("input", "output", "cwd", "status", "log", "checkpoint"):
         value: Any = req.get(key)
+        if key == "checkpoint" and not value or key == "output" and kind == "script" and not value:
+            continue  # optional: a job without a checkpoint folder, a script's (absent) output notebook
+        # The checkpoint folder's real place must be in the home too: a symlink out of it is refused here.
         inside_home(value, must_exist=key in ("input", "cwd"))
         fields[key] = value  # a string: inside_home refused anything else
     attempt = req.get("attempt")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or not 0 < attempt < 1_000_000:
         raise Refused("attempt must be a positive integer")
+    nproc = _int(req.get("nproc", 1), "nproc", lo=1, hi=1024)
+    grace = req.get("grace", 10.0)
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 86400:
+        raise Refused("grace must be a number of seconds from 0 to 86400")
     # A status file left by an earlier hub with the same job id must not be read as this run's.
     Path(fields["status"]).unlink(missing_ok=True)
     argv = [
         sys.executable,
         "-m",
         RUNNER_MODULE,
-        "--input",
-        fields["input"],
-        "--output",
-        fields["output"],
-        "--cwd",
-        fields["cwd"],
-        "--status",
-        fields["status"],
-        "--log",
-        fields["log"],
+        *(a for key, value in fields.items() for a in (f"--{key}", value)),
         "--attempt",
         str(attempt),
+        "--kind",
+        kind,
+        "--grace",
+        str(float(grace)),
+        "--nproc",
+        str(nproc),
     ]
     return start(argv, clean_env(req.get("env", {})), fields["cwd"], subprocess.DEVNULL, req)
 

@@ -245,9 +245,13 @@ class MediatorClient:
         status: str,
         log: str,
         attempt: int,
+        checkpoint: str = "",
+        run: dict[str, Any] | None = None,
         preexec: Callable[[], None] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> int:
+        """Start the job runner as ``account``; ``run``: its kind, grace and processes
+        (``hub_config.jobs.backends.local_runner.run_options``)."""
         reply = await self.call(
             account,
             {
@@ -259,6 +263,8 @@ class MediatorClient:
                 "status": status,
                 "log": log,
                 "attempt": attempt,
+                "checkpoint": checkpoint,
+                **(run or {}),
                 **(extra or {}),
             },
             preexec=preexec,

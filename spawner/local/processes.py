@@ -113,3 +113,57 @@ def signal_group(pid: int, uid: int | None, started: int | None, sig: int) -> bo
             return False
         raise
     return True
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (children, theirs, ...), from ``/proc``'s parent pids.
+
+    A process that left ``root``'s session or group (``setsid``, as Jupyter kernels and
+    daemons do) is still found while ``root`` is its ancestor, and, once orphaned, when
+    ``root`` is a child subreaper (:func:`become_subreaper`): the kernel then hands it to
+    ``root`` instead of init. Zombies are left out (nothing to signal).
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if not fields or len(fields) < 2 or fields[0] == "Z":
+            continue
+        try:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+        except ValueError:
+            continue
+    found: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def zombie_children(parent: int) -> list[int]:
+    """``parent``'s children that exited and wait to be reaped (``Z`` in ``/proc/<pid>/stat``)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields and len(fields) > 1 and fields[0] == "Z" and fields[1] == str(parent):
+                found.append(int(entry.name))
+    return found
+
+
+#: prctl(2) option: orphaned descendants are re-parented to this process, not to init.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux >= 3.4); ``False`` where the call is unavailable."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

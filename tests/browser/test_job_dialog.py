@@ -19,6 +19,7 @@ Screenshot: docs/img/lab-job-dialog-kept-choice.png (scripts/screenshots).
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -250,3 +251,56 @@ def test_the_lab_does_not_ask_about_jupyter_news(hub: RunningHub, lab):
     assert (defaults["fetchNews"], defaults["checkForUpdates"]) == ("false", False), defaults
     assert "fetchNews" not in settings["settings"]
     assert lab.get_by_text("official Jupyter news").count() == 0
+
+
+def test_a_script_with_arguments_and_nodes_from_the_dialog(hub: RunningHub, lab):
+    """alice types a script with arguments, asks for 2 nodes as training: the dialog shows the
+    total, the hub's refusal (one server is one node) appears in the dialog, and with 1 node
+    the script runs with exactly the arguments she typed.
+    Screenshot: docs/img/lab-job-dialog-script.png (scripts/screenshots)."""
+    page = lab
+    script = hub.home("alice") / "train.py"
+    script.write_text("import json, sys\nprint('argv', json.dumps(sys.argv[1:]))\n")
+    hub.give("alice", script)
+    dialog = open_dialog(page)
+    try:
+        dialog.locator('input[name="notebook"]').fill("train.py")
+        args = dialog.locator('input[name="args"]')
+        args.fill('--epochs 3 --name "a b"')
+        assert dialog.locator(".gpulab-params").count() == 0  # a script takes arguments, not parameters
+        dialog.locator('select[name="team"]').select_option("nlp")
+        dialog.locator('select[name="profile"]').select_option("h100-1")
+        dialog.get_by_role("radio", name="Training", exact=True).check()
+        nodes = dialog.locator('input[name="nodes"]')
+        nodes.fill("2")
+        total = dialog.locator("#gpulab-nodes-total")
+        assert total.inner_text() == "2 × 1 H100-80GB = 2 GPUs, admitted all at once or not at all"
+        shot_docs(page, "lab-job-dialog-script", dialog)
+        dialog.get_by_role("button", name="Submit job").click()
+        alert = dialog.get_by_role("alert")
+        alert.wait_for()
+        assert "this server is one node" in alert.inner_text(), alert.inner_text()
+        nodes.fill("1")
+        assert total.inner_text() == "1 × 1 H100-80GB = 1 GPUs"
+        dialog.get_by_role("button", name="Submit job").click()
+        page.locator(".gpulab-job-dialog").wait_for(state="detached")
+    except Exception:
+        shot_docs(page, "job-dialog-script-failure", failure=True)
+        raise
+    jobs = hub.api("GET", "/gpulab/jobs", params={"user": "alice"}).json()["jobs"]
+    record = next(j for j in jobs if j["kind"] == "script")
+    assert (record["script"], record["args"], record["job_class"], record["team"], record["nodes"]) == (
+        "train.py",
+        ["--epochs", "3", "--name", "a b"],
+        "training",
+        "nlp",
+        1,
+    )
+    deadline = time.monotonic() + 90
+    while hub.api("GET", f"/gpulab/jobs/{record['id']}").json()["state"] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, "the script job never ended"
+        time.sleep(0.5)
+    done = hub.api("GET", f"/gpulab/jobs/{record['id']}").json()
+    assert done["state"] == "succeeded", done
+    log = hub.api("GET", f"/gpulab/jobs/{record['id']}/logs").json()["text"]
+    assert 'argv ["--epochs", "3", "--name", "a b"]' in log, log

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,7 @@ from tests.support.hub import RunningHub
 from tests.support.jobs import FINAL, get_job, kill_job_runners, submit, user_token, wait_state, write_notebook
 from tests.support.redteam_tools import (
     SWAP,
+    PidHeld,
     Stopper,
     as_user,
     kill_and_reap_group,
@@ -251,9 +255,11 @@ def test_critical_kept_notebook_and_runs_folder_swapped_for_symlinks_copy_nothin
     assert r.status_code == 403 and "symlink" in message(r), r.text
     assert list(outside.iterdir()) == []
     assert len(hub.api("GET", "/gpulab/jobs").json()["jobs"]) == count
-    for path in (alice.home / "exp" / "runs").iterdir():
-        if not path.is_symlink():
-            assert secret not in path.read_text(errors="replace"), path
+    # Every file of hers there (the jobs' checkpoint folders too), no link followed.
+    for folder, _, names in os.walk(alice.home / "exp" / "runs"):
+        for path in (Path(folder) / n for n in names):
+            if not path.is_symlink():
+                assert secret not in path.read_text(errors="replace"), path
 
 
 # -- HIGH ---------------------------------------------------------------------------------------
@@ -455,6 +461,54 @@ def test_medium_any_exit_status_content_leaves_recovery_of_others_whole(request,
     assert w.job("bob", profile="h100-1")["state"] == "succeeded"
 
 
+#: Alice puts symlinks where folders of hers may be made (``argv[2:]``), to ``argv[1]``.
+PLANT_LINKS = r"""
+import os, sys
+for path in sys.argv[2:]:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(sys.argv[1], path)
+"""
+
+
+def next_checkpoint_paths(hub: RunningHub, name: str, seconds: int = 8) -> list[str]:
+    """Where the checkpoint folder of alice's next job named ``name`` will be, for each second it
+    may be submitted in: ``exp/runs/<name>-<UTC stamp>-<next id>.checkpoints`` (docs/jobs.md).
+    Nothing else submits jobs in this module meanwhile, so the next id is the largest plus one."""
+    ids = [j["id"] for j in hub.api("GET", "/gpulab/jobs").json()["jobs"]]
+    now = datetime.now(timezone.utc)
+    stamps = [(now + timedelta(seconds=s)).strftime("%Y%m%d-%H%M%S") for s in range(-1, seconds)]
+    return [f"exp/runs/{name}-{stamp}-{max(ids, default=0) + 1}.checkpoints" for stamp in stamps]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_medium_a_symlink_for_the_checkpoint_folder_touches_nothing_outside_the_home(request, mode, tmp_path):
+    """Alice puts symlinks where her next job's checkpoint folder will be: to a folder of hers
+    outside her home, then (a second job) to a root-only folder. Neither the hub nor her runner
+    follows them: each job fails saying so, and nothing appears in either folder."""
+    w = world(request, mode)
+    hub, alice = w.hub, w.accounts["alice"]
+    hers_outside = Path("/var/tmp") / f"gpulab-redteam-{secrets.token_hex(4)}"
+    hers_outside.mkdir(mode=0o700)
+    os.chown(hers_outside, alice.uid, alice.gid)
+    roots = tmp_path / "root-only"
+    roots.mkdir(mode=0o755)
+    try:
+        for target in (hers_outside, roots):
+            name = f"planted-{secrets.token_hex(3)}"
+            run_as_user(
+                alice, PLANT_LINKS, str(target), *(str(alice.home / p) for p in next_checkpoint_paths(hub, name))
+            )
+            job = submit(hub, w.tokens["alice"], notebook="exp/calc.ipynb", job_class="batch", profile="cpu", name=name)
+            assert (alice.home / job["checkpoint_path"]).is_symlink(), "the planted link missed the job's folder"
+            done = wait_state(hub, job["id"], FINAL, timeout=60, token=w.tokens["alice"])
+            assert done["state"] == "failed", done
+            assert "symlink" in done["reason"] or "not inside the home" in done["reason"], done["reason"]
+            assert (alice.home / job["checkpoint_path"]).is_symlink()
+        assert list(hers_outside.iterdir()) == [] and list(roots.iterdir()) == []
+    finally:
+        shutil.rmtree(hers_outside, ignore_errors=True)
+
+
 # -- LOW ----------------------------------------------------------------------------------------
 
 #: A process made to look like a job runner to anyone who reads only its command line.
@@ -464,17 +518,25 @@ LOOKALIKE = [sys.executable, "-c", "import time; time.sleep(600)", "hub_config.j
 @pytest.mark.parametrize("mode", MODES)
 def test_low_reused_pid_of_a_job_runner_is_not_taken_for_it(request, mode):
     """While the hub is down alice's runner dies and its pid goes to a process of bob's that looks like
-    a runner. After the restart alice's job is finished (its runner is gone) and bob's process untouched."""
+    a runner. After the restart alice's job is finished (its runner is gone) and bob's process untouched.
+    (When another task of the busy machine takes the dead runner's pid first, the case is set up
+    again with a new job: that pid can no longer be given to bob.)"""
     w = world(request, mode)
     hub, bob = w.hub, w.accounts["bob"]
-    job = w.job("alice", "running", parameters={"sleep_seconds": 300})
-    pid = job_pid(hub, job["id"])
-    hub.stop()
-    try:
-        kill_and_reap_group(pid)
-        decoy = spawn_with_pid(pid, bob, LOOKALIKE + list(map(str, w.status_files(job))))
-    finally:
-        hub.start()
+    for attempt in range(3):
+        job = w.job("alice", "running", parameters={"sleep_seconds": 300})
+        pid = job_pid(hub, job["id"])
+        hub.stop()
+        try:
+            kill_and_reap_group(pid)
+            decoy = spawn_with_pid(pid, bob, LOOKALIKE + list(map(str, w.status_files(job))))
+        except PidHeld:
+            if attempt == 2:
+                raise
+            continue
+        finally:
+            hub.start()
+        break
     try:
         done = wait_state(hub, job["id"], FINAL, timeout=30)
         assert done["state"] == "failed" and "process was gone" in done["reason"], done

@@ -208,7 +208,7 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
                         break
         assert words is not None
         assert words.startswith(
-            "None of the 6 nodes running now offers 1 × H200 (6 nodes with another GPU model or pool)."
+            "None of the 7 nodes running now offers 1 × H200 (7 nodes with another GPU model or pool)."
         ), words
         pod = kube.pods(release.team_ns(nlp), "gpulab.io/kind=notebook")[0]
         assert pod["status"]["phase"] == "Pending"

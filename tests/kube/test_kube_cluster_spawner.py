@@ -211,7 +211,7 @@ async def test_a_profile_no_node_offers_stays_pending_with_the_reason_in_words(h
     await asyncio.wait_for(read_progress(), 60)
     words = next(m for m in messages if "running now offers" in m)
     assert words.startswith(
-        "None of the 6 nodes running now offers 0.5 × H200 (6 nodes with another GPU model or pool)"
+        "None of the 7 nodes running now offers 0.5 × H200 (7 nodes with another GPU model or pool)"
     ), words
     pod = kube.pod(ns, s.pod_name)
     assert pod["status"]["phase"] == "Pending" and "nodeName" not in pod["spec"]

@@ -86,6 +86,22 @@ def test_admission_smoke(tmp_path):
 # -- capacity: policies and loader --------------------------------------------
 
 
+def test_gang_admission_smoke(tmp_path):
+    """The 64-GPU gang benchmark runs; every gang is held whole or refused whole (no timing asserted)."""
+    doc, stdout = run_bench("gang_admission.py", tmp_path, "--smoke")
+    assert doc["smoke"] is True and doc["goal_ratio"] == 2.0
+    params = doc["parameters"]
+    assert params["gang_members"] * params["gpus_per_member"] == 64
+    ops = params["ops"]
+    for row in doc["rows"]:
+        assert row["single_allowed"] == row["gang_allowed"] == row["gang_held_whole"] == ops
+        assert row["gang_refused_whole"] == ops
+        assert row["live_after"] == row["workloads"] + 1  # the tight team's filler only: nothing leaked
+        assert row["gang_to_single_ratio"] > 0 and row["single_p50_us"] > 0
+    assert doc["worst_ratio"] == max(r["gang_to_single_ratio"] for r in doc["rows"])
+    assert "| workloads | teams |" in stdout and "gang / single" in stdout
+
+
 def test_policies_round_up_to_offered_sizes():
     whole = capacity.whole_policy().allocate
     frac = capacity.fractional_policy(capacity.DEFAULT_PROFILE_SIZES).allocate

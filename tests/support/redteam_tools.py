@@ -169,10 +169,30 @@ def kill_and_reap_group(pgid: int) -> None:
         raise AssertionError(f"processes {sorted(pending)} of group {pgid} could not be reaped")
 
 
+class PidHeld(AssertionError):
+    """The pid went to some other process or thread of the machine before the test could take it
+    (pids wrap at ``kernel.pid_max``, and a busy machine reuses them fast)."""
+
+
+def pid_holder(pid: int) -> str | None:
+    """The command of the process or thread holding ``pid`` now (a thread's id is in /proc too)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def spawn_with_pid(pid: int, account: Account, argv: list[str], attempts: int = 500) -> subprocess.Popen:
     """Start ``argv`` as ``account`` with exactly ``pid``: the kernel's next pid is set first
     (``/proc/sys/kernel/ns_last_pid``, as CRIU restores processes); another process forking
-    in between takes the number, so it is tried again."""
+    in between takes the number, so it is tried again. When another task of the machine holds
+    the number for good, :class:`PidHeld` names it."""
+    deadline = time.monotonic() + 10
+    while pid_holder(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)  # a task that took it in passing
+    holder = pid_holder(pid)
+    if holder is not None:
+        raise PidHeld(f"pid {pid} is held by another task of this machine ({holder!r}) for over 10 s")
     for _ in range(attempts):
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(pid - 1))
@@ -191,7 +211,7 @@ def spawn_with_pid(pid: int, account: Account, argv: list[str], attempts: int = 
             return proc
         proc.kill()
         proc.wait()
-    raise AssertionError(f"pid {pid} never came free for a new process in {attempts} tries")
+    raise PidHeld(f"pid {pid} never came free for a new process in {attempts} tries (now: {pid_holder(pid)!r})")
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -346,6 +346,8 @@ def test_rbac_grants_no_more_than_needed(variant, sets):
         ("", "resourcequotas"): {"get", "list", "watch"},
         ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
         ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},
+        # With the kai backend: is the queue a pod names there (spawner/kube/kai_queues.py)?
+        ("scheduling.run.ai", "queues"): {"get"},
     }
     read_only = {"get", "list", "watch"}
     roles = of_kind(docs, "Role")
@@ -361,12 +363,16 @@ def test_rbac_grants_no_more_than_needed(variant, sets):
                     verbs = set(rule["verbs"])
                     assert verbs <= allowed[(group, res)], (group, res, verbs)
                     if cluster_wide:
-                        assert verbs <= read_only and res in ("pods", "events"), rule
+                        assert verbs <= read_only and res in ("pods", "events", "queues"), rule
     for binding in of_kind(docs, "RoleBinding") + of_kind(docs, "ClusterRoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": NAMESPACE}]
         assert binding["roleRef"]["kind"] == binding["kind"].removesuffix("Binding")
-    has_cluster_role = bool(of_kind(docs, "ClusterRole"))
-    assert has_cluster_role == ("rbac.clusterWidePodRead=true" in sets)
+    kai = catalog.sharing.get("backend") == "kai" or any(p.sharing == "kai" for p in catalog.profiles.values())
+    expected = {"pod-reader"} if "rbac.clusterWidePodRead=true" in sets else set()
+    if kai:
+        expected.add("kai-queue-reader")
+    granted = {r["metadata"]["name"].removeprefix("gpulab-gpulab-") for r in of_kind(docs, "ClusterRole")}
+    assert granted == expected, granted
 
 
 @pytest.mark.parametrize(

@@ -246,3 +246,44 @@ def test_a_submission_round_trips_through_json_and_refuses_what_it_refused_befor
     ]:
         with pytest.raises(jobspec.JobSpecError, match=words):
             Submission.from_json(bad, resolve, **limits)
+
+
+def test_openapi_request_and_job_schemas_match_what_the_service_takes_and_answers():
+    import yaml
+
+    from hub_config.jobs.models import JobRecord
+    from hub_config.jobs.service import SUBMIT_KEYS
+
+    schemas = yaml.safe_load((REPO / "docs" / "jobs-openapi.yaml").read_text())["components"]["schemas"]
+    assert set(schemas["JobRequest"]["properties"]) == SUBMIT_KEYS
+    rec = JobRecord(id=1, notebook="a.py", kind="script", args_json="[]", parameters_json="{}", history_json="[]")
+    assert set(schemas["Job"]["properties"]) == set(rec.to_json())
+
+
+# -- scripts and the checkpoint contract on Kubernetes ---------------------------------------
+
+
+def test_a_script_job_is_a_validated_job_whose_arguments_no_shell_parses():
+    tricky = ("--name", 'it\'s "quoted"; rm -rf /', "$(id)")
+    req = request(
+        "h100-2",
+        kind="script",
+        notebook="exp/train.py",
+        output_path="",
+        args=tricky,
+        checkpoint_path="exp/runs/train-1.checkpoints",
+        termination_grace_seconds=45,
+    )
+    job = jobspec.kube_job_manifest(req)
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "script"
+    assert container["command"] == ["/bin/sh", "-c", jobspec.SCRIPT_SHELL, "gpulab-job", *tricky]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GPULAB_SCRIPT"] == "exp/train.py" and env["GPULAB_NPROC"] == "2"  # torchrun over the pod's 2 GPUs
+    assert env["GPULAB_CHECKPOINT_DIR"] == "/home/jovyan/exp/runs/train-1.checkpoints"
+    assert "GPULAB_NOTEBOOK" not in env and "GPULAB_PARAMETERS" not in env
+    assert pod["terminationGracePeriodSeconds"] == 45
+    rule = job["spec"]["podFailurePolicy"]["rules"][0]
+    assert rule["onExitCodes"]["containerName"] == "script"

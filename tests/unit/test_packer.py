@@ -225,3 +225,14 @@ def test_a_request_is_refused_only_when_nothing_can_hold_it(script, scoring):
             placed.append(key)
             assert len({(p.devices[i].node, p.devices[i].model) for i in pl.device_indices}) == 1
     assert p.free_milli() == sum(1000 - p.used(i) for i in p.devices)
+
+
+def test_fewest_to_free_releases_in_order_only_what_makes_room_and_keeps_everything():
+    packer = DevicePacker([GPUDevice(i, "H100") for i in range(2)])
+    for key in ("a", "b"):
+        assert packer.place(key, 1000) is not None
+    before = {p.key: p.shares for p in packer.placements()}
+    assert packer.fewest_to_free(["a", "b"], 1000) == ["a"]
+    assert packer.fewest_to_free(["b", "a"], 2000) == ["b", "a"]
+    assert packer.fewest_to_free(["a", "gone"], 2000) is None  # releasing a alone is not enough
+    assert {p.key: p.shares for p in packer.placements()} == before  # a what-if only

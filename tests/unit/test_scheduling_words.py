@@ -81,7 +81,7 @@ def test_hamis_refusals_in_words_busy_or_never():
 
 
 # KAI's Unschedulable events (pkg/scheduler/api/unschedule_info.go and
-# common_info/pod_errors.go), with a queue named as the chart names it.
+# pkg/scheduler/api/common_info/errors.go), with a queue named as the chart names it.
 KAI_OVER_QUOTA = (
     "Non-preemptible workload is over quota. Workload requested 1 GPUs, but gpulab-vision quota is 2 GPUs, "
     "while 2 GPUs are already allocated for non-preemptible pods. Use a preemptible workload to go over quota."
@@ -90,7 +90,12 @@ KAI_LIMIT = (
     "gpulab-vision quota has reached the allowable limit of GPUs. Limit is 3 GPUs, currently 3 GPUs allocated "
     "and workload requested 0.5 GPUs"
 )
-KAI_NO_NODES = "no nodes with enough resources were found: 4 node(s) didn't have enough resources: GPUs."
+#: As KAI v0.20.1 recorded it on the test bed (tests/kube/test_kube_cluster_kai_scheduler.py): its
+#: FitErrors.Error(), a sorted histogram of the nodes' reasons joined by ". \n".
+KAI_NO_NODES = (
+    "no nodes with enough resources were found: 1 non MIG jobs cant run on a node with MigStrategy='mixed'. \n"
+    "3 node(s) didn't have enough resources: GPUs. \n3 node(s) didn't match Pod's node affinity/selector."
+)
 
 
 def test_kais_refusals_in_words():
@@ -105,8 +110,25 @@ def test_kais_refusals_in_words():
     )
     assert explain_scheduler_event("Unschedulable", KAI_NO_NODES, "1 × H100") == (
         "Waiting for 1 × H100: KAI's scheduler found no node with enough free resources "
-        "(4 node(s) didn't have enough resources: GPUs). The server starts as soon as one frees up, "
-        "or a node is added."
+        "(of 7 nodes: 3 nodes without enough free GPUs; 3 nodes with another GPU model or pool; "
+        "1 node with MIG partitions only). The server starts as soon as one frees up, or a node is added."
+    )
+    # Each of KAI's per-node reasons in words (common_info/errors.go, node_info.go), and one
+    # it may add later kept as KAI wrote it.
+    other = (
+        "no nodes with enough resources were found: 2 node(s) didn't have enough resources: GPU memory. \n"
+        "1 node(s) didn't have enough of mig profile: nvidia.com/mig-1g.10gb. \n"
+        "1 node(s) had untolerated taint {nvidia.com/gpu: present}. \n1 something new."
+    )
+    assert explain_scheduler_event("Unschedulable", other, "0.5 × H100") == (
+        "Waiting for 0.5 × H100: KAI's scheduler found no node with enough free resources "
+        "(of 5 nodes: 2 nodes without enough GPU memory; 1 node with every nvidia.com/mig-1g.10gb in use; "
+        "1 node reserved by a taint (nvidia.com/gpu: present) this server does not tolerate; 1 node: something "
+        "new). The server starts as soon as one frees up, or a node is added."
+    )
+    assert explain_scheduler_event("Unschedulable", "no nodes with enough resources were found", "1 × H100") == (
+        "Waiting for 1 × H100: KAI's scheduler found no node with enough free resources. "
+        "The server starts as soon as one frees up, or a node is added."
     )
 
 

@@ -250,6 +250,12 @@ class KubeJobBackend(JobBackend):
     def prepare(self, submission: Submission) -> int:
         """The profile's GPU mapping; what the ledger counts is what the pod takes."""
         request = submission.request
+        if submission.nodes > 1:
+            raise jobspec.JobSpecError(
+                f"this hub runs jobs on Kubernetes as one pod (batch/v1 Job): ask for nodes: 1, or a profile "
+                f"with more GPUs than {request.profile.slug} on one node",
+                409,
+            )
         try:
             spec = pod_gpu_spec(request.profile, self.runtime.catalog.sharing, request.team)
         except SharingError as e:
@@ -288,6 +294,10 @@ class KubeJobBackend(JobBackend):
             job_class=rec.job_class,
             over_quota=rec.over_quota,
             notebook=rec.notebook,
+            kind=rec.kind,
+            args=tuple(rec.args),
+            checkpoint_path=rec.checkpoint_path,
+            termination_grace_seconds=max(1, round(s.stop_grace_seconds)),
             output_path=rec.output_path,
             log_path=rec.log_path,
             parameters=rec.parameters,

@@ -1,4 +1,4 @@
-"""The single-server job backend: papermill processes on this machine's GPUs.
+"""The single-server job backend: job runners (papermill or a script) on this machine's GPUs.
 
 - Placement goes through the runtime's :class:`~spawner.core.packer.DevicePacker`
   -- the one the notebook spawner uses -- so jobs and notebooks never share
@@ -47,10 +47,12 @@ from pathlib import Path
 from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, log
+from hub_config.jobs.backends.local_confinement import JobConfinement
 from hub_config.jobs.backends.local_runner import (
     MAX_STATUS_BYTES,
     RUNNER_MODULE,
     outcome_from_status,
+    run_options,
     runner_argv,
     runner_env,
 )
@@ -59,21 +61,21 @@ from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, database_file, storage_failure, utcnow
 from spawner.core import jobspec
 from spawner.core.jobspec import Submission
-from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason, workload_limits
-from spawner.core.model import Profile
+from spawner.core.limits import LimitDefaults, running_jobs_cap, running_jobs_reason
 from spawner.core.packer import FULL
 from spawner.local import home_files
 from spawner.local.accounts import Account, AccountError, lookup
 from spawner.local.cgroups import CgroupError
-from spawner.local.confinement import Confinement, Confiner, UserLimits, get_confiner
-from spawner.local.devices import placed_minors
+from spawner.local.confinement import UserLimits
 from spawner.local.inventory import ensure_packer
 from spawner.local.mediator_client import MediatorError
 from spawner.local.processes import command_line, owner, process_alive, signal_group, start_time
-from spawner.local.sudo import ROOT, SUDO
+
+#: Seconds past the grace before the hub's own SIGKILL to the runner's group.
+KILL_MARGIN_SECONDS = 3.0
 
 
-class LocalJobBackend(JobBackend):
+class LocalJobBackend(JobConfinement, JobBackend):
     """Runs jobs as local processes; see the module docstring."""
 
     name = "local"
@@ -111,19 +113,18 @@ class LocalJobBackend(JobBackend):
     def packer(self):
         return ensure_packer(self.runtime)
 
-    @property
-    def confiner(self) -> Confiner:
-        return get_confiner(self.user_limits, SUDO if self.sudo else ROOT)
-
-    def cgroup_name(self, rec: JobRecord) -> str:
-        return f"{self.service.accounts.name_for(rec.user)}.job-{rec.id}"
-
     # -- the service's calls ---------------------------------------------------
 
     def prepare(self, submission: Submission) -> int:
         """The milli-GPUs the job takes; refuses a profile this server can never hold."""
         profile = submission.request.profile
         milli = profile.gpu_milli
+        if submission.nodes > 1:
+            raise jobspec.JobSpecError(
+                f"this server is one node: a job here takes nodes: 1 (for more of its GPUs, pick a profile "
+                f"with more GPUs than {profile.slug})",
+                409,
+            )
         if milli:
             models = {profile.gpu_model} if profile.gpu_model else None
             devices = [d for d in self.packer.devices.values() if not models or d.model in models]
@@ -271,7 +272,7 @@ class LocalJobBackend(JobBackend):
             now = self.service.transition(job_id, jobspec.RUNNING, reason, **fields)
             del self.unrecorded_starts[job_id]
             if (now is None or now.state != jobspec.RUNNING) and job_id in self.pids:  # cancelled meanwhile
-                self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+                self.stopping[job_id] = (self._kill_deadline(), None)
                 self._signal(job_id, self.pids[job_id], signal.SIGTERM)
 
     def _forget(self, job_id: int) -> None:
@@ -308,16 +309,6 @@ class LocalJobBackend(JobBackend):
                 )
             else:
                 self._forget(job_id)
-
-    def _oom_note(self, job_id: int) -> str:
-        """ "; it reached its memory limit: ..." when the OOM killer ended processes in the job's cgroup."""
-        rec = self.service.get_job(job_id)
-        if rec is None or not self.service.owner_accounts:
-            return ""
-        kills = self.confiner.oom_kills(self.cgroup_name(rec))
-        if not kills:
-            return ""
-        return f"; it reached its memory limit: the kernel ended {kills} of its processes (out of memory)"
 
     async def _finish_from_status(self, rec: JobRecord, gone_reason: str, note: str = "") -> None:
         path = self.status_path(rec, rec.attempts)
@@ -402,25 +393,10 @@ class LocalJobBackend(JobBackend):
         ]
         # Over-quota work first, then the youngest: the least work lost.
         running.sort(key=lambda r: (not r.over_quota, -(r.started_at.timestamp() if r.started_at else 0)))
-        victims: list[tuple[int, Any]] = []
-        fits = False
         with self.runtime.lock:
-            packer = self.packer
-            try:
-                for victim in running:
-                    placement = packer.release(jobspec.workload_key(victim.id))
-                    if placement is None:
-                        continue
-                    victims.append((victim.id, placement))
-                    if packer.can_place(rec.gpu_milli, models):
-                        fits = True
-                        break
-            finally:  # a what-if: put everything back, the processes still run
-                for _, placement in victims:
-                    packer.adopt(placement.key, placement.shares)
-        if not fits:
-            return
-        for victim_id, _ in victims:
+            victims = self.packer.fewest_to_free((jobspec.workload_key(r.id) for r in running), rec.gpu_milli, models)
+        by_key = {jobspec.workload_key(r.id): r.id for r in running}
+        for victim_id in (by_key[k] for k in victims or ()):
             self.service.transition(
                 victim_id, jobspec.PREEMPTED, f"preempted by training job {rec.id}, which needs its GPU"
             )
@@ -446,12 +422,15 @@ class LocalJobBackend(JobBackend):
             if self.service.owner_accounts:
                 account = await self.service.accounts.prepare(rec.user)
             home = self.service.homes.home_dir(rec.user)
-            source = await self.service.job_input(rec)  # its notebook as submitted
-            output = home / rec.output_path
+            source = await self.service.job_input(rec)  # its notebook as submitted, or its script
+            output = home / rec.output_path if rec.output_path else None
             log_file = home / rec.log_path
+            checkpoint = home / rec.checkpoint_path if rec.checkpoint_path else None
             homes = self.service.homes
             if isinstance(homes, HubHomes):  # the runner writes as the hub: check what it would write through
-                homes.safe_path(rec.user, output, create_parent=True)
+                for path in (output, checkpoint):
+                    if path is not None:
+                        homes.safe_path(rec.user, path, create_parent=True)
                 homes.safe_path(rec.user, log_file)
         except (jobspec.JobSpecError, AccountError) as e:  # e.g. the file went away while queued
             self._give_up(rec.id, str(e))
@@ -461,7 +440,9 @@ class LocalJobBackend(JobBackend):
             return
         attempt = rec.attempts + 1
         status = self.status_path(rec, attempt)  # the runner makes it (as the owner)
-        env = runner_env(rec, shares, self.packer.devices, home, account, self.settings.env_keep)
+        env = runner_env(
+            rec, shares, self.packer.devices, home, account, self.settings.env_keep, self.settings.torchrun_command
+        )
         try:
             confinement = self._confine(rec, account, shares, home)
         except (CgroupError, OSError) as e:
@@ -470,11 +451,13 @@ class LocalJobBackend(JobBackend):
             return
         files = {
             "input": str(source),
-            "output": str(output),
-            "cwd": str((home / rec.notebook).parent),  # the notebook's folder: its relative paths hold
+            "output": str(output or ""),
+            "cwd": str((home / rec.notebook).parent),  # the notebook's (script's) folder: its relative paths hold
             "status": str(status),
             "log": str(log_file),
+            "checkpoint": str(checkpoint or ""),
         }
+        run = run_options(rec, self.settings.stop_grace_seconds)
         uid = account.uid if account is not None else os.getuid()
         try:
             if self.sudo and account is not None:  # the mediator starts it in a session of its own
@@ -482,6 +465,7 @@ class LocalJobBackend(JobBackend):
                     account.name,
                     env,
                     attempt=attempt,
+                    run=run,
                     preexec=confinement.sudo_preexec() if confinement else None,
                     extra=confinement.mediator_request() if confinement else None,
                     **files,
@@ -490,7 +474,7 @@ class LocalJobBackend(JobBackend):
                     raise MediatorError(f"the mediator answered pid {pid}, which is not a process of {account.name}")
             else:
                 proc = subprocess.Popen(
-                    runner_argv(confinement.argv_prefix if confinement else [], files, attempt),
+                    runner_argv(confinement.argv_prefix if confinement else [], files, attempt, run),
                     cwd=files["cwd"],
                     env=env,
                     stdout=subprocess.DEVNULL,
@@ -503,7 +487,7 @@ class LocalJobBackend(JobBackend):
                 self.procs[rec.id] = proc
                 pid = proc.pid
         except (OSError, subprocess.SubprocessError, MediatorError) as e:
-            self._give_up(rec.id, f"cannot start papermill: {e}")
+            self._give_up(rec.id, f"cannot start the job's runner: {e}")
             return
         started = start_time(pid)
         self._track(rec.id, pid, uid, started)
@@ -520,7 +504,7 @@ class LocalJobBackend(JobBackend):
             self.unrecorded_starts[rec.id] = (reason, fields)
             raise
         if now is None or now.state != jobspec.RUNNING:  # cancelled while the mediator started it
-            self.stopping[rec.id] = (time.monotonic() + self.settings.stop_grace_seconds, None)
+            self.stopping[rec.id] = (self._kill_deadline(), None)
             self._signal(rec.id, pid, signal.SIGTERM)
             return
         log.info(
@@ -531,31 +515,6 @@ class LocalJobBackend(JobBackend):
             account.name if account is not None else "the hub's account",
             env.get("CUDA_VISIBLE_DEVICES"),
         )
-
-    def _confine(
-        self, rec: JobRecord, account: Account | None, shares: list[list[int]], home: Path
-    ) -> Confinement | None:
-        """The job's cgroup (profile's and team's limits, its GPUs only) and private /tmp; ``None`` without accounts."""
-        if account is None:
-            return None
-        profile = self.runtime.catalog.profile(rec.profile)
-        team = self.runtime.catalog.team(rec.team)
-        # A profile edited away while the job waited: the defaults, under the team's cap.
-        limits = workload_limits(profile or Profile(rec.profile, rec.profile), team, self.user_limits.defaults())
-        gpus = placed_minors((int(i) for i, _ in shares), self.packer.devices)
-        status_folder = self.status_path(rec, rec.attempts + 1).parent
-        confinement = self.confiner.prepare(self.cgroup_name(rec), account, limits, gpus, home, (status_folder,))
-        log.info("gpulab jobs: job %d runs with %s", rec.id, confinement.words)
-        return confinement
-
-    def _release_confinement(self, job_id: int) -> None:
-        rec = self.service.get_job(job_id)
-        if rec is None or not self.service.owner_accounts:
-            return
-        try:
-            self.confiner.release(self.cgroup_name(rec))
-        except (CgroupError, OSError) as e:
-            log.warning("gpulab jobs: cannot remove the cgroup of job %d: %s", job_id, e)
 
     def _signal(self, job_id: int, pid: int, sig: int) -> None:
         """``sig`` to the runner's process group (papermill's kernel is in it), while it is still the runner."""
@@ -590,8 +549,14 @@ class LocalJobBackend(JobBackend):
             if then:
                 self.service.transition(job_id, then, "requeued after preemption")
             return
-        self.stopping[job_id] = (time.monotonic() + self.settings.stop_grace_seconds, then)
+        self.stopping[job_id] = (self._kill_deadline(), then)
         self._signal(job_id, pid, signal.SIGTERM)
+
+    def _kill_deadline(self) -> float:
+        """When the hub SIGKILLs a runner it sent SIGTERM: a moment after the grace, which the
+        runner itself ends by killing every process of the job still there (those outside its
+        process group too, which a SIGKILL to the group would miss)."""
+        return time.monotonic() + self.settings.stop_grace_seconds + KILL_MARGIN_SECONDS
 
     def _release_devices(self, job_id: int) -> None:
         """The job's run ended (or never began): its devices, cgroup and what is left in it go."""

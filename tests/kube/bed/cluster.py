@@ -233,9 +233,11 @@ PLURALS = {
     "Ingress": "ingresses",
     "StorageClass": "storageclasses",
     "ServiceAccount": "serviceaccounts",
+    "RuntimeClass": "runtimeclasses",
 }
 CLUSTER_SCOPED = {
     "Namespace",
+    "RuntimeClass",
     "PriorityClass",
     "ClusterRole",
     "ClusterRoleBinding",

@@ -17,6 +17,16 @@ kube-scheduler binds to them:
   container's command is ``jupyterhub-singleuser`` the agent starts that
   server as a real local process on the pod IP, so a hub can reach it;
 - a process that exits makes the pod Succeeded or Failed with its exit code;
+- a container's environment is what a kubelet gives it: the device plugin's variables,
+  then the container's own ``env`` with ``configMapKeyRef`` values read from their
+  ConfigMaps (KAI's GPU fractions learn their GPU so, from the ConfigMap its binder writes),
+  recorded in ``<work dir>/<namespace>/<pod>/container-env.json`` as a runtime keeps a
+  container's config;
+- KAI's GPU reservation pods (container ``resource-reservation``) do what KAI's
+  reservation image does once it runs: annotate their own pod with the UUID of the one
+  GPU they were given (NVIDIA/KAI-Scheduler v0.20.1 ``cmd/resourcereservation``,
+  ``pkg/resourcereservation/patcher/pod_patcher.go``: NVML's only device, so the GPU the
+  device plugin allocated), which KAI's binder waits for before it binds a fraction;
 - a pod marked for deletion (a user's stop, the scheduler's preemption, an
   eviction) gets its process stopped, a terminal phase with exit code 137
   and whatever conditions the API server set (DisruptionTarget), and is then
@@ -50,6 +60,12 @@ log = logging.getLogger("node-agent")
 KUBE_VERSION = os.environ.get("GPULAB_KUBE_VERSION", "v1.36.3")
 LEASE_SECONDS = 40
 SERVER_COMMANDS = ("jupyterhub-singleuser",)
+#: KAI's GPU reservation pods: their container's name and the annotation its program writes
+#: (NVIDIA/KAI-Scheduler v0.20.1 pkg/binder/binding/resourcereservation/resource_reservation.go).
+KAI_RESERVATION_CONTAINER = "resource-reservation"
+KAI_RESERVED_GPU_ANNOTATION = "run.ai/reserve_for_gpu_index"
+#: Where, in a pod's folder, the agent records the environment its container started with.
+CONTAINER_ENV_FILE = "container-env.json"
 
 
 def now() -> datetime:
@@ -293,8 +309,12 @@ class NodeAgent:
         self.started[uid] = ip
         container = pod.spec.containers[0]
         argv = [*(container.command or []), *(container.args or [])]
+        env = await self.container_env(pod, container, device_env(admitted, container.name))
+        home = self.work_dir / pod.metadata.namespace / pod.metadata.name
+        home.mkdir(parents=True, exist_ok=True)
+        (home / CONTAINER_ENV_FILE).write_text(json.dumps(env, indent=1))  # the runtime's record of it
         if argv and os.path.basename(argv[0]) in SERVER_COMMANDS:
-            await self.start_process(pod, ip, argv, device_env(admitted, container.name))
+            await self.start_process(pod, ip, argv, env)
         t = stamp()
         conds = [c for c in (pod.status.conditions or []) if c.type == "PodScheduled"]
         status = {
@@ -325,6 +345,22 @@ class NodeAgent:
         }
         await self.write_status(pod, status)
         log.info("pod %s/%s Running on %s at %s", pod.metadata.namespace, pod.metadata.name, pod.spec.node_name, ip)
+        if container.name == KAI_RESERVATION_CONTAINER:
+            await self.report_reserved_gpu(pod, device_env(admitted, container.name))
+
+    async def report_reserved_gpu(self, pod: client.V1Pod, devices: dict[str, str]) -> None:
+        """What KAI's resource-reservation container does at start: put the UUID of its only
+        GPU on its own pod (``run.ai/reserve_for_gpu_index``), unless it is there already."""
+        gpu = devices.get("NVIDIA_VISIBLE_DEVICES", "")
+        if not gpu or "," in gpu:  # KAI's program exits: "found N devices, 1 was expected"
+            log.warning("KAI reservation pod %s/%s holds GPUs %r, not exactly one", pod.metadata.namespace,
+                        pod.metadata.name, gpu)  # fmt: skip
+            return
+        if (pod.metadata.annotations or {}).get(KAI_RESERVED_GPU_ANNOTATION):
+            return
+        patch = {"metadata": {"annotations": {KAI_RESERVED_GPU_ANNOTATION: gpu}}}
+        await self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, patch)
+        log.info("KAI reservation pod %s/%s reports GPU %s", pod.metadata.namespace, pod.metadata.name, gpu)
 
     async def reject(self, pod: client.V1Pod, rejection: Rejection) -> None:
         """What a kubelet does with a pod it cannot admit: a Warning event, then phase
@@ -383,16 +419,21 @@ class NodeAgent:
                     return
                 raise
 
-    async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str], devices: dict[str, str]) -> None:
-        container = pod.spec.containers[0]
-        # The device plugin's variables first, the container's own after (they win), as the kubelet orders them.
-        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", **devices}
+    async def container_env(
+        self, pod: client.V1Pod, container: client.V1Container, devices: dict[str, str]
+    ) -> dict[str, str]:
+        """The environment the kubelet gives a container: the device plugin's variables first,
+        the container's own after (they win), ``configMapKeyRef`` values read at start."""
+        env = dict(devices)
         for item in container.env or []:
-            if item.value is not None:
-                env[item.name] = item.value
+            value = item.value if item.value is not None else await self.config_map_value(pod, item)
+            if value is not None:
+                env[item.name] = value
+        return env
+
+    async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str], container_env: dict[str, str]) -> None:
         home = self.work_dir / pod.metadata.namespace / pod.metadata.name
-        home.mkdir(parents=True, exist_ok=True)
-        env["HOME"] = str(home)
+        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", **container_env, "HOME": str(home)}
         port = "8888"
         args = []
         for a in argv[1:]:
@@ -417,6 +458,25 @@ class NodeAgent:
         logf.close()
         self.procs[pod.metadata.uid] = proc
         asyncio.ensure_future(self.guard(self.reap(pod, proc)))
+
+    async def config_map_value(self, pod: client.V1Pod, item: client.V1EnvVar) -> str | None:
+        """An env var's ``configMapKeyRef`` value, read as the kubelet reads it when the container
+        starts. (A kubelet holds a container whose required key is missing in
+        CreateContainerConfigError; here the variable is left out and the agent logs it.)"""
+        ref = item.value_from.config_map_key_ref if item.value_from else None
+        if ref is None:
+            return None
+        try:
+            cm = await self.core.read_namespaced_config_map(ref.name, pod.metadata.namespace)
+        except ApiException as e:
+            cm = None
+            if e.status != 404:
+                raise
+        value = ((cm.data or {}) if cm else {}).get(ref.key)
+        if value is None and not ref.optional:
+            log.warning("pod %s/%s: ConfigMap %s has no key %s for %s", pod.metadata.namespace, pod.metadata.name,
+                        ref.name, ref.key, item.name)  # fmt: skip
+        return value
 
     async def reap(self, pod: client.V1Pod, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()

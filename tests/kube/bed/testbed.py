@@ -28,6 +28,7 @@ tree, under ``$GPULAB_KUBE_TESTBED_DIR`` (default ``~/.cache/gpulab/testbed``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import ipaddress
 import json
 import os
@@ -89,8 +90,6 @@ def check_loopback(address: str) -> None:
 def pod_ip_prefix(state_dir: Path) -> str:
     """The loopback range a test bed's pods get their IPs from: one per state folder,
     so two test beds on one machine never give two servers the same address."""
-    import hashlib
-
     n = int(hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:4], 16)
     return f"127.{100 + n % 150}."
 
@@ -542,15 +541,11 @@ def user_scheduler_config(state_dir: Path) -> dict[str, Any]:
 
 
 def _digest(data: Any) -> str:
-    import hashlib
-
     return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _nodes_digest() -> str:
     """The nodes and the code that plays their kubelet: a running bed whose either changed is restarted."""
-    import hashlib
-
     h = hashlib.sha256(NODES_FILE.read_bytes())
     for name in ("node_agent.py", "kubelet_devices.py"):
         h.update(NODES_FILE.with_name(name).read_bytes())
@@ -594,6 +589,9 @@ def _healthz(tb: Testbed, port: int) -> bool:
 
 
 def down(state_dir: Path = STATE_DIR) -> None:
+    from tests.kube.bed.kai_scheduler import stop_processes as stop_kai
+
+    stop_kai(state_dir)  # KAI's components, when a test started them
     tb = Testbed.load(state_dir)
     if tb is None:
         return
