@@ -30,6 +30,7 @@ from traitlets.config import Application
 
 from spawner.core.idle import (
     BUSY,
+    LIFETIME,
     SHORT,
     STATUSES,
     IdleVerdict,
@@ -46,7 +47,7 @@ from .dcgm_exporter_source import DCGMExporterSource
 from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, serve_metrics
 from .nvml_source import NVMLSource
-from .plan import CyclePlan, CycleSummary, HubRead, decision_record, plan_cycle
+from .plan import CyclePlan, CycleSummary, HubRead, decision_record, lifetimes_of, plan_cycle
 from .prometheus_source import AnswerTooLarge, PrometheusSource
 from .reclaim import record_and_reclaim
 from .sources import SourceUnavailable, UtilisationSource
@@ -332,6 +333,7 @@ class GPUIdleCuller(Application):
             now=read.now,
             threshold_percent=self.threshold_percent,
             max_gap_seconds=self.max_sample_gap,
+            lifetimes=lifetimes_of(targets, read.profiles, read.teams),
         )
         batch = self.apply(plan, read.now, summary)
         self.report_unattributed(targets, data, read, batch, summary)
@@ -419,11 +421,10 @@ class GPUIdleCuller(Application):
                 continue
             if step is Step.WARN or step is Step.REWARN:
                 self.log.warning(
-                    "%s %s: GPU idle for %ss (%s); reclaim in %ss",
+                    "%s %s: %s; reclaim in %ss",
                     "Warning" if step is Step.WARN else "Re-announcing the warning of",
                     t.key,
-                    seconds,
-                    origin,
+                    verdict.reason if verdict.status == LIFETIME else f"GPU idle for {seconds}s ({origin})",
                     self.grace_seconds,
                 )
                 batch.warn(
@@ -512,6 +513,15 @@ class GPUIdleCuller(Application):
         origin: str,
         now: float,
     ) -> None:
+        if verdict.status == LIFETIME:  # the session is over, not its kernels: stop the server
+            self.log.warning("Reclaiming GPU of %s: stopping the server: %s", t.key, verdict.reason)
+            claim = ReclaimClaim(
+                **decision_record(t, verdict, seconds, origin, self._cycle_now, self.source),
+                action="stop-server",
+                idle_since=verdict.evidence["lifetime_ends_at"],
+            )
+            batch.reclaim(claim, t, self.hub_client.server_base(t.url, t.full_url))
+            return
         holders = self.utilisation.kernel_holders(t)
         base = self.hub_client.server_base(t.url, t.full_url)
         idle_since = (warning.warned_at if warning else now) - seconds

@@ -1,9 +1,10 @@
 """One cull cycle's decisions, made without I/O: what to do with each GPU server.
 
 :func:`plan_cycle` takes what the cycle read (the GPU servers, their utilisation, the
-hub's warnings and keep-alives, each server's idle timeout) and returns a
+hub's warnings and keep-alives, each server's idle timeout and maximum lifetime) and returns a
 :class:`CyclePlan`: the warnings of servers no longer running, and per server its
-verdict (:func:`spawner.core.idle.judge_gpu_idle`) and step
+verdict (:func:`spawner.core.idle.judge_gpu_idle`, or
+:func:`spawner.core.idle.lifetime_verdict` once its session is past its maximum lifetime) and step
 (:func:`spawner.core.idle.next_step`). ``GPUIdleCuller.cycle`` reads, plans, applies
 (records in the hub, stops servers) and finishes with a :class:`CycleSummary`.
 """
@@ -14,7 +15,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spawner.core.idle import IdleVerdict, IdleWarning, Step, judge_gpu_idle, next_step
+from spawner.core.idle import (
+    IdleVerdict,
+    IdleWarning,
+    Lifetime,
+    Step,
+    judge_gpu_idle,
+    lifetime_verdict,
+    next_step,
+    shorter_of,
+)
 
 from .attribution import SHARED_GPU_NOTE, shares_whole_gpu
 from .targets import ServerTarget
@@ -69,14 +79,20 @@ def plan_cycle(
     now: float,
     threshold_percent: float,
     max_gap_seconds: float,
+    lifetimes: Mapping[str, Lifetime] | None = None,
 ) -> CyclePlan:
-    """Decide every server of the cycle (pure: the same inputs, the same plan)."""
+    """Decide every server of the cycle (pure: the same inputs, the same plan).
+
+    ``lifetimes``: the maximum lifetime of each server session that has one, by server key;
+    past it a server is judged by its age alone, whatever its utilisation and keep-alive."""
     running = set(running)
     gone = tuple(who for who in warnings if who not in running)
+    lifetimes = lifetimes or {}
     steps = []
     for t in targets:
         seconds, origin = timeouts[t.key]
-        verdict = judge_gpu_idle(
+        lifetime = lifetimes.get(t.key)
+        verdict = lifetime_verdict(lifetime, now) or judge_gpu_idle(
             data.get(t.key, ()),
             now=now,
             window_seconds=seconds,
@@ -86,9 +102,26 @@ def plan_cycle(
             started_at=t.started_at,
         )
         warning = warnings.get((t.user, t.server))
-        step = next_step(verdict, warning, keepalives.get((t.user, t.server)), now, t.started)
+        keepalive = keepalives.get((t.user, t.server))
+        step = next_step(verdict, warning, keepalive, now, t.started, lifetime.ends_at if lifetime else None)
         steps.append(ServerStep(t, verdict, step, seconds, origin, warning))
     return CyclePlan(gone, tuple(steps))
+
+
+def lifetimes_of(
+    targets: Iterable[ServerTarget], profiles: Mapping[str, Any], teams: Mapping[str, Any]
+) -> dict[str, Lifetime]:
+    """Each server session's maximum lifetime (the shorter of its profile's and its team's, as the
+    hub's idle state lists them), by server key; sessions without one, or without a start, are left out."""
+    out: dict[str, Lifetime] = {}
+    for t in targets:
+        found = shorter_of(
+            (t.profile, (profiles.get(t.profile) or {}).get("max_lifetime_seconds")) if t.profile else None,
+            (t.team, (teams.get(t.team) or {}).get("max_lifetime_seconds")) if t.team else None,
+        )
+        if found is not None and t.started_at is not None:
+            out[t.key] = Lifetime(found[0], found[1], t.started_at)
+    return out
 
 
 @dataclass

@@ -7,7 +7,8 @@ gpulab's own database (:mod:`hub_config.storage.db`), so a culler or hub restart
 never resets a grace period.
 
 - ``GET  /hub/api/gpulab/idle?user=U&server=S``          the user, an admin or the culler
-- ``POST /hub/api/gpulab/idle/keepalive`` ``{user, server}`` the user or an admin (409 when used up)
+- ``POST /hub/api/gpulab/idle/keepalive`` ``{user, server}`` the user or an admin (409 when used up,
+  or when the server is past its maximum lifetime)
 - ``GET  /hub/api/gpulab/idle/state``                    culler: every warning, keep-alive and the timeouts
 - ``POST /hub/api/gpulab/idle/cycle``                    culler: one cycle's warnings, holds, clears
   and reclaim claims in one request (each claim accepted or refused on its own)
@@ -18,7 +19,9 @@ never resets a grace period.
 
 A warning belongs to one server session (the spawner's start time): a
 restarted server's old warning is void. A warning *held* because data went
-missing gets a new reclaim time and a fresh grace when data returns.
+missing gets a new reclaim time and a fresh grace when data returns. A GPU server's
+maximum lifetime (catalog ``max_lifetime``) is the hub's to know: from its own catalog and
+the session's start, never from the culler's word, when it grants a keep-alive or a claim.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from hub_config.api.base import GPULabAPIHandler
 from hub_config.config.scopes import ADMIN, CULLER, JOBS
 from hub_config.domain.idle_records import EVENT_KINDS, MAX_CYCLE_BYTES, GPULabIdle
 from hub_config.domain.idle_store import IdleStore, UnattributedServers
-from hub_config.storage.db import session_factory, utcnow
-from spawner.core.idle import KeepaliveRefused
+from hub_config.storage.db import session_factory, to_epoch, utcnow
+from spawner.core.idle import KeepaliveRefused, Lifetime, session_lifetime
 from spawner.core.idle_cycle import MAX_REASON, CycleRecords, Mark, ReclaimClaim, RecordError, WarningRecord, target_of
 from spawner.runtime import granted_share
 
@@ -84,6 +87,20 @@ class IdleBase(GPULabAPIHandler):
         started = getattr(getattr(spawner, "orm_spawner", None), "started", None) if spawner else None
         return isoformat(started) if started else ""
 
+    def _lifetime(self, user: str, server: str) -> Lifetime | None:
+        """The running session's maximum lifetime from this hub's catalog and the server's grant
+        (``None``: not running, no GPU, or no lifetime set)."""
+        u = self.find_user(user)
+        spawner = u.spawners[server] if u is not None and server in u.orm_spawners else None
+        started = getattr(getattr(spawner, "orm_spawner", None), "started", None) if spawner else None
+        share = granted_share(spawner) if spawner is not None and spawner.active else None
+        if started is None or share is None:
+            return None
+        catalog = self.gpulab.catalog
+        return session_lifetime(
+            catalog.profiles.get(share.profile), catalog.teams.get(share.team), share.milli, to_epoch(started)
+        )
+
     def _view(self, user: str, server: str) -> dict[str, Any]:
         with self.store.sessions() as session:
             return self.store.view(session, user, server, self._session_id(user, server))
@@ -108,7 +125,9 @@ class KeepaliveHandler(IdleBase):
             raise web.HTTPError(409, f"server {user}/{server} holds no GPU; the GPU idle culler leaves it alone")
         held = {"team": share.team, "profile": share.profile} if share is not None else {}
         try:
-            view = self.store.keep_alive(user, server, self._session_id(user, server), held, self.caller_name)
+            view = self.store.keep_alive(
+                user, server, self._session_id(user, server), held, self.caller_name, self._lifetime(user, server)
+            )
         except KeepaliveRefused as e:
             raise web.HTTPError(409, str(e)) from None
         self.write_json(view)
@@ -134,7 +153,8 @@ class CycleHandler(IdleBase):
         unknown = sorted(names - known)
         if unknown:
             raise web.HTTPError(404, f"no such user(s): {', '.join(unknown[:10])}")
-        self.write_json(self.store.apply_cycle(records, utcnow()))
+        lifetimes = {(c.user, c.server): self._lifetime(c.user, c.server) for c in records.reclaims}
+        self.write_json(self.store.apply_cycle(records, utcnow(), lifetimes))
 
 
 class WarningsHandler(IdleBase):
@@ -167,7 +187,7 @@ class ReclaimsHandler(IdleBase):
         claim = self.parsed(ReclaimClaim.from_json, self.read_json())
         store = self.store
         with store.sessions() as session:
-            refused = store.apply_reclaim(session, claim, utcnow())
+            refused = store.apply_reclaim(session, claim, utcnow(), self._lifetime(claim.user, claim.server))
             if refused:
                 raise web.HTTPError(409, refused)
             session.commit()

@@ -13,7 +13,7 @@ from tornado import web
 
 from hub_config.api.base import GPULabAPIHandler
 from hub_config.config.scopes import ADMIN, JOBS
-from spawner.core.idle import idle_policy_text, idle_timeout_for
+from spawner.core.idle import idle_policy_text, idle_timeout_for, max_lifetime_for
 from spawner.core.jobspec import JOB_CLASSES
 from spawner.core.ledger import Ledger, TeamUsage
 from spawner.core.model import Team
@@ -115,6 +115,8 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
                 "images": [{"slug": i.slug, "display_name": i.display_name} for i in c.profile.images],
                 # None: neither the profile nor the team sets one; the culler's default applies.
                 "idle_timeout_seconds": None if source == "default" else timeout,
+                # None: unlimited; else the session is stopped this long after its start, after a warning.
+                "max_lifetime_seconds": (max_lifetime_for(c.profile, c.team) or (None,))[0],
                 # What happens to an idle GPU, as the spawn page says it (one sentence for all pages).
                 "idle_policy": idle_policy_text(c.profile, c.team, runtime.idle_facts),
                 "job_classes": {

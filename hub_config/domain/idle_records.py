@@ -22,6 +22,7 @@ from traitlets.config import Configurable
 from hub_config.domain.usage_records import freed_until, next_gpu_holds
 from hub_config.storage.db import Base, GPULabDB, iso, session_factory, to_epoch, utcnow
 from spawner.core.idle import IdleFacts, KeepalivePolicy, gpu_hours_freed
+from spawner.core.units import format_duration
 
 #: The culler's service name in the hub's configuration.
 CULLER_SERVICE = "gpulab-idle-culler"
@@ -140,9 +141,17 @@ def event_json(e: IdleEventRow, freed: float | None = None) -> dict[str, Any]:
     return out
 
 
-def reclaim_message(at: datetime, idle_minutes: int | None, peak_percent: float) -> str:
-    """The sentence a user reads after a reclaim (UTC clock time; the lab shows local time)."""
+def reclaim_message(at: datetime, idle_minutes: int | None, peak_percent: float, evidence: dict | None = None) -> str:
+    """The sentence a user reads after a reclaim (UTC clock time; the lab shows local time); a reclaim
+    at the session's maximum lifetime says so (``evidence`` of the claim), not idleness."""
     when = at.strftime("%H:%M UTC")
+    lifetime = (evidence or {}).get("max_lifetime_seconds")
+    if isinstance(lifetime, int) and not isinstance(lifetime, bool):
+        origin = (evidence or {}).get("max_lifetime_from") or "this server"
+        return (
+            f"Your GPU was reclaimed at {when}: the session reached the maximum lifetime "
+            f"({format_duration(lifetime)} of {origin}) — start again when you need it."
+        )
     idle = f" after {idle_minutes} minutes at {peak_percent:g} %" if idle_minutes is not None else ""
     return f"Your GPU was reclaimed at {when}{idle} \u2014 start again when you need it."
 
@@ -236,12 +245,14 @@ def reclaim_notice(config, user: str, server: str) -> str:
     if freed_until(next_gpu_holds(sessions, {user}, e.at), user, e.at) is not None:
         return ""  # they came back since: old news
     evidence = json.loads(e.evidence or "{}")
-    return reclaim_message(e.at, idle_minutes(e.at, evidence), evidence_peak(evidence))
+    return reclaim_message(e.at, idle_minutes(e.at, evidence), evidence_peak(evidence), evidence)
 
 
 def idle_minutes(reclaimed_at: datetime, evidence: dict) -> int | None:
     """How long a reclaimed GPU had been idle, in minutes (None: the evidence does not say)."""
     idle_since = evidence.get("idle_since")
+    if "max_lifetime_seconds" in evidence:  # stopped for its age: how long it idled is not the point
+        return None
     if isinstance(idle_since, bool) or not isinstance(idle_since, (int, float)):
         return None
     return int(round((to_epoch(reclaimed_at) - idle_since) / 60))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,7 +31,7 @@ from hub_config.domain.idle_records import (
 )
 from hub_config.storage.db import from_epoch, iso, to_epoch, utcnow
 from spawner.core.catalog import Catalog
-from spawner.core.idle import IdleWarning, KeepalivePolicy, grant_keepalive, reclaim_refusal
+from spawner.core.idle import IdleWarning, KeepalivePolicy, Lifetime, grant_keepalive, reclaim_refusal
 from spawner.core.idle_cycle import (
     MAX_NAME,
     MAX_REASON,
@@ -156,7 +156,7 @@ class IdleStore:
             "peak_percent": peak,
             "threshold_percent": evidence.get("threshold_percent"),
             "gpu_milli": e.gpu_milli,
-            "message": reclaim_message(e.at, minutes, peak),
+            "message": reclaim_message(e.at, minutes, peak, evidence),
         }
 
     def state(self, catalog: Catalog) -> dict[str, Any]:
@@ -193,12 +193,19 @@ class IdleStore:
                     p.slug: {
                         "gpu_milli": p.gpu_milli,
                         "idle_timeout_seconds": p.idle_timeout_seconds,
+                        "max_lifetime_seconds": p.max_lifetime_seconds,
                         "sharing": backend_for(p, catalog.sharing),
                     }
                     for p in catalog.profiles.values()
                 },
                 "unattributed": self.unattributed.to_json(),
-                "teams": {t.name: {"idle_timeout_seconds": t.idle_timeout_seconds} for t in catalog.teams.values()},
+                "teams": {
+                    t.name: {
+                        "idle_timeout_seconds": t.idle_timeout_seconds,
+                        "max_lifetime_seconds": t.max_lifetime_seconds,
+                    }
+                    for t in catalog.teams.values()
+                },
             }
 
     def audit(self, limit: int, user: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
@@ -292,12 +299,15 @@ class IdleStore:
         self.log.info("gpulab idle: cleared warning of %s/%s: %s", m.user, m.server, m.reason)
         return True
 
-    def apply_reclaim(self, session: Session, c: ReclaimClaim, now: datetime) -> str | None:
+    def apply_reclaim(
+        self, session: Session, c: ReclaimClaim, now: datetime, lifetime: Lifetime | None = None
+    ) -> str | None:
         """Claim a reclaim before the culler acts; the reason it is refused, or None when granted.
 
         The culler's own rule (:func:`reclaim_refusal`) against the hub's records: a "keep my
         GPU" pressed after the culler read the idle state, a held or restarted session, or a
-        grace not yet over all refuse it.
+        grace not yet over all refuse it. ``lifetime``: the running session's maximum lifetime,
+        as the hub knows it (its catalog and the session's start); no keep-alive counts past it.
         """
         row = session.get(IdleWarningRow, (c.user, c.server))
         k = session.get(KeepaliveRow, (c.user, c.server))
@@ -307,7 +317,14 @@ class IdleStore:
             else IdleWarning(to_epoch(row.warned_at), to_epoch(row.reclaim_at), row.session, row.held_at is not None)
         )
         keepalive_until = to_epoch(k.until) if k is not None and k.until else None
-        refused = reclaim_refusal(warning, keepalive_until, c.session, to_epoch(now), f"{c.user}/{c.server}")
+        refused = reclaim_refusal(
+            warning,
+            keepalive_until,
+            c.session,
+            to_epoch(now),
+            f"{c.user}/{c.server}",
+            None if lifetime is None else lifetime.ends_at,
+        )
         if refused is not None or row is None:
             return refused
         session.delete(row)
@@ -329,15 +346,21 @@ class IdleStore:
         )
         return None
 
-    def apply_cycle(self, records: CycleRecords, now: datetime) -> dict[str, Any]:
-        """One cycle in one transaction: clears, warnings, holds, then each claim on its own."""
+    def apply_cycle(
+        self,
+        records: CycleRecords,
+        now: datetime,
+        lifetimes: Mapping[tuple[str, str], Lifetime | None] | None = None,
+    ) -> dict[str, Any]:
+        """One cycle in one transaction: clears, warnings, holds, then each claim on its own
+        (``lifetimes``: the running sessions' maximum lifetimes by ``(user, server)``)."""
         with self.sessions() as session:
             clears = sum(self.apply_clear(session, m, now) for m in records.clears)
             warnings = sum(self.apply_warning(session, w, now) for w in records.warnings)
             holds = sum(self.apply_hold(session, m, now) for m in records.holds)
             answers = []
             for c in records.reclaims:
-                refused = self.apply_reclaim(session, c, now)
+                refused = self.apply_reclaim(session, c, now, (lifetimes or {}).get((c.user, c.server)))
                 answers.append(
                     ClaimAnswer(user=c.user, server=c.server, accepted=refused is None, message=refused or "recorded")
                 )
@@ -348,9 +371,18 @@ class IdleStore:
 
     # -- "keep my GPU" ---------------------------------------------------------------
 
-    def keep_alive(self, user: str, server: str, current: str, held: dict[str, Any], caller: str) -> dict[str, Any]:
+    def keep_alive(
+        self,
+        user: str,
+        server: str,
+        current: str,
+        held: dict[str, Any],
+        caller: str,
+        lifetime: Lifetime | None = None,
+    ) -> dict[str, Any]:
         """One "keep my GPU" for the running session ``current``: the server's view afterwards,
-        or :class:`~spawner.core.idle.KeepaliveRefused` when the allowance is used up.
+        or :class:`~spawner.core.idle.KeepaliveRefused` when the allowance is used up or the
+        session's maximum ``lifetime`` has passed (a press never reaches past it).
 
         ``held``: the server's grant (team, profile), recorded with the event."""
         now = utcnow()
@@ -362,7 +394,7 @@ class IdleStore:
             elif k.session != current:  # a new server session starts with a fresh allowance
                 k.used, k.until, k.session = 0, None, current
             k.used, until = grant_keepalive(
-                self.policy, k.used, None if k.until is None else to_epoch(k.until), to_epoch(now)
+                self.policy, k.used, None if k.until is None else to_epoch(k.until), to_epoch(now), lifetime
             )
             k.until = from_epoch(until)
             warning = session.get(IdleWarningRow, (user, server))

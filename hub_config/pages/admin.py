@@ -22,7 +22,7 @@ from hub_config.domain.idle_records import idle_admin_view
 from hub_config.domain.usage import current_report, period_report
 from hub_config.domain.usage_records import GPULabUsage
 from hub_config.pages import whatif as whatif_page
-from spawner.core.idle import idle_timeout_words
+from spawner.core.idle import idle_and_lifetime_words
 from spawner.core.priority import BY_SHORT_NAME
 from spawner.core.units import format_gpus
 from spawner.runtime import GPULabRuntime, get_runtime
@@ -184,14 +184,14 @@ def describe_change(entry: dict[str, Any]) -> list[str]:
 
 
 def profile_idle_words(runtime, slug: str) -> str:
-    """A profile's idle timeout in each team that may use it ("vision: 2h; nlp: 30m"), as the users'
+    """A profile's idle timeout (and maximum lifetime) in each team that may use it ("vision: 2h; nlp: 30m"), as the users'
     own pages say it (:func:`spawner.core.idle.idle_timeout_words`); "not enforced" when the culler is off."""
     catalog = runtime.catalog
     profile = catalog.profile(slug)
     if profile is None or not profile.is_gpu:
         return ""
     words = "; ".join(
-        f"{t.name}: {idle_timeout_words(profile, t)}"
+        f"{t.name}: {idle_and_lifetime_words(profile, t)}"
         for t in catalog.teams.values()
         if catalog.team_may_use(t, profile)
     )

@@ -13,7 +13,7 @@ from tornado import web
 
 from hub_config.api.whatif import MAX_DAYS, catalog_sizes, offer_rules
 from hub_config.config.scopes import ADMIN
-from spawner.core.idle import idle_timeout_words
+from spawner.core.idle import idle_and_lifetime_words
 from spawner.core.units import format_gpus
 from spawner.runtime import get_runtime
 
@@ -35,7 +35,7 @@ class WhatIfPageHandler(BaseHandler):
                 "burst": format_gpus(t.burst_milli),
                 # What each of the team's GPU profiles gets today (the shorter of profile and team).
                 "idle_timeout": "; ".join(
-                    f"{p.display_name}: {idle_timeout_words(p, t)}" for p in catalog.profiles_for(t) if p.is_gpu
+                    f"{p.display_name}: {idle_and_lifetime_words(p, t)}" for p in catalog.profiles_for(t) if p.is_gpu
                 ),
             }
             for t in catalog.teams.values()

@@ -81,19 +81,20 @@ const notifications: JupyterFrontEndPlugin<void> = {
       shown = notice.message;
       const options = {
         autoClose: false as const,
-        actions: notice.held
-          ? []
-          : [
-              {
-                label: 'Keep my GPU',
-                caption: 'Protect this GPU from the idle culler for a while',
-                displayType: 'accent' as const,
-                callback: (event: MouseEvent) => {
-                  event.preventDefault(); // keep the toast until the hub answers
-                  void keep(model);
+        actions:
+          notice.held || notice.lifetime
+            ? []
+            : [
+                {
+                  label: 'Keep my GPU',
+                  caption: 'Protect this GPU from the idle culler for a while',
+                  displayType: 'accent' as const,
+                  callback: (event: MouseEvent) => {
+                    event.preventDefault(); // keep the toast until the hub answers
+                    void keep(model);
+                  }
                 }
-              }
-            ]
+              ]
       };
       if (toast && Notification.manager.has(toast)) {
         Notification.update({ id: toast, message: notice.message, type: 'warning', ...options });

@@ -12,6 +12,8 @@ export interface IReclaimInfo {
   idleMinutes: number | null;
   /** The highest utilisation seen over that time, in percent. */
   peakPercent: number;
+  /** Set when the server was stopped for its age (its maximum lifetime, in seconds), not idleness. */
+  lifetimeSeconds?: number | null;
 }
 
 /** A wait in whole minutes, rounded up ("less than a minute" below one). */
@@ -55,12 +57,40 @@ export function evidencePeak(evidence: Record<string, unknown>): number {
   return peak;
 }
 
+/**
+ * The maximum lifetime of the warned session, in seconds, when that is why it is warned
+ * (the culler's evidence says `max_lifetime_seconds`), else `null`: idleness.
+ */
+export function warnedLifetime(idle: IIdleState | null): number | null {
+  const w = idle?.warning;
+  return w ? evidenceNumber(w.evidence, 'max_lifetime_seconds') : null;
+}
+
+/** `28800` -> `"8 h"`, `5400` -> `"1 h 30 min"`, `90` -> `"1 min 30 s"`. */
+export function lifetimeWords(seconds: number): string {
+  const units: [number, string][] = [
+    [86400, 'd'],
+    [3600, 'h'],
+    [60, 'min'],
+    [1, 's']
+  ];
+  const parts: string[] = [];
+  let left = Math.round(seconds);
+  for (const [size, name] of units) {
+    if (left >= size) {
+      parts.push(`${Math.floor(left / size)} ${name}`);
+      left %= size;
+    }
+  }
+  return parts.join(' ') || '0 s';
+}
+
 /** The warning as a notification: text and kind, or `null` when there is nothing to say. */
 export function idleNotice(
   idle: IIdleState | null,
   now: number,
   timeZone?: string
-): { message: string; reclaimAt: number | null; held: boolean } | null {
+): { message: string; reclaimAt: number | null; held: boolean; lifetime?: boolean } | null {
   const w = idle?.warning;
   if (!w) {
     return null;
@@ -75,6 +105,19 @@ export function idleNotice(
     };
   }
   const reclaimAt = Date.parse(w.reclaim_at);
+  const lifetime = warnedLifetime(idle);
+  if (lifetime !== null) {
+    const left = Math.max(0, Math.round((reclaimAt - now) / 1000));
+    return {
+      message:
+        `This server reached its maximum lifetime of ${lifetimeWords(lifetime)}. It will be stopped at ` +
+        `${clockTime(reclaimAt, timeZone)} (${left > 0 ? 'in ' : ''}${minutesLeft(left)}) whatever its GPU does; ` +
+        '"Keep my GPU" cannot extend it. Save your work.',
+      reclaimAt,
+      held: false,
+      lifetime: true
+    };
+  }
   const timeout = evidenceNumber(w.evidence, 'idle_timeout_seconds');
   const idleFor = timeout === null ? '' : ` for ${Math.round(timeout / 60)} minutes`;
   const left = Math.max(0, Math.round((reclaimAt - now) / 1000));
@@ -98,7 +141,8 @@ export function idleStatusText(idle: IIdleState | null, now: number, timeZone?: 
   }
   const reclaimAt = Date.parse(w.reclaim_at);
   const left = Math.max(0, Math.round((reclaimAt - now) / 1000));
-  return `GPU idle: reclaimed at ${clockTime(reclaimAt, timeZone)} (${left > 0 ? 'in ' : ''}${minutesLeft(left)})`;
+  const what = warnedLifetime(idle ?? null) === null ? 'GPU idle' : 'GPU lifetime reached';
+  return `${what}: reclaimed at ${clockTime(reclaimAt, timeZone)} (${left > 0 ? 'in ' : ''}${minutesLeft(left)})`;
 }
 
 /**
@@ -115,6 +159,15 @@ export function reclaimFromWarning(idle: IIdleState | null, lostAt: number): IRe
   if (!Number.isFinite(reclaimAt) || lostAt < reclaimAt || keptUntil > lostAt) {
     return null;
   }
+  const lifetime = warnedLifetime(idle);
+  if (lifetime !== null) {
+    return {
+      at: lostAt,
+      idleMinutes: null,
+      peakPercent: evidencePeak(w.evidence),
+      lifetimeSeconds: lifetime
+    };
+  }
   const timeout = evidenceNumber(w.evidence, 'idle_timeout_seconds');
   const idleSince = timeout === null ? null : Date.parse(w.warned_at) - timeout * 1000;
   return {
@@ -126,6 +179,12 @@ export function reclaimFromWarning(idle: IIdleState | null, lostAt: number): IRe
 
 /** "Your GPU was reclaimed at HH:MM after N minutes at 0 % — start again." */
 export function reclaimedMessage(info: IReclaimInfo, timeZone?: string): string {
+  if (info.lifetimeSeconds) {
+    return (
+      `Your GPU was reclaimed at ${clockTime(info.at, timeZone)}: the session reached its maximum lifetime ` +
+      `of ${lifetimeWords(info.lifetimeSeconds)} — start again when you need it.`
+    );
+  }
   const after =
     info.idleMinutes === null ? '' : ` after ${info.idleMinutes} minutes at ${info.peakPercent} %`;
   return `Your GPU was reclaimed at ${clockTime(info.at, timeZone)}${after} — start again when you need it.`;

@@ -3,6 +3,7 @@
  * can be unit tested: formatting, the quota bar, countdowns, the notebook's
  * `parameters` cell, and validation of a job request.
  */
+import { warnedLifetime } from './idleLogic';
 import { IIdleState, IJob, IJobRequest, ITeamView, JobClass, JobState } from './types';
 
 const MILLI_PER_GPU = 1000;
@@ -84,6 +85,9 @@ export function jobDuration(job: IJob, now: number): number | null {
 /** The keep-alive button's state: may the user press it, and what it says. */
 export function keepAliveState(idle: IIdleState): { enabled: boolean; label: string } {
   const { used, max, extends_seconds } = idle.keepalive;
+  if (warnedLifetime(idle) !== null) {
+    return { enabled: false, label: 'Maximum lifetime reached: "Keep my GPU" cannot extend it' };
+  }
   if (used >= max) {
     return { enabled: false, label: `Keep-alive limit reached (${used} of ${max} used)` };
   }

@@ -14,7 +14,7 @@ import { absenceSentence, message } from './errors';
 import { gpuIcon } from './icons';
 import { JobsList, IJobActions } from './jobs';
 import { formatCountdown, formatGPUs, keepAliveState, quotaSegments, sparklinePath } from './logic';
-import { reclaimedMessage, reclaimFromWarning } from './idleLogic';
+import { reclaimedMessage, reclaimFromWarning, warnedLifetime } from './idleLogic';
 import { GpuStatusModel } from './model';
 import { announceStopFailed, announceStopRequested, hubHome } from './stopped';
 import { IIdleState, ISession, ITeamView } from './types';
@@ -115,10 +115,12 @@ function IdleWarning({
     return null;
   }
   const keep = keepAliveState(idle);
+  // At its maximum lifetime nothing extends the server: no button, only why.
+  const lifetime = warnedLifetime(idle) !== null;
   return (
     <div className="gpulab-idle" role="alert">
       <div>
-        <strong>Idle GPU:</strong> {idle.warning.reason}
+        <strong>{lifetime ? 'Maximum lifetime:' : 'Idle GPU:'}</strong> {idle.warning.reason}
       </div>
       {idle.warning.held ? (
         <div className="gpulab-idle-held">
@@ -126,7 +128,7 @@ function IdleWarning({
         </div>
       ) : (
         <div>
-          Reclaimed in{' '}
+          {lifetime ? 'Stopped, whatever the GPU does,' : 'Reclaimed'} in{' '}
           <span
             className="gpulab-countdown"
             role="timer"
@@ -136,22 +138,24 @@ function IdleWarning({
           </span>
         </div>
       )}
-      <button
-        className="jp-mod-styled jp-mod-accept gpulab-keep"
-        disabled={!keep.enabled || busy}
-        title={keep.label}
-        aria-label={keep.label}
-        onClick={async () => {
-          setBusy(true);
-          try {
-            await onKeep();
-          } finally {
-            setBusy(false);
-          }
-        }}
-      >
-        Keep my GPU
-      </button>
+      {lifetime ? null : (
+        <button
+          className="jp-mod-styled jp-mod-accept gpulab-keep"
+          disabled={!keep.enabled || busy}
+          title={keep.label}
+          aria-label={keep.label}
+          onClick={async () => {
+            setBusy(true);
+            try {
+              await onKeep();
+            } finally {
+              setBusy(false);
+            }
+          }}
+        >
+          Keep my GPU
+        </button>
+      )}
       <div className="gpulab-muted">{keep.label}</div>
     </div>
   );

@@ -6,9 +6,11 @@ import {
   evidencePeak,
   idleNotice,
   idleStatusText,
+  lifetimeWords,
   reclaimedMessage,
   reclaimFromWarning
 } from '../src/idleLogic';
+import { keepAliveState } from '../src/logic';
 import { IIdleState } from '../src/types';
 
 const T0 = Date.parse('2026-11-30T14:00:00Z');
@@ -114,5 +116,43 @@ describe('helpers', () => {
       'less than a minute',
       '2 min'
     ]);
+  });
+});
+
+describe('maximum lifetime', () => {
+  const lifetime = {
+    reason: 'maximum lifetime 8h of profile h100-4 reached',
+    evidence: {
+      max_lifetime_seconds: 8 * 3600,
+      max_lifetime_from: 'profile h100-4',
+      session_started_at: 0,
+      lifetime_ends_at: 0
+    }
+  };
+  it('says the warning is the lifetime, not idleness, and offers no "Keep my GPU"', () => {
+    const notice = idleNotice(state(lifetime), T0 + 5 * 60000, 'UTC');
+    expect(notice?.message).toBe(
+      'This server reached its maximum lifetime of 8 h. It will be stopped at 14:15 (in 10 min) whatever ' +
+        'its GPU does; "Keep my GPU" cannot extend it. Save your work.'
+    );
+    expect(notice?.lifetime).toBe(true);
+    expect(idleStatusText(state(lifetime), T0, 'UTC')).toBe(
+      'GPU lifetime reached: reclaimed at 14:15 (in 15 min)'
+    );
+    expect(keepAliveState(state(lifetime))).toEqual({
+      enabled: false,
+      label: 'Maximum lifetime reached: "Keep my GPU" cannot extend it'
+    });
+    expect(idleNotice(state({}), T0, 'UTC')?.lifetime).toBeUndefined();
+    expect(keepAliveState(state({})).enabled).toBe(true);
+  });
+  it('explains a lost connection after the grace as the lifetime', () => {
+    const info = reclaimFromWarning(state(lifetime), Date.parse('2026-11-30T14:16:00Z'));
+    expect(info?.idleMinutes).toBeNull();
+    expect(reclaimedMessage(info!, 'UTC')).toBe(
+      'Your GPU was reclaimed at 14:16: the session reached its maximum lifetime of 8 h — start again when you need it.'
+    );
+    expect(lifetimeWords(5400)).toBe('1 h 30 min');
+    expect(lifetimeWords(86400 + 60)).toBe('1 d 1 min');
   });
 });

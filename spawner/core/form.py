@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from html import escape
 
-from .idle import IdleFacts, idle_policy_text, idle_rule, idle_timeout_words
+from .idle import IdleFacts, idle_policy_text, idle_rule, idle_timeout_words, lifetime_rule
 from .policy import PolicyError, ProfileChoice, quota_split_words, what_to_do
 from .units import format_gpus
 
@@ -195,7 +195,9 @@ def _profile_html(
     if details:
         parts.append(("details", "gpulab-detail", " · ".join(details)))
     if p.is_gpu:  # the page says the idle rule once; the per-user cap is the team heading's
-        parts.append(("limits", "gpulab-detail gpulab-limits", f"Idle timeout {idle_timeout_words(p, c.team)}"))
+        limits = f"Idle timeout {idle_timeout_words(p, c.team)}"
+        lifetime = lifetime_rule(p, c.team, idle)
+        parts.append(("limits", "gpulab-detail gpulab-limits", f"{limits} · {lifetime}" if lifetime else limits))
     if not c.available:
         parts.append(("reason", "gpulab-reason", f"Unavailable: {c.reason}"))
         parts.append(("todo", "gpulab-todo", what_to_do(c, choices, admin_contact)))

@@ -14,7 +14,7 @@ dcgm-exporter scraped directly) or a per-device summary computed elsewhere
 (:class:`DeviceSummary`: Prometheus aggregates the window itself and answers
 a few numbers per GPU). Both are judged by the same rules.
 
-Also here: which idle timeout applies (profile vs team), the
+Also here: which idle timeout and maximum lifetime apply (profile vs team), the
 warn -> grace -> reclaim state machine (warnings belong to one server
 session), the "keep my GPU" policy, and the two GPU-hour figures a reclaim
 is reported with. The culler service, the hub API and the benchmarks all
@@ -41,7 +41,9 @@ MISSING = "missing"  # no series at all for this server
 PARTIAL = "partial"  # some of its devices have no series, or a series has holes / bad values
 STALE = "stale"  # the newest sample is too old
 SHORT = "short"  # the samples (or the server's session) do not reach back to the start of the window
-STATUSES = (IDLE, BUSY, MISSING, PARTIAL, STALE, SHORT)
+#: The session reached its maximum lifetime: reclaimable whatever its utilisation.
+LIFETIME = "lifetime"
+STATUSES = (IDLE, BUSY, MISSING, PARTIAL, STALE, SHORT, LIFETIME)
 
 
 @dataclass(frozen=True)
@@ -271,11 +273,85 @@ def idle_timeout_of(
 ) -> tuple[int, str]:
     """:func:`idle_timeout_for` from ``(name, timeout seconds or None)`` pairs, as the culler
     reads them from the hub's idle state (it has no catalog objects)."""
+    return shorter_of(profile, team) or (default_seconds, "default")
+
+
+def shorter_of(profile: tuple[str, int | None] | None, team: tuple[str, int | None] | None) -> tuple[int, str] | None:
+    """The shorter of a profile's and a team's duration, with where it came from
+    (``"profile h100"``, ``"team vision"``); ``None`` when neither sets one."""
     from_profile = (profile[1], f"profile {profile[0]}") if profile is not None and profile[1] is not None else None
     from_team = (team[1], f"team {team[0]}") if team is not None and team[1] is not None else None
     if from_profile is not None and from_team is not None:
         return from_team if from_team[0] < from_profile[0] else from_profile
-    return from_profile or from_team or (default_seconds, "default")
+    return from_profile or from_team
+
+
+# -- maximum lifetime -------------------------------------------------------
+
+
+def max_lifetime_for(profile: Profile | None, team: Team | None) -> tuple[int, str] | None:
+    """A GPU server's maximum lifetime and where it came from, or ``None`` (unlimited).
+
+    Like the idle timeout, the shorter of the profile's and the team's wins. Only GPU
+    servers have one: a CPU profile's server is never stopped for its age.
+    """
+    if profile is not None and not profile.is_gpu:
+        return None
+    return shorter_of(
+        (profile.slug, profile.max_lifetime_seconds) if profile is not None else None,
+        (team.name, team.max_lifetime_seconds) if team is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """One server session's maximum lifetime: ``seconds`` from the session start ``started_at``."""
+
+    seconds: int
+    #: Where it came from: ``"profile h100-4"`` or ``"team vision"``.
+    origin: str
+    started_at: float
+
+    @property
+    def ends_at(self) -> float:
+        return self.started_at + self.seconds
+
+    def reached(self, now: float) -> bool:
+        return now >= self.ends_at
+
+    @property
+    def reason(self) -> str:
+        return f"maximum lifetime {format_duration(self.seconds)} of {self.origin} reached"
+
+
+def session_lifetime(
+    profile: Profile | None, team: Team | None, gpu_milli: int, started_at: float | None
+) -> Lifetime | None:
+    """The maximum lifetime of a running session that holds ``gpu_milli`` of ``profile`` in
+    ``team`` since ``started_at``, as the hub knows it (``None``: no GPU, no start, no lifetime)."""
+    found = max_lifetime_for(profile, team) if gpu_milli > 0 and started_at is not None else None
+    return None if found is None or started_at is None else Lifetime(found[0], found[1], started_at)
+
+
+def lifetime_verdict(lifetime: Lifetime | None, now: float) -> IdleVerdict | None:
+    """The verdict of a session past its maximum lifetime (reclaimable whatever its GPU does),
+    or ``None`` while it is within it (or has none): then it is judged on its utilisation."""
+    if lifetime is None or not lifetime.reached(now):
+        return None
+    evidence = {
+        "max_lifetime_seconds": lifetime.seconds,
+        "max_lifetime_from": lifetime.origin,
+        "session_started_at": lifetime.started_at,
+        "lifetime_ends_at": lifetime.ends_at,
+    }
+    return IdleVerdict(True, LIFETIME, lifetime.reason, evidence)
+
+
+def capped_keepalive(keepalive_until: float | None, lifetime_ends_at: float | None) -> float | None:
+    """A keep-alive protects a server at most until its lifetime ends."""
+    if keepalive_until is None or lifetime_ends_at is None:
+        return keepalive_until
+    return min(keepalive_until, lifetime_ends_at)
 
 
 @dataclass(frozen=True)
@@ -308,7 +384,29 @@ def idle_policy_text(profile: Profile, team: Team | None, facts: IdleFacts) -> s
     """
     if not profile.is_gpu:
         return ""
-    return idle_rule(facts, idle_timeout_words(profile, team))
+    text = idle_rule(facts, idle_timeout_words(profile, team))
+    lifetime = lifetime_rule(profile, team, facts)
+    return f"{text}; {lifetime}" if lifetime else text
+
+
+def idle_and_lifetime_words(profile: Profile, team: Team | None) -> str:
+    """A GPU profile's idle timeout in ``team`` and its maximum lifetime, if any ("2h, maximum
+    lifetime 1d"), as the admin and what-if pages list them per team."""
+    found = max_lifetime_for(profile, team)
+    idle = idle_timeout_words(profile, team)
+    return idle if found is None else f"{idle}, maximum lifetime {format_duration(found[0])}"
+
+
+def lifetime_rule(profile: Profile, team: Team | None, facts: IdleFacts) -> str:
+    """A GPU profile's maximum lifetime in ``team``, in words ("" when it has none): "stopped after
+    24h, whatever it does, after a warning and its grace", or, culler off, that nothing enforces it."""
+    lifetime = max_lifetime_for(profile, team)
+    if lifetime is None:
+        return ""
+    words = format_duration(lifetime[0])
+    if facts.culler_on is False:
+        return f"maximum lifetime {words}, not enforced"
+    return f"stopped after {words}, whatever it does, after a warning and its grace"
 
 
 def idle_rule(facts: IdleFacts, after: str = "") -> str:
@@ -355,21 +453,30 @@ class IdleWarning:
 
 
 def next_step(
-    verdict: IdleVerdict, warning: IdleWarning | None, keepalive_until: float | None, now: float, session: str = ""
+    verdict: IdleVerdict,
+    warning: IdleWarning | None,
+    keepalive_until: float | None,
+    now: float,
+    session: str = "",
+    lifetime_ends_at: float | None = None,
 ) -> Step:
     """What to do with one server this cycle.
 
     ``session`` identifies the running server session (its start time); a
     warning recorded for another session is void, so a restarted server gets
-    its full timeout and grace.
+    its full timeout and grace. From ``lifetime_ends_at`` on (the session's maximum
+    lifetime) the server counts as idle whatever the verdict, and no keep-alive
+    protects it: it is warned, then reclaimed after the grace.
     """
     if warning is not None and warning.session != session:
         return Step.VOID
+    keepalive_until = capped_keepalive(keepalive_until, lifetime_ends_at)
     if keepalive_until is not None and now < keepalive_until:
         return Step.CLEAR if warning is not None else Step.NOTHING
+    idle = verdict.idle or (lifetime_ends_at is not None and now >= lifetime_ends_at)
     if warning is None:
-        return Step.WARN if verdict.idle else Step.NOTHING
-    if verdict.idle:
+        return Step.WARN if idle else Step.NOTHING
+    if idle:
         if warning.held:
             return Step.REWARN
         return Step.RECLAIM if reclaim_refusal(warning, keepalive_until, session, now) is None else Step.WAIT
@@ -379,7 +486,12 @@ def next_step(
 
 
 def reclaim_refusal(
-    warning: IdleWarning | None, keepalive_until: float | None, session: str, now: float, who: str = "the server"
+    warning: IdleWarning | None,
+    keepalive_until: float | None,
+    session: str,
+    now: float,
+    who: str = "the server",
+    lifetime_ends_at: float | None = None,
 ) -> str | None:
     """Why an idle server may not be reclaimed now, or ``None`` when it may.
 
@@ -388,8 +500,10 @@ def reclaim_refusal(
     claims the reclaim (a "keep my GPU" pressed since the culler read the state wins).
     No warning (cleared or kept alive), a warning of an earlier session (the server
     restarted), a warning on hold (data went missing), a grace period not yet over and a
-    keep-alive still running each refuse it.
+    keep-alive still running each refuse it; a keep-alive runs at most until the session's
+    maximum lifetime ends (``lifetime_ends_at``).
     """
+    keepalive_until = capped_keepalive(keepalive_until, lifetime_ends_at)
     if warning is None:
         return f"no idle warning for {who} (cleared or kept alive); not reclaiming"
     if warning.session != session:
@@ -423,19 +537,29 @@ class KeepaliveRefused(Exception):
     """The policy maximum is used up; the message says so."""
 
 
-def grant_keepalive(policy: KeepalivePolicy, used: int, until: float | None, now: float) -> tuple[int, float]:
+def grant_keepalive(
+    policy: KeepalivePolicy, used: int, until: float | None, now: float, lifetime: Lifetime | None = None
+) -> tuple[int, float]:
     """One more "keep my GPU": the new ``(used, until)`` or :class:`KeepaliveRefused`.
 
     The protection runs ``extends_seconds`` from now (presses do not stack:
     a press never shortens a running protection, and never reaches further
-    than one extension ahead).
+    than one extension ahead), and never past the session's maximum ``lifetime``:
+    once that has passed, a press is refused.
     """
+    if lifetime is not None and lifetime.reached(now):
+        raise KeepaliveRefused(
+            f"'keep my GPU' cannot extend this server past its maximum lifetime ({format_duration(lifetime.seconds)} "
+            f"of {lifetime.origin}), reached at {utc_iso(lifetime.ends_at)}; it is stopped after its warning's "
+            "grace period, whatever its GPU does"
+        )
     if used >= policy.max_uses:
         raise KeepaliveRefused(
             f"'keep my GPU' already used {used} of {policy.max_uses} time(s) for this server; "
             "the GPU will be reclaimed if it stays idle"
         )
-    return used + 1, max(until or 0.0, now + policy.extends_seconds)
+    extended = max(until or 0.0, now + policy.extends_seconds)
+    return used + 1, extended if lifetime is None else min(extended, lifetime.ends_at)
 
 
 # -- accounting -------------------------------------------------------------

@@ -49,6 +49,9 @@ class Profile:
     sharing: str | None = None
     #: Per-profile GPU idle timeout for the culler, in seconds.
     idle_timeout_seconds: int | None = None
+    #: Per-profile maximum lifetime of a GPU server session, in seconds (``None``: unlimited);
+    #: past it the culler warns and reclaims whatever the GPU does, and "keep my GPU" cannot extend it.
+    max_lifetime_seconds: int | None = None
     #: Retired profiles are not offered for new spawns; running ones go on.
     retired: bool = False
     #: Kubernetes: pod tolerations, and node affinity terms (KubeSpawner's
@@ -119,6 +122,9 @@ class Team:
     namespace: str | None = None
     #: Per-team GPU idle timeout for the culler, in seconds.
     idle_timeout_seconds: int | None = None
+    #: Per-team maximum lifetime of a GPU server session, in seconds (``None``: unlimited);
+    #: past it the culler warns and reclaims whatever the GPU does, and "keep my GPU" cannot extend it.
+    max_lifetime_seconds: int | None = None
     #: Caps on each member's servers and jobs (memory, CPU, processes, running jobs).
     limits: TeamLimits = TeamLimits()
 

@@ -189,6 +189,14 @@ def parse_duration(value: object) -> int:
     raise UnitError(f"expected a duration such as '30m', '4h' or 3600, got {value!r}")
 
 
+def parse_lifetime(value: object) -> int:
+    """A maximum lifetime: a duration (:func:`parse_duration`) longer than zero."""
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise UnitError("a maximum lifetime must be longer than 0s, e.g. '24h' (leave it out for no limit)")
+    return seconds
+
+
 def format_duration(seconds: int) -> str:
     """``5400`` -> ``"1h30m"``."""
     seconds = int(seconds)

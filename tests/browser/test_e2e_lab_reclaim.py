@@ -11,15 +11,14 @@ JupyterLab's raw "server connection lost"; the hub's spawn page says it too.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import pytest
-import requests
 
+from tests.support.culler_service import as_culler, culler_token_config
 from tests.support.hub import RunningHub
-from tests.support.lab import login_and_spawn, shot_docs
+from tests.support.lab import open_gpu_sidebar, shot_docs
 
 pytestmark = pytest.mark.docs_screenshots
 
@@ -32,13 +31,7 @@ teams:
   - {name: vision, users: [alice], guarantee: 1, burst: 1, allowed_profiles: [h100-half]}
 """
 CULLER_TOKEN = "culler-" + os.urandom(8).hex()
-EXTRA = f"""
-from hub_config.config.scopes import CULLER_SERVICE_SCOPES
-c.JupyterHub.services = list(c.JupyterHub.services) + [
-    {{"name": "gpulab-idle-culler", "api_token": "{CULLER_TOKEN}"}}]
-c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [
-    {{"name": "gpulab-idle-culler", "scopes": CULLER_SERVICE_SCOPES, "services": ["gpulab-idle-culler"]}}]
-"""
+EXTRA = culler_token_config(CULLER_TOKEN)
 GRACE = 4
 TIMEOUT = 45 * 60
 
@@ -48,22 +41,14 @@ def hub(start_hub):
     return start_hub(CATALOG, extra_config=EXTRA)
 
 
-def as_culler(hub: RunningHub, method: str, path: str, body: dict | None = None) -> requests.Response:
-    return hub.api(method, path, token=CULLER_TOKEN, data=json.dumps(body) if body is not None else None)
-
-
 def test_the_page_says_the_gpu_was_reclaimed_and_offers_to_start_again(hub: RunningHub, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(60_000)
     try:
-        login_and_spawn(page, hub.url, "alice", "vision:h100-half")
-        page.wait_for_selector(".jp-LabShell", timeout=90_000)
-        page.click('.jp-SideBar [data-id="gpulab-panel"]')
-        panel = page.locator("#gpulab-panel")
-        panel.locator(".gpulab-profile", has_text="0.5 × H100").wait_for()
+        panel = open_gpu_sidebar(page, hub.url, "alice", "vision:h100-half", "0.5 × H100")
 
         # The culler's first cycle: a warning for this session, with its evidence.
-        user = as_culler(hub, "GET", "/users/alice").json()
+        user = as_culler(hub, CULLER_TOKEN, "GET", "/users/alice").json()
         session = user["servers"][""]["started"]
         evidence = {"idle_timeout_seconds": TIMEOUT, "devices": {"local/gpu0": [{"max": 0.0, "count": 90}]}}
         item = {
@@ -74,7 +59,7 @@ def test_the_page_says_the_gpu_was_reclaimed_and_offers_to_start_again(hub: Runn
             "evidence": evidence,
             "reason": "GPU at 0 % for 45 minutes",
         }
-        r = as_culler(hub, "POST", "/gpulab/idle/cycle", {"warnings": [{**item, "grace_seconds": GRACE}]})
+        r = as_culler(hub, CULLER_TOKEN, "POST", "/gpulab/idle/cycle", {"warnings": [{**item, "grace_seconds": GRACE}]})
         assert r.status_code == 200, r.text
         assert r.json()["warnings"] == 1
 
@@ -90,10 +75,10 @@ def test_the_page_says_the_gpu_was_reclaimed_and_offers_to_start_again(hub: Runn
             "idle_gpu_hours": 0.5 * TIMEOUT / 3600,
             "idle_since": time.time() - TIMEOUT - GRACE,
         }
-        r = as_culler(hub, "POST", "/gpulab/idle/cycle", {"reclaims": [claim]})
+        r = as_culler(hub, CULLER_TOKEN, "POST", "/gpulab/idle/cycle", {"reclaims": [claim]})
         assert r.status_code == 200, r.text
         assert r.json()["reclaims"][0]["accepted"], r.text
-        r = as_culler(hub, "DELETE", "/users/alice/server")
+        r = as_culler(hub, CULLER_TOKEN, "DELETE", "/users/alice/server")
         assert r.status_code in (202, 204), r.text
         hub.wait_server("alice", ready=False)
 

@@ -236,6 +236,13 @@ BAD_EDITS = [
     ("POST", "/gpulab/profiles", {"slug": "big", "gpus": 4, "teams": ["vision"]}, 400, "more than this server has"),
     ("PUT", "/gpulab/prices", {"prices": {"H100-80GB": -2}}, 400, "non-negative price"),
     ("PUT", "/gpulab/prices", {"H100-80GB": 2}, 400, "body must be"),
+    # A maximum lifetime: a duration longer than zero, whatever the caller sends.
+    ("PATCH", "/gpulab/profiles/h100-1", {"max_lifetime": "0s"}, 400, "longer than 0s"),
+    ("PATCH", "/gpulab/profiles/h100-1", {"max_lifetime": ["8h"]}, 400, "expected a duration"),
+    ("PATCH", "/gpulab/profiles/h100-1", {"max_lifetime": True}, 400, "expected a duration"),
+    ("PATCH", "/gpulab/profiles/h100-1", {"max_lifetime": "8" * 5000}, 400, "a duration"),
+    ("PATCH", "/gpulab/teams/vision", {"max_lifetime": -60}, 400, "cannot be negative"),
+    ("PATCH", "/gpulab/teams/vision", {"max_lifetime": {"h": 8}}, 400, "expected a duration"),
     ("PATCH", "/gpulab/profiles/h100-1/retire", {"retired": True}, 405, ""),
     ("DELETE", "/gpulab/profiles/h100-1", None, 405, ""),
 ]
@@ -356,6 +363,16 @@ def test_profile_create_and_edit(hub):
     assert r.status_code == 200 and r.json()["gpu_milli"] == 500
     page = hub.spawn_page(hub.login("bob"), "y", "bob").text
     assert 'value="vision:h100-3q"' in page
+    assert "maximum lifetime" not in page
+    r = hub.api("PATCH", "/gpulab/profiles/h100-3q", json={"max_lifetime": "8h"})
+    assert r.status_code == 200, r.text
+    page = hub.spawn_page(hub.login("bob"), "y", "bob").text
+    card = page[page.index('data-choice="vision:h100-3q"') :]
+    # This hub runs no GPU idle culler: the card names the lifetime, and that nothing enforces it.
+    assert "maximum lifetime 8h, not enforced</span>" in card[: card.index("</label>")]
+    r = hub.api("PATCH", "/gpulab/profiles/h100-3q", json={"max_lifetime": None})  # back to no limit
+    assert r.status_code == 200, r.text
+    assert "maximum lifetime 8h" not in hub.spawn_page(hub.login("bob"), "y", "bob").text
 
 
 def test_a_new_profile_naming_its_teams_is_offered_to_them_only(hub):

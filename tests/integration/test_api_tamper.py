@@ -103,15 +103,29 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
     reclaim = {"user": "alice", "server": "", "reason": "idle", "gpu_milli": 500}
     bodies = [  # every endpoint that reads a body, with a valid-looking body to tamper with
         ("jobs submit", "POST", "/gpulab/jobs", as_alice, job, ["time_limit_seconds", "parameters.x"]),
-        ("teams create", "POST", "/gpulab/teams", admin, team, ["guarantee", "burst", "per_user_cap", "idle_timeout"]),
-        ("team patch", "PATCH", "/gpulab/teams/vision", admin, {"guarantee": 1}, ["guarantee", "burst"]),
+        (
+            "teams create",
+            "POST",
+            "/gpulab/teams",
+            admin,
+            team,
+            ["guarantee", "burst", "per_user_cap", "idle_timeout", "max_lifetime"],
+        ),
+        (
+            "team patch",
+            "PATCH",
+            "/gpulab/teams/vision",
+            admin,
+            {"guarantee": 1},
+            ["guarantee", "burst", "max_lifetime"],
+        ),
         (
             "profiles create",
             "POST",
             "/gpulab/profiles",
             admin,
             profile,
-            ["gpus", "gpu_milli", "cpu.limit", "memory.limit", "idle_timeout"],
+            ["gpus", "gpu_milli", "cpu.limit", "memory.limit", "idle_timeout", "max_lifetime"],
         ),
         (
             "profile patch",
@@ -119,7 +133,7 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
             "/gpulab/profiles/h100-half",
             admin,
             {"gpus": 0.5},
-            ["gpus", "cpu.limit", "memory.limit", "idle_timeout"],
+            ["gpus", "cpu.limit", "memory.limit", "idle_timeout", "max_lifetime"],
         ),
         ("prices", "PUT", "/gpulab/prices", admin, {"prices": {"H100-80GB": 2.5}}, ["prices.H100-80GB"]),
         ("idle warning", "POST", "/gpulab/idle/warnings", admin, warning, ["grace_seconds", "gpu_milli"]),

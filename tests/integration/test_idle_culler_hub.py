@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 import time
 
 import pytest
 import requests
 
+from tests.support.culler_service import culler_service_config
 from tests.support.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
 from tests.support.hub import RunningHub, free_port
 
@@ -38,31 +38,15 @@ teams:
 
 
 def extra_config(prometheus_url: str, metrics_port: int) -> str:
-    command = [
-        sys.executable,
-        "-m",
-        "idle_culler",
-        "--source=prometheus",
-        f"--prometheus-url={prometheus_url}",
-        "--cull-every=1",
-        f"--grace={GRACE}",
-        "--max-sample-gap=2.5",
-        "--scrape-interval=1",
-        f"--node-name={NODE}",
-        "--timeout=3600",
-        "--log-level=DEBUG",
-    ]
-    return f"""
-import sys
-from hub_config.config.scopes import CULLER_SERVICE_SCOPES
-c.JupyterHub.services = list(c.JupyterHub.services) + [{{
-    "name": "gpulab-idle-culler", "url": "http://127.0.0.1:{metrics_port}", "command": {command!r}}}]
-c.JupyterHub.load_roles = list(c.JupyterHub.load_roles) + [{{
-    "name": "gpulab-idle-culler", "scopes": CULLER_SERVICE_SCOPES, "services": ["gpulab-idle-culler"]}}]
-c.GPULabIdle.keepalive_max_uses = 1
-c.GPULabIdle.keepalive_extends_seconds = 6
-c.JupyterHub.last_activity_interval = 1
-"""
+    return culler_service_config(
+        prometheus_url,
+        metrics_port,
+        node=NODE,
+        grace=GRACE,
+        keepalive_max_uses=1,
+        keepalive_extends_seconds=6,
+        extra="c.JupyterHub.last_activity_interval = 1",
+    )
 
 
 @pytest.fixture(scope="module")

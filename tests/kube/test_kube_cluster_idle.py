@@ -15,7 +15,9 @@ Each test is one dcgm-exporter setting and one scrape style: the culler warns an
 reclaims the idle servers it has evidence for, never a busy one (nor an idle time-slice
 beside a busy one: its series is the whole GPU's), and reports every server it cannot
 see with its reason: a warning log, ``gpulab_culler_unattributed_servers{reason}`` and
-"idle GPU reclaim is off for this server" in the idle API's view.
+"idle GPU reclaim is off for this server" in the idle API's view. One more test: a busy
+server past its profile's maximum lifetime is warned and reclaimed, a keep-alive on the hub's
+records notwithstanding, while one within its lifetime is kept.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -33,8 +35,9 @@ import yaml
 
 from idle_culler.app import GPUIdleCuller
 from idle_culler.attribution import REASONS
+from idle_culler.plan import CycleSummary
 from spawner.core.catalog import Catalog, catalog_from_dict
-from spawner.core.idle import BUSY
+from spawner.core.idle import BUSY, LIFETIME, KeepaliveRefused
 from spawner.core.sharing import gpu_tolerations, pod_gpu_spec
 from tests.kube.bed.cluster import Cluster
 from tests.kube.bed.dcgm_exporter import ExporterSettings, FakeKubeDCGMExporter
@@ -256,6 +259,15 @@ def expected(setting: str, pod: str, role: str) -> str:
     return "reclaim" if role == "idle" else "keep"
 
 
+async def two_cycles(app: GPUIdleCuller) -> tuple[CycleSummary, CycleSummary]:
+    """A warning cycle, then one after the grace (0 s) is over on the hub's clock too."""
+    first = await app.cycle()
+    await asyncio.sleep(1.1)
+    second = await app.cycle()
+    await app.hub_client.close()
+    return first, second
+
+
 class Lines(logging.Handler):
     """The culler's log lines (its logger does not propagate to pytest's capture)."""
 
@@ -279,15 +291,7 @@ def test_the_culler_reclaims_idle_keeps_busy_and_reports_unattributed_servers(
         app = culler(hub, bed.prometheus[(setting, style)].url, SETTINGS[setting][2])
         log = Lines()
         app.log.addHandler(log)
-
-        async def two_cycles():
-            first = await app.cycle()
-            await asyncio.sleep(1.1)  # the grace (0 s) is over on the hub's clock too
-            second = await app.cycle()
-            await app.hub_client.close()
-            return first, second
-
-        first, second = asyncio.run(two_cycles())
+        first, second = asyncio.run(two_cycles(app))
         want = {p: expected(setting, p, r) for p, r in bed.roles.items()}
         reclaim = sorted(p for p, w in want.items() if w == "reclaim")
         keep = sorted(p for p, w in want.items() if w == "keep")
@@ -311,5 +315,41 @@ def test_the_culler_reclaims_idle_keeps_busy_and_reports_unattributed_servers(
         # The list went to the hub once; the second cycle found it there and sent nothing more.
         sent = [c for c in hub.cycles if "unattributed" in c]
         assert len(sent) == 1 and len(sent[0]["unattributed"]) == len(unattributed)
+    finally:
+        hub.stop()
+
+
+def test_a_busy_server_past_its_lifetime_is_reclaimed_whatever_its_keepalive(bed: Bed, tmp_path: Path):
+    """The same culler code as on one server: the pods started an hour ago; whole-busy's profile
+    allows 30 minutes, mig-busy's a day. Both are busy and both were kept alive (before the
+    lifetime was set: the keep-alives reach an hour ahead on the hub's records)."""
+    extra = [
+        {"slug": "whole-30m", "display_name": "1 H100, 30m", "gpus": 1, "gpu_model": "H100-80GB", "sharing": "whole"},
+        {"slug": "mig-1d", "display_name": "A100 2g, 1d", "gpus": 0.25, "gpu_model": "A100-80GB", "sharing": "mig"},
+    ]
+    catalog = catalog_from_dict({**CATALOG, "profiles": CATALOG["profiles"] + extra})
+    lifetimes = {"whole-30m": "30m", "mig-1d": "1d"}
+    limited = catalog_from_dict(
+        {**CATALOG, "profiles": CATALOG["profiles"] + [{**p, "max_lifetime": lifetimes[p["slug"]]} for p in extra]}
+    )
+    by_pod = {s.pod: s for s in bed.servers}
+    old = replace(by_pod["whole-busy"], profile="whole-30m")
+    young = replace(by_pod["mig-busy"], profile="mig-1d")
+    hub = IdleHubStandin(tmp_path, catalog, on_stop=lambda s: None).start()
+    try:
+        for s in (old, young):
+            hub.add(s)
+            hub.store.keep_alive(s.user, "", s.started, {"team": s.team, "profile": s.profile}, s.user)
+        hub.catalog = limited  # the admin sets the lifetimes now
+        with pytest.raises(KeepaliveRefused, match="cannot extend this server past its maximum lifetime"):
+            hub.store.keep_alive(old.user, "", old.started, {}, old.user, hub.lifetime(old.user))
+        app = culler(hub, bed.prometheus[("virtual-gpus", "honor-labels")].url, True)
+        first, second = asyncio.run(two_cycles(app))
+        assert first.warned == ["whole-busy/"] and first.verdicts["whole-busy/"] == LIFETIME, first
+        assert first.verdicts["mig-busy/"] == BUSY, first.verdicts
+        assert hub.stopped == ["whole-busy"], (second, first.verdicts)
+        assert hub.view("whole-busy")["reclaimed"]["message"].startswith("Your GPU was reclaimed at")
+        assert "maximum lifetime (30m of profile whole-30m)" in hub.view("whole-busy")["reclaimed"]["message"]
+        assert hub.view("mig-busy")["warning"] is None and hub.view("mig-busy")["keepalive"]["used"] == 1
     finally:
         hub.stop()

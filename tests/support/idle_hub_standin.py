@@ -11,7 +11,8 @@ the hub's side as a thread:
 - ``/gpulab/idle/state``, ``/gpulab/idle/cycle`` and ``/gpulab/idle`` (one server's view)
   are answered by gpulab's own :class:`hub_config.domain.idle_store.IdleStore` over an
   SQLite file, so warnings, grants, refusals and the "reclaim is off" reason are the
-  product's;
+  product's (a claim is re-checked with the session's maximum lifetime, as the hub's
+  handler does, from the catalog and the server's start);
 - ``DELETE /users/<u>/server`` calls the test's ``on_stop`` (which deletes the pod, as
   KubeSpawner's stop does) and drops the server from the list.
 """
@@ -33,9 +34,10 @@ from traitlets.config import Config
 from hub_config.domain.idle_store import IdleStore, UnattributedServers
 from hub_config.storage.db import session_factory, utcnow
 from idle_culler.app import GPUIdleCuller
+from idle_culler.targets import parse_time
 from spawner.core.catalog import Catalog
 from spawner.core.grant import GrantedShare
-from spawner.core.idle import KeepalivePolicy
+from spawner.core.idle import KeepalivePolicy, Lifetime, session_lifetime
 from spawner.core.idle_cycle import CycleRecords
 from tests.support.ports import free_port
 
@@ -79,6 +81,14 @@ class IdleHubStandin:
         s = self.servers.get(user)
         with self.store.sessions() as session:
             return self.store.view(session, user, "", s.started if s else "")
+
+    def lifetime(self, user: str) -> Lifetime | None:
+        """The running session's maximum lifetime from the catalog and its start (the hub's rule)."""
+        s = self.servers.get(user)
+        if s is None:
+            return None
+        profile, team = self.catalog.profiles.get(s.profile), self.catalog.teams.get(s.team)
+        return session_lifetime(profile, team, s.milli, parse_time(s.started))
 
     # -- the REST API -----------------------------------------------------------------
 
@@ -136,7 +146,10 @@ class IdleHubStandin:
             def post(self) -> None:
                 body = json.loads(self.request.body)
                 hub.cycles.append(body)
-                self.write_json(hub.store.apply_cycle(CycleRecords.from_json(body), utcnow()))
+                records = CycleRecords.from_json(body)
+                # As the hub's own handler does: each claimed session's lifetime from its catalog.
+                lifetimes = {(c.user, c.server): hub.lifetime(c.user) for c in records.reclaims}
+                self.write_json(hub.store.apply_cycle(records, utcnow(), lifetimes))
 
         return web.Application(
             [

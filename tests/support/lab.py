@@ -57,3 +57,13 @@ def shot_docs(page, name: str, locator=None, failure: bool = False) -> Path:
     path = folder / f"{name}.png"
     (locator or page).screenshot(path=str(path))
     return path
+
+
+def open_gpu_sidebar(page, url: str, user: str, choice: str, profile_label: str):
+    """Log in, start ``choice`` and open the lab's GPU sidebar once it shows ``profile_label``: the panel."""
+    login_and_spawn(page, url, user, choice)
+    page.wait_for_selector(".jp-LabShell", timeout=90_000)
+    page.click('.jp-SideBar [data-id="gpulab-panel"]')
+    panel = page.locator("#gpulab-panel")
+    panel.locator(".gpulab-profile", has_text=profile_label).wait_for()
+    return panel

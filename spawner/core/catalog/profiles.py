@@ -12,7 +12,15 @@ from typing import Any, TypeVar
 
 from spawner.core.model import ImageChoice, Profile
 from spawner.core.priority import BY_SHORT_NAME, PriorityClass, get_priority_class
-from spawner.core.units import format_gpus, parse_cpu, parse_duration, parse_gpus, parse_memory, parse_milli
+from spawner.core.units import (
+    format_gpus,
+    parse_cpu,
+    parse_duration,
+    parse_gpus,
+    parse_lifetime,
+    parse_memory,
+    parse_milli,
+)
 
 from .kube_fields import read_scheduling
 from .reader import KeyPath, Reader, kind
@@ -34,6 +42,7 @@ PROFILE_KEYS = {
     "teams",
     "sharing",
     "idle_timeout",
+    "max_lifetime",
     "retired",
     "tolerations",
     "node_affinity_required",
@@ -88,6 +97,7 @@ def read_profile(r: Reader, spec: Any, path: KeyPath) -> Profile | None:
     teams = r.string_list(d.get("teams"), path + ("teams",))
     check_profile_backend(r, d.get("sharing"), path + ("sharing",))
     idle = r.optional(parse_duration, d, "idle_timeout", path)
+    lifetime = r.optional(parse_lifetime, d, "max_lifetime", path)
     retired = d.get("retired", False)
     if not isinstance(retired, bool):
         r.error(path + ("retired",), f"expected true or false, got {kind(retired)}")
@@ -110,6 +120,7 @@ def read_profile(r: Reader, spec: Any, path: KeyPath) -> Profile | None:
         teams=tuple(teams),
         sharing=d.get("sharing"),
         idle_timeout_seconds=idle,
+        max_lifetime_seconds=lifetime,
         retired=bool(retired),
         tolerations=tolerations,
         node_affinity_required=required,

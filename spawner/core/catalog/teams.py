@@ -7,7 +7,7 @@ from typing import Any
 
 from spawner.core.limits import TEAM_LIMIT_KEYS, read_team_limits
 from spawner.core.model import Team
-from spawner.core.units import format_gpus, parse_duration
+from spawner.core.units import format_gpus, parse_duration, parse_lifetime
 
 from .reader import KeyPath, Reader, kind
 
@@ -22,6 +22,7 @@ TEAM_KEYS = {
     "allowed_profiles",
     "namespace",
     "idle_timeout",
+    "max_lifetime",
     "limits",
 }
 
@@ -85,6 +86,7 @@ def read_team(r: Reader, spec: Any, path: KeyPath, name: str | None = None) -> T
     if namespace is not None:
         namespace = r.slug(namespace, path + ("namespace",), "namespace")
     idle = r.optional(parse_duration, d, "idle_timeout", path)
+    lifetime = r.optional(parse_lifetime, d, "max_lifetime", path)
     limits = read_team_limits(
         d.get("limits"),
         lambda v: r.mapping(v, path + ("limits",), TEAM_LIMIT_KEYS),
@@ -104,5 +106,6 @@ def read_team(r: Reader, spec: Any, path: KeyPath, name: str | None = None) -> T
         allowed_profiles=allowed,
         namespace=namespace,
         idle_timeout_seconds=idle,
+        max_lifetime_seconds=lifetime,
         limits=limits,
     )

@@ -34,6 +34,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         d["sharing"] = p.sharing
     if p.idle_timeout_seconds is not None:
         d["idle_timeout"] = format_duration(p.idle_timeout_seconds)
+    if p.max_lifetime_seconds is not None:
+        d["max_lifetime"] = format_duration(p.max_lifetime_seconds)
     if p.retired:
         d["retired"] = True
     for key in ("tolerations", "node_affinity_required", "node_affinity_preferred"):
@@ -60,6 +62,8 @@ def team_to_dict(t: Team) -> dict[str, Any]:
         d["namespace"] = t.namespace
     if t.idle_timeout_seconds is not None:
         d["idle_timeout"] = format_duration(t.idle_timeout_seconds)
+    if t.max_lifetime_seconds is not None:
+        d["max_lifetime"] = format_duration(t.max_lifetime_seconds)
     if not t.limits.empty:
         d["limits"] = team_limits_to_dict(t.limits)
     return d
