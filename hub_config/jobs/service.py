@@ -69,6 +69,9 @@ class JobService:
         self.owner_accounts = self.accounts.enabled or self.runtime.user_accounts
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        #: Jobs recorded as queued whose notebook is still being kept (:meth:`keep_input`):
+        #: no backend starts them before their copy exists.
+        self.preparing: set[int] = set()
         #: How the users' homes are read: as their owners, or by the hub itself (chosen once).
         self.homes: Homes = (OwnerHomes if self.owner_accounts else HubHomes)(self.settings, self.accounts, config)
         self.backend = self._make_backend()
@@ -373,6 +376,7 @@ class JobService:
                 s.commit()
             raise JobSpecError(decision.reason or "quota changed while admitting; submit again", 409)
         source = jobspec.kept_input_path(rerun_of.output_path) if rerun_of is not None else sub.notebook
+        self.preparing.add(rec.id)
         try:
             await self.keep_input(rec, source)
         except JobSpecError:  # nothing of the job stays: neither its share nor its record
@@ -381,6 +385,8 @@ class JobService:
                 s.delete(s.get(JobRecord, rec.id))
                 s.commit()
             raise
+        finally:
+            self.preparing.discard(rec.id)
         log.info(
             "gpulab jobs: job %d (%s, %s) by %s admitted in team %s: %d milli-GPU, %s",
             rec.id,

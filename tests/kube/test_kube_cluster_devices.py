@@ -39,6 +39,23 @@ def bare_pod(name: str, gpus: int = 0, cpu: str | None = None, **spec) -> dict:
     }
 
 
+def fill_node(kube: Cluster, ns: str, name: str, node: str, gpus: int) -> None:
+    """A pod bound to ``node`` holding ``gpus`` GPUs, Running. The devices of an earlier test's
+    pods are released by the node's kubelet after the API has forgotten those pods (as a real
+    kubelet frees them once their containers are gone), so a pod the kubelet rejects for them
+    (``OutOfnvidia.com/gpu``) is made again, as a controller would, until one runs."""
+    deadline = time.monotonic() + 60
+    while True:
+        kube.create(f"/api/v1/namespaces/{ns}/pods", bare_pod(name, gpus, nodeName=node))
+        pod = kube.wait_pod(ns, name, lambda p: p["status"].get("phase") in ("Running", "Failed"))
+        if pod["status"]["phase"] == "Running":
+            return
+        reason = pod["status"].get("reason", "")
+        assert reason.startswith("OutOf") and time.monotonic() < deadline, (reason, pod["status"].get("message"))
+        wait_gone(kube, ns, [name])
+        time.sleep(0.5)
+
+
 def wait_gone(kube: Cluster, ns: str, names: list[str]) -> None:
     for name in names:
         kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=0")
@@ -195,8 +212,7 @@ def test_whole_gpu_pods_never_land_on_the_hami_node(kube: Cluster):
 
     ns = kube.namespace("pools")
     for node in ("gpu-h100-whole-1", "gpu-h100-whole-2"):
-        kube.create(f"/api/v1/namespaces/{ns}/pods", bare_pod(f"full-{node}", 8, nodeName=node))
-        kube.wait_pod(ns, f"full-{node}", "Running")
+        fill_node(kube, ns, f"full-{node}", node, 8)
     catalog = catalog_from_dict(
         {
             "sharing": {"backend": "whole"},

@@ -338,7 +338,15 @@ class LocalJobBackend(JobConfinement, JobBackend):
     def _schedule(self) -> None:
         active = self.service.active_jobs(self.name)
         # A job whose runner already runs (its start not yet recorded) is not started again.
-        waiting = [r for r in active if r.state == jobspec.QUEUED and r.id not in self.busy and r.id not in self.pids]
+        # Nor one whose notebook is still being kept: it would run the notebook as it is then.
+        waiting = [
+            r
+            for r in active
+            if r.state == jobspec.QUEUED
+            and r.id not in self.busy
+            and r.id not in self.pids
+            and r.id not in self.service.preparing
+        ]
         waiting.sort(key=lambda r: (-jobspec.priority_for(r.job_class).rank, r.id))
         # Runners alive per user (running, or on their way out after a preemption).
         running: dict[str, int] = {}
