@@ -72,8 +72,11 @@ class UtilisationSource(LoggingConfigurable):
     async def collect(
         self, targets: list[ServerTarget], now: float, windows: Mapping[str, float]
     ) -> dict[str, list[DeviceSeries | DeviceSummary]]:
-        """Samples (or summaries) per server key; ``windows`` maps each key to its idle window."""
-        raise NotImplementedError
+        """Samples (or summaries) per server key; ``windows`` maps each key to its idle window.
+
+        Every source overrides it (a traitlets class cannot also be an ``abc.ABC``: their
+        metaclasses differ), so the base raises for a source that forgot to."""
+        raise NotImplementedError(f"{type(self).__name__} does not collect utilisation")
 
     def kernel_holders(self, target: ServerTarget) -> list[dict]:
         """Kernels of ``target`` holding GPU memory (only sources with per-process data)."""

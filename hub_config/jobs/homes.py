@@ -12,6 +12,7 @@ file that cannot be read is a sentence with its status (:func:`refusal`).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import os
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from spawner.local.accounts import AccountError, AccountRefused, UserAccounts
 from spawner.local.mediator_client import MediatorBusy, MediatorError, MediatorTimeout
 
 
-class Homes:
+class Homes(abc.ABC):
     """Where each user's home is, and how its files are read."""
 
     def __init__(self, settings: GPULabJobs, accounts: UserAccounts, config: Any = None):
@@ -46,17 +47,17 @@ class Homes:
             return Path(template.format(username=user))
         return Path(os.path.expanduser(f"~{user}"))
 
+    @abc.abstractmethod
     async def read(
         self, user: str, path: Path, offset: int = 0, limit: int = 0, max_size: int | None = None
     ) -> home_files.Found:
         """What is at ``path`` in ``user``'s home; raises :class:`JobSpecError` (a sentence)
         when it cannot be asked at all."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def keep_copy(self, user: str, source: Path, target: Path, max_size: int) -> tuple[home_files.Found, bool]:
         """Copy ``source`` to the new file ``target`` in ``user``'s home, as its owner where there is
         one (:func:`spawner.local.home_files.copy_to_new_file`): ``(what was found, whether made)``."""
-        raise NotImplementedError
 
 
 class HubHomes(Homes):

@@ -6,7 +6,7 @@ import { profileChoice as profile } from './fakeClient';
 
 const GUARANTEE_FULL =
   'team vision holds 0.5 of its 0.5 GPU guarantee; this work is never admitted over quota and needs 1';
-const TODO =
+const WHAT_TO_DO =
   'Start 0.25 × H100, which fits now, stop your default server, which holds 0.5 GPU of team vision’s GPUs, or ask an admin about team vision’s quota.';
 
 /** 1 × H100 fits a batch job (above the guarantee) but not a training job. */
@@ -15,7 +15,7 @@ const burstOnly = profile('h100-1', 1000, {
   over_quota: true,
   job_classes: {
     batch: { available: true, over_quota: true, reason: '', todo: '' },
-    training: { available: false, over_quota: false, reason: GUARANTEE_FULL, todo: TODO }
+    training: { available: false, over_quota: false, reason: GUARANTEE_FULL, todo: WHAT_TO_DO }
   }
 });
 /** Nothing fits 2 × H100 now. */
@@ -70,7 +70,7 @@ describe('the dialog keeps the choice and says when it stops fitting', () => {
       fits: false,
       overQuota: false,
       reason: GUARANTEE_FULL,
-      todo: TODO,
+      todo: WHAT_TO_DO,
       batchFits: true
     });
   });

@@ -26,6 +26,7 @@ Plain asyncio: no tornado, no JupyterHub.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import base64
 import binascii
@@ -69,7 +70,7 @@ def _whole(value: Any, lo: int = 0) -> int:
     return value
 
 
-class MediatorClient:
+class MediatorClient(abc.ABC):
     """Runs the mediator as an account and exchanges one request for one answer (see the module)."""
 
     #: How the mediator reaches the account, in words (error messages).
@@ -80,13 +81,13 @@ class MediatorClient:
         self.timeout = timeout
         self.max_pending = max_pending
 
+    @abc.abstractmethod
     def command(self, account: str) -> tuple[list[str], dict[str, Any]]:
         """The argument list that runs the mediator as ``account``, and extra ``Popen`` arguments."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def stop(self, proc: asyncio.subprocess.Process) -> None:
         """End a mediator that missed its deadline (the account may have stopped it)."""
-        raise NotImplementedError
 
     async def call(
         self,
