@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("spawner", "hub_config", "idle_culler", "labextension")
+PACKAGES = ("spawner", "hub_config", "idle_culler", "labextension", "gpulab_run")
 CORE = "spawner.core"
 #: The rooms by path, and the gpulab rooms each may import (its own always included).
 ROOMS: dict[str, frozenset[str]] = {
@@ -44,6 +44,8 @@ ROOMS: dict[str, frozenset[str]] = {
     "idle_culler": frozenset({CORE, "spawner.local"}),
     "labextension": frozenset({CORE, "spawner.local"}),
     "hub_config": frozenset({CORE, "spawner", "spawner.local", "spawner.kube"}),
+    # What a job's own code imports (its metrics, its parameters): the standard library only.
+    "gpulab_run": frozenset(),
 }
 #: What the core may import that is not the standard library: PyYAML, to read catalog
 #: text with the line of every node (``spawner/core/catalog/yaml_text.py``).

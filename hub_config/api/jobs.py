@@ -64,6 +64,16 @@ class JobsBase(GPULabAPIHandler):
             raise web.HTTPError(404, f"no job {job_id[:20]}")
         return rec
 
+    def submitting_user(self, what: str) -> Any:
+        """The user submitting ``what`` (jobs, sweeps): a user's token holding the jobs scope for itself."""
+        self.require_any_jobs_scope()
+        user = self.current_user
+        if getattr(user, "kind", "user") != "user":
+            raise web.HTTPError(400, f"{what} are submitted with a user's token")
+        if not self.has_scope(JOBS, user.name):
+            raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {JOBS}")
+        return user
+
     def groups_of(self, user_name: str) -> list[str]:
         return user_groups(self.find_user(user_name))
 
@@ -93,12 +103,7 @@ class JobsHandler(JobsBase):
         self.write_json({"jobs": [r.to_json() for r in records]})
 
     async def post(self) -> None:
-        self.require_any_jobs_scope()
-        user = self.current_user
-        if getattr(user, "kind", "user") != "user":
-            raise web.HTTPError(400, "jobs are submitted with a user's token")
-        if not self.has_scope(JOBS, user.name):
-            raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {JOBS}")
+        user = self.submitting_user("jobs")
         body = self.read_json(MAX_SUBMIT_BYTES)
         try:
             rec, created = await self.jobs.create_job(user.name, user_groups(user), body)

@@ -17,6 +17,7 @@ from hub_config.api import devices as devices_api
 from hub_config.api import idle as idle_api
 from hub_config.api import jobs as jobs_api
 from hub_config.api import me as me_api
+from hub_config.api import sweeps as sweeps_api
 from hub_config.api import whatif as whatif_api
 from hub_config.config import runtime, scopes
 from hub_config.domain import metrics
@@ -39,6 +40,7 @@ def gpulab_handlers() -> list[tuple[str, type]]:
         *devices_api.handlers,
         *idle_api.handlers,
         *jobs_api.handlers,
+        *sweeps_api.handlers,
         *whatif_api.handlers,
         *admin_page.handlers,
     ]

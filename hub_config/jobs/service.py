@@ -28,9 +28,11 @@ from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.homes import Homes, HubHomes, OwnerHomes, refusal
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
+from hub_config.jobs.sweeps import SweepScheduler
 from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
 from spawner.core import jobspec
 from spawner.core.jobspec import FINAL_STATES, RERUN_CHOICES, RERUN_KEPT, JobSpecError, Submission
+from spawner.core.jobstates import AdmissionRefused
 from spawner.core.ledger import RESERVED, RUNNING, Workload
 from spawner.core.policy import PolicyError, SpawnRequest, resolve_request
 from spawner.local import home_files
@@ -75,6 +77,8 @@ class JobService:
         #: How the users' homes are read: as their owners, or by the hub itself (chosen once).
         self.homes: Homes = (OwnerHomes if self.owner_accounts else HubHomes)(self.settings, self.accounts, config)
         self.backend = self._make_backend()
+        #: Parameter sweeps: each run a job of this service, admitted by the same ledger.
+        self.sweeps = SweepScheduler(self)
 
     # -- configuration ------------------------------------------------------
 
@@ -109,15 +113,17 @@ class JobService:
         except Exception:  # keep serving: the ticks still reconcile what they can
             log.exception("gpulab jobs: recovering jobs after the restart failed")
         while True:
-            try:
-                await self.backend.tick()
-            except Exception as e:
-                failure = storage_failure(e, database_file(self.config))
-                if failure is not None:  # the next tick does what this one could not record
-                    log.warning("gpulab jobs: the jobs wait: %s", failure)
-                else:
-                    log.exception("gpulab jobs: backend tick failed")
+            # Cleared before the ticks: a wake during one (a job submitted, a sweep's run ended) ticks again.
             self._wake.clear()
+            for what, tick in (("backend", self.backend.tick), ("sweeps", self.sweeps.tick)):
+                try:
+                    await tick()
+                except Exception as e:
+                    failure = storage_failure(e, database_file(self.config))
+                    if failure is not None:  # the next tick does what this one could not record
+                        log.warning("gpulab jobs: the jobs wait: %s", failure)
+                    else:
+                        log.exception("gpulab jobs: %s tick failed", what)
             try:
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
             except asyncio.TimeoutError:
@@ -190,7 +196,7 @@ class JobService:
 
     # -- submitting ---------------------------------------------------------
 
-    async def _validate(
+    async def validate(
         self, user: str, groups: Iterable[str], body: dict[str, Any], check_notebook: bool = True
     ) -> Submission:
         unknown = sorted(str(k)[:40] for k in body if k not in SUBMIT_KEYS)
@@ -294,11 +300,15 @@ class JobService:
         groups: Iterable[str],
         body: dict[str, Any],
         rerun_of: JobRecord | None = None,
+        run_parameters: Mapping[str, Any] | None = None,
     ) -> tuple[JobRecord, bool]:
         """Validate, admit and record a job, and keep its notebook; ``(record, created)``.
-        ``rerun_of``: the job whose kept notebook this one runs again. Raises :class:`JobSpecError`."""
+        ``rerun_of``: the job whose kept notebook this one runs again. ``run_parameters``: a sweep
+        run's parameters, recorded (and in ``GPULAB_JOB_PARAMETERS``) for a script too, whose
+        arguments carry them. Raises :class:`JobSpecError` (:class:`AdmissionRefused` when the
+        ledger has no share for it now)."""
         groups = list(groups)
-        sub = await self._validate(user, groups, body, check_notebook=rerun_of is None)
+        sub = await self.validate(user, groups, body, check_notebook=rerun_of is None)
         full = self.runtime.disk_full()
         if full is not None:  # before anything is written
             raise JobSpecError(full, 507)
@@ -320,7 +330,7 @@ class JobService:
         decision = ledger.admit(request.team.name, user, milli, may_burst=may_burst, members=sub.nodes)
         if not decision.allowed:
             log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, decision.reason)
-            raise JobSpecError(decision.reason, 403)
+            raise AdmissionRefused(decision.reason, 403)
         stamp = utcnow().strftime("%Y%m%d-%H%M%S")
         with self.db() as s:
             rec = JobRecord(
@@ -338,7 +348,7 @@ class JobService:
                 nodes=sub.nodes,
                 output_path="",
                 log_path="",
-                parameters_json=json.dumps(dict(sub.parameters)),
+                parameters_json=json.dumps(dict(sub.parameters) if run_parameters is None else dict(run_parameters)),
                 time_limit_seconds=sub.time_limit_seconds,
                 idempotency_key=sub.idempotency_key,
                 rerun_of=rerun_of.id if rerun_of is not None else None,
@@ -374,7 +384,7 @@ class JobService:
             with self.db() as s:
                 s.delete(s.get(JobRecord, rec.id))
                 s.commit()
-            raise JobSpecError(decision.reason or "quota changed while admitting; submit again", 409)
+            raise AdmissionRefused(decision.reason or "quota changed while admitting; submit again", 409)
         source = jobspec.kept_input_path(rerun_of.output_path) if rerun_of is not None else sub.notebook
         self.preparing.add(rec.id)
         try:
@@ -466,6 +476,8 @@ class JobService:
                 ledger.adopt(replace(w, state=RESERVED))
         elif state in FINAL_STATES:
             ledger.release(key)
+            if changed:  # its share is free: a sweep may admit its next run now
+                self.wake()
         if changed:
             log.info("gpulab jobs: job %d -> %s%s", job_id, state, f" ({reason})" if reason else "")
         return rec

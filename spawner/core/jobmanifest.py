@@ -21,6 +21,7 @@ from .labels import KUEUE_QUEUE_NAME
 from .priority import cluster_priority_class_name, effective_priority_class
 from .servers_pod import ServersPodSettings, apply_servers_pod_settings
 from .sharing import NO_GPU_ENV, with_shm
+from .sweeps import metrics_path
 
 #: A notebook's container command: papermill reads the parameters (JSON is YAML) from an
 #: environment variable; :func:`spawner.core.jobprogram.kube_shell` says why a shell stays PID 1.
@@ -207,6 +208,10 @@ def _job_container(req: KubeJobRequest, gpu: Any, home: str) -> dict[str, Any]:
         env.append({"name": "GPULAB_CHECKPOINT_DIR", "value": f"{home.rstrip('/')}/{req.checkpoint_path}"})
     env += [
         {"name": "GPULAB_LOG", "value": req.log_path},
+        # What the run reports (gpulab_run.log_metrics writes it; a sweep reads it back), and its
+        # parameters as JSON for either kind (a sweep run's script gets them as arguments too).
+        {"name": "GPULAB_METRICS_FILE", "value": f"{home.rstrip('/')}/{metrics_path(req.log_path)}"},
+        {"name": "GPULAB_JOB_PARAMETERS", "value": json.dumps(dict(req.parameters))},
         {"name": "GPULAB_JOB_ID", "value": str(req.job_id)},
         {"name": "GPULAB_JOB_CLASS", "value": req.job_class},
         {"name": "GPULAB_PREEMPTIBLE", "value": "1" if req.job_class == "batch" or req.over_quota else "0"},

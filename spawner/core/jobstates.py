@@ -59,3 +59,8 @@ def kept_input_path(output_path: str) -> str:
     """The job's own copy of its notebook as submitted, beside its output and log:
     ``<dir>/runs/<name>-<stamp>.input.ipynb``. The job runs this copy, and Re-run runs it again."""
     return output_path.removesuffix(".ipynb") + KEPT_INPUT_SUFFIX
+
+
+class AdmissionRefused(JobSpecError):
+    """The ledger has no share for the job now (its team's quota, the free GPUs): a submission is
+    refused with the ledger's words; a sweep's run waits and is tried again."""

@@ -18,6 +18,7 @@ from hub_config.domain.idle_records import IdleEventRow, IdleWarningRow, Keepali
 from hub_config.domain.usage import jobs_by_state, reclaim_figures
 from hub_config.domain.usage_records import UsageInterval
 from hub_config.jobs.models import JobRecord
+from hub_config.jobs.sweep_models import SweepRecord, SweepRunRecord  # noqa: F401  (the sweeps tables)
 from hub_config.storage import migrate
 from hub_config.storage.db import Base, session_factory
 from tests.support import REPO

@@ -19,6 +19,7 @@ from spawner.core import jobspec
 from spawner.core.env import gpu_env
 from spawner.core.jobprogram import processes_per_node
 from spawner.core.packer import GPUDevice
+from spawner.core.sweeps import metrics_path
 from spawner.local import home_files
 
 #: The module the runner runs as.
@@ -48,6 +49,8 @@ def runner_env(
             "GPULAB_JOB_CLASS": rec.job_class,
             "GPULAB_JOB_PARAMETERS": json.dumps(rec.parameters),
             "GPULAB_JOB_ARGS": json.dumps(rec.args),
+            # What the job reports (gpulab_run.log_metrics writes it; a sweep reads it back).
+            "GPULAB_METRICS_FILE": str(home / metrics_path(rec.log_path)),
             "GPULAB_TORCHRUN": json.dumps(list(launcher)),
             # A batch job is always preemptible here, whatever its quota.
             "GPULAB_PREEMPTIBLE": "1" if rec.job_class == "batch" or rec.over_quota else "0",
