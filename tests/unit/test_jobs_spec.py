@@ -208,11 +208,14 @@ def test_openapi_document_lists_every_endpoint():
 
     import yaml
 
-    from hub_config.api import jobs
+    from hub_config.api import jobs, sweeps
 
     doc = yaml.safe_load((REPO / "docs" / "jobs-openapi.yaml").read_text())
     documented = set(doc["paths"])
-    served = {re.sub(r"\(\[\^/\]\+\)", "{id}", pattern).replace("/api/gpulab", "") for pattern, _ in jobs.handlers}
+    served = {
+        re.sub(r"\(\[\^/\]\+\)", "{id}", pattern).replace("/api/gpulab", "")
+        for pattern, _ in [*jobs.handlers, *sweeps.handlers]
+    }
     assert documented == served
 
 
