@@ -7,6 +7,8 @@ import {
   IMe,
   ISession,
   IStopState,
+  ISweep,
+  ISweepRequest,
   RerunNotebook
 } from './types';
 
@@ -50,6 +52,18 @@ export const api = {
   stopServer: () => requestAPI<IStopState>('stop', { method: 'POST', body: '{}' }),
   /** The last stop request of this server, or null. */
   stopState: () => requestAPI<IStopState | null>('stop'),
+  /** The user's sweeps, newest first, without their runs. */
+  sweeps: async (): Promise<ISweep[]> =>
+    (await requestAPI<{ sweeps: ISweep[] }>('hub/sweeps')).sweeps,
+  /** One sweep with every run: parameters, state, metrics, the best run. */
+  sweep: (id: number) => requestAPI<ISweep>(`hub/sweeps/${encodeURIComponent(String(id))}`),
+  submitSweep: (request: ISweepRequest) =>
+    requestAPI<ISweep>('hub/sweeps', { method: 'POST', body: JSON.stringify(request) }),
+  cancelSweep: (id: number) =>
+    requestAPI<ISweep>(`hub/sweeps/${encodeURIComponent(String(id))}/cancel`, {
+      method: 'POST',
+      body: '{}'
+    }),
   output: (id: string | number) =>
     requestAPI<Record<string, unknown>>(`hub/jobs/${encodeURIComponent(String(id))}/output`)
 };

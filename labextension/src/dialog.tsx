@@ -2,7 +2,8 @@
  * "Run as GPU job": the form (notebook or script, name and time limit, job class, team,
  * profile with what a job of that class would get now, parameters from the
  * notebook's `parameters` cell, or a script's arguments and, for training, its nodes
- * with their total "2 × 8 H100 = 16 GPUs") and the submit loop that shows the API's
+ * with their total "2 × 8 H100 = 16 GPUs"), optionally a sweep's grid (each
+ * combination a run of its own, at most N at once) and the submit loop that shows the API's
  * errors in the dialog. The profile starts as the last one used for a job
  * (kept in the browser's local storage, per hub user), else the server's own,
  * when it fits now. After that the dialog never changes a choice: a choice
@@ -27,7 +28,16 @@ import {
   parameterText
 } from './logic';
 import { trapFocus } from './modal';
-import { IJob, IMe, ITeamView, JobClass } from './types';
+import {
+  buildSweepRequest,
+  EMPTY_SWEEP,
+  gridRuns,
+  isSweep,
+  ISweepForm,
+  parseGrid,
+  sweepErrors
+} from './sweepLogic';
+import { IJob, IMe, ISweep, ITeamView, JobClass } from './types';
 
 const CLASSES = [
   {
@@ -65,13 +75,18 @@ function invalid(id: string, text: string | undefined) {
 interface IJobDialogProps {
   me: IMe;
   initial: IJobForm;
-  /** Send the form (as `jobClass` when given); resolves to the hub's refusal, or null once submitted. */
-  submit: (form: IJobForm) => Promise<string | null>;
+  /** Send the form (a sweep when a grid was typed); resolves to the hub's refusal, or null once submitted. */
+  submit: (form: IJobForm, sweep: ISweepForm) => Promise<string | null>;
   cancel: () => void;
 }
 
 function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.Element {
   const [form, setForm] = useState<IJobForm>(initial);
+  const [sweep, setSweep] = useState<ISweepForm>(EMPTY_SWEEP);
+  const updateSweep = (patch: Partial<ISweepForm>) => setSweep(s => ({ ...s, ...patch }));
+  const sweeping = isSweep(sweep);
+  const sweepProblems = sweepErrors(sweep);
+  const runs = sweeping ? gridRuns(parseGrid(sweep.grid).grid) : 0;
   const [refusal, setRefusal] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
   // Field errors show once a field was left or Submit was pressed, not while the user types the first time.
@@ -85,6 +100,7 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
   const visible = (key: string): string | undefined =>
     shown.has(key) || shown.has('*') ? errors[key as keyof FieldErrors] : undefined;
   const touch = (key: string) => setShown(s => new Set(s).add(key));
+  const gridError = shown.has('grid') || shown.has('*') ? sweepProblems.grid : undefined;
   const script = isScript(form.notebook);
   const chosen = profiles.find(p => p.slug === form.profile);
   const nodes = Number(form.nodes ?? '1');
@@ -105,7 +121,7 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
 
   const send = async (jobClass: JobClass) => {
     const next = { ...form, jobClass };
-    const problems = fieldErrors(next);
+    const problems = { ...fieldErrors(next), ...sweepErrors(sweep) };
     if (Object.keys(problems).length > 0) {
       setShown(new Set(['*']));
       const first = Object.keys(problems)[0];
@@ -120,7 +136,7 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
     }
     setBusy(true);
     setForm(next);
-    const refused = await submit(next);
+    const refused = await submit(next, sweep);
     setBusy(false);
     setRefusal(refused);
   };
@@ -401,6 +417,77 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
               </button>
             </fieldset>
           )}
+          <details className="gpulab-field gpulab-sweep-fields" open={sweeping}>
+            <summary>Sweep: run it once per combination of parameter values</summary>
+            <label className="gpulab-field">
+              <span>
+                Grid, one parameter per line{' '}
+                {script ? '(passed as --name value)' : '(over the parameters above)'}
+              </span>
+              <textarea
+                className="jp-mod-styled gpulab-grid"
+                name="grid"
+                rows={3}
+                value={sweep.grid}
+                placeholder={'lr = 0.0001, 0.0003, 0.001\nseed = 0, 1'}
+                onChange={e => updateSweep({ grid: e.target.value })}
+                onBlur={() => touch('grid')}
+                aria-describedby="gpulab-grid-runs"
+                {...invalid('gpulab-err-grid', gridError)}
+              />
+              <span
+                id="gpulab-grid-runs"
+                className="gpulab-muted gpulab-grid-runs"
+                aria-live="polite"
+              >
+                {sweeping && !sweepProblems.grid
+                  ? `${runs} run${runs === 1 ? '' : 's'}, each a ${form.jobClass} job of its own`
+                  : 'Empty: one job.'}
+              </span>
+              <FieldError id="gpulab-err-grid" text={gridError} />
+            </label>
+            {sweeping && (
+              <div className="gpulab-row">
+                <label className="gpulab-field gpulab-time-limit">
+                  <span>At most … at once</span>
+                  <input
+                    className="jp-mod-styled"
+                    name="max_parallel"
+                    type="number"
+                    min={1}
+                    step={1}
+                    value={sweep.maxParallel}
+                    placeholder={String(Math.min(runs || 1, 4))}
+                    onChange={e => updateSweep({ maxParallel: e.target.value })}
+                    {...invalid('gpulab-err-parallel', sweepProblems.max_parallel)}
+                  />
+                  <FieldError id="gpulab-err-parallel" text={sweepProblems.max_parallel} />
+                </label>
+                <label className="gpulab-field gpulab-grow">
+                  <span>Best run by metric (optional)</span>
+                  <input
+                    className="jp-mod-styled"
+                    name="objective"
+                    value={sweep.metric}
+                    placeholder="loss"
+                    onChange={e => updateSweep({ metric: e.target.value })}
+                  />
+                </label>
+                <label className="gpulab-field">
+                  <span>Better</span>
+                  <select
+                    className="jp-mod-styled"
+                    name="direction"
+                    value={sweep.direction}
+                    onChange={e => updateSweep({ direction: e.target.value as 'min' | 'max' })}
+                  >
+                    <option value="min">lower</option>
+                    <option value="max">higher</option>
+                  </select>
+                </label>
+              </div>
+            )}
+          </details>
         </form>
       </div>
       <div className="jp-Dialog-footer">
@@ -429,7 +516,7 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
             aria-describedby={status.fits ? undefined : STATUS_ID}
             onClick={() => void send(form.jobClass)}
           >
-            {busy ? 'Submitting…' : 'Submit job'}
+            {busy ? 'Submitting…' : sweeping ? `Submit sweep (${runs} runs)` : 'Submit job'}
           </button>
         </div>
       </div>
@@ -518,15 +605,27 @@ export function initialForm(
  * Show the dialog until the job is submitted or the user cancels. Problems in
  * the form are said at their fields; what the hub refuses, at the top.
  */
-export function runJobDialog(me: IMe, form: IJobForm): Promise<IJob | null> {
+export function runJobDialog(me: IMe, form: IJobForm): Promise<IJob | ISweep | null> {
   return new Promise(resolve => {
     let dialog: JobDialog | null = null;
-    const close = (job: IJob | null) => {
+    const close = (job: IJob | ISweep | null) => {
       dialog?.dispose();
       dialog = null;
       resolve(job);
     };
-    const submit = async (f: IJobForm): Promise<string | null> => {
+    const submit = async (f: IJobForm, sweep: ISweepForm): Promise<string | null> => {
+      if (isSweep(sweep)) {
+        const built = buildSweepRequest(f, sweep);
+        if (built.request === null) {
+          return built.errors.join(' ');
+        }
+        try {
+          close(await api.submitSweep(built.request));
+          return null;
+        } catch (e) {
+          return `The hub refused the sweep: ${e instanceof Error ? e.message : String(e)}`;
+        }
+      }
       const built = buildJobRequest(f);
       if (built.request === null) {
         return built.errors.join(' ');

@@ -4,8 +4,8 @@
  * - `gpulab-labextension:status`: the one status model all views share
  *   ({@link IGpuStatus}: one Lumino poll for session, quota, idle state, jobs);
  * - `gpulab-labextension:sidebar`: the left "GPU" panel (session, idle policy,
- *   "Stop server and release GPU", quota, idle warning, jobs) and the job
- *   log / output commands;
+ *   "Stop server and release GPU", quota, idle warning, jobs, sweeps as tables)
+ *   and the job log / output commands;
  * - `gpulab-labextension:run-as-job`: the "Run as GPU job" command and dialog
  *   (it remembers the last team and profile in the browser's local storage);
  * - `gpulab-labextension:launcher`: a Launcher card in a "GPU" category;
@@ -30,6 +30,7 @@ import idlePlugins, { keep } from './idle';
 import { keepAliveState, notebookParameters } from './logic';
 import { JobLogWidget } from './logs';
 import { GpuStatusModel } from './model';
+import { SweepsModel } from './sweepsModel';
 import { confirmStop, GPUPanel, releasedWords } from './panel';
 import { announceStopped } from './stopped';
 import { IGpuStatus } from './tokens';
@@ -85,19 +86,24 @@ const sidebar: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   requires: [IGpuStatus],
   activate: (app: JupyterFrontEnd, model: GpuStatusModel) => {
-    const panel = new GPUPanel(model, {
-      runAsJob: () => void app.commands.execute(CommandIDs.runAsJob, {}),
-      openLogs: (job: IJob) => {
-        const content = new JobLogWidget(job);
-        const widget = new MainAreaWidget({ content });
-        widget.id = `gpulab-logs-${String(job.id)}`;
-        widget.title.label = `Log: ${job.name || PathExt.basename(job.notebook)} #${String(job.id)}`;
-        widget.title.icon = gpuIcon;
-        widget.title.closable = true;
-        app.shell.add(widget, 'main');
+    const sweeps = new SweepsModel({ client: api });
+    const panel = new GPUPanel(
+      model,
+      {
+        runAsJob: () => void app.commands.execute(CommandIDs.runAsJob, {}),
+        openLogs: (job: IJob) => {
+          const content = new JobLogWidget(job);
+          const widget = new MainAreaWidget({ content });
+          widget.id = `gpulab-logs-${String(job.id)}`;
+          widget.title.label = `Log: ${job.name || PathExt.basename(job.notebook)} #${String(job.id)}`;
+          widget.title.icon = gpuIcon;
+          widget.title.closable = true;
+          app.shell.add(widget, 'main');
+        },
+        openOutput: (job: IJob) => openOutput(app, job)
       },
-      openOutput: (job: IJob) => openOutput(app, job)
-    });
+      sweeps
+    );
     app.shell.add(panel, 'left', { rank: 650 });
     model.stopChanged.connect((_, stop) => {
       if (stop?.state === 'stopping') {
@@ -109,8 +115,8 @@ const sidebar: JupyterFrontEndPlugin<void> = {
       execute: () => app.shell.activateById(panel.id)
     });
     app.commands.addCommand(CommandIDs.refreshJobs, {
-      label: 'Refresh GPU jobs',
-      execute: () => model.refresh()
+      label: 'Refresh GPU jobs and sweeps',
+      execute: () => Promise.all([model.refresh(), sweeps.refresh()])
     });
   }
 };

@@ -1,7 +1,7 @@
 /**
  * The left sidebar "GPU" panel: this session's GPU (by the profile's name),
  * its utilisation and idle policy, "Stop server and release GPU", the team's
- * quota, any idle warning with "Keep my GPU", and the user's jobs.
+ * quota, any idle warning with "Keep my GPU", the user's jobs and sweeps.
  *
  * The panel draws what {@link GpuStatusModel} holds and re-renders on its
  * signals; it keeps no timer of its own.
@@ -17,6 +17,8 @@ import { formatCountdown, formatGPUs, keepAliveState, quotaSegments, sparklinePa
 import { reclaimedMessage, reclaimFromWarning, warnedLifetime } from './idleLogic';
 import { GpuStatusModel } from './model';
 import { announceStopFailed, announceStopRequested, hubHome } from './stopped';
+import { SweepsSection } from './sweeps';
+import { SweepsModel } from './sweepsModel';
 import { IIdleState, ISession, ITeamView } from './types';
 import { reclaimOffText, sessionProfile, sessionTeam } from './viewLogic';
 
@@ -197,9 +199,11 @@ export async function confirmStop(
 
 function GPUPanelView({
   model,
+  sweeps,
   actions
 }: {
   model: GpuStatusModel;
+  sweeps: SweepsModel | null;
   actions: IPanelActions;
 }): JSX.Element {
   const [status, setStatus] = useState('');
@@ -351,6 +355,7 @@ function GPUPanelView({
           reload={() => model.refresh()}
         />
       </section>
+      {sweeps && <SweepsSection model={sweeps} actions={actions} report={setStatus} />}
     </div>
   );
 }
@@ -359,7 +364,8 @@ function GPUPanelView({
 export class GPUPanel extends ReactWidget {
   constructor(
     private readonly _model: GpuStatusModel,
-    private readonly _actions: IPanelActions
+    private readonly _actions: IPanelActions,
+    private readonly _sweeps: SweepsModel | null = null
   ) {
     super();
     this.id = 'gpulab-panel';
@@ -368,9 +374,10 @@ export class GPUPanel extends ReactWidget {
     this.title.caption = 'GPU: session, quota and jobs';
     _model.changed.connect(this.update, this);
     _model.ticked.connect(this.update, this);
+    _sweeps?.changed.connect(this.update, this);
   }
 
   render(): JSX.Element {
-    return <GPUPanelView model={this._model} actions={this._actions} />;
+    return <GPUPanelView model={this._model} sweeps={this._sweeps} actions={this._actions} />;
   }
 }

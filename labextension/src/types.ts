@@ -197,3 +197,64 @@ export interface IStopState {
   message: string;
   status?: number;
 }
+
+/** A parameter value of a sweep's run. */
+export type SweepValue = string | number | boolean;
+
+/** A run's state: `waiting` (not admitted yet), then its job's. */
+export type SweepRunState = JobState | 'waiting';
+
+export interface ISweepRun {
+  index: number;
+  parameters: Record<string, SweepValue>;
+  state: SweepRunState;
+  reason: string;
+  job_id: number | null;
+  metrics: Record<string, number>;
+  output_path: string;
+  log_path: string;
+  started_at: string | null;
+  finished_at: string | null;
+  attempts: number;
+  best?: boolean;
+}
+
+export interface ISweepObjective {
+  metric: string;
+  direction: 'min' | 'max';
+}
+
+export interface ISweep {
+  id: number;
+  name: string;
+  user: string;
+  team: string;
+  profile: string;
+  job_class: JobClass;
+  kind: 'notebook' | 'script';
+  notebook?: string;
+  script?: string;
+  grid: Record<string, SweepValue[]> | null;
+  max_parallel: number;
+  objective: ISweepObjective | null;
+  state: 'active' | 'done' | 'cancelled';
+  reason: string;
+  runs_total: number;
+  counts: Record<string, number>;
+  best_run: number | null;
+  parameter_names: string[];
+  metric_names: string[];
+  metrics_readable: boolean;
+  created_at: string;
+  finished_at: string | null;
+  /** Only when one sweep is asked for (not in the list). */
+  runs?: ISweepRun[];
+}
+
+/** A job's request plus a grid (or a list of runs), the cap and the objective. */
+export interface ISweepRequest extends IJobRequest {
+  grid?: Record<string, SweepValue[]>;
+  runs?: Record<string, SweepValue>[];
+  max_parallel?: number;
+  objective?: ISweepObjective;
+}
