@@ -28,13 +28,15 @@ import { initialForm, rememberJobChoice, rememberedJobChoice, runJobDialog } fro
 import { gpuIcon } from './icons';
 import idlePlugins, { keep } from './idle';
 import { keepAliveState, notebookParameters } from './logic';
+import { IJobActions } from './jobs';
 import { JobLogWidget } from './logs';
 import { GpuStatusModel } from './model';
+import { SweepTab } from './sweeps';
 import { SweepsModel } from './sweepsModel';
 import { confirmStop, GPUPanel, releasedWords } from './panel';
 import { announceStopped } from './stopped';
 import { IGpuStatus } from './tokens';
-import { IJob } from './types';
+import { IJob, ISweep } from './types';
 
 namespace CommandIDs {
   export const runAsJob = 'gpulab:run-as-job';
@@ -70,6 +72,34 @@ async function openOutput(app: JupyterFrontEnd, job: IJob): Promise<void> {
   await app.commands.execute('docmanager:open', { path });
 }
 
+function openJobLog(app: JupyterFrontEnd, job: IJob): void {
+  const content = new JobLogWidget(job);
+  const widget = new MainAreaWidget({ content });
+  widget.id = `gpulab-logs-${String(job.id)}`;
+  widget.title.label = `Log: ${job.name || PathExt.basename(job.notebook)} #${String(job.id)}`;
+  widget.title.icon = gpuIcon;
+  widget.title.closable = true;
+  app.shell.add(widget, 'main');
+}
+
+/** A sweep's table in a tab of the main area (activated when it is open already). */
+function openSweepTab(app: JupyterFrontEnd, sweep: ISweep, actions: IJobActions): void {
+  const id = `gpulab-sweep-${String(sweep.id)}`;
+  if (document.getElementById(id)) {
+    app.shell.activateById(id);
+    return;
+  }
+  const model = new SweepsModel({ client: api });
+  void model.select(sweep.id);
+  const widget = new MainAreaWidget({ content: new SweepTab(model, actions) });
+  widget.id = id;
+  widget.title.label = `Sweep: ${sweep.name} #${String(sweep.id)}`;
+  widget.title.icon = gpuIcon;
+  widget.title.closable = true;
+  app.shell.add(widget, 'main');
+  app.shell.activateById(id);
+}
+
 const status: JupyterFrontEndPlugin<GpuStatusModel> = {
   id: 'gpulab-labextension:status',
   description:
@@ -87,20 +117,16 @@ const sidebar: JupyterFrontEndPlugin<void> = {
   requires: [IGpuStatus],
   activate: (app: JupyterFrontEnd, model: GpuStatusModel) => {
     const sweeps = new SweepsModel({ client: api });
+    const jobActions = {
+      openLogs: (job: IJob) => openJobLog(app, job),
+      openOutput: (job: IJob) => openOutput(app, job)
+    };
     const panel = new GPUPanel(
       model,
       {
+        ...jobActions,
         runAsJob: () => void app.commands.execute(CommandIDs.runAsJob, {}),
-        openLogs: (job: IJob) => {
-          const content = new JobLogWidget(job);
-          const widget = new MainAreaWidget({ content });
-          widget.id = `gpulab-logs-${String(job.id)}`;
-          widget.title.label = `Log: ${job.name || PathExt.basename(job.notebook)} #${String(job.id)}`;
-          widget.title.icon = gpuIcon;
-          widget.title.closable = true;
-          app.shell.add(widget, 'main');
-        },
-        openOutput: (job: IJob) => openOutput(app, job)
+        openSweep: (sweep: ISweep) => openSweepTab(app, sweep, jobActions)
       },
       sweeps
     );

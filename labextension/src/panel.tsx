@@ -17,13 +17,13 @@ import { formatCountdown, formatGPUs, keepAliveState, quotaSegments, sparklinePa
 import { reclaimedMessage, reclaimFromWarning, warnedLifetime } from './idleLogic';
 import { GpuStatusModel } from './model';
 import { announceStopFailed, announceStopRequested, hubHome } from './stopped';
-import { SweepsSection } from './sweeps';
+import { ISweepActions, SweepsSection } from './sweeps';
 import { SweepsModel } from './sweepsModel';
 import { IIdleState, ISession, ITeamView } from './types';
 import { reclaimOffText, sessionProfile, sessionTeam } from './viewLogic';
 
 /** What the panel asks of the rest of the extension. */
-export interface IPanelActions extends IJobActions {
+export interface IPanelActions extends IJobActions, ISweepActions {
   runAsJob: () => void;
 }
 

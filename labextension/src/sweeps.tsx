@@ -9,7 +9,7 @@
  * the benchmark (benchmarks/sweep_table.py) reads it.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
-import { Button } from '@jupyterlab/ui-components';
+import { Button, ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import React, { useLayoutEffect, useState } from 'react';
 
 import { api } from './api';
@@ -206,6 +206,12 @@ export function SweepTable({
   );
 }
 
+/** What the sweeps' views ask of the rest of the extension. */
+export interface ISweepActions extends IJobActions {
+  /** Open a sweep's table in a tab of the main area (room for many columns and rows). */
+  openSweep?: (sweep: ISweep) => void;
+}
+
 /** The sidebar section: the user's sweeps; the opened one as its table. */
 export function SweepsSection({
   model,
@@ -213,7 +219,7 @@ export function SweepsSection({
   report
 }: {
   model: SweepsModel;
-  actions: IJobActions;
+  actions: ISweepActions;
   report: (text: string) => void;
 }): JSX.Element | null {
   const sweeps = model.sweeps;
@@ -269,6 +275,16 @@ export function SweepsSection({
                   <SweepTable sweep={open} actions={actions} report={report} />
                 </>
               )}
+              {expanded && actions.openSweep && (
+                <Button
+                  small
+                  className="jp-mod-styled gpulab-sweep-tab"
+                  aria-label={`Open sweep ${s.name} in a tab`}
+                  onClick={() => actions.openSweep?.(s)}
+                >
+                  Open in a tab
+                </Button>
+              )}
               {expanded && s.state === 'active' && (
                 <Button
                   small
@@ -296,4 +312,52 @@ export function SweepsSection({
       </ul>
     </section>
   );
+}
+
+/** One sweep's table in a main-area tab: its own model (one poll for this sweep), disposed with the tab. */
+export class SweepTab extends ReactWidget {
+  constructor(
+    private readonly _model: SweepsModel,
+    private readonly _actions: IJobActions
+  ) {
+    super();
+    this.addClass('gpulab-sweep-tab-widget');
+  }
+
+  dispose(): void {
+    this._model.dispose();
+    super.dispose();
+  }
+
+  render(): JSX.Element {
+    return (
+      <UseSignal signal={this._model.changed}>
+        {() => {
+          const sweep = this._model.open;
+          if (!sweep) {
+            return (
+              <div className="gpulab-muted gpulab-placeholder">
+                {this._model.error ?? 'Loading…'}
+              </div>
+            );
+          }
+          return (
+            <div className="gpulab-sweep-tab-body">
+              <h2>
+                Sweep #{String(sweep.id)} {sweep.name}{' '}
+                <span className={`gpulab-state gpulab-state-${sweep.state}`}>{sweep.state}</span>
+              </h2>
+              <p className="gpulab-muted">
+                {countsText(sweep.runs_total, sweep.counts)}; at most {sweep.max_parallel} at once
+                {sweep.objective
+                  ? `; best by ${sweep.objective.metric} (${sweep.objective.direction})`
+                  : ''}
+              </p>
+              <SweepTable sweep={sweep} actions={this._actions} report={() => undefined} />
+            </div>
+          );
+        }}
+      </UseSignal>
+    );
+  }
 }

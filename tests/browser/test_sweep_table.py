@@ -6,8 +6,10 @@ and says what is wrong with a bad line at the field; she submits 6 runs, at most
 best by the lowest loss. The sidebar's Sweeps section shows the sweep; opened, it is a table
 of the runs' parameters, state and metrics. When the runs end, the best run (lr = 0.0003,
 seed = 0) is marked; the table sorts by any column (aria-sort says how), and the best run's
-output notebook opens in one click. Cancel sweep cancels what is still waiting.
-Screenshot: docs/img/lab-sweep-table.png (scripts/screenshots).
+output notebook opens in one click; "Open in a tab" shows the same table in the main area.
+Cancel sweep cancels what is still waiting.
+Screenshots: docs/img/lab-sweep-dialog.png, lab-sweep-sidebar.png, lab-sweep-table.png
+(scripts/screenshots).
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def test_the_dialog_submits_a_grid_and_the_sidebar_shows_the_sweep_as_a_table(hu
     dialog.locator('input[name="objective"]').fill("loss")
     dialog.locator('input[name="name"]').fill("lr sweep")
     submit = dialog.get_by_role("button", name="Submit sweep (6 runs)")
+    dialog.locator('select[name="direction"]').scroll_into_view_if_needed()
     shot_docs(page, "lab-sweep-dialog", dialog)
     submit.click()
     dialog.wait_for(state="detached")
@@ -149,7 +152,17 @@ def test_the_dialog_submits_a_grid_and_the_sidebar_shows_the_sweep_as_a_table(hu
     table.locator('button[data-column="parameter:lr"]').click()
     assert rows_order(table)[:2] == ["0", "1"]
     loss.click()
-    shot_docs(page, "lab-sweep-table", panel)
+    shot_docs(page, "lab-sweep-sidebar", panel.locator(".gpulab-sweeps"))
+
+    # The same table in a tab of the main area, where its columns have room.
+    sweep.get_by_role("button", name="Open sweep lr-sweep in a tab").click()
+    tab_table = page.locator(".gpulab-sweep-tab-widget").get_by_role("table", name="Runs of sweep lr-sweep")
+    tab_table.wait_for()
+    assert len(rows_order(tab_table)) == 6
+    assert tab_table.locator(".gpulab-best-run").get_attribute("data-run-index") == "2"
+    tab_table.locator('button[data-column="metric:loss"]').click()
+    assert rows_order(tab_table)[0] == "2"
+    shot_docs(page, "lab-sweep-table", page.locator(".jp-MainAreaWidget:has(.gpulab-sweep-tab-widget)"))
 
     # The best run's output notebook, one click away.
     best.get_by_role("button", name="Open the output notebook of run 2").click()
