@@ -109,8 +109,11 @@ def wait_sweep_done(hub: RunningHub, token: str, sweep_id: int, timeout: float) 
         s = hub.api("GET", f"/gpulab/sweeps/{sweep_id}", token=token).json()
         if s["state"] != "active" and all(r["metrics"] for r in s["runs"]):
             return s
+        if s["state"] != "active":  # ended, but a run reported nothing: say which and why
+            break
         time.sleep(1)
-    raise TimeoutError(f"sweep {sweep_id} did not finish in {timeout} s")
+    runs = [(r["index"], r["state"], r["reason"][:120], r["metrics"]) for r in s.get("runs", [])[:4]]
+    raise TimeoutError(f"sweep {sweep_id} did not finish in {timeout} s: {s.get('counts')} {runs}")
 
 
 def table_renders(hub: RunningHub, sweep: dict[str, Any], sorts: int) -> dict[str, Any]:

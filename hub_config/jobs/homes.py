@@ -138,9 +138,19 @@ class OwnerHomes(Homes):
                 504,
             ) from None
         except MediatorBusy as e:
-            raise JobSpecError(f"cannot {verb} {what} now: {e}", 429) from None
+            raise JobSpecError(f"cannot {verb} {what} now: {e}", BUSY) from None
         except MediatorError as e:
             raise JobSpecError(f"cannot {verb} {what} as {name}: {e}", 502) from None
+
+
+#: The status of a request that could not be asked as the account *now* (its mediator calls are
+#: all taken): nothing was run; the caller tries again later rather than failing a job for it.
+BUSY = 429
+
+
+def is_busy(error: JobSpecError) -> bool:
+    """Was ``error`` only "too many calls as this account right now" (try again), not an answer?"""
+    return error.status == BUSY
 
 
 def refusal(found: home_files.Found, what: str, limit_name: str = "") -> JobSpecError:

@@ -29,6 +29,7 @@ from traitlets import Float, Int
 from traitlets.config import Configurable
 
 from hub_config.jobs.backends.base import log
+from hub_config.jobs.homes import is_busy
 from hub_config.jobs.models import JobRecord
 from hub_config.jobs.sweep_models import SweepRecord, SweepRunRecord
 from hub_config.storage.db import iso, utcnow
@@ -341,7 +342,11 @@ class SweepScheduler:
             except AdmissionRefused as e:
                 self._set_waiting_reason(waiting[n:], f"waiting for a share: {e}")
                 break
-            except JobSpecError as e:  # not the ledger's: this run cannot run (its notebook went away ...)
+            except JobSpecError as e:
+                if is_busy(e):  # its owner's calls are all taken (nothing was asked): the next tick tries again
+                    self._set_waiting_reason(waiting[n:], f"waiting to be submitted: {e}")
+                    break
+                # Not the ledger's, not for now: this run cannot run (its notebook went away ...).
                 self._set_run(run.id, state=jobspec.FAILED, reason=f"could not be submitted: {e}")
                 log.warning("gpulab sweeps: sweep %d: run %d could not be submitted: %s", sweep_id, run.index, e)
                 continue

@@ -56,7 +56,7 @@ from hub_config.jobs.backends.local_runner import (
     runner_argv,
     runner_env,
 )
-from hub_config.jobs.homes import HubHomes
+from hub_config.jobs.homes import HubHomes, is_busy
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import as_utc, database_file, storage_failure, utcnow
 from spawner.core import jobspec
@@ -320,6 +320,10 @@ class LocalJobBackend(JobConfinement, JobBackend):
                     home_files.read_beneath, str(self.state_dir), str(path), 0, MAX_STATUS_BYTES, MAX_STATUS_BYTES
                 )
         except jobspec.JobSpecError as e:  # the owner's mediator did not answer: say so, on this job only
+            if is_busy(e):  # nothing was asked: the next tick reads it (the runner stays known, gone)
+                log.info("gpulab jobs: job %d: exit status read later: %s", rec.id, e)
+                await asyncio.sleep(self.settings.poll_interval)  # held busy meanwhile: no tight retry
+                return
             state, reason = jobspec.FAILED, f"its exit status could not be read: {e}"
         else:
             state, reason = outcome_from_status(found, gone_reason)
@@ -440,7 +444,15 @@ class LocalJobBackend(JobConfinement, JobBackend):
                     if path is not None:
                         homes.safe_path(rec.user, path, create_parent=True)
                 homes.safe_path(rec.user, log_file)
-        except (jobspec.JobSpecError, AccountError) as e:  # e.g. the file went away while queued
+        except jobspec.JobSpecError as e:
+            if is_busy(e):  # the owner's mediator calls are all taken: start it at a later tick
+                self._release_devices(rec.id)
+                self.service.set_reason(rec.id, f"waiting to start: {e}")
+                await asyncio.sleep(self.settings.poll_interval)  # held busy meanwhile: no tight retry
+                return
+            self._give_up(rec.id, str(e))  # e.g. the file went away while queued
+            return
+        except AccountError as e:
             self._give_up(rec.id, str(e))
             return
         if not self._still_queued(rec.id):  # cancelled while its files were checked
