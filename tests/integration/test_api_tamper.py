@@ -84,6 +84,7 @@ def snapshot(hub: RunningHub) -> dict[str, Any]:
         "audit": get("/gpulab/audit", limit="1000"),
         "jobs": get("/gpulab/jobs", user="alice"),
         "all jobs": get("/gpulab/jobs"),
+        "sweeps": get("/gpulab/sweeps", user="alice"),
         "idle state": {k: v for k, v in get("/gpulab/idle/state").items() if k != "now"},
         "idle audit": get("/gpulab/idle/audit"),
         "servers": {u["name"]: sorted(u.get("servers", {})) for u in users},
@@ -103,6 +104,14 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
     reclaim = {"user": "alice", "server": "", "reason": "idle", "gpu_milli": 500}
     bodies = [  # every endpoint that reads a body, with a valid-looking body to tamper with
         ("jobs submit", "POST", "/gpulab/jobs", as_alice, job, ["time_limit_seconds", "parameters.x"]),
+        (
+            "sweeps submit",
+            "POST",
+            "/gpulab/sweeps",
+            as_alice,
+            {**job, "grid": {"x": [1, 2]}, "max_parallel": 1},
+            ["time_limit_seconds", "max_parallel", "grid.x"],
+        ),
         (
             "teams create",
             "POST",
@@ -249,6 +258,29 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
                 {**as_alice, "data": json.dumps({**job, field: value})},
             )
         )
+    sweep = {**job, "grid": {"x": [1, 2]}}
+    for field, value in [
+        ("grid", {"x": [[1]]}),
+        ("grid", {"x": [{"a": 1}]}),
+        ("grid", {"x": [None]}),
+        ("grid", {"x": []}),
+        ("grid", {}),
+        ("grid", ["x"]),
+        ("grid", {"x": list(range(501))}),  # more runs than c.GPULabSweeps.max_runs
+        ("max_parallel", "2"),
+        ("max_parallel", 2.5),
+        ("objective", ["loss"]),
+        ("objective", {"metric": "loss", "direction": "sideways"}),
+        ("runs", {"x": 1}),
+    ]:
+        out.append(
+            (
+                f"sweeps submit: {field}={str(value)[:30]!r}",
+                "POST",
+                "/gpulab/sweeps",
+                {**as_alice, "data": json.dumps({**sweep, field: value} if field != "runs" else {**job, field: value})},
+            )
+        )
     for path in (
         "exp/calc.ipynb/",
         "exp/",
@@ -278,6 +310,8 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
             ("/output", "GET"),
         ):
             out.append((f"job {bad!r}{suffix}", method, f"/gpulab/jobs/{bad}{suffix}", as_alice))
+        for suffix, method in (("", "GET"), ("/cancel", "POST")):
+            out.append((f"sweep {bad!r}{suffix}", method, f"/gpulab/sweeps/{bad}{suffix}", as_alice))
     for bad in ("²", "-1", HUGE_DIGITS, "nan", "1e3", "١"):
         out.append((f"audit limit={bad[:12]!r}", "GET", "/gpulab/audit", {**admin, "params": {"limit": bad}}))
         out.append((f"audit offset={bad[:12]!r}", "GET", "/gpulab/audit", {**admin, "params": {"offset": bad}}))
