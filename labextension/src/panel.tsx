@@ -7,7 +7,7 @@
  * signals; it keeps no timer of its own.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
-import { ReactWidget } from '@jupyterlab/ui-components';
+import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import React, { useState } from 'react';
 
 import { absenceSentence, message } from './errors';
@@ -355,7 +355,12 @@ function GPUPanelView({
           reload={() => model.refresh()}
         />
       </section>
-      {sweeps && <SweepsSection model={sweeps} actions={actions} report={setStatus} />}
+      {sweeps && (
+        // Its own subscription: a sweep's news re-render the sweeps, not the panel (its jobs list).
+        <UseSignal signal={sweeps.changed}>
+          {() => <SweepsSection model={sweeps} actions={actions} report={setStatus} />}
+        </UseSignal>
+      )}
     </div>
   );
 }
@@ -374,7 +379,6 @@ export class GPUPanel extends ReactWidget {
     this.title.caption = 'GPU: session, quota and jobs';
     _model.changed.connect(this.update, this);
     _model.ticked.connect(this.update, this);
-    _sweeps?.changed.connect(this.update, this);
   }
 
   render(): JSX.Element {
