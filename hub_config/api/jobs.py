@@ -74,6 +74,20 @@ class JobsBase(GPULabAPIHandler):
             raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {JOBS}")
         return user
 
+    def listed_user(self, user: str | None, what: str) -> str | None:
+        """Whose ``what`` (jobs, sweeps) a list shows: an admin's ``?user=`` (``None``: everyone's); another
+        user's only with the jobs scope for them; else the calling user's own."""
+        if self.has_scope(ADMIN):
+            return user  # everyone's, filtered as asked
+        if user is not None:
+            if not self.has_scope(JOBS, user):
+                raise web.HTTPError(403, f"requires {ADMIN} to list another user's {what}")
+            return user
+        me = self.caller_name
+        if getattr(self.current_user, "kind", "user") != "user" or not self.has_scope(JOBS, me):
+            raise web.HTTPError(400, "name the user with ?user=NAME")
+        return me
+
     def groups_of(self, user_name: str) -> list[str]:
         return user_groups(self.find_user(user_name))
 
@@ -89,16 +103,7 @@ class JobsHandler(JobsBase):
                 raise web.HTTPError(400, f"invalid {label}")
         if state is not None and state not in STATES:
             raise web.HTTPError(400, f"state must be one of {', '.join(STATES)}")
-        if self.has_scope(ADMIN):
-            pass  # everyone's, filtered as asked
-        elif user is not None:
-            if not self.has_scope(JOBS, user):
-                raise web.HTTPError(403, f"requires {ADMIN} to list another user's jobs")
-        else:
-            me = self.caller_name
-            if getattr(self.current_user, "kind", "user") != "user" or not self.has_scope(JOBS, me):
-                raise web.HTTPError(400, "name the user with ?user=NAME")
-            user = me
+        user = self.listed_user(user, "jobs")
         records = self.jobs.list_jobs(user=user, team=team, state=state)
         self.write_json({"jobs": [r.to_json() for r in records]})
 

@@ -44,16 +44,7 @@ class SweepsHandler(SweepsBase):
         user = self.get_argument("user", None)
         if user is not None and (not user or len(user) > 255):
             raise web.HTTPError(400, "invalid user")
-        if self.has_scope(ADMIN):
-            pass  # everyone's, or the named user's
-        elif user is not None:
-            if not self.has_scope(JOBS, user):
-                raise web.HTTPError(403, f"requires {ADMIN} to list another user's sweeps")
-        else:
-            me = self.caller_name
-            if getattr(self.current_user, "kind", "user") != "user" or not self.has_scope(JOBS, me):
-                raise web.HTTPError(400, "name the user with ?user=NAME")
-            user = me
+        user = self.listed_user(user, "sweeps")
         records = self.sweeps.list_sweeps(user=user)
         self.write_json({"sweeps": self.sweeps.list_json(records)})
 

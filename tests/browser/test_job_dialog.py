@@ -24,7 +24,7 @@ import time
 import pytest
 
 from tests.support.hub import RunningHub
-from tests.support.lab import give_notebook, login_and_spawn, shot_docs
+from tests.support.lab import give_notebook, open_notebook_and_sidebar, shot_docs
 
 pytestmark = pytest.mark.docs_screenshots
 
@@ -56,11 +56,7 @@ def hub(start_hub):
 def lab(hub: RunningHub, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(60_000)
-    login_and_spawn(page, hub.url, "alice", "vision:h100-half")
-    page.goto(hub.url + "/user/alice/lab/tree/greet.ipynb")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
-    page.click('.jp-SideBar [data-id="gpulab-panel"]')
-    page.locator("#gpulab-panel .gpulab-quota-bar").wait_for()
+    open_notebook_and_sidebar(page, hub.url, "alice", "vision:h100-half", "greet.ipynb")
     yield page
     page.close()
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.hub import RunningHub
 from tests.support.jobs import write_parameterised_notebook
-from tests.support.lab import login_and_spawn, shot_docs
+from tests.support.lab import open_notebook_and_sidebar, shot_docs
 
 pytestmark = pytest.mark.docs_screenshots
 
@@ -65,11 +65,7 @@ def hub(start_hub):
 def lab(hub: RunningHub, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(60_000)
-    login_and_spawn(page, hub.url, "alice", "vision:cpu")
-    page.goto(hub.url + "/user/alice/lab/tree/exp/train.ipynb")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
-    page.click('.jp-SideBar [data-id="gpulab-panel"]')
-    page.locator("#gpulab-panel .gpulab-quota-bar").wait_for()
+    open_notebook_and_sidebar(page, hub.url, "alice", "vision:cpu", "exp/train.ipynb")
     yield page
     page.close()
 

@@ -28,13 +28,13 @@ HAVE_TRACE = (TRACE_DIR / "openb_pod_list_gpushare40.csv").exists() and (
 ).exists()
 
 
-def run_bench(script: str, out: Path, *args: str) -> tuple[dict, str]:
+def run_bench(script: str, out: Path, *args: str, timeout: float = 120) -> tuple[dict, str]:
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), "--out", str(out), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     name = script.removesuffix(".py")
@@ -334,20 +334,12 @@ def test_log_read_smoke(tmp_path):
 def test_sweeps_smoke(tmp_path):
     """A real hub and Chromium: 100-run sweeps and single jobs submitted, a 12-run table rendered
     and sorted; the structure and the invariants, never the timing."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "sweeps.py"), "--smoke", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads((tmp_path / "sweeps.json").read_text())
-    assert doc["benchmark"] == "sweeps" and doc["smoke"] is True
+    doc, stdout = run_bench("sweeps.py", tmp_path, "--smoke", timeout=600)
+    assert doc["smoke"] is True
     assert doc["parameters"]["sweep_runs_submitted"] == 100
     assert len(doc["submit_ms"]["job"]) == len(doc["submit_ms"]["sweep_100"]) == doc["parameters"]["rounds"] == 2
     assert doc["ratio_sweep_over_job"] > 0
     table = doc["table"]
     assert table["rows"] == doc["parameters"]["table_runs"] == 12  # every run a row
     assert len(table["sort_render_ms"]) == doc["parameters"]["sorts"] and table["first_render_ms"] > 0
-    assert "ratio sweep_100 / job" in proc.stdout and "gpulab-sweep-table" in proc.stdout
+    assert "ratio sweep_100 / job" in stdout and "gpulab-sweep-table" in stdout

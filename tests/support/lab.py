@@ -59,6 +59,15 @@ def shot_docs(page, name: str, locator=None, failure: bool = False) -> Path:
     return path
 
 
+def open_notebook_and_sidebar(page, url: str, user: str, choice: str, notebook: str) -> None:
+    """Log in, start ``choice``, open ``notebook`` in JupyterLab and the GPU sidebar, once its quota shows."""
+    login_and_spawn(page, url, user, choice)
+    page.goto(f"{url}/user/{user}/lab/tree/{notebook}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+    page.click('.jp-SideBar [data-id="gpulab-panel"]')
+    page.locator("#gpulab-panel .gpulab-quota-bar").wait_for()
+
+
 def open_gpu_sidebar(page, url: str, user: str, choice: str, profile_label: str):
     """Log in, start ``choice`` and open the lab's GPU sidebar once it shows ``profile_label``: the panel."""
     login_and_spawn(page, url, user, choice)
