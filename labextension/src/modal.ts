@@ -25,7 +25,8 @@ export function wrapIndex(current: number, count: number, back: boolean): number
   return null;
 }
 
-const FOCUSABLE = 'a[href], button, input, select, textarea, [tabindex]:not([tabindex="-1"])';
+const FOCUSABLE =
+  'a[href], button, input, select, textarea, details > summary, [tabindex]:not([tabindex="-1"])';
 
 /** The controls Tab reaches inside `root`, in document order (of a radio group, only the one Tab stops at). */
 export function tabStops(root: HTMLElement): HTMLElement[] {

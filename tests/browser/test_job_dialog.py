@@ -204,6 +204,7 @@ def test_keyboard_focus_wraps_escape_closes_and_focus_returns(lab):
         "input:param-who",
         "button:Remove who",
         "button:Add parameter",
+        "summary:Sweep: run it once per combination of parameter values",
         "button:Cancel",
         "button:Submit job",
     ):
