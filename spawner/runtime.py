@@ -186,7 +186,7 @@ class GPULabRuntime:
     def __init__(self, catalog: Catalog, packer: DevicePacker | None = None, gpu_inventory_source: str = "auto"):
         self.lock = threading.RLock()
         self.catalog = catalog
-        self.ledger = Ledger(catalog.teams)
+        self.ledger = Ledger(catalog.teams, catalog.departments, catalog.profile_pools)
         self.packer = packer
         #: Configured source (``auto``/``nvml``/``declared``) for the packer's devices.
         self.gpu_inventory_source = gpu_inventory_source
@@ -233,7 +233,7 @@ class GPULabRuntime:
         """Swap in an edited catalog; takes effect for the next spawn or job."""
         with self.lock:
             self.catalog = catalog
-            self.ledger.set_teams(catalog.teams)
+            self.ledger.set_teams(catalog.teams, catalog.departments, catalog.profile_pools)
 
 
 _runtime: GPULabRuntime | None = None

@@ -54,7 +54,7 @@ def job_class_choices(
         decided = []
         for c in choices:
             milli = c.effective_milli or c.profile.gpu_milli
-            d = ledger.admit(c.team.name, user, milli, may_burst=priority.may_burst)
+            d = ledger.admit(c.team.name, user, milli, may_burst=priority.may_burst, profile=c.profile.slug)
             cap = capacity(c.profile) if capacity is not None and c.profile.is_gpu else None
             capacity_reason = cap.reason if cap is not None and not cap.ok else ""
             decided.append(

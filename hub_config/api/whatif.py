@@ -71,6 +71,7 @@ def load_history(sessions_factory, since, until, team: str | None) -> list[Recor
                 end=end,
                 models=frozenset([r.gpu_model]) if r.gpu_model else frozenset(),
                 samples=own,
+                profile=r.profile or "",
             )
         )
     return out
@@ -169,7 +170,12 @@ class WhatIfHandler(AdminAPIHandler):
         everyone, since, until = self._history(None, days)
         history = [s for s in everyone if team is None or s.team == team]
         current_sizes = catalog_sizes(catalog, team)
-        today = Proposal(sizes=tuple(current_sizes) or None, teams=dict(catalog.teams))
+        today = Proposal(
+            sizes=tuple(current_sizes) or None,
+            teams=dict(catalog.teams),
+            departments=dict(catalog.departments),
+            profile_pools=catalog.profile_pools,
+        )
         # Weighted by GPU-hours: a size held for days matters more than one tried for a minute.
         demand = demand_from((s.gpu_milli, max(60.0, s.end - s.start) / 3600) for s in history)
         evaluate = None
@@ -239,6 +245,8 @@ class WhatIfHandler(AdminAPIHandler):
             sizes=sizes,
             teams=self._quotas(body.get("quotas"), catalog),
             idle_timeout_seconds=self._timeout(body.get("idle_timeout")),
+            departments=dict(catalog.departments),
+            profile_pools=catalog.profile_pools,
         )
         self.write_json(await self._run(team, days, proposal, self._max_sizes(body.get("max_sizes"))))
 

@@ -102,6 +102,21 @@ def team_summary(ledger: Ledger, team: Team) -> str:
     return f"{format_gpus(u.free_milli)} of {format_gpus(team.burst_milli)} GPUs free for team {team.name}"
 
 
+def pool_summary(catalog: Catalog, ledger: Ledger, team: Team, profile: Profile) -> str | None:
+    """ "2 of 4 H100-80GB free for team vision (3 of 6 GPUs in all)" when the team has a quota
+    in ``profile``'s GPU pool; ``None`` when only its totals count that profile."""
+    pool = catalog.pool_of(profile)
+    pu = ledger.pool_usage(team.name, pool) if pool else None
+    if pu is None:
+        return None
+    u = ledger.usage(team.name)
+    label = catalog.pools[pool].label if pool in catalog.pools else pool
+    return (
+        f"{format_gpus(min(pu.free_milli, u.free_milli))} of {format_gpus(pu.burst_milli)} {label} free for team "
+        f"{team.name} ({format_gpus(u.free_milli)} of {format_gpus(team.burst_milli)} GPUs in all)"
+    )
+
+
 def choices_for_user(
     catalog: Catalog,
     ledger: Ledger,
@@ -119,7 +134,9 @@ def choices_for_user(
         usage = ledger.usage(team.name)
         for profile in catalog.profiles_for(team):
             milli = effective_milli(profile) if effective_milli else profile.gpu_milli
-            decision = ledger.admit(team.name, user, milli, may_burst=profile.priority_class.may_burst)
+            decision = ledger.admit(
+                team.name, user, milli, may_burst=profile.priority_class.may_burst, profile=profile.slug
+            )
             cap = capacity(profile) if capacity and profile.is_gpu else Capacity(True)
             reason = decision.reason or (cap.reason if not cap.ok else "")
             blocked_by = "quota" if not decision.allowed else ("capacity" if not cap.ok else "")
@@ -129,7 +146,7 @@ def choices_for_user(
                     profile=profile,
                     available=decision.allowed and cap.ok,
                     reason=reason,
-                    team_summary=summary,
+                    team_summary=pool_summary(catalog, ledger, team, profile) or summary,
                     capacity_summary=cap.summary,
                     over_quota=decision.over_quota,
                     effective_milli=milli if milli != profile.gpu_milli else None,

@@ -290,7 +290,11 @@ class GPULocalMixin(_SpawnerBase):
         if check_now:
             # Early feedback on the form; start() decides for real, atomically.
             decision = runtime.ledger.admit(
-                request.team.name, self.user.name, request.milli, may_burst=request.profile.priority_class.may_burst
+                request.team.name,
+                self.user.name,
+                request.milli,
+                may_burst=request.profile.priority_class.may_burst,
+                profile=request.profile.slug,
             )
             if not decision.allowed:
                 raise PolicyError(decision.reason, 403)
