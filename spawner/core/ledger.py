@@ -175,6 +175,25 @@ class _Totals:
                 self.per_pool.pop(w.pool, None)
 
 
+class _HeldTotals:
+    """What a department's teams hold together, in all and per pool."""
+
+    __slots__ = ("held", "per_pool")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.per_pool: dict[str, int] = {}
+
+    def add(self, w: Workload, sign: int) -> None:
+        self.held += sign * w.milli
+        if w.pool:
+            in_pool = self.per_pool.get(w.pool, 0) + sign * w.milli
+            if in_pool:
+                self.per_pool[w.pool] = in_pool
+            else:
+                self.per_pool.pop(w.pool, None)
+
+
 class Ledger:
     """Thread-safe quota ledger over a set of teams."""
 
@@ -192,7 +211,7 @@ class Ledger:
         self._workloads: dict[str, Workload] = {}
         self._totals: dict[str, _Totals] = {}
         #: Per department: what its teams hold together (kept with the teams' totals).
-        self._dept_totals: dict[str, _Totals] = {}
+        self._dept_totals: dict[str, _HeldTotals] = {}
         self._observers: list[LedgerObserver] = []
         self.set_teams(teams, departments, profile_pools)
 
@@ -288,8 +307,8 @@ class Ledger:
                     f"{user} holds {format_gpus(mine)} of the {format_gpus(team.per_user_cap_milli)} "
                     f"GPUs one user may hold in team {team.name}; this request needs {format_gpus(milli)}"
                 )
-        in_pool = totals.per_pool.get(pool, 0)
-        pq = pool_quota(team.pools, pool)
+        pq = pool_quota(team.pools, pool) if team.pools else None
+        in_pool = totals.per_pool.get(pool, 0) if pq is not None else 0
         if pq is not None and in_pool + milli > pq.burst_milli:
             need = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
             return refuse(
@@ -313,10 +332,10 @@ class Ledger:
                 f"team {team.name} holds {format_gpus(held)} of its {format_gpus(team.guarantee_milli)} "
                 f"GPU guarantee; this work is never admitted over quota and needs {format_gpus(milli)}"
             )
-        dept = self._departments.get(team.department) if team.department else None
+        dept = self._departments.get(team.department) if team.department is not None else None
         if dept is not None:
             full = self._department_full(dept, pool, milli)
-            if full:
+            if full is not None:
                 where, held_d, burst_d = full
                 reclaim = self._reclaim_for(
                     team, dept, pool if where else ANY_POOL, held_d + milli - burst_d, over, milli
@@ -336,12 +355,15 @@ class Ledger:
 
     def _department_full(self, dept: Department, pool: str, milli: int) -> tuple[str, int, int] | None:
         """``(where, held, burst)`` when ``milli`` more would take ``dept`` past a burst limit."""
-        dt = self._dept_totals.get(dept.name) or _Totals()
-        if dt.held + milli > dept.burst_milli:
-            return "", dt.held, dept.burst_milli
-        dq = pool_quota(dept.pools, pool)
-        if dq is not None and dt.per_pool.get(pool, 0) + milli > dq.burst_milli:
-            return f" in pool {pool}", dt.per_pool.get(pool, 0), dq.burst_milli
+        dt = self._dept_totals.get(dept.name)
+        held = dt.held if dt is not None else 0
+        if held + milli > dept.burst_milli:
+            return "", held, dept.burst_milli
+        dq = pool_quota(dept.pools, pool) if dept.pools else None
+        if dq is not None:
+            in_pool = dt.per_pool.get(pool, 0) if dt is not None else 0
+            if in_pool + milli > dq.burst_milli:
+                return f" in pool {pool}", in_pool, dq.burst_milli
         return None
 
     def _reclaim_for(
@@ -509,8 +531,8 @@ class Ledger:
             d = self._departments.get(name)
             if d is None:
                 return None
-            t = self._dept_totals.get(name) or _Totals()
-            return NodeUsage(name, d.guarantee_milli, d.burst_milli, t.held)
+            t = self._dept_totals.get(name)
+            return NodeUsage(name, d.guarantee_milli, d.burst_milli, t.held if t else 0)
 
     def department_pools(self, name: str) -> dict[str, int]:
         """What a department's teams hold together per pool."""
@@ -533,9 +555,14 @@ class Ledger:
         return replace(w, pool=pool) if pool else w
 
     def _add_to_department(self, w: Workload, sign: int) -> None:
+        if not self._departments:
+            return
         team = self._teams.get(w.team)
         if team is not None and team.department is not None:
-            self._dept_totals.setdefault(team.department, _Totals()).add(w, sign)
+            dt = self._dept_totals.get(team.department)
+            if dt is None:
+                dt = self._dept_totals[team.department] = _HeldTotals()
+            dt.add(w, sign)
 
     def _add(self, w: Workload) -> None:
         self._workloads[w.key] = w

@@ -102,14 +102,18 @@ def team_summary(ledger: Ledger, team: Team) -> str:
     return f"{format_gpus(u.free_milli)} of {format_gpus(team.burst_milli)} GPUs free for team {team.name}"
 
 
-def pool_summary(catalog: Catalog, ledger: Ledger, team: Team, profile: Profile) -> str | None:
+def pool_summary(
+    catalog: Catalog, ledger: Ledger, team: Team, profile: Profile, usage: TeamUsage | None = None
+) -> str | None:
     """ "2 of 4 H100-80GB free for team vision (3 of 6 GPUs in all)" when the team has a quota
     in ``profile``'s GPU pool; ``None`` when only its totals count that profile."""
-    pool = catalog.pool_of(profile)
+    if not team.pools:
+        return None
+    pool = catalog.profile_pools.get(profile.slug, "")
     pu = ledger.pool_usage(team.name, pool) if pool else None
     if pu is None:
         return None
-    u = ledger.usage(team.name)
+    u = usage or ledger.usage(team.name)
     label = catalog.pools[pool].label if pool in catalog.pools else pool
     return (
         f"{format_gpus(min(pu.free_milli, u.free_milli))} of {format_gpus(pu.burst_milli)} {label} free for team "
@@ -146,7 +150,7 @@ def choices_for_user(
                     profile=profile,
                     available=decision.allowed and cap.ok,
                     reason=reason,
-                    team_summary=pool_summary(catalog, ledger, team, profile) or summary,
+                    team_summary=pool_summary(catalog, ledger, team, profile, usage) or summary,
                     capacity_summary=cap.summary,
                     over_quota=decision.over_quota,
                     effective_milli=milli if milli != profile.gpu_milli else None,

@@ -87,9 +87,11 @@ class Department:
 
 def pool_quota(pools: Iterable[PoolQuota], pool: str) -> PoolQuota | None:
     """The quota ``pools`` give ``pool`` (``None``: only the total applies)."""
-    if pool == ANY_POOL:
-        return None
-    return next((q for q in pools if q.pool == pool), None)
+    if pool != ANY_POOL:
+        for q in pools:  # a handful at most: a loop is cheaper than an index per team
+            if q.pool == pool:
+                return q
+    return None
 
 
 def pool_of(pools: Mapping[str, GpuPool], explicit: str | None, gpu_model: str | None, backend: str) -> str:
