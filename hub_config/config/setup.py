@@ -17,8 +17,8 @@ from hub_config.api import devices as devices_api
 from hub_config.api import idle as idle_api
 from hub_config.api import jobs as jobs_api
 from hub_config.api import me as me_api
-from hub_config.api import whatif as whatif_api
 from hub_config.api import tree as tree_api
+from hub_config.api import whatif as whatif_api
 from hub_config.config import runtime, scopes
 from hub_config.domain import metrics
 from hub_config.jobs.service import start_with_hub
