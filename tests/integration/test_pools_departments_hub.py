@@ -76,6 +76,13 @@ def test_pool_quota_and_department_bound_refuse_spawns_in_words(hub):
         }
     ]
     assert [t["name"] for t in tree["teams"]] == ["ops"]
+    # the usage report says what each team holds per pool, and its GPU-hours per pool
+    usage = hub.api("GET", "/gpulab/usage?period=24h").json()
+    now = next(t for t in usage["now"] if t["team"] == "vision")
+    assert now["held_by_pool_milli"] == {"h100": 500}
+    assert now["pools"] == [{"pool": "h100", "guarantee_milli": 250, "burst_milli": 750, "held_milli": 500}]
+    period = next(t for t in usage["teams"] if t["team"] == "vision")
+    assert set(period["gpu_hours_by_pool"]) == {"h100"} and period["gpu_hours_by_pool"]["h100"] > 0
     admin = hub.login("admin")
     page = admin.get(hub.url + "/hub/gpulab/admin", timeout=30)
     assert page.status_code == 200
