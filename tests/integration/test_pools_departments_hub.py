@@ -90,6 +90,33 @@ def test_pool_quota_and_department_bound_refuse_spawns_in_words(hub):
     hub.api("DELETE", "/users/alice/server")
 
 
+def test_the_what_if_replay_follows_pool_and_department_proposals(hub):
+    """Alice's session of the first test (0.5 H100, profile h100-half) replayed under proposals."""
+    teams_before = hub.api("GET", "/gpulab/teams").json()
+    today = hub.api("GET", "/gpulab/whatif?days=1").json()
+    assert today["sessions"] >= 1 and today["current"]["refused"]["quota"] == 0
+    tight_pool = {"quotas": {"vision": {"pools": {"h100": {"guarantee": 0.25, "burst": 0.25}}}}}
+    r = hub.api("POST", "/gpulab/whatif", json={"days": 1, **tight_pool})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["proposed"]["refused"]["quota"] == 1
+    assert doc["proposal"]["quotas"]["vision"]["pools"] == {"h100": {"guarantee_milli": 250, "burst_milli": 250}}
+    tight_dept = {"departments": {"research": {"guarantee": 0.25, "burst": 0.25}}}
+    r = hub.api("POST", "/gpulab/whatif", json={"days": 1, **tight_dept})
+    assert r.status_code == 200, r.text
+    assert r.json()["proposed"]["refused"]["quota"] == 1
+    for body, words in (
+        ({"quotas": {"vision": {"pools": {"h200": {"burst": 1}}}}}, "quotas.vision.pools.h200: unknown pool 'h200'"),
+        ({"quotas": {"vision": {"pools": {"h100": {"burst": "x"}}}}}, "quotas.vision.pools.h100.burst"),
+        ({"departments": {"ghost": {"burst": 1}}}, "no department named 'ghost'"),
+        ({"departments": {"research": {"guarantee": 2, "burst": 1}}}, "below the guarantee"),
+        ({"departments": ["research"]}, "departments: expected"),
+    ):
+        r = hub.api("POST", "/gpulab/whatif", json=body)
+        assert r.status_code == 400 and words in r.json()["message"], r.text
+    assert hub.api("GET", "/gpulab/teams").json() == teams_before  # a what-if saves nothing
+
+
 BAD = [
     (
         "PATCH",
