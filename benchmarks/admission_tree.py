@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\nwithin {LIMIT}x: {within}; checks: {checks}")
     path = write_result(
-        "admission-tree" if not args.smoke else "admission-tree-smoke",
+        "admission_tree",
         {
+            "smoke": args.smoke,
             "workloads": args.workloads,
             "teams": args.teams,
             "ops": args.ops,

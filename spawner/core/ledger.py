@@ -7,8 +7,16 @@ exactly like running work. The ledger can be rebuilt at any time from the
 workloads that actually run (pods with labels, processes with saved state):
 the cluster is the source of truth, the ledger is a cache of it.
 
-Costs are O(1) per admission: per-team and per-user totals are kept
-incrementally rather than summed over workloads.
+Costs are O(1) per admission: per-team, per-user, per-pool and per-department
+totals are kept incrementally rather than summed over workloads.
+
+GPU pools and departments (:mod:`spawner.core.quota_tree`): a workload's pool
+comes from its profile (``profile_pools``); it counts against the team's quota in
+that pool, if the team has one, as well as the team's totals, and against the
+team's department's burst. A refusal for a full department carries the reclaim
+choice (``Decision.reclaim``): the borrowed, preemptible work that taking back would
+make room, from the team furthest over its weighted share first. The ledger only
+names it; it stops nothing.
 
 A multi-node job is a gang: ``members`` nodes of the same GPUs each. It is one
 workload holding the GPUs of all its members, reserved in the same single step
@@ -154,21 +162,22 @@ class _Totals:
         self.per_pool: dict[str, int] = {}
 
     def add(self, w: Workload, sign: int) -> None:
-        self.held += sign * w.milli
+        m = sign * w.milli
+        self.held += m
         if w.over_quota:
-            self.over_quota += sign * w.milli
+            self.over_quota += m
         else:
-            self.in_quota += sign * w.milli
+            self.in_quota += m
         if w.state == RESERVED:
-            self.reserved += sign * w.milli
+            self.reserved += m
         self.count += sign
-        held = self.per_user.get(w.user, 0) + sign * w.milli
+        held = self.per_user.get(w.user, 0) + m
         if held:
             self.per_user[w.user] = held
         else:
             self.per_user.pop(w.user, None)
         if w.pool:
-            in_pool = self.per_pool.get(w.pool, 0) + sign * w.milli
+            in_pool = self.per_pool.get(w.pool, 0) + m
             if in_pool:
                 self.per_pool[w.pool] = in_pool
             else:
@@ -176,17 +185,18 @@ class _Totals:
 
 
 class _HeldTotals:
-    """What a department's teams hold together, in all and per pool."""
+    """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
 
-    __slots__ = ("held", "per_pool")
+    __slots__ = ("held", "per_pool", "by_pool")
 
-    def __init__(self) -> None:
+    def __init__(self, by_pool: bool) -> None:
         self.held = 0
         self.per_pool: dict[str, int] = {}
+        self.by_pool = by_pool
 
     def add(self, w: Workload, sign: int) -> None:
         self.held += sign * w.milli
-        if w.pool:
+        if self.by_pool and w.pool:
             in_pool = self.per_pool.get(w.pool, 0) + sign * w.milli
             if in_pool:
                 self.per_pool[w.pool] = in_pool
@@ -210,8 +220,10 @@ class Ledger:
         self._profile_pools: dict[str, str] = {}
         self._workloads: dict[str, Workload] = {}
         self._totals: dict[str, _Totals] = {}
-        #: Per department: what its teams hold together (kept with the teams' totals).
+        #: Per department: what its teams hold together (kept with the teams' totals), and
+        #: the same object by each of its teams' names (one lookup per change).
         self._dept_totals: dict[str, _HeldTotals] = {}
+        self._team_dept: dict[str, _HeldTotals] = {}
         self._observers: list[LedgerObserver] = []
         self.set_teams(teams, departments, profile_pools)
 
@@ -249,9 +261,18 @@ class Ledger:
                 self._departments = {d.name: d for d in deps}
             if profile_pools is not None:
                 self._profile_pools = dict(profile_pools)
-            self._dept_totals = {}
+            self._reset_departments()
             for w in self._workloads.values():  # a team may have moved department
-                self._add_to_department(w, +1)
+                dt = self._team_dept.get(w.team)
+                if dt is not None:
+                    dt.add(w, +1)
+
+    def _reset_departments(self) -> None:
+        """Empty department totals, and which team adds to which."""
+        self._dept_totals = {name: _HeldTotals(bool(d.pools)) for name, d in self._departments.items()}
+        self._team_dept = {
+            t.name: self._dept_totals[t.department] for t in self._teams.values() if t.department in self._dept_totals
+        }
 
     def department(self, name: str) -> Department | None:
         return self._departments.get(name)
@@ -474,7 +495,7 @@ class Ledger:
             pending = [w for w in self._workloads.values() if w.state == RESERVED] if keep_reserved else []
             self._workloads.clear()
             self._totals.clear()
-            self._dept_totals.clear()
+            self._reset_departments()
             for w in live:
                 self._remove(w.key)
                 self._add(self._with_pool(w))
@@ -554,24 +575,18 @@ class Ledger:
         pool = self._profile_pools.get(w.profile, ANY_POOL)
         return replace(w, pool=pool) if pool else w
 
-    def _add_to_department(self, w: Workload, sign: int) -> None:
-        if not self._departments:
-            return
-        team = self._teams.get(w.team)
-        if team is not None and team.department is not None:
-            dt = self._dept_totals.get(team.department)
-            if dt is None:
-                dt = self._dept_totals[team.department] = _HeldTotals()
-            dt.add(w, sign)
-
     def _add(self, w: Workload) -> None:
         self._workloads[w.key] = w
         self._totals.setdefault(w.team, _Totals()).add(w, +1)
-        self._add_to_department(w, +1)
+        dt = self._team_dept.get(w.team)
+        if dt is not None:
+            dt.add(w, +1)
 
     def _remove(self, key: str) -> Workload | None:
         w = self._workloads.pop(key, None)
         if w is not None:
             self._totals[w.team].add(w, -1)
-            self._add_to_department(w, -1)
+            dt = self._team_dept.get(w.team)
+            if dt is not None:
+                dt.add(w, -1)
         return w

@@ -136,7 +136,11 @@ def choices_for_user(
         held = ledger.user_held(team.name, user)
         own = own_servers(ledger, team.name, user)
         usage = ledger.usage(team.name)
+        by_pool: dict[str, str | None] = {}  # one summary per pool of the team, not per profile
         for profile in catalog.profiles_for(team):
+            pool = catalog.profile_pools.get(profile.slug, "") if team.pools else ""
+            if pool and pool not in by_pool:
+                by_pool[pool] = pool_summary(catalog, ledger, team, profile, usage)
             milli = effective_milli(profile) if effective_milli else profile.gpu_milli
             decision = ledger.admit(
                 team.name, user, milli, may_burst=profile.priority_class.may_burst, profile=profile.slug
@@ -150,7 +154,7 @@ def choices_for_user(
                     profile=profile,
                     available=decision.allowed and cap.ok,
                     reason=reason,
-                    team_summary=pool_summary(catalog, ledger, team, profile, usage) or summary,
+                    team_summary=by_pool.get(pool) or summary,
                     capacity_summary=cap.summary,
                     over_quota=decision.over_quota,
                     effective_milli=milli if milli != profile.gpu_milli else None,

@@ -26,10 +26,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-#: A pool's name ends up in Kubernetes object names (a Kueue ResourceFlavor per pool).
+#: No pool: the work counts against totals only (a profile no pool claims, or none named).
 ANY_POOL = ""
 
 
@@ -188,7 +188,10 @@ def reclaim_choice(
         items.sort(key=lambda c: (-c.milli, c.key))
     chosen: list[str] = []
     freed = 0
-    share: Callable[[str], float] = lambda t: weighted_share(int(state[t][0]), state[t][1])  # noqa: E731
+
+    def share(team: str) -> float:
+        return weighted_share(int(state[team][0]), state[team][1])
+
     while freed < need_milli:
         eligible = [t for t in pool if pool[t] and state[t][0] > 0]
         if requester_share_after is not None:

@@ -47,6 +47,17 @@ def run_bench(script: str, out: Path, *args: str) -> tuple[dict, str]:
 # -- admission --------------------------------------------------------------
 
 
+def test_admission_tree_smoke(tmp_path):
+    doc, stdout = run_bench("admission_tree.py", tmp_path, "--smoke")
+    assert doc["smoke"] is True
+    # the same admissions with and without pools and departments, within every bound, nothing leaked
+    assert all(doc["checks"].values()), doc["checks"]
+    assert set(doc["ratio"]) == {"reserve_release_p50_us", "admit_p50_us", "admit_refused_p50_us", "page_render_p50_ms"}
+    assert all(r > 0 for r in doc["ratio"].values())
+    assert doc["flat"]["allowed"] == doc["tree"]["allowed"] == doc["ops"]
+    assert "pools + departments" in stdout
+
+
 def test_admission_smoke(tmp_path):
     doc, stdout = run_bench("admission.py", tmp_path, "--smoke")
     assert doc["smoke"] is True

@@ -270,7 +270,7 @@ def test_reclaim_takes_from_the_team_furthest_over_its_weighted_share():
     assert not d.allowed and "reclaim would take back 1 borrowed, preemptible workload" in d.reason
     (key,) = d.reclaim
     assert key.startswith("nlp-") and ledger.get(key).over_quota
-    # two GPUs: nlp's (share 2 -> 1), then the tie at 1 goes by name: vision after nlp? max by (share, name)
+    # two GPUs: nlp's first (share 2 -> 1), then vision's (3 / 3 = 1, and nlp's is 1 too: ties go to the later name)
     assert [
         k.split("-")[0]
         for k in reclaim_choice(
