@@ -75,7 +75,8 @@ def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -
     over quota (both code paths are exercised).
 
     ``tree``: the same world with a GPU pool per model, every team holding a quota
-    in two of them (its whole burst, so the same admissions are allowed), and teams
+    in two of them (its whole guarantee and burst, so the same admissions are allowed and
+    the same ones run over quota: the spawn page says the same), and teams
     in departments of ten whose bounds are their teams' sums: every admission then
     checks the pool's quota and the department's bound too.
     """
@@ -94,7 +95,7 @@ def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -
         tree_fields: dict[str, Any] = {}
         if tree:
             tree_fields = {
-                "pools": tuple(PoolQuota(f"pool-{m}", burst // 4, burst) for m in range(2)),
+                "pools": tuple(PoolQuota(f"pool-{m}", burst // 2, burst) for m in range(2)),
                 "department": f"dept-{t // TEAMS_PER_DEPARTMENT:04d}",
                 "fair_share_weight": float(1 + t % 3),
             }

@@ -187,11 +187,13 @@ class _Totals:
 class _HeldTotals:
     """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
 
-    __slots__ = ("held", "per_pool", "by_pool")
+    __slots__ = ("held", "per_pool", "by_pool", "burst")
 
-    def __init__(self, by_pool: bool) -> None:
+    def __init__(self, burst: int, by_pool: bool) -> None:
         self.held = 0
         self.per_pool: dict[str, int] = {}
+        #: The department's burst limit and whether it has pool quotas (read by every admission).
+        self.burst = burst
         self.by_pool = by_pool
 
     def add(self, w: Workload, sign: int) -> None:
@@ -269,7 +271,7 @@ class Ledger:
 
     def _reset_departments(self) -> None:
         """Empty department totals, and which team adds to which."""
-        self._dept_totals = {name: _HeldTotals(bool(d.pools)) for name, d in self._departments.items()}
+        self._dept_totals = {name: _HeldTotals(d.burst_milli, bool(d.pools)) for name, d in self._departments.items()}
         self._team_dept = {
             t.name: self._dept_totals[t.department] for t in self._teams.values() if t.department in self._dept_totals
         }
@@ -328,7 +330,7 @@ class Ledger:
                     f"{user} holds {format_gpus(mine)} of the {format_gpus(team.per_user_cap_milli)} "
                     f"GPUs one user may hold in team {team.name}; this request needs {format_gpus(milli)}"
                 )
-        pq = pool_quota(team.pools, pool) if team.pools else None
+        pq = pool_quota(team.pools, pool) if pool and team.pools else None
         in_pool = totals.per_pool.get(pool, 0) if pq is not None else 0
         if pq is not None and in_pool + milli > pq.burst_milli:
             need = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
@@ -353,8 +355,9 @@ class Ledger:
                 f"team {team.name} holds {format_gpus(held)} of its {format_gpus(team.guarantee_milli)} "
                 f"GPU guarantee; this work is never admitted over quota and needs {format_gpus(milli)}"
             )
-        dept = self._departments.get(team.department) if team.department is not None else None
-        if dept is not None:
+        dt = self._team_dept.get(team_name)
+        if dt is not None and (dt.by_pool or dt.held + milli > dt.burst):  # the department's bounds
+            dept = self._departments[team.department or ""]
             full = self._department_full(dept, pool, milli)
             if full is not None:
                 where, held_d, burst_d = full
@@ -580,7 +583,10 @@ class Ledger:
         self._totals.setdefault(w.team, _Totals()).add(w, +1)
         dt = self._team_dept.get(w.team)
         if dt is not None:
-            dt.add(w, +1)
+            if dt.by_pool:
+                dt.add(w, +1)
+            else:
+                dt.held += w.milli
 
     def _remove(self, key: str) -> Workload | None:
         w = self._workloads.pop(key, None)
@@ -588,5 +594,8 @@ class Ledger:
             self._totals[w.team].add(w, -1)
             dt = self._team_dept.get(w.team)
             if dt is not None:
-                dt.add(w, -1)
+                if dt.by_pool:
+                    dt.add(w, -1)
+                else:
+                    dt.held -= w.milli
         return w
