@@ -19,6 +19,7 @@ Fairness:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -231,21 +232,41 @@ class Prediction:
     basis: str
 
 
-def _time_to_free(need: int, free_now: int, holders: Iterable[Holder], now: float) -> tuple[float | None, list[str]]:
-    """The first moment at which ``need`` milli-GPUs are free, given ``free_now`` and the
-    holders' expected ends (a holder with no expected end never frees, for this estimate)."""
-    if free_now >= need:
-        return now, []
-    known = sorted((h for h in holders if h.ends_at is not None), key=lambda h: (h.ends_at or 0.0, h.key))
-    freed = free_now
+#: ``length(entry) -> seconds``: how long a queued entry is expected to hold its GPUs once
+#: started (``None``: unknown), for the entries ahead of the one predicted.
+LengthFn = Callable[[QueueEntry], "float | None"]
+
+
+def _fifo_start(
+    entry: QueueEntry,
+    ahead: Sequence[QueueEntry],
+    free_now: int,
+    holders: Iterable[Holder],
+    now: float,
+    length: LengthFn | None,
+) -> tuple[float | None, list[str]]:
+    """When ``entry`` starts if the queue is served in order: the holders free their GPUs at
+    their expected ends, each entry ahead starts as soon as its share is free and holds it
+    for its expected length; ``None`` when something it waits for has no expected end."""
+    ends = [(h.ends_at, h.milli, h.basis) for h in holders if h.ends_at is not None]
+    heapq.heapify(ends)
+    free, t = free_now, now
     bases: list[str] = []
-    for h in known:
-        freed += h.milli
-        if h.basis and h.basis not in bases:
-            bases.append(h.basis)
-        if freed >= need:
-            return max(now, h.ends_at or now), bases
-    return None, bases
+    for q in [*ahead, entry]:
+        while free < q.milli:
+            if not ends:
+                return None, bases
+            end, milli, basis = heapq.heappop(ends)
+            t, free = max(t, end), free + milli
+            if basis and basis not in bases:
+                bases.append(basis)
+        if q is entry:
+            return t, bases
+        free -= q.milli
+        held = length(q) if length is not None else None
+        if held is not None:
+            heapq.heappush(ends, (t + held, q.milli, BASIS_HISTORY))
+    return t, bases
 
 
 def predict_start(
@@ -256,31 +277,33 @@ def predict_start(
     *,
     team_free_milli: int,
     device_free_milli: int | None = None,
+    length: LengthFn | None = None,
 ) -> Prediction:
     """When ``entry`` is expected to start.
 
-    It starts once its team's quota has room for it and everything queued ahead of it in
-    the team (``team_free_milli`` now, plus what the team's holders free as they end) and,
-    where the hub places devices (``device_free_milli`` not ``None``: the single server),
-    once the devices of its GPU model have room for it and for the entries ahead of it
-    on them. The later of the two moments is the prediction. Fragmentation (free
-    fractions on different GPUs) is not modelled: a placement that needs one GPU with
-    room may start later than predicted.
+    The queue is played forward in its order: the work holding GPUs frees them at its
+    expected end (:func:`expected_end`), each entry ahead starts as soon as its share is
+    free and then holds it for its expected length (``length``), and ``entry`` starts
+    when its own share is free. This is done for its team's quota (``team_free_milli``
+    now, the team's holders and queued entries) and, where the hub places devices
+    (``device_free_milli`` not ``None``: the single server), for the devices of its GPU
+    model; the later of the two is the prediction. Fragmentation (free fractions on
+    different GPUs) is not modelled: a placement that needs one GPU with room may start
+    later than predicted.
     """
-    need_team = entry.milli + sum(e.milli for e in ahead if e.team == entry.team)
+    team_ahead = [e for e in ahead if e.team == entry.team]
     team_holders = [h for h in holders if h.team == entry.team]
-    t_team, bases = _time_to_free(need_team, team_free_milli, team_holders, now)
-    t = t_team
-    if device_free_milli is not None and entry.milli > 0:
-        need_dev = entry.milli + sum(e.milli for e in ahead if _same_devices(e, entry))
+    t, bases = _fifo_start(entry, team_ahead, team_free_milli, team_holders, now, length)
+    if device_free_milli is not None and entry.milli > 0 and t is not None:
+        dev_ahead = [e for e in ahead if _same_devices(e, entry)]
         dev_holders = [
             h
             for h in holders
             if h.milli > 0 and (entry.gpu_model is None or h.gpu_model is None or h.gpu_model == entry.gpu_model)
         ]
-        t_dev, dev_bases = _time_to_free(need_dev, device_free_milli, dev_holders, now)
+        t_dev, dev_bases = _fifo_start(entry, dev_ahead, device_free_milli, dev_holders, now, length)
         bases += [b for b in dev_bases if b not in bases]
-        t = None if t_team is None or t_dev is None else max(t_team, t_dev)
+        t = None if t_dev is None else max(t, t_dev)
     if t is None:
         return Prediction(
             None, "no estimate: what holds these GPUs has no time limit, idle warning or recorded history"
