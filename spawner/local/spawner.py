@@ -50,8 +50,8 @@ from spawner.core.policy import (
 )
 from spawner.core.profile_facts import device_memory, profile_facts
 from spawner.core.progress import setup_messages
-from spawner.core.queue_form import queue_panel_html
 from spawner.core.units import format_gpus
+from spawner.queue_page import queue_form_parts
 from spawner.runtime import SINGLE_SERVER, GPULabRuntime, get_runtime
 
 from .account_spawner import AccountProcessSpawner
@@ -191,39 +191,8 @@ class GPULocalMixin(_SpawnerBase):
         )
 
     def queue_form_parts(self) -> dict[str, Any]:
-        """The spawn form's queue (this server's place in line, "Queue me" on full profiles) and
-        right-size lines, when the hub has a queue; a failure to read them only costs the lines."""
-        runtime = self.gpulab
-        runner = runtime.queue
-        user = self.user.name
-        parts: dict[str, Any] = {"right_size": lambda c: self._right_size_line(c.profile)}
-        if runner is None or not runner.settings.enabled:
-            return parts
-        try:
-            entries = runner.view(user)
-        except Exception as e:
-            self.log.warning("gpulab: cannot read the queue of %s: %s", user, e)
-            return parts
-        base = self.hub.base_url
-        server = self.name or ""
-        pending = f"{base}spawn-pending/{quote(user, safe='')}" + (f"/{quote(server, safe='')}" if server else "")
-        parts["queue_url"] = f"{base}gpulab/queue?server={quote(server, safe='')}"
-        parts["queue_panel"] = queue_panel_html(
-            entries,
-            server_name=server,
-            cancel_url=f"{base}gpulab/queue/cancel",
-            api_url=f"{base}api/gpulab/queue",
-            pending_url=pending,
-            notice=runner.notices.pop(user, ""),
-        )
-        return parts
-
-    def _right_size_line(self, profile: Any) -> str:
-        try:
-            return self.gpulab.right_size(self.user.name, profile)
-        except Exception as e:
-            self.log.warning("gpulab: cannot read the sessions of %s for the right-size hint: %s", self.user.name, e)
-            return ""
+        """The spawn form's queue and right-size lines (:func:`spawner.queue_page.queue_form_parts`)."""
+        return queue_form_parts(self.gpulab, self.user.name, self.name or "", self.hub.base_url, self.log)
 
     def _profile_gives(self, choice: ProfileChoice) -> list[str]:
         """What a profile gives here: its share of this server's device memory, the CPU and memory
