@@ -194,3 +194,38 @@ def test_the_next_in_line_starts_by_itself_when_the_gpu_frees(hub, tokens):
     # carol (2nd) is next now; her entries wait, nobody else started
     assert sorted(e["position"] for e in waiting(hub, tokens, "carol")) == [1, 2]
     assert not (hub.api("GET", "/users/carol").json().get("servers") or {})
+
+
+@pytest.mark.parametrize(
+    ("path", "form", "status"),
+    [
+        ("/hub/gpulab/queue?server=", {}, 400),  # no choice
+        ("/hub/gpulab/queue?server=", {"queue": "vision"}, 400),  # not team:profile
+        ("/hub/gpulab/queue?server=", {"queue": ["vision:h100", "vision:h100"]}, 400),
+        ("/hub/gpulab/queue?server=", {"queue": "vision:" + "h" * 300}, 400),
+        ("/hub/gpulab/queue?server=" + "x" * 300, {"queue": "vision:h100"}, 400),
+        ("/hub/gpulab/queue/cancel", {"cancel": "²"}, 400),
+        ("/hub/gpulab/queue/cancel", {"cancel": "-1"}, 400),
+        ("/hub/gpulab/queue/cancel", {"cancel": "999999"}, 404),
+    ],
+)
+def test_bad_page_posts_are_refused_and_change_nothing(hub, tokens, path, form, status):
+    s = hub.login("dave")
+    page_of(hub, s)
+    before = queue(hub, tokens, "dave").json()["entries"]
+    r = s.post(hub.url + path, data={"_xsrf": s.cookies.get("_xsrf", path="/hub/"), **form}, allow_redirects=False)
+    assert r.status_code == status, r.text[-500:]
+    assert queue(hub, tokens, "dave").json()["entries"] == before
+
+
+def test_a_page_join_that_is_refused_says_why_on_the_page(hub):
+    s = hub.login("dave")
+    page_of(hub, s)
+    xsrf = s.cookies.get("_xsrf", path="/hub/")
+    # the CPU profile holds no GPU: nothing to wait for, said on the page (not a bare error)
+    r = s.post(hub.url + "/hub/gpulab/queue?server=", data={"_xsrf": xsrf, "queue": "vision:cpu"}, allow_redirects=True)
+    assert r.status_code == 200
+    assert (
+        "Not queued: profile &#x27;cpu&#x27; holds no GPU" in r.content.decode()
+        or "Not queued: profile 'cpu' holds no GPU" in r.content.decode()
+    )
