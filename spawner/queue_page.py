@@ -39,7 +39,9 @@ def queue_form_parts(
         log.warning("gpulab: cannot read the queue of %s: %s", user, e)
         return parts
     pending = f"{base_url}spawn-pending/{quote(user, safe='')}" + (f"/{quote(server, safe='')}" if server else "")
-    parts["queue_url"] = f"{base_url}gpulab/queue?server={quote(server, safe='')}"
+    if not any(e.get("server_name") == server and e.get("state") in ("waiting", "starting") for e in entries):
+        # this server waits already: its cards offer no second place in line
+        parts["queue_url"] = f"{base_url}gpulab/queue?server={quote(server, safe='')}"
     parts["queue_panel"] = queue_panel_html(
         entries,
         server_name=server,

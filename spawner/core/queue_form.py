@@ -29,6 +29,22 @@ QUEUE_SCRIPT = """
 <script>
 (function () {
   var cfg = JSON.parse(document.getElementById("gpulab-queue-config").textContent);
+  // JupyterHub's spawn form carries its XSRF token in its action URL; the queue's buttons post
+  // the same form elsewhere (formaction), so they carry the same token. This script sits above
+  // the cards: their buttons exist once the page is parsed.
+  function carryXsrf() {
+    var form = document.getElementById("spawn_form");
+    var xsrf = form ? new URL(form.action, window.location.href).searchParams.get("_xsrf") : null;
+    if (!xsrf) { return; }
+    document.querySelectorAll("#spawn_form button[formaction]").forEach(function (b) {
+      var u = new URL(b.getAttribute("formaction"), window.location.href);
+      u.searchParams.set("_xsrf", xsrf);
+      b.setAttribute("formaction", u.pathname + u.search);
+    });
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", carryXsrf);
+  } else { carryXsrf(); }
   var live = document.getElementById("gpulab-queue-live");
   var notify = document.getElementById("gpulab-queue-notify");
   if (notify && window.Notification) {
@@ -124,7 +140,7 @@ def queue_panel_html(
             f'<p><strong id="gpulab-queue-{eid}-where">{escape(where)}.</strong></p>'
             f'<p class="gpulab-queue-when" id="gpulab-queue-{eid}-when">{escape(when)}{"." if when else ""}</p>'
             '<p class="gpulab-queue-when">Keep this page open to go to your server when it starts, or come back later.</p>'
-            f'<button type="submit" class="btn btn-outline-secondary btn-sm" formaction="{escape(cancel_url)}"'
+            f'<button type="submit" class="btn btn-secondary btn-sm" formaction="{escape(cancel_url)}"'
             f' name="cancel" value="{eid}" id="gpulab-queue-{eid}-cancel">Leave the queue</button> '
             '<button type="button" class="btn btn-link btn-sm" id="gpulab-queue-notify">Notify me when it starts</button>'
             "</div>"
