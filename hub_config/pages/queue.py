@@ -1,10 +1,10 @@
-"""The spawn page's "Queue me" and "Leave the queue" buttons: plain form posts (no script needed).
+"""The spawn page's "Queue me" and "Leave the queue" buttons: form posts (the page's script makes them).
 
 ``POST /hub/gpulab/queue?server=NAME`` with ``queue=team:profile`` (and the card's
 ``image-team:profile``) queues the server; ``POST /hub/gpulab/queue/cancel`` with
 ``cancel=ID`` cancels one of the caller's entries. Both answer with a redirect to the
 spawn page, which shows the queue (or the refusal, as a sentence) at its top. The hub's
-XSRF check applies to both, as to the spawn form they sit in.
+XSRF check applies to both: the script posts the spawn form's own token.
 """
 
 from __future__ import annotations

@@ -238,7 +238,9 @@ def _profile_html(
         f'<strong id="{escape(rid)}-name">{escape(p.display_name)}</strong>',
     ]
     for suffix, klass, text in parts:
-        out.append(f'<span class="{klass}" id="{escape(rid)}-{suffix}">{escape(text)}</span>')
+        # "Queue me" ends the what-to-do line: no extra line on the card
+        button = f" {extra.queue_button}" if suffix == "todo" and extra.queue_button else ""
+        out.append(f'<span class="{klass}" id="{escape(rid)}-{suffix}">{escape(text)}{button}</span>')
     if len(p.images) > 1:
         out.append(
             f'<span class="gpulab-detail">Image <select name="image-{escape(value)}"'
@@ -247,8 +249,6 @@ def _profile_html(
         for img in p.images:
             out.append(f'<option value="{escape(img.slug)}">{escape(img.display_name)}</option>')
         out.append("</select></span>")
-    if extra.queue_button:
-        out.append(extra.queue_button)
     out.append("</label>")
     return out
 

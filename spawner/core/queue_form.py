@@ -15,7 +15,7 @@ QUEUE_CSS = """
 .gpulab-queue { border: 1px solid #9ec5fe; background: #f1f6ff; border-radius: 4px; padding: .4em .7em; margin: 0 0 .6em 0; }
 .gpulab-queue p { margin: .1em 0; }
 .gpulab-queue .gpulab-queue-when { color: #555; font-size: .9em; }
-.gpulab-queue-me { margin-top: .3em; }
+.gpulab-queue-me { padding: 0 .45em; font-size: .95em; line-height: 1.35; vertical-align: baseline; }
 .gpulab-right-size { color: #0a58ca; display: block; }
 [data-bs-theme=dark] .gpulab-queue { background: #1c2533; border-color: #3d5a80; }
 [data-bs-theme=dark] .gpulab-queue .gpulab-queue-when { color: #adb5bd; }
@@ -29,22 +29,42 @@ QUEUE_SCRIPT = """
 <script>
 (function () {
   var cfg = JSON.parse(document.getElementById("gpulab-queue-config").textContent);
-  // JupyterHub's spawn form carries its XSRF token in its action URL; the queue's buttons post
-  // the same form elsewhere (formaction), so they carry the same token. This script sits above
-  // the cards: their buttons exist once the page is parsed.
-  function carryXsrf() {
-    var form = document.getElementById("spawn_form");
-    var xsrf = form ? new URL(form.action, window.location.href).searchParams.get("_xsrf") : null;
-    if (!xsrf) { return; }
-    document.querySelectorAll("#spawn_form button[formaction]").forEach(function (b) {
-      var u = new URL(b.getAttribute("formaction"), window.location.href);
-      u.searchParams.set("_xsrf", xsrf);
-      b.setAttribute("formaction", u.pathname + u.search);
+  // The queue's buttons are type=button, never the form's first submit button (Enter in the
+  // form must start, not queue). Each posts a form of its own, with the spawn form's XSRF
+  // token (JupyterHub puts it in the spawn form's action URL) and the card's image choice.
+  function post(url, fields) {
+    var spawn = document.getElementById("spawn_form");
+    var xsrf = spawn ? new URL(spawn.action, window.location.href).searchParams.get("_xsrf") : null;
+    var f = document.createElement("form");
+    f.method = "post";
+    f.action = url;
+    f.hidden = true;
+    if (xsrf) { fields._xsrf = xsrf; }
+    Object.keys(fields).forEach(function (k) {
+      var input = document.createElement("input");
+      input.type = "hidden";
+      input.name = k;
+      input.value = fields[k];
+      f.appendChild(input);
     });
+    document.body.appendChild(f);
+    f.submit();
   }
-  if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", carryXsrf);
-  } else { carryXsrf(); }
+  document.addEventListener("click", function (ev) {
+    var b = ev.target.closest && ev.target.closest("button[data-gpulab-queue], button[data-gpulab-cancel]");
+    if (!b) { return; }
+    ev.preventDefault();
+    b.disabled = true;
+    if (b.dataset.gpulabCancel) {
+      post(cfg.cancel, {cancel: b.dataset.gpulabCancel});
+      return;
+    }
+    var choice = b.dataset.gpulabQueue;
+    var fields = {queue: choice};
+    var image = document.querySelector('[name="image-' + choice + '"], [name="profile-option-' + choice + '--image"]');
+    if (image && image.value) { fields["image-" + choice] = image.value; }
+    post(b.dataset.gpulabQueueUrl, fields);
+  });
   var live = document.getElementById("gpulab-queue-live");
   var notify = document.getElementById("gpulab-queue-notify");
   if (notify && window.Notification) {
@@ -105,13 +125,15 @@ def queueable(choice: ProfileChoice) -> bool:
 
 
 def queue_button_html(choice: ProfileChoice, queue_url: str) -> str:
-    """ "Queue me" on a full profile's card: posts the spawn form to the queue instead of starting."""
+    """ "Queue me" on a full profile's card: a button (never the spawn form's first submit button,
+    so Enter still starts) whose click posts the choice to the queue (:data:`QUEUE_SCRIPT`)."""
     value = f"{choice.team.name}:{choice.profile.slug}"
     return (
-        f'<button type="submit" class="btn btn-outline-primary btn-sm gpulab-queue-me" formaction="{escape(queue_url)}"'
-        f' name="queue" value="{escape(value)}" aria-label="Queue me for {escape(choice.profile.display_name)}'
-        f' in team {escape(choice.team.name)}">Queue me</button>'
-        '<span class="gpulab-detail">Wait in line: your server starts by itself when this frees.</span>'
+        f'<button type="button" class="btn btn-outline-primary btn-sm gpulab-queue-me"'
+        f' data-gpulab-queue-url="{escape(queue_url)}" data-gpulab-queue="{escape(value)}"'
+        f' aria-label="Queue me for {escape(choice.profile.display_name)}'
+        f' in team {escape(choice.team.name)}" title="Wait in line: your server starts by itself when this frees">'
+        "Queue me</button>"
     )
 
 
@@ -140,8 +162,8 @@ def queue_panel_html(
             f'<p><strong id="gpulab-queue-{eid}-where">{escape(where)}.</strong></p>'
             f'<p class="gpulab-queue-when" id="gpulab-queue-{eid}-when">{escape(when)}{"." if when else ""}</p>'
             '<p class="gpulab-queue-when">Keep this page open to go to your server when it starts, or come back later.</p>'
-            f'<button type="submit" class="btn btn-secondary btn-sm" formaction="{escape(cancel_url)}"'
-            f' name="cancel" value="{eid}" id="gpulab-queue-{eid}-cancel">Leave the queue</button> '
+            f'<button type="button" class="btn btn-secondary btn-sm" data-gpulab-cancel="{eid}"'
+            f' id="gpulab-queue-{eid}-cancel">Leave the queue</button> '
             '<button type="button" class="btn btn-link btn-sm" id="gpulab-queue-notify">Notify me when it starts</button>'
             "</div>"
         )
@@ -154,6 +176,7 @@ def queue_panel_html(
     parts.append('<p class="gpulab-detail" id="gpulab-queue-live" role="status" aria-live="polite"></p>')
     config = {
         "api": api_url,
+        "cancel": cancel_url,
         "server": server_name,
         "pending": pending_url,
         "waiting": [int(e["id"]) for e in waiting],

@@ -4,7 +4,7 @@ bob finds 1 × H100 full (alice holds it), presses **Queue me** on its card, and
 comes back saying he is next in line, with a predicted start line, **Leave the queue**
 and **Notify me when it starts**. When alice stops her server the hub's queue runner
 starts bob's by itself; the page, still open, sees it, says so, sends the browser
-notification bob allowed, and takes him to his server. Screenshot: docs/img/spawn-queue.png
+notification bob allowed, and takes him to his server. Screenshots: docs/img/spawn-queue-me.png, docs/img/spawn-queue.png
 (scripts/screenshots).
 """
 
@@ -67,7 +67,10 @@ def test_queue_me_then_the_server_starts_by_itself(hub, browser):
     page.goto(hub.url + "/hub/spawn")
     full = page.locator('label[data-choice="vision:h100"]')
     assert "Unavailable" in full.inner_text()
+    # Enter in the form starts (its first submit button is Start): Queue me is no submit button
+    assert page.locator("#spawn_form button[type=submit]").all_inner_texts() == ["Start"]
     queue_me = full.get_by_role("button", name="Queue me for 1 × H100 in team vision")
+    page.screenshot(path=str(SHOTS / "spawn-queue-me.png"), full_page=True)
     queue_me.click()
     page.wait_for_load_state("networkidle")
     where = page.locator("[id^=gpulab-queue-][id$=-where]")

@@ -147,10 +147,13 @@ def test_the_spawn_page_says_the_place_in_line(hub):
     s = hub.login("carol")
     page = page_of(hub, s)
     assert "You are 2nd in line for 1 × H100 in team vision." in page
-    assert 'name="cancel"' in page and "Leave the queue" in page
+    assert "data-gpulab-cancel=" in page and "Leave the queue" in page
     s = hub.login("dave")
     page = page_of(hub, s)
-    assert re.search(r'<button[^>]*formaction="/hub/gpulab/queue\?server="[^>]*value="vision:h100"', page), page
+    assert re.search(
+        r'<button type="button"[^>]*data-gpulab-queue-url="/hub/gpulab/queue\?server="[^>]*data-gpulab-queue="vision:h100"',
+        page,
+    ), page
     # behind bob and carol's two entries; the page's own "Queue me" posts the spawn form to the queue, then comes back to the page
     xsrf = s.cookies.get("_xsrf", path="/hub/")
     r = s.post(
@@ -159,7 +162,7 @@ def test_the_spawn_page_says_the_place_in_line(hub):
     assert r.status_code == 303, r.text
     page = page_of(hub, s)
     assert "You are 4th in line for 1 × H100 in team vision." in page
-    entry_id = re.search(r'name="cancel" value="(\d+)"', page).group(1)
+    entry_id = re.search(r'data-gpulab-cancel="(\d+)"', page).group(1)
     # without the XSRF token the post is refused and nothing changes
     r = s.post(hub.url + "/hub/gpulab/queue/cancel", data={"cancel": entry_id}, allow_redirects=False)
     assert r.status_code == 403
