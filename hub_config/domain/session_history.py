@@ -39,6 +39,8 @@ def session_lengths(sessions: sessionmaker[Session], profiles: set[str]) -> dict
                 .limit(LENGTH_HISTORY)
             ).all()
             for user, started, ended in rows:
+                if ended is None:  # excluded by the query; the column is nullable
+                    continue
                 length = (ended - started).total_seconds()
                 out[(profile, user)].append(length)
                 out[(profile, "")].append(length)
