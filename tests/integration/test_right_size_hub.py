@@ -10,13 +10,11 @@ H100 would have left -- while the hub runs; everything that reads them is the hu
 from __future__ import annotations
 
 import html
-from datetime import timedelta
 
 import pytest
 
-from hub_config.domain.usage_records import UsageInterval, UtilisationSample
-from hub_config.storage.db import session_factory, utcnow
 from tests.support.hub import RunningHub
+from tests.support.usage_history import record_sessions
 
 CATALOG = """
 inventory:
@@ -44,42 +42,6 @@ def hub(tmp_path_factory):
         yield h
     finally:
         h.close()
-
-
-def record_sessions(hub: RunningHub, user: str, profile: str, n: int, peak_mib: float | None, util: tuple) -> None:
-    sessions = session_factory(url=f"sqlite:///{hub.state_dir / 'gpulab.sqlite'}")
-    now = utcnow()
-    with sessions.begin() as s:
-        for i in range(n):
-            start = now - timedelta(hours=2 * (n - i))
-            end = start + timedelta(hours=1)
-            key = f"notebook:{user}/"
-            s.add(
-                UsageInterval(
-                    key=key,
-                    team="vision",
-                    user=user,
-                    profile=profile,
-                    kind="notebook",
-                    gpu_milli=1000,
-                    gpu_model="H100-80GB",
-                    over_quota=False,
-                    started_at=start,
-                    ended_at=end,
-                )
-            )
-            for j, u in enumerate(util):
-                memory = None if peak_mib is None else peak_mib * (1 if j == 0 else 0.5)
-                s.add(
-                    UtilisationSample(
-                        at=start + timedelta(minutes=10 * (j + 1)),
-                        key=key,
-                        team="vision",
-                        user=user,
-                        util_pct=u,
-                        memory_mib=memory,
-                    )
-                )
 
 
 def test_the_spawn_page_names_the_smaller_profile_with_its_evidence(hub):
