@@ -64,6 +64,11 @@ log = logging.getLogger("gpulab.queue")
 SERVICE_NAME = "gpulab-queue"
 #: Its scopes: start (and read) any user's servers, nothing else.
 SERVICE_SCOPES = ["servers", "read:users:name"]
+#: Refusals of a queued start that free up (quota or devices taken in between, the hub busy,
+#: a full disk): the entry waits again in its place. Any other refusal fails the entry.
+WAIT_AGAIN_CODES = (403, 409, 429, 503, 507)
+#: ... unless the refusal says the choice itself is no longer allowed (a 403 of the catalog's).
+NEVER_FITS = ("not a member", "may not use", "is retired", "unknown profile", "offers no image")
 #: Server names the queue accepts ('' is the default server).
 SERVER_NAME = re.compile(r"[A-Za-z0-9._-]{0,255}")
 TOKEN_NOTE = "gpulab queue runner (replaced at each hub start)"
@@ -208,7 +213,7 @@ class QueueRunner:
                 err.response.body.decode("utf-8", "replace") if err.response is not None and err.response.body else ""
             )
             message = _message(body) or str(err)
-            if err.code in (403, 409, 429) and "not a member" not in message and "may not use" not in message:
+            if err.code in WAIT_AGAIN_CODES and not any(w in message for w in NEVER_FITS):
                 log.info("gpulab: queue entry %d for %s waits again: %s", e.id, what, message)
                 self.store.mark(e.id, WAITING, f"the start was refused, waiting again: {message}", expect=(STARTING,))
                 return WAITING

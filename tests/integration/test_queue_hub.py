@@ -8,8 +8,10 @@ starting by itself when the GPU frees -- through the same ledger a spawn uses.
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import time
 
 import pytest
 
@@ -228,7 +230,25 @@ def test_a_page_join_that_is_refused_says_why_on_the_page(hub):
     # the CPU profile holds no GPU: nothing to wait for, said on the page (not a bare error)
     r = s.post(hub.url + "/hub/gpulab/queue?server=", data={"_xsrf": xsrf, "queue": "vision:cpu"}, allow_redirects=True)
     assert r.status_code == 200
-    assert (
-        "Not queued: profile &#x27;cpu&#x27; holds no GPU" in r.content.decode()
-        or "Not queued: profile 'cpu' holds no GPU" in r.content.decode()
-    )
+    assert "Not queued: profile 'cpu' holds no GPU" in html.unescape(r.content.decode())
+
+
+def test_an_entry_whose_profile_was_retired_fails_with_the_reason_and_holds_nobody_back(hub, tokens):
+    # bob holds the GPU (started from the queue); carol waits twice for 1 × H100
+    assert hub.api("POST", "/gpulab/profiles/h100/retire").status_code == 200
+    try:
+        r = hub.api("DELETE", "/users/bob/server")
+        assert r.status_code in (202, 204), r.text
+        hub.wait_server("bob", ready=False)
+        deadline = time.monotonic() + 60
+        while waiting(hub, tokens, "carol"):
+            assert time.monotonic() < deadline, queue(hub, tokens, "carol").json()
+            time.sleep(0.5)
+        entries = queue(hub, tokens, "carol").json()["entries"]
+        assert {e["state"] for e in entries if e["profile"] == "h100"} == {"failed"}, entries
+        assert all("is retired" in e["reason"] for e in entries if e["state"] == "failed")
+        assert not (hub.api("GET", "/users/carol").json().get("servers") or {})
+        page = page_of(hub, hub.login("carol"))
+        assert "did not start: the server could not be started" in html.unescape(page)
+    finally:
+        assert hub.api("POST", "/gpulab/profiles/h100/restore").status_code == 200
