@@ -327,7 +327,9 @@ class JobService:
         may_burst = sub.priority.may_burst
         # Decide first, write after: no database transaction may stay open while
         # the ledger runs its observers (they write to the same database).
-        decision = ledger.admit(request.team.name, user, milli, may_burst=may_burst, members=sub.nodes)
+        decision = ledger.admit(
+            request.team.name, user, milli, may_burst=may_burst, members=sub.nodes, profile=profile.slug
+        )
         if not decision.allowed:
             log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, decision.reason)
             raise AdmissionRefused(decision.reason, 403)
