@@ -12,11 +12,10 @@ from __future__ import annotations
 import html
 import json
 import sqlite3
-from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from spawner.core.budgets import period_bounds
+from tests.support import budgets
 from tests.support.catalogs import CPU_PROFILE, H100_HALF, H100_ONE, h100_inventory
 from tests.support.hub import RunningHub
 from tests.support.webhook_receiver import WebhookReceiver
@@ -57,21 +56,8 @@ def db(hub: RunningHub) -> sqlite3.Connection:
     return sqlite3.connect(hub.state_dir / "gpulab.sqlite")
 
 
-_history = iter(range(1, 10**6))
-
-
 def add_history(hub: RunningHub, team: str, user: str, gpu_hours: float) -> None:
-    """``gpu_hours`` of ``team``'s work earlier this month, as the usage recorder records it."""
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
-    start = max(period_bounds(now, "month", ZONE)[0], now - timedelta(hours=1))
-    end = now - timedelta(seconds=1)
-    milli = round(gpu_hours * 1000 * 3600 / (end - start).total_seconds()) + 1
-    with db(hub) as conn:
-        conn.execute(
-            "INSERT INTO gpulab_usage (key, team, user, profile, kind, gpu_milli, gpu_model, over_quota,"
-            " started_at, ended_at) VALUES (?, ?, ?, 'h100-1', 'job', ?, 'H100-80GB', 0, ?, ?)",
-            (f"job:history-{next(_history)}", team, user, milli, str(start), str(end)),
-        )
+    budgets.add_history(hub, team, user, gpu_hours, ZONE)
 
 
 def user_token(hub: RunningHub, user: str) -> str:
