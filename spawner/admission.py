@@ -61,11 +61,18 @@ class Admission:
         self.log = log
 
     def resolve(self, options: Any) -> SpawnRequest:
-        """The team, profile and image ``options`` ask for, or a refusal that says why not."""
+        """The team, profile and image ``options`` ask for, or a refusal that says why not
+        (a GPU-hour budget that refuses new work included: the form says so before anything starts)."""
         try:
-            return resolve_request(self.runtime.catalog, self.user, self.groups, options)
+            request = resolve_request(self.runtime.catalog, self.user, self.groups, options)
         except PolicyError as e:
             raise policy_refusal(e) from None
+        if request.milli:
+            may_burst = request.profile.priority_class.may_burst
+            budget = self.runtime.budget_verdict(request.team.name, self.user, may_burst)
+            if budget.action == REFUSE:
+                raise refusal(budget.sentence, 403, "budget")
+        return request
 
     def reserve(self, request: SpawnRequest, milli: int, sentence: Callable[[str], str] = str) -> Decision:
         """Reserve ``milli`` of the team's quota, or refuse (403, reason ``quota``) with

@@ -236,6 +236,31 @@ def test_at_100_percent_refuse_says_why_and_starts_nothing(hub):
     hub.wait_server("bob", ready=False)
 
 
+def test_budgets_are_in_the_what_if_replay(hub):
+    add_history(hub, "vision", "bob", 0.4)  # an hour of 0.4 GPUs, which the two H100 can replay
+    proposal = {"budgets": [{"team": "vision", "gpu_hours": 0.01, "at_limit": "refuse"}], "days": 1}
+    r = hub.api("POST", "/gpulab/whatif", json=proposal)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["proposal"]["budgets"] == [
+        {"key": "team:vision", "team": "vision", "gpu_hours": 0.01, "period": "month", "at_limit": "refuse"}
+    ]
+    # the budget counts what the replay served: the 0.4 GPU session fits the two GPUs (the 8.2
+    # and 2 GPU ones do not), and alice's server started after it finds 0.01 GPU-hours spent
+    assert out["proposed"]["refused"]["budget"] >= 1 and out["proposed"]["by_team"]["nlp"]["refused_gpu_hours"] == 0
+    over = hub.api(
+        "POST", "/gpulab/whatif", json={**proposal, "budgets": [{**proposal["budgets"][0], "at_limit": "over-quota"}]}
+    )
+    assert over.json()["proposed"]["refused"]["budget"] == 0 and over.json()["proposed"]["budget_over_quota"] >= 1
+    for bad, words in (
+        ([{"team": "ghost", "gpu_hours": 1}], "budgets[0]: there is no team 'ghost'"),
+        ([{"team": "vision", "gpu_hours": 1}, {"team": "vision", "gpu_hours": 2}], "given twice"),
+        ({"team": "vision"}, "expected a list"),
+    ):
+        r = hub.api("POST", "/gpulab/whatif", json={"budgets": bad})
+        assert r.status_code == 400 and words in r.json()["message"], r.text
+
+
 def test_removing_the_budget_lets_work_start_in_quota_and_is_audited(hub):
     assert hub.api("DELETE", "/gpulab/budgets/teams/vision").status_code == 204
     r = hub.api("POST", "/users/bob/server", json={"team": "vision", "profile": "h100-half"})

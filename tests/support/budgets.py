@@ -5,11 +5,21 @@ from __future__ import annotations
 import itertools
 import sqlite3
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from spawner.core.budgets import period_bounds
 from tests.support.hub import RunningHub
 
 _history = itertools.count(1)
+
+
+def gpulab_database(hub: RunningHub) -> Path:
+    """The hub's gpulab SQLite file: in its data folder (the embedded hub), or beside the hub's
+    own database in its working directory (Zero to JupyterHub's sqlite-pvc layout)."""
+    for path in (hub.state_dir / "gpulab.sqlite", hub.workdir / "gpulab.sqlite"):
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"no gpulab.sqlite under {hub.workdir}")
 
 
 def add_history(hub: RunningHub, team: str, user: str, gpu_hours: float, zone: str) -> None:
@@ -19,7 +29,7 @@ def add_history(hub: RunningHub, team: str, user: str, gpu_hours: float, zone: s
     start = max(period_bounds(now, "month", zone)[0], now - timedelta(hours=1))
     end = now - timedelta(seconds=1)
     milli = round(gpu_hours * 1000 * 3600 / (end - start).total_seconds()) + 1
-    with sqlite3.connect(hub.state_dir / "gpulab.sqlite") as conn:
+    with sqlite3.connect(gpulab_database(hub)) as conn:
         conn.execute(
             "INSERT INTO gpulab_usage (key, team, user, profile, kind, gpu_milli, gpu_model, over_quota,"
             " started_at, ended_at) VALUES (?, ?, ?, 'h100-1', 'job', ?, 'H100-80GB', 0, ?, ?)",
