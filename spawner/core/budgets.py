@@ -390,6 +390,9 @@ def webhook_body(status: BudgetStatus, threshold: int, members: Sequence[str], h
     return {
         "schema": WEBHOOK_SCHEMA,
         "event": "budget.threshold",
+        # The same for every attempt of one notice: a receiver drops repeats by it (a POST
+        # that timed out may have arrived, and is sent again).
+        "id": f"{b.key}@{_iso_z(status.period_start)}#{threshold}",
         "threshold_percent": threshold,
         "budget": budget_to_dict(b),
         "period": {

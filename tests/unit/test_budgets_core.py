@@ -189,6 +189,7 @@ def test_the_webhook_body_names_the_budget_period_and_members():
     )
     body = webhook_body(s, 100, ["alice", "bob"], "https://hub.example.org/hub/")
     assert body["schema"] == "gpulab.budget-threshold/v1" and body["threshold_percent"] == 100
+    assert body["id"] == "team:vision@2026-11-30T23:00:00Z#100"
     assert body["budget"]["team"] == "vision" and body["members"] == ["alice", "bob"]
     assert body["period"] == {
         "kind": "month",
