@@ -279,11 +279,13 @@ class BudgetStatus:
 
     @property
     def words(self) -> str:
-        """``"team vision has used 81.2 of its 100 GPU-hours for December 2026 (81 %)"``."""
+        """``"Team vision has used 81.2 of its 100 GPU-hours for December 2026 (81 %)"``, or
+        ``"In team vision, alice has used ..."`` (a user name keeps its case)."""
         b = self.budget
+        who = f"Team {b.team} has used" if b.user is None else f"In team {b.team}, {b.user} has used"
         whose = "its" if b.user is None else "their"
         return (
-            f"{b.scope_words} has used {self.used_gpu_hours:.1f} of {whose} {b.gpu_hours:g} GPU-hours "
+            f"{who} {self.used_gpu_hours:.1f} of {whose} {b.gpu_hours:g} GPU-hours "
             f"for {period_words(self.period_start, b.period, self.zone)} ({self.percent:.0f} %)"
         )
 
@@ -296,13 +298,13 @@ class BudgetStatus:
         if self.level == OK:
             return ""
         if self.level == WARNING:
-            return f"{self.words[0].upper()}{self.words[1:]}."
+            return f"{self.words}."
         then = (
             "new GPU work starts only over quota, preemptible by other teams' work"
             if self.budget.at_limit == OVER_QUOTA
             else "new GPU work is refused"
         )
-        return f"{self.words[0].upper()}{self.words[1:]}: {then} until the budget resets on {self.resets_words()}."
+        return f"{self.words}: {then} until the budget resets on {self.resets_words()}."
 
 
 def budget_status(b: Budget, holdings: Iterable[Holding], now: datetime, zone: str) -> BudgetStatus:
@@ -349,7 +351,7 @@ def admission_verdict(bound: Iterable[BudgetStatus], may_burst: bool, admin_cont
         if s.budget.at_limit == REFUSE:
             return BudgetVerdict(
                 REFUSE,
-                f"{s.words[0].upper()}{s.words[1:]}: new GPU work is refused until the budget resets on "
+                f"{s.words}: new GPU work is refused until the budget resets on "
                 f"{s.resets_words()}. Ask {ask} to raise the budget, or stop work you no longer need.",
                 s,
             )
@@ -358,12 +360,12 @@ def admission_verdict(bound: Iterable[BudgetStatus], may_burst: bool, admin_cont
         if not may_burst:
             return BudgetVerdict(
                 REFUSE,
-                f"{s.words[0].upper()}{s.words[1:]}: new GPU work starts only over quota (preemptible) until "
+                f"{s.words}: new GPU work starts only over quota (preemptible) until "
                 f"{s.resets_words()}, and this class of work never runs over quota. Choose a profile or job "
                 f"class that may run over quota, or ask {ask} to raise the budget.",
                 s,
             )
-        return BudgetVerdict(OVER_QUOTA, f"{s.words[0].upper()}{s.words[1:]}: this work runs over quota.", s)
+        return BudgetVerdict(OVER_QUOTA, f"{s.words}: this work runs over quota.", s)
     return BudgetVerdict(ALLOW)
 
 

@@ -278,3 +278,19 @@ def test_removing_the_budget_lets_work_start_in_quota_and_is_audited(hub):
             ]
             == 80
         )
+
+
+def test_a_user_budget_binds_that_user_in_that_team(hub):
+    r = hub.api("PUT", "/gpulab/budgets/teams/nlp/users/carol", json={"gpu_hours": 0.001, "at_limit": "refuse"})
+    assert r.status_code == 200 and r.json()["key"] == "user:nlp/carol", r.text
+    add_history(hub, "nlp", "carol", 0.01)
+    r = hub.api("POST", "/users/carol/server", json={"team": "nlp", "profile": "h100-half"})
+    assert r.status_code == 403 and "In team nlp, carol has used" in r.json()["message"], r.text
+    mine = hub.api("GET", "/gpulab/me/budgets", token=user_token(hub, "carol")).json()["budgets"]
+    assert {b["key"]: b["level"] for b in mine} == {"team:nlp": "ok", "user:nlp/carol": "exhausted"}
+    assert hub.api("DELETE", "/gpulab/budgets/teams/nlp/users/carol").status_code == 204
+    r = hub.api("POST", "/users/carol/server", json={"team": "nlp", "profile": "h100-half"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server("carol")
+    hub.api("DELETE", "/users/carol/server")
+    hub.wait_server("carol", ready=False)
