@@ -13,6 +13,7 @@ from tornado import web
 
 from hub_config.api.whatif import MAX_DAYS, catalog_sizes, offer_rules
 from hub_config.config.scopes import ADMIN
+from spawner.core.budgets import budget_to_dict
 from spawner.core.idle import idle_and_lifetime_words
 from spawner.core.units import format_gpus
 from spawner.runtime import get_runtime
@@ -40,6 +41,11 @@ class WhatIfPageHandler(BaseHandler):
             }
             for t in catalog.teams.values()
         ]
+        book = runtime.budgets
+        budgets = [budget_to_dict(b) for b in book.budgets()] if book is not None else []
+        team_budgets = {b["team"]: b for b in budgets if "user" not in b}
+        for t in teams:
+            t["budget"] = team_budgets.get(t["name"])
         facts = runtime.idle_facts
         html = await self.render_template(
             "gpulab-whatif.html",
@@ -48,6 +54,7 @@ class WhatIfPageHandler(BaseHandler):
             sizes=", ".join(format_gpus(m) for m in catalog_sizes(catalog)),
             offers=offer_rules(runtime).label,
             max_days=MAX_DAYS,
+            user_budgets=[b for b in budgets if "user" in b],
         )
         self.finish(html)
 

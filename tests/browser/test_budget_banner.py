@@ -56,6 +56,19 @@ def test_at_100_percent_the_admin_page_and_the_lab_sidebar_say_so(hub: RunningHu
         banner = page.locator('#gpulab-budget-banners .gpulab-budget-banner[data-level="exhausted"]')
         banner.wait_for()
         assert "new GPU work starts only over quota, preemptible by other teams' work" in banner.inner_text()
+        # the what-if page replays a proposed budget: today's is in the form, the proposal is sent
+        page.goto(hub.url + "/hub/gpulab/admin/whatif")
+        row = page.locator('#whatif-quotas tr[data-team="vision"]')
+        assert row.locator("[name=budget]").input_value() == "10.0"
+        row.locator("[name=budget]").fill("0.01")
+        row.locator("[name=at_limit]").select_option("refuse")
+        with page.expect_request(lambda r: r.method == "POST" and "api/gpulab/whatif" in r.url) as sent:
+            page.click("#whatif-run")
+        assert sent.value.post_data_json["budgets"] == [
+            {"team": "vision", "gpu_hours": "0.01", "period": "month", "at_limit": "refuse"}
+        ]
+        page.locator("#whatif-table td", has_text="Refused past a GPU-hour budget").wait_for()
+        assert page.locator("#whatif-error").is_hidden()
     finally:
         context.close()
     page = browser.new_page(viewport={"width": 1400, "height": 900})
