@@ -7,6 +7,8 @@ by side, and the profile advisor's catalog with its predicted gain.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import Scope
 from tornado import web
@@ -28,9 +30,13 @@ class WhatIfPageHandler(BaseHandler):
             raise web.HTTPError(403, f"the what-if page requires the {ADMIN} scope")
         runtime = get_runtime(config=self.settings.get("config"))
         catalog = runtime.catalog
-        teams = [
+        book = runtime.budgets
+        budgets = [budget_to_dict(b) for b in book.budgets()] if book is not None else []
+        team_budgets = {b["team"]: b for b in budgets if "user" not in b}
+        teams: list[dict[str, Any]] = [
             {
                 "name": t.name,
+                "budget": team_budgets.get(t.name),
                 "label": t.label,
                 "guarantee": format_gpus(t.guarantee_milli),
                 "burst": format_gpus(t.burst_milli),
@@ -41,11 +47,6 @@ class WhatIfPageHandler(BaseHandler):
             }
             for t in catalog.teams.values()
         ]
-        book = runtime.budgets
-        budgets = [budget_to_dict(b) for b in book.budgets()] if book is not None else []
-        team_budgets = {b["team"]: b for b in budgets if "user" not in b}
-        for t in teams:
-            t["budget"] = team_budgets.get(t["name"])
         facts = runtime.idle_facts
         html = await self.render_template(
             "gpulab-whatif.html",
