@@ -40,12 +40,17 @@ from spawner.core.form import render_options_form  # noqa: E402
 from spawner.core.ledger import RUNNING, Ledger, Workload  # noqa: E402
 from spawner.core.model import Profile, Team  # noqa: E402
 from spawner.core.policy import choices_for_user  # noqa: E402
+from spawner.core.quota_tree import Department, GpuPool, PoolQuota  # noqa: E402
 
 #: Sizes workloads are drawn from, as offered by typical profiles.
 SIZES_MILLI = (250, 500, 1000, 2000, 4000)
 PAGE_USER = "page-user"
 PAGE_TEAMS = 3
 PAGE_PROFILES = 20
+#: GPU models of the profiles; with ``tree`` each is a pool, and every team has a quota in the first two.
+MODELS = 4
+#: With ``tree``: teams per department.
+TEAMS_PER_DEPARTMENT = 10
 #: Result fields that are timings (best over repeats); the rest are counts.
 TIMED_KEYS = (
     "reserve_release_per_s",
@@ -62,12 +67,18 @@ TIMED_KEYS = (
 )
 
 
-def build_world(n_workloads: int, n_teams: int, seed: int) -> tuple[Catalog, Ledger, list[Team]]:
+def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -> tuple[Catalog, Ledger, list[Team]]:
     """Teams, 20 profiles and a ledger holding ``n_workloads`` running workloads.
 
     Each team's burst is what its workloads hold plus 64 GPUs of headroom, and
     its guarantee is half of that, so new admissions are allowed and some run
     over quota (both code paths are exercised).
+
+    ``tree``: the same world with a GPU pool per model, every team holding a quota
+    in two of them (its whole guarantee and burst, so the same admissions are allowed and
+    the same ones run over quota: the spawn page says the same), and teams
+    in departments of ten whose bounds are their teams' sums: every admission then
+    checks the pool's quota and the department's bound too.
     """
     rng = random.Random(seed)
     held = [0] * n_teams
@@ -81,6 +92,13 @@ def build_world(n_workloads: int, n_teams: int, seed: int) -> tuple[Catalog, Led
     for t in range(n_teams):
         burst = held[t] + 64_000
         members = frozenset({PAGE_USER}) if t < PAGE_TEAMS else frozenset()
+        tree_fields: dict[str, Any] = {}
+        if tree:
+            tree_fields = {
+                "pools": tuple(PoolQuota(f"pool-{m}", burst // 2, burst) for m in range(2)),
+                "department": f"dept-{t // TEAMS_PER_DEPARTMENT:04d}",
+                "fair_share_weight": float(1 + t % 3),
+            }
         teams.append(
             Team(
                 name=f"team-{t:04d}",
@@ -88,6 +106,7 @@ def build_world(n_workloads: int, n_teams: int, seed: int) -> tuple[Catalog, Led
                 guarantee_milli=burst // 2,
                 burst_milli=burst,
                 per_user_cap_milli=burst,
+                **tree_fields,
             )
         )
     profiles = {}
@@ -101,8 +120,18 @@ def build_world(n_workloads: int, n_teams: int, seed: int) -> tuple[Catalog, Led
             gpu_milli=milli,
             gpu_model=f"model-{p % 4}",
         )
-    catalog = Catalog(teams={t.name: t for t in teams}, profiles=profiles)
-    ledger = Ledger(catalog.teams)
+    pools: dict[str, GpuPool] = {}
+    departments: dict[str, Department] = {}
+    if tree:
+        pools = {f"pool-{m}": GpuPool(f"pool-{m}", gpu_model=f"model-{m}") for m in range(MODELS)}
+        for t in teams:
+            assert t.department is not None
+            d = departments.get(t.department) or Department(t.department)
+            departments[t.department] = Department(
+                d.name, "", d.guarantee_milli + t.guarantee_milli, d.burst_milli + t.burst_milli
+            )
+    catalog = Catalog(teams={t.name: t for t in teams}, profiles=profiles, pools=pools, departments=departments)
+    ledger = Ledger(catalog.teams, catalog.departments, catalog.profile_pools)
     for t, user, milli, i in workloads:
         ledger.adopt(
             Workload(
@@ -113,31 +142,41 @@ def build_world(n_workloads: int, n_teams: int, seed: int) -> tuple[Catalog, Led
     return catalog, ledger, teams
 
 
-def measure(n_workloads: int, n_teams: int, ops: int, page_renders: int, seed: int) -> dict[str, Any]:
-    catalog, ledger, teams = build_world(n_workloads, n_teams, seed)
+def measure(
+    n_workloads: int, n_teams: int, ops: int, page_renders: int, seed: int, tree: bool = False
+) -> dict[str, Any]:
+    catalog, ledger, teams = build_world(n_workloads, n_teams, seed, tree)
     rng = random.Random(seed + 1)
-    requests = [(rng.choice(teams).name, f"user-new-{i % 50}", rng.choice(SIZES_MILLI)) for i in range(ops)]
+    requests = [
+        (
+            rng.choice(teams).name,
+            f"user-new-{i % 50}",
+            rng.choice(SIZES_MILLI),
+            f"gpu-{rng.randrange(PAGE_PROFILES):02d}",
+        )
+        for i in range(ops)
+    ]
     keys = [f"notebook:bench-{i}/" for i in range(ops)]
     perf = time.perf_counter_ns
     reserve, release, admit = ledger.reserve, ledger.release, ledger.admit
 
     # Warm-up (caches, branch predictors, dict resizes), not recorded.
     for i in range(min(ops, 2000)):
-        team, user, milli = requests[i]
-        reserve(keys[i], team, user, milli)
+        team, user, milli, profile = requests[i]
+        reserve(keys[i], team, user, milli, profile=profile)
         release(keys[i])
 
     # Throughput: a tight loop without per-call timers.
     allowed = 0
     t0 = perf()
     for i in range(ops):
-        team, user, milli = requests[i]
-        allowed += reserve(keys[i], team, user, milli).allowed
+        team, user, milli, profile = requests[i]
+        allowed += reserve(keys[i], team, user, milli, profile=profile).allowed
         release(keys[i])
     pair_total_ns = perf() - t0
     t0 = perf()
-    for team, user, milli in requests:
-        admit(team, user, milli)
+    for team, user, milli, profile in requests:
+        admit(team, user, milli, profile=profile)
     admit_total_ns = perf() - t0
 
     # Latency distributions: one timer pair per call.
@@ -145,14 +184,14 @@ def measure(n_workloads: int, n_teams: int, ops: int, page_renders: int, seed: i
     refused = 0
     big = max(t.burst_milli for t in teams) + 1000
     for i in range(ops):
-        team, user, milli = requests[i]
+        team, user, milli, profile = requests[i]
         a = perf()
-        reserve(keys[i], team, user, milli)
+        reserve(keys[i], team, user, milli, profile=profile)
         release(keys[i])
         b = perf()
-        admit(team, user, milli)
+        admit(team, user, milli, profile=profile)
         c = perf()
-        refused += not admit(team, user, big).allowed
+        refused += not admit(team, user, big, profile=profile).allowed
         d = perf()
         pair_ns.append(b - a)
         admit_ns.append(c - b)

@@ -177,6 +177,10 @@ def _no_last_choice(user: str) -> dict[str, str] | None:
     return None
 
 
+def _no_right_size(user: str, profile: Any) -> str:
+    return ""
+
+
 def _forget_choice(user: str, team: str, profile: str, image: str) -> None:
     return None
 
@@ -195,7 +199,7 @@ class GPULabRuntime:
     def __init__(self, catalog: Catalog, packer: DevicePacker | None = None, gpu_inventory_source: str = "auto"):
         self.lock = threading.RLock()
         self.catalog = catalog
-        self.ledger = Ledger(catalog.teams)
+        self.ledger = Ledger(catalog.teams, catalog.departments, catalog.profile_pools)
         self.packer = packer
         #: Configured source (``auto``/``nvml``/``declared``) for the packer's devices.
         self.gpu_inventory_source = gpu_inventory_source
@@ -238,6 +242,12 @@ class GPULabRuntime:
         #: ``identity_teams(user, groups) -> team names``: the teams the identity provider's
         #: groups and claims grant (``c.GPULabIdentity.team_rules``); the hub installs it.
         self.identity_teams: Callable[[str, list[str]], tuple[str, ...]] = _no_identity_teams
+        #: The hub's spawn queue (``hub_config.domain.queue_runner.QueueRunner``: "queue me", its
+        #: runner and each user's view of it), set by the hub's runtime hook; ``None`` elsewhere.
+        self.queue: Any = None
+        #: ``right_size(user, profile) -> str``: the right-size line for ``user`` about to start
+        #: ``profile`` ('' when none), from their recorded sessions; the hub installs the reader.
+        self.right_size: Callable[[str, Any], str] = _no_right_size
         #: ``c.GPULab.data_disks`` and ``min_free_disk_mib`` (in bytes): see :meth:`disk_full`.
         self.data_disks: dict[str, str] = {}
         self.min_free_disk_bytes = 0
@@ -250,7 +260,7 @@ class GPULabRuntime:
         """Swap in an edited catalog; takes effect for the next spawn or job."""
         with self.lock:
             self.catalog = catalog
-            self.ledger.set_teams(catalog.teams)
+            self.ledger.set_teams(catalog.teams, catalog.departments, catalog.profile_pools)
 
 
 _runtime: GPULabRuntime | None = None

@@ -90,6 +90,8 @@ def describe_issues(e: CatalogError, data: dict[str, Any]) -> str:
     names = {
         "teams": [t.get("name") if isinstance(t, dict) else None for t in data.get("teams", [])],
         "profiles": [p.get("slug") if isinstance(p, dict) else None for p in data.get("profiles", [])],
+        "departments": [d.get("name") if isinstance(d, dict) else None for d in data.get("departments", [])],
+        "pools": [p.get("name") if isinstance(p, dict) else None for p in data.get("pools", [])],
     }
     out = []
     for issue in e.issues:

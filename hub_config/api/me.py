@@ -6,6 +6,7 @@ The lab extension's sidebar and the job dialog read this; admins may pass
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -26,6 +27,9 @@ from spawner.core.policy import (
     team_summary,
     what_to_do,
 )
+from spawner.queue_page import right_size_line
+
+LOG = logging.getLogger("gpulab.me")
 
 
 def quota_view(team: Team, usage: TeamUsage) -> dict[str, Any]:
@@ -55,7 +59,7 @@ def job_class_choices(
         decided = []
         for c in choices:
             milli = c.effective_milli or c.profile.gpu_milli
-            d = ledger.admit(c.team.name, user, milli, may_burst=priority.may_burst)
+            d = ledger.admit(c.team.name, user, milli, may_burst=priority.may_burst, profile=c.profile.slug)
             cap = capacity(c.profile) if capacity is not None and c.profile.is_gpu else None
             capacity_reason = cap.reason if cap is not None and not cap.ok else ""
             decided.append(
@@ -120,6 +124,8 @@ def user_view(runtime, user_name: str, groups: list[str]) -> dict[str, Any]:
                 "max_lifetime_seconds": (max_lifetime_for(c.profile, c.team) or (None,))[0],
                 # What happens to an idle GPU, as the spawn page says it (one sentence for all pages).
                 "idle_policy": idle_policy_text(c.profile, c.team, runtime.idle_facts),
+                # "Last 10 sessions of ...: ... would have done" from the user's own sessions ('' for none).
+                "right_size": right_size_line(runtime, user_name, c.profile, LOG) if c.profile.is_gpu else "",
                 "job_classes": {
                     name: job_offer(same_class[i], same_class, runtime.admin_contact)
                     for name, same_class in by_class.items()

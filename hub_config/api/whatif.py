@@ -30,14 +30,19 @@ from hub_config.storage.db import utcnow
 from spawner.core.advisor import AdvisorError, demand_from, fill_work, givable_sizes, recommend
 from spawner.core.budgets import Budget, BudgetError, budget_from_dict, budget_to_dict
 from spawner.core.catalog import Catalog
+from spawner.core.catalog.reader import Reader, format_path
+from spawner.core.catalog.tree import read_pool_quotas
 from spawner.core.packer import GPUDevice, devices_from_inventory
+from spawner.core.quota_tree import PoolQuota
 from spawner.core.units import UnitError, format_gpus, parse_duration, parse_gpus
 from spawner.core.whatif import Proposal, RecordedSession, replay
 
 MAX_WHATIF_BODY = 16 * 1024
 MAX_DAYS = 90
 MAX_SIZES = 16
-FIELDS = {"team", "days", "sizes", "quotas", "idle_timeout", "max_sizes", "budgets"}
+FIELDS = {"team", "days", "sizes", "quotas", "departments", "idle_timeout", "max_sizes", "budgets"}
+#: What a proposed quota of a team or department may set.
+QUOTA_KEYS = {"guarantee", "burst", "pools"}
 MAX_BUDGETS = 256
 
 
@@ -75,9 +80,16 @@ def load_history(sessions_factory, since, until, team: str | None) -> list[Recor
                 end=end,
                 models=frozenset([r.gpu_model]) if r.gpu_model else frozenset(),
                 samples=own,
+                profile=r.profile or "",
             )
         )
     return out
+
+
+def _pools_json(pools: tuple[PoolQuota, ...]) -> dict[str, Any]:
+    if not pools:
+        return {}
+    return {"pools": {q.pool: {"guarantee_milli": q.guarantee_milli, "burst_milli": q.burst_milli} for q in pools}}
 
 
 def _ts(dt) -> float:
@@ -134,19 +146,44 @@ class WhatIfHandler(AdminAPIHandler):
         for name, q in value.items():
             if name not in teams:
                 raise web.HTTPError(400, f"quotas: no team named {str(name)[:64]!r}")
-            if not isinstance(q, dict) or not set(q) <= {"guarantee", "burst"}:
-                raise web.HTTPError(400, f"quotas.{name}: expected {{guarantee: GPUs, burst: GPUs}}")
-            try:
-                g = parse_gpus(q.get("guarantee", teams[name].guarantee_milli / 1000))
-                b = parse_gpus(q.get("burst", teams[name].burst_milli / 1000))
-            except UnitError as e:
-                raise web.HTTPError(400, f"quotas.{name}: {e}") from None
-            if b < g:
-                raise web.HTTPError(
-                    400, f"quotas.{name}: burst ({format_gpus(b)}) is below the guarantee ({format_gpus(g)})"
-                )
-            teams[name] = dataclasses.replace(teams[name], guarantee_milli=g, burst_milli=b)
+            t = teams[name]
+            g, b, pools = self._quota(q, f"quotas.{name}", t.guarantee_milli, t.burst_milli, t.pools, catalog)
+            teams[name] = dataclasses.replace(t, guarantee_milli=g, burst_milli=b, pools=pools)
         return teams
+
+    def _quota(
+        self, q: Any, where: str, guarantee: int, burst: int, pools: tuple[PoolQuota, ...], catalog: Catalog
+    ) -> tuple[int, int, tuple[PoolQuota, ...]]:
+        """A proposed ``{guarantee, burst, pools}`` over today's figures (keys left out keep theirs)."""
+        if not isinstance(q, dict) or not set(q) <= QUOTA_KEYS:
+            raise web.HTTPError(400, f"{where}: expected {{guarantee: GPUs, burst: GPUs, pools: {{POOL: ...}}}}")
+        try:
+            g = parse_gpus(q.get("guarantee", guarantee / 1000))
+            b = parse_gpus(q.get("burst", burst / 1000))
+        except UnitError as e:
+            raise web.HTTPError(400, f"{where}: {e}") from None
+        if b < g:
+            raise web.HTTPError(400, f"{where}: burst ({format_gpus(b)}) is below the guarantee ({format_gpus(g)})")
+        if "pools" in q:
+            r = Reader()
+            pools = read_pool_quotas(r, q["pools"], (where, "pools"), catalog.pools)
+            if r.issues:
+                raise web.HTTPError(400, "; ".join(f"{format_path(i.path)}: {i.message}" for i in r.issues[:5]))
+        return g, b, pools
+
+    def _departments(self, value: Any, catalog: Catalog) -> dict[str, Any]:
+        departments = dict(catalog.departments)
+        if value is None:
+            return departments
+        if not isinstance(value, dict) or len(value) > 256:
+            raise web.HTTPError(400, "departments: expected {department: {guarantee: GPUs, burst: GPUs, pools}}")
+        for name, q in value.items():
+            if name not in departments:
+                raise web.HTTPError(400, f"departments: no department named {str(name)[:64]!r}")
+            d = departments[name]
+            g, b, pools = self._quota(q, f"departments.{name}", d.guarantee_milli, d.burst_milli, d.pools, catalog)
+            departments[name] = dataclasses.replace(d, guarantee_milli=g, burst_milli=b, pools=pools)
+        return departments
 
     def _timeout(self, value: Any) -> int | None:
         if value is None or value == "":
@@ -197,7 +234,14 @@ class WhatIfHandler(AdminAPIHandler):
         history = [s for s in everyone if team is None or s.team == team]
         current_sizes = catalog_sizes(catalog, team)
         stored, zone = self._stored_budgets()
-        today = Proposal(sizes=tuple(current_sizes) or None, teams=dict(catalog.teams), budgets=stored, time_zone=zone)
+        today = Proposal(
+            sizes=tuple(current_sizes) or None,
+            teams=dict(catalog.teams),
+            departments=dict(catalog.departments),
+            profile_pools=catalog.profile_pools,
+            budgets=stored,
+            time_zone=zone,
+        )
         # Weighted by GPU-hours: a size held for days matters more than one tried for a minute.
         demand = demand_from((s.gpu_milli, max(60.0, s.end - s.start) / 3600) for s in history)
         evaluate = None
@@ -235,8 +279,12 @@ class WhatIfHandler(AdminAPIHandler):
                 "sizes_milli": list(proposal.sizes or ()),
                 "idle_timeout_seconds": proposal.idle_timeout_seconds,
                 "quotas": {
-                    n: {"guarantee_milli": t.guarantee_milli, "burst_milli": t.burst_milli}
+                    n: {"guarantee_milli": t.guarantee_milli, "burst_milli": t.burst_milli, **_pools_json(t.pools)}
                     for n, t in (proposal.teams or {}).items()
+                },
+                "departments": {
+                    n: {"guarantee_milli": d.guarantee_milli, "burst_milli": d.burst_milli, **_pools_json(d.pools)}
+                    for n, d in (proposal.departments or {}).items()
                 },
                 "budgets": [budget_to_dict(b) for b in proposal.budgets],
             }
@@ -268,6 +316,8 @@ class WhatIfHandler(AdminAPIHandler):
             sizes=sizes,
             teams=self._quotas(body.get("quotas"), catalog),
             idle_timeout_seconds=self._timeout(body.get("idle_timeout")),
+            departments=self._departments(body.get("departments"), catalog),
+            profile_pools=catalog.profile_pools,
             budgets=self._budgets(body.get("budgets"), catalog),
             time_zone=self._stored_budgets()[1],
         )

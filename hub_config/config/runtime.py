@@ -18,6 +18,9 @@ from hub_config.domain.catalog_store import CatalogStore, GPULabCatalogStore, lo
 from hub_config.domain.identity_teams import GPULabIdentity, IdentityBook
 from hub_config.domain.idle_records import idle_facts, reclaim_notice_for
 from hub_config.domain.last_choice import last_choice, remember_choice
+from hub_config.domain.queue_runner import attach as attach_queue
+from hub_config.domain.right_size import right_size_line
+from hub_config.domain.session_history import job_time_limits, warned_reclaims
 from hub_config.domain.usage_records import GPULabUsage
 from hub_config.domain.usage_records import attach as attach_usage
 from hub_config.storage.db import session_factory
@@ -29,7 +32,8 @@ HOOK = "hub_config.config.runtime.attach_runtime"
 
 def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     """``c.GPULab.runtime_hooks`` entry: stored catalog, usage history, the culler's notices
-    and state, each user's last started choice, the GPU-hour budgets and the identity rules."""
+    and state, each user's last started choice, the spawn queue with its runner, the GPU-hour
+    budgets and the identity rules."""
     config: Any = settings.config
     sessions = session_factory(config)
     store = CatalogStore(sessions, GPULabCatalogStore(config=config))
@@ -42,6 +46,10 @@ def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     runtime.idle_facts = idle_facts(config)
     runtime.last_choice = partial(last_choice, sessions)
     runtime.remember_choice = partial(remember_choice, sessions)
+    runtime.right_size = partial(right_size_line, runtime, sessions)
+    runtime.queue = attach_queue(runtime, sessions, config)
+    runtime.queue.idle_warnings = partial(warned_reclaims, sessions)
+    runtime.queue.job_ends = partial(job_time_limits, sessions)
     attach_budgets(runtime, sessions, config)
     runtime.identity_teams = IdentityBook(sessions, GPULabIdentity(config=config).rules()).teams
 

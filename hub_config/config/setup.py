@@ -19,12 +19,15 @@ from hub_config.api import identity as identity_api
 from hub_config.api import idle as idle_api
 from hub_config.api import jobs as jobs_api
 from hub_config.api import me as me_api
+from hub_config.api import queue as queue_api
+from hub_config.api import tree as tree_api
 from hub_config.api import whatif as whatif_api
 from hub_config.config import identity, runtime, scopes
 from hub_config.domain import metrics
 from hub_config.jobs.service import start_with_hub
 from hub_config.pages import TEMPLATES
 from hub_config.pages import admin as admin_page
+from hub_config.pages import queue as queue_page
 from hub_config.pages.home import default_url, make_home_view
 
 
@@ -44,7 +47,10 @@ def gpulab_handlers() -> list[tuple[str, type]]:
         *whatif_api.handlers,
         *budgets_api.handlers,
         *identity_api.handlers,
+        *tree_api.handlers,
+        *queue_api.handlers,
         *admin_page.handlers,
+        *queue_page.handlers,
     ]
 
 
@@ -100,6 +106,28 @@ def place_gpulab_database(c: Any) -> None:
     )
 
 
+def declare_queue_service(c: Any) -> None:
+    """The ``gpulab-queue`` service (no process: the queue runner in the hub starts queued servers
+    with its token) and its role: start and read any user's servers, nothing else."""
+    from hub_config.domain.queue_runner import SERVICE_NAME, SERVICE_SCOPES
+
+    services = [dict(s) for s in c.JupyterHub.get("services", [])]
+    if not any(s.get("name") == SERVICE_NAME for s in services):
+        services.append({"name": SERVICE_NAME, "display": False})
+    c.JupyterHub.services = services
+    roles = [dict(r) for r in c.JupyterHub.get("load_roles", [])]
+    if not any(r.get("name") == SERVICE_NAME for r in roles):
+        roles.append(
+            {
+                "name": SERVICE_NAME,
+                "description": "gpulab's queue runner: starts queued servers when their GPUs free",
+                "scopes": list(SERVICE_SCOPES),
+                "services": [SERVICE_NAME],
+            }
+        )
+    c.JupyterHub.load_roles = roles
+
+
 def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:
     """Everything a hub needs for gpulab: handlers, runtime hook, metrics, jobs, scopes, roles, templates."""
     check_spawner_config(c)
@@ -129,6 +157,7 @@ def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:
         else:
             existing.append(role)
     c.JupyterHub.load_roles = existing
+    declare_queue_service(c)
     # The hub home's "Start again" and GPUs per server; an admin in no team lands on the admin page.
     template_vars = dict(c.JupyterHub.get("template_vars", {}))
     template_vars.setdefault("gpulab_home", make_home_view(c))

@@ -51,8 +51,10 @@ class Totals:
     util_sum: float = 0.0
     util_n: int = 0
     by_model: dict[str, float] = field(default_factory=dict)
+    #: GPU-hours per GPU pool (the catalog's ``pools``; from the session's profile), when it has one.
+    by_pool: dict[str, float] = field(default_factory=dict)
 
-    def add(self, hours: float, over_quota: bool, cost: float, model: str | None) -> None:
+    def add(self, hours: float, over_quota: bool, cost: float, model: str | None, pool: str = "") -> None:
         self.gpu_hours += hours
         if over_quota:
             self.burst_gpu_hours += hours
@@ -60,6 +62,8 @@ class Totals:
             self.in_quota_gpu_hours += hours
         self.cost += cost
         self.by_model[model or "unknown"] = self.by_model.get(model or "unknown", 0.0) + hours
+        if pool:
+            self.by_pool[pool] = self.by_pool.get(pool, 0.0) + hours
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +73,7 @@ class Totals:
             "cost": round(self.cost, 4),
             "utilisation_pct": round(self.util_sum / self.util_n, 1) if self.util_n else None,
             "gpu_hours_by_model": {k: round(v, 6) for k, v in sorted(self.by_model.items())},
+            "gpu_hours_by_pool": {k: round(v, 6) for k, v in sorted(self.by_pool.items())},
         }
 
 
@@ -222,8 +227,9 @@ def period_report(
             continue
         hours = (hi - lo).total_seconds() / 3600 * r.gpu_milli / 1000
         cost = hours * price_for(catalog, r.gpu_model)
-        teams[r.team].add(hours, r.over_quota, cost, r.gpu_model)
-        users[(r.team, r.user)].add(hours, r.over_quota, cost, r.gpu_model)
+        pool = catalog.profile_pools.get(r.profile or "", "")
+        teams[r.team].add(hours, r.over_quota, cost, r.gpu_model, pool)
+        users[(r.team, r.user)].add(hours, r.over_quota, cost, r.gpu_model, pool)
         # Split into the chart's calendar buckets.
         t = lo
         i = bisect_right(edges, t) - 1
@@ -297,6 +303,8 @@ def current_report(runtime) -> list[dict[str, Any]]:
         per_user: dict[str, dict[str, int]] = defaultdict(
             lambda: {"held_milli": 0, "in_quota_milli": 0, "over_quota_milli": 0}
         )
+        team = runtime.catalog.team(name)
+        held_by_pool = ledger.held_in_pools(name)
         for w in ledger.workloads(name):
             pu = per_user[w.user]
             pu["held_milli"] += w.milli
@@ -311,6 +319,16 @@ def current_report(runtime) -> list[dict[str, Any]]:
                 "over_quota_milli": u.over_quota_milli,
                 "reserved_milli": u.reserved_milli,
                 "workloads": u.workloads,
+                "held_by_pool_milli": held_by_pool,
+                "pools": [
+                    {
+                        "pool": q.pool,
+                        "guarantee_milli": q.guarantee_milli,
+                        "burst_milli": q.burst_milli,
+                        "held_milli": held_by_pool.get(q.pool, 0),
+                    }
+                    for q in (team.pools if team is not None else ())
+                ],
                 "users": [{"user": k, **v} for k, v in sorted(per_user.items())],
             }
         )

@@ -109,6 +109,9 @@ class UtilisationSample(Base):
     team: Mapped[str] = mapped_column(String(63))
     user: Mapped[str] = mapped_column(String(255))
     util_pct: Mapped[float] = mapped_column(Float)
+    #: GPU memory in use on the workload's devices, MiB (``None``: the source did not report it).
+    #: A shared device's figure includes its other tenants': an upper bound of the workload's own.
+    memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class UsageRecorder:
@@ -194,9 +197,11 @@ class UsageRecorder:
             return
         try:
             util: dict[int, float] = {}
+            used: dict[int, float] = {}
             for idx in runtime.packer.devices:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
                 util[idx] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                used[idx] = float(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / 2**20
         except Exception as e:
             log.warning("gpulab: NVML utilisation read failed: %s", e)
             return
@@ -213,8 +218,16 @@ class UsageRecorder:
                 continue
             values = [util[i] for i, _ in placement.shares if i in util]
             if values:
+                memory = [used[i] for i, _ in placement.shares if i in used]
                 rows.append(
-                    UtilisationSample(at=now, key=w.key, team=w.team, user=w.user, util_pct=sum(values) / len(values))
+                    UtilisationSample(
+                        at=now,
+                        key=w.key,
+                        team=w.team,
+                        user=w.user,
+                        util_pct=sum(values) / len(values),
+                        memory_mib=sum(memory) if memory else None,
+                    )
                 )
         if rows:
             with self.sessions.begin() as s:

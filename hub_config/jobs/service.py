@@ -323,7 +323,9 @@ class JobService:
             log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, budget.sentence)
             raise JobSpecError(budget.sentence, 403)
         preemptible = budget is not None and budget.action != ALLOW
-        decision = ledger.admit(request.team.name, user, milli, may_burst=may_burst, members=sub.nodes)
+        decision = ledger.admit(
+            request.team.name, user, milli, may_burst=may_burst, members=sub.nodes, profile=profile.slug
+        )
         if decision.allowed and preemptible and not decision.over_quota:
             decision = replace(decision, over_quota=True)  # past its budget: preemptible
         if not decision.allowed:

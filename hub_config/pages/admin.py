@@ -19,6 +19,7 @@ from tornado import web
 from hub_config.api.admin import bucket_for, hub_known_gpu_models, parse_period, profile_view, team_view
 from hub_config.config.scopes import ADMIN
 from hub_config.domain.idle_records import idle_admin_view
+from hub_config.domain.quota_tree_view import quota_tree
 from hub_config.domain.usage import current_report, period_report
 from hub_config.domain.usage_records import GPULabUsage
 from hub_config.pages import budgets as budgets_page
@@ -238,6 +239,7 @@ class GPULabAdminPageHandler(BaseHandler):
         html = await self.render_template(
             "gpulab-admin.html",
             teams=teams,
+            tree=quota_tree(runtime.catalog, runtime.ledger),
             profiles=[
                 {**profile_view(runtime.catalog, s), "idle": profile_idle_words(runtime, s)}
                 for s in runtime.catalog.profiles

@@ -76,7 +76,11 @@ class HomeView:
         except PolicyError:
             return None  # retired, or no longer in that team: nothing to suggest
         decision = runtime.ledger.admit(
-            request.team.name, self.user.name, request.milli, may_burst=request.profile.priority_class.may_burst
+            request.team.name,
+            self.user.name,
+            request.milli,
+            may_burst=request.profile.priority_class.may_burst,
+            profile=request.profile.slug,
         )
         return {
             "label": f"Start again with {request.profile.display_name} (team {request.team.name})",

@@ -293,6 +293,11 @@ function GPUPanelView({
             <strong>Idle policy:</strong> {profile.idle_policy}.
           </p>
         )}
+        {session?.gpu && profile?.right_size && (
+          <p className="gpulab-right-size" role="note">
+            {profile.right_size}. Pick it next time on the spawn page.
+          </p>
+        )}
         {session?.gpu && reclaimOffText(idle) && (
           <p className="gpulab-idle-off" role="note">
             {reclaimOffText(idle)}

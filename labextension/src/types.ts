@@ -49,6 +49,8 @@ export interface IProfileChoice {
   idle_timeout_seconds?: number | null;
   /** What happens to an idle GPU of this profile, in the hub's one sentence (as the spawn page says it). */
   idle_policy?: string;
+  /** One line when the user's own recorded sessions say a smaller profile would have done ('' or absent: none). */
+  right_size?: string;
   /** Would a job of each class be admitted with this profile now (a training job never bursts). */
   job_classes?: Record<JobClass, IJobOffer>;
 }

@@ -7,10 +7,12 @@ template but gets the same choices and texts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from html import escape
 
 from .idle import IdleFacts, idle_policy_text, idle_rule, idle_timeout_words, lifetime_rule
 from .policy import PolicyError, ProfileChoice, quota_split_words, what_to_do
+from .queue_form import queue_button_html
 from .units import format_gpus
 
 FORM_CSS = """
@@ -47,6 +49,14 @@ FORM_CSS = """
 [data-bs-theme=dark] .gpulab-profile.gpulab-unavailable strong { color: #adb5bd; }
 </style>
 """
+
+
+@dataclass(frozen=True)
+class CardExtras:
+    """What a card may add below its facts: the right-size line and the "Queue me" button (HTML)."""
+
+    right_size: str = ""
+    queue_button: str = ""
 
 
 def choice_value(choice: ProfileChoice) -> str:
@@ -94,6 +104,9 @@ def render_options_form(
     admin_contact: str = "",
     admin_page_url: str = "",
     gives: Callable[[ProfileChoice], Sequence[str]] | None = None,
+    queue_url: str = "",
+    queue_panel: str = "",
+    right_size: Callable[[ProfileChoice], str] | None = None,
 ) -> str:
     """HTML for JupyterHub's spawn form: one radio per (team, profile).
 
@@ -108,11 +121,16 @@ def render_options_form(
     admins, linked when they are in no team. ``gives``: what a profile gives
     (:func:`spawner.core.profile_facts.profile_facts`), first on its card.
     The team's heading says what it holds and its per-user cap once, so the cards
-    say only what differs between profiles.
+    say only what differs between profiles. ``queue_url``: where a full GPU profile's
+    "Queue me" posts (:mod:`.queue_form`; empty: no queue); ``queue_panel``: the caller's
+    place in line, first on the page; ``right_size``: the line saying a smaller profile
+    would have done (:mod:`.rightsize`), '' for none.
     """
     choices = list(choices)
     idle = idle or IdleFacts()
     parts = [FORM_CSS]
+    if queue_panel:
+        parts.append(queue_panel)
     if notice:
         parts.append(notice_html(notice))
     if inventory_note:
@@ -157,9 +175,15 @@ def render_options_form(
         parts.append('<div class="gpulab-cards">')
         for c in team_choices:
             facts = list(gives(c)) if gives else []
+            extra = CardExtras(
+                right_size=right_size(c) if right_size is not None and c.profile.is_gpu else "",
+                queue_button=queue_button_html(c, queue_url)
+                if queue_url and not c.available and c.profile.is_gpu
+                else "",
+            )
             parts.extend(
                 _profile_html(
-                    c, choices, c is checked_choice, kept is c and not c.available, idle, admin_contact, facts
+                    c, choices, c is checked_choice, kept is c and not c.available, idle, admin_contact, facts, extra
                 )
             )
         parts.append("</div></fieldset>")
@@ -174,8 +198,10 @@ def _profile_html(
     idle: IdleFacts,
     admin_contact: str,
     facts: Sequence[str] = (),
+    extra: CardExtras | None = None,
 ) -> list[str]:
     p = c.profile
+    extra = extra or CardExtras()
     value = choice_value(c)
     rid = "gpulab-" + value.replace(":", "--")
     cls = "gpulab-profile" + ("" if c.available else " gpulab-unavailable") + (" gpulab-kept" if refused else "")
@@ -198,6 +224,8 @@ def _profile_html(
         limits = f"Idle timeout {idle_timeout_words(p, c.team)}"
         lifetime = lifetime_rule(p, c.team, idle)
         parts.append(("limits", "gpulab-detail gpulab-limits", f"{limits} · {lifetime}" if lifetime else limits))
+    if extra.right_size:
+        parts.append(("right-size", "gpulab-right-size", extra.right_size))
     if not c.available:
         parts.append(("reason", "gpulab-reason", f"Unavailable: {c.reason}"))
         parts.append(("todo", "gpulab-todo", what_to_do(c, choices, admin_contact)))
@@ -210,7 +238,9 @@ def _profile_html(
         f'<strong id="{escape(rid)}-name">{escape(p.display_name)}</strong>',
     ]
     for suffix, klass, text in parts:
-        out.append(f'<span class="{klass}" id="{escape(rid)}-{suffix}">{escape(text)}</span>')
+        # "Queue me" ends the what-to-do line: no extra line on the card
+        button = f" {extra.queue_button}" if suffix == "todo" and extra.queue_button else ""
+        out.append(f'<span class="{klass}" id="{escape(rid)}-{suffix}">{escape(text)}{button}</span>')
     if len(p.images) > 1:
         out.append(
             f'<span class="gpulab-detail">Image <select name="image-{escape(value)}"'

@@ -7,8 +7,16 @@ exactly like running work. The ledger can be rebuilt at any time from the
 workloads that actually run (pods with labels, processes with saved state):
 the cluster is the source of truth, the ledger is a cache of it.
 
-Costs are O(1) per admission: per-team and per-user totals are kept
-incrementally rather than summed over workloads.
+Costs are O(1) per admission: per-team, per-user, per-pool and per-department
+totals are kept incrementally rather than summed over workloads.
+
+GPU pools and departments (:mod:`spawner.core.quota_tree`): a workload's pool
+comes from its profile (``profile_pools``); it counts against the team's quota in
+that pool, if the team has one, as well as the team's totals, and against the
+team's department's burst. A refusal for a full department carries the reclaim
+choice (``Decision.reclaim``): the borrowed, preemptible work that taking back would
+make room, from the team furthest over its weighted share first. The ledger only
+names it; it stops nothing.
 
 A multi-node job is a gang: ``members`` nodes of the same GPUs each. It is one
 workload holding the GPUs of all its members, reserved in the same single step
@@ -25,6 +33,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from .model import Team
+from .quota_tree import (
+    ANY_POOL,
+    Borrower,
+    Department,
+    Reclaimable,
+    borrowed,
+    pool_quota,
+    reclaim_choice,
+    weighted_share,
+)
 from .units import format_gpus
 
 RESERVED = "reserved"
@@ -64,6 +82,8 @@ class Workload:
     #: Members of a gang (a multi-node job's nodes), each holding ``milli // members``;
     #: ``milli`` is always the whole gang's.
     members: int = 1
+    #: The GPU pool its GPUs come from (``""``: none named; counted in totals only).
+    pool: str = ANY_POOL
 
 
 @dataclass(frozen=True)
@@ -80,6 +100,12 @@ class Decision:
     over_quota: bool = False
     #: Members of the gang asked for (1: not a gang); ``milli`` is the whole gang's.
     members: int = 1
+    #: The GPU pool asked for.
+    pool: str = ANY_POOL
+    #: Refused because the department is full of borrowed work: the preemptible workloads
+    #: reclaim would take back to make room (from the team furthest over its weighted share
+    #: first); empty when nothing may be taken back for this request.
+    reclaim: tuple[str, ...] = ()
 
     @property
     def quota_label(self) -> str:
@@ -104,8 +130,27 @@ class TeamUsage:
         return max(0, self.burst_milli - self.held_milli)
 
 
+@dataclass(frozen=True)
+class NodeUsage:
+    """One node of the quota tree (a department, a team, or either's share of one pool) now."""
+
+    name: str
+    guarantee_milli: int
+    burst_milli: int
+    held_milli: int
+
+    @property
+    def borrowed_milli(self) -> int:
+        """Held above the guarantee (preemptible)."""
+        return borrowed(self.held_milli, self.guarantee_milli)
+
+    @property
+    def free_milli(self) -> int:
+        return max(0, self.burst_milli - self.held_milli)
+
+
 class _Totals:
-    __slots__ = ("held", "in_quota", "over_quota", "reserved", "count", "per_user")
+    __slots__ = ("held", "in_quota", "over_quota", "reserved", "count", "per_user", "per_pool")
 
     def __init__(self) -> None:
         self.held = 0
@@ -114,33 +159,75 @@ class _Totals:
         self.reserved = 0
         self.count = 0
         self.per_user: dict[str, int] = {}
+        self.per_pool: dict[str, int] = {}
 
     def add(self, w: Workload, sign: int) -> None:
-        self.held += sign * w.milli
+        m = sign * w.milli
+        self.held += m
         if w.over_quota:
-            self.over_quota += sign * w.milli
+            self.over_quota += m
         else:
-            self.in_quota += sign * w.milli
+            self.in_quota += m
         if w.state == RESERVED:
-            self.reserved += sign * w.milli
+            self.reserved += m
         self.count += sign
-        held = self.per_user.get(w.user, 0) + sign * w.milli
+        held = self.per_user.get(w.user, 0) + m
         if held:
             self.per_user[w.user] = held
         else:
             self.per_user.pop(w.user, None)
+        if w.pool:
+            in_pool = self.per_pool.get(w.pool, 0) + m
+            if in_pool:
+                self.per_pool[w.pool] = in_pool
+            else:
+                self.per_pool.pop(w.pool, None)
+
+
+class _HeldTotals:
+    """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
+
+    __slots__ = ("held", "per_pool", "by_pool", "burst")
+
+    def __init__(self, burst: int, by_pool: bool) -> None:
+        self.held = 0
+        self.per_pool: dict[str, int] = {}
+        #: The department's burst limit and whether it has pool quotas (read by every admission).
+        self.burst = burst
+        self.by_pool = by_pool
+
+    def add(self, w: Workload, sign: int) -> None:
+        self.held += sign * w.milli
+        if self.by_pool and w.pool:
+            in_pool = self.per_pool.get(w.pool, 0) + sign * w.milli
+            if in_pool:
+                self.per_pool[w.pool] = in_pool
+            else:
+                self.per_pool.pop(w.pool, None)
 
 
 class Ledger:
     """Thread-safe quota ledger over a set of teams."""
 
-    def __init__(self, teams: Mapping[str, Team] | Iterable[Team] = ()):
+    def __init__(
+        self,
+        teams: Mapping[str, Team] | Iterable[Team] = (),
+        departments: Mapping[str, Department] | Iterable[Department] = (),
+        profile_pools: Mapping[str, str] | None = None,
+    ):
         self._lock = threading.RLock()
         self._teams: dict[str, Team] = {}
+        self._departments: dict[str, Department] = {}
+        #: Profile slug -> the pool of its GPUs (the catalog's :meth:`Catalog.profile_pools`).
+        self._profile_pools: dict[str, str] = {}
         self._workloads: dict[str, Workload] = {}
         self._totals: dict[str, _Totals] = {}
+        #: Per department: what its teams hold together (kept with the teams' totals), and
+        #: the same object by each of its teams' names (one lookup per change).
+        self._dept_totals: dict[str, _HeldTotals] = {}
+        self._team_dept: dict[str, _HeldTotals] = {}
         self._observers: list[LedgerObserver] = []
-        self.set_teams(teams)
+        self.set_teams(teams, departments, profile_pools)
 
     # -- observers ----------------------------------------------------------
 
@@ -160,20 +247,52 @@ class Ledger:
 
     # -- configuration ----------------------------------------------------
 
-    def set_teams(self, teams: Mapping[str, Team] | Iterable[Team]) -> None:
-        """Replace the team definitions (admin edits); holdings are kept."""
+    def set_teams(
+        self,
+        teams: Mapping[str, Team] | Iterable[Team],
+        departments: Mapping[str, Department] | Iterable[Department] | None = None,
+        profile_pools: Mapping[str, str] | None = None,
+    ) -> None:
+        """Replace the team definitions (admin edits), and the departments and profiles'
+        pools when given; holdings are kept (a workload keeps the pool it was admitted in)."""
         items = teams.values() if isinstance(teams, Mapping) else teams
         with self._lock:
             self._teams = {t.name: t for t in items}
+            if departments is not None:
+                deps = departments.values() if isinstance(departments, Mapping) else departments
+                self._departments = {d.name: d for d in deps}
+            if profile_pools is not None:
+                self._profile_pools = dict(profile_pools)
+            self._reset_departments()
+            for w in self._workloads.values():  # a team may have moved department
+                dt = self._team_dept.get(w.team)
+                if dt is not None:
+                    dt.add(w, +1)
+
+    def _reset_departments(self) -> None:
+        """Empty department totals, and which team adds to which."""
+        self._dept_totals = {name: _HeldTotals(d.burst_milli, bool(d.pools)) for name, d in self._departments.items()}
+        self._team_dept = {
+            t.name: self._dept_totals[t.department] for t in self._teams.values() if t.department in self._dept_totals
+        }
+
+    def department(self, name: str) -> Department | None:
+        return self._departments.get(name)
+
+    def pool_for(self, profile: str) -> str:
+        """The pool a profile's GPUs come from (``""``: none)."""
+        return self._profile_pools.get(profile, ANY_POOL)
 
     def team(self, name: str) -> Team | None:
         return self._teams.get(name)
 
     # -- decisions --------------------------------------------------------
 
-    def _decide(self, team_name: str, user: str, milli: int, may_burst: bool, members: int = 1) -> Decision:
-        def refuse(reason: str) -> Decision:
-            return Decision(False, reason, team_name, user, milli, members=members)
+    def _decide(
+        self, team_name: str, user: str, milli: int, may_burst: bool, members: int = 1, pool: str = ANY_POOL
+    ) -> Decision:
+        def refuse(reason: str, reclaim: tuple[str, ...] = ()) -> Decision:
+            return Decision(False, reason, team_name, user, milli, members=members, pool=pool, reclaim=reclaim)
 
         if isinstance(milli, bool) or not isinstance(milli, int) or milli < 0:
             return refuse(f"invalid GPU request {milli!r}: must be a whole number of milli-GPUs, at least 0")
@@ -185,7 +304,7 @@ class Ledger:
         if team is None:
             return refuse(f"unknown team {team_name!r}")
         if milli == 0:
-            return Decision(True, "", team_name, user, 0, False, members)
+            return Decision(True, "", team_name, user, 0, False, members, pool)
         totals = self._totals.get(team_name) or _Totals()
         held = totals.held
         if held + milli > team.burst_milli:
@@ -211,7 +330,20 @@ class Ledger:
                     f"{user} holds {format_gpus(mine)} of the {format_gpus(team.per_user_cap_milli)} "
                     f"GPUs one user may hold in team {team.name}; this request needs {format_gpus(milli)}"
                 )
-        over = held + milli > team.guarantee_milli
+        pq = pool_quota(team.pools, pool) if pool and team.pools else None
+        in_pool = totals.per_pool.get(pool, 0) if pq is not None else 0
+        if pq is not None and in_pool + milli > pq.burst_milli:
+            need = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
+            return refuse(
+                f"team {team.name} holds {format_gpus(in_pool)} of its {format_gpus(pq.burst_milli)} "
+                f"GPU burst limit in pool {pool}; {need}"
+            )
+        over = held + milli > team.guarantee_milli or (pq is not None and in_pool + milli > pq.guarantee_milli)
+        if over and pq is not None and not may_burst and in_pool + milli > pq.guarantee_milli:
+            return refuse(
+                f"team {team.name} holds {format_gpus(in_pool)} of its {format_gpus(pq.guarantee_milli)} "
+                f"GPU guarantee in pool {pool}; this work is never admitted over quota and needs {format_gpus(milli)}"
+            )
         if over and not may_burst:
             if members > 1:
                 return refuse(
@@ -223,12 +355,73 @@ class Ledger:
                 f"team {team.name} holds {format_gpus(held)} of its {format_gpus(team.guarantee_milli)} "
                 f"GPU guarantee; this work is never admitted over quota and needs {format_gpus(milli)}"
             )
-        return Decision(True, "", team_name, user, milli, over, members)
+        dt = self._team_dept.get(team_name)
+        if dt is not None and (dt.by_pool or dt.held + milli > dt.burst):  # the department's bounds
+            dept = self._departments[team.department or ""]
+            full = self._department_full(dept, pool, milli)
+            if full is not None:
+                where, held_d, burst_d = full
+                reclaim = self._reclaim_for(
+                    team, dept, pool if where else ANY_POOL, held_d + milli - burst_d, over, milli
+                )
+                need = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
+                said = (
+                    f"department {dept.name} holds {format_gpus(held_d)} of its {format_gpus(burst_d)} GPU burst "
+                    f"limit{where}; {need}"
+                )
+                if reclaim:
+                    said += (
+                        f" (reclaim would take back {len(reclaim)} borrowed, preemptible workload"
+                        f"{'s' if len(reclaim) > 1 else ''} of the team furthest over its weighted share first)"
+                    )
+                return refuse(said, reclaim)
+        return Decision(True, "", team_name, user, milli, over, members, pool)
 
-    def admit(self, team: str, user: str, milli: int, *, may_burst: bool = True, members: int = 1) -> Decision:
-        """Would this request (a gang of ``members`` sharing ``milli``) be admitted now? Records nothing."""
+    def _department_full(self, dept: Department, pool: str, milli: int) -> tuple[str, int, int] | None:
+        """``(where, held, burst)`` when ``milli`` more would take ``dept`` past a burst limit."""
+        dt = self._dept_totals.get(dept.name)
+        held = dt.held if dt is not None else 0
+        if held + milli > dept.burst_milli:
+            return "", held, dept.burst_milli
+        dq = pool_quota(dept.pools, pool) if dept.pools else None
+        if dq is not None:
+            in_pool = dt.per_pool.get(pool, 0) if dt is not None else 0
+            if in_pool + milli > dq.burst_milli:
+                return f" in pool {pool}", in_pool, dq.burst_milli
+        return None
+
+    def _reclaim_for(
+        self, team: Team, dept: Department, pool: str, need: int, over: bool, milli: int
+    ) -> tuple[str, ...]:
+        """The preemption choice that would make room in ``dept`` (and ``pool``, if named) for this request."""
+        members = [t for t in self._teams.values() if t.department == dept.name]
+        borrowers = [
+            Borrower(
+                t.name, borrowed((self._totals.get(t.name) or _Totals()).held, t.guarantee_milli), t.fair_share_weight
+            )
+            for t in members
+        ]
+        candidates = [
+            Reclaimable(w.key, w.team, w.milli)
+            for w in self._workloads.values()
+            if w.over_quota
+            and w.team != team.name
+            and (not pool or w.pool == pool)
+            and self._teams.get(w.team, team).department == dept.name
+        ]
+        share_after = None
+        if over:  # a borrowing request: only teams further over their share than it would be give way
+            held = (self._totals.get(team.name) or _Totals()).held
+            share_after = weighted_share(borrowed(held + milli, team.guarantee_milli), team.fair_share_weight)
+        return reclaim_choice(need, borrowers, candidates, requester=team.name, requester_share_after=share_after)
+
+    def admit(
+        self, team: str, user: str, milli: int, *, may_burst: bool = True, members: int = 1, profile: str = ""
+    ) -> Decision:
+        """Would this request (a gang of ``members`` sharing ``milli``, of ``profile``'s pool) be
+        admitted now? Records nothing."""
         with self._lock:
-            return self._decide(team, user, milli, may_burst, members)
+            return self._decide(team, user, milli, may_burst, members, self.pool_for(profile))
 
     def reserve(
         self,
@@ -255,11 +448,13 @@ class Ledger:
                 return Decision(
                     False, f"{key} already holds {format_gpus(held.milli)} GPUs in team {held.team}", team, user, milli
                 )
-            decision = self._decide(team, user, milli, may_burst, members)
+            decision = self._decide(team, user, milli, may_burst, members, self.pool_for(profile))
             if decision.allowed and preemptible and milli > 0 and not decision.over_quota:
                 decision = replace(decision, over_quota=True)
             if decision.allowed:
-                w = Workload(key, team, user, milli, profile, kind, decision.over_quota, RESERVED, members)
+                w = Workload(
+                    key, team, user, milli, profile, kind, decision.over_quota, RESERVED, members, decision.pool
+                )
                 self._add(w)
         if decision.allowed:
             self._notify([("add", w)])
@@ -293,6 +488,7 @@ class Ledger:
         """
         with self._lock:
             self._remove(workload.key)
+            workload = self._with_pool(workload)
             self._add(workload)
         self._notify([("add", workload)])
 
@@ -307,9 +503,10 @@ class Ledger:
             pending = [w for w in self._workloads.values() if w.state == RESERVED] if keep_reserved else []
             self._workloads.clear()
             self._totals.clear()
+            self._reset_departments()
             for w in live:
                 self._remove(w.key)
-                self._add(w)
+                self._add(self._with_pool(w))
             for w in pending:
                 if w.key not in self._workloads:
                     self._add(w)
@@ -341,6 +538,37 @@ class Ledger:
                 workloads=t.count,
             )
 
+    def pool_usage(self, team_name: str, pool: str) -> NodeUsage | None:
+        """What ``team_name`` holds in ``pool`` against its quota there (``None``: it has none)."""
+        with self._lock:
+            team = self._teams.get(team_name)
+            q = pool_quota(team.pools, pool) if team else None
+            if q is None:
+                return None
+            t = self._totals.get(team_name) or _Totals()
+            return NodeUsage(pool, q.guarantee_milli, q.burst_milli, t.per_pool.get(pool, 0))
+
+    def held_in_pools(self, team_name: str) -> dict[str, int]:
+        """What a team holds per pool (pools it holds nothing in are left out)."""
+        with self._lock:
+            t = self._totals.get(team_name)
+            return dict(t.per_pool) if t else {}
+
+    def department_usage(self, name: str) -> NodeUsage | None:
+        """What a department's teams hold together against its guarantee and burst."""
+        with self._lock:
+            d = self._departments.get(name)
+            if d is None:
+                return None
+            t = self._dept_totals.get(name)
+            return NodeUsage(name, d.guarantee_milli, d.burst_milli, t.held if t else 0)
+
+    def department_pools(self, name: str) -> dict[str, int]:
+        """What a department's teams hold together per pool."""
+        with self._lock:
+            t = self._dept_totals.get(name)
+            return dict(t.per_pool) if t else {}
+
     def user_held(self, team_name: str, user: str) -> int:
         with self._lock:
             t = self._totals.get(team_name)
@@ -348,12 +576,31 @@ class Ledger:
 
     # -- internals --------------------------------------------------------
 
+    def _with_pool(self, w: Workload) -> Workload:
+        """Work recorded without a pool (adopted from pods or saved state) gets its profile's."""
+        if w.pool or not w.profile:
+            return w
+        pool = self._profile_pools.get(w.profile, ANY_POOL)
+        return replace(w, pool=pool) if pool else w
+
     def _add(self, w: Workload) -> None:
         self._workloads[w.key] = w
         self._totals.setdefault(w.team, _Totals()).add(w, +1)
+        dt = self._team_dept.get(w.team)
+        if dt is not None:
+            if dt.by_pool:
+                dt.add(w, +1)
+            else:
+                dt.held += w.milli
 
     def _remove(self, key: str) -> Workload | None:
         w = self._workloads.pop(key, None)
         if w is not None:
             self._totals[w.team].add(w, -1)
+            dt = self._team_dept.get(w.team)
+            if dt is not None:
+                if dt.by_pool:
+                    dt.add(w, -1)
+                else:
+                    dt.held -= w.milli
         return w

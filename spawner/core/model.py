@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from .priority import DEVELOPMENT, PriorityClass
+from .quota_tree import PoolQuota
 
 #: Slugs and team names end up in Kubernetes label values and namespaces.
 SLUG_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -62,6 +63,9 @@ class Profile:
     #: Seconds a server may take to start (node autoscaling, image pulls,
     #: queueing); ``None`` = the spawner's ``start_timeout``.
     start_timeout_seconds: int | None = None
+    #: The admin-named GPU pool this profile's GPUs come from (the catalog's ``pools``);
+    #: ``None``: the pool matching its GPU model and sharing backend, if any.
+    pool: str | None = None
 
     @property
     def is_gpu(self) -> bool:
@@ -127,6 +131,12 @@ class Team:
     max_lifetime_seconds: int | None = None
     #: Caps on each member's servers and jobs (memory, CPU, processes, running jobs).
     limits: TeamLimits = TeamLimits()
+    #: Guarantee and burst per GPU pool, on top of the totals above (which count any pool).
+    pools: tuple[PoolQuota, ...] = ()
+    #: The department above this team (the catalog's ``departments``); ``None``: none.
+    department: str | None = None
+    #: This team's weight when idle capacity is shared between borrowing teams.
+    fair_share_weight: float = 1.0
 
     @property
     def label(self) -> str:

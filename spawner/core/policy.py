@@ -102,6 +102,25 @@ def team_summary(ledger: Ledger, team: Team) -> str:
     return f"{format_gpus(u.free_milli)} of {format_gpus(team.burst_milli)} GPUs free for team {team.name}"
 
 
+def pool_summary(
+    catalog: Catalog, ledger: Ledger, team: Team, profile: Profile, usage: TeamUsage | None = None
+) -> str | None:
+    """ "2 of 4 H100-80GB free for team vision (3 of 6 GPUs in all)" when the team has a quota
+    in ``profile``'s GPU pool; ``None`` when only its totals count that profile."""
+    if not team.pools:
+        return None
+    pool = catalog.profile_pools.get(profile.slug, "")
+    pu = ledger.pool_usage(team.name, pool) if pool else None
+    if pu is None:
+        return None
+    u = usage or ledger.usage(team.name)
+    label = catalog.pools[pool].label if pool in catalog.pools else pool
+    return (
+        f"{format_gpus(min(pu.free_milli, u.free_milli))} of {format_gpus(pu.burst_milli)} {label} free for team "
+        f"{team.name} ({format_gpus(u.free_milli)} of {format_gpus(team.burst_milli)} GPUs in all)"
+    )
+
+
 def choices_for_user(
     catalog: Catalog,
     ledger: Ledger,
@@ -117,9 +136,15 @@ def choices_for_user(
         held = ledger.user_held(team.name, user)
         own = own_servers(ledger, team.name, user)
         usage = ledger.usage(team.name)
+        by_pool: dict[str, str | None] = {}  # one summary per pool of the team, not per profile
         for profile in catalog.profiles_for(team):
+            pool = catalog.profile_pools.get(profile.slug, "") if team.pools else ""
+            if pool and pool not in by_pool:
+                by_pool[pool] = pool_summary(catalog, ledger, team, profile, usage)
             milli = effective_milli(profile) if effective_milli else profile.gpu_milli
-            decision = ledger.admit(team.name, user, milli, may_burst=profile.priority_class.may_burst)
+            decision = ledger.admit(
+                team.name, user, milli, may_burst=profile.priority_class.may_burst, profile=profile.slug
+            )
             cap = capacity(profile) if capacity and profile.is_gpu else Capacity(True)
             reason = decision.reason or (cap.reason if not cap.ok else "")
             blocked_by = "quota" if not decision.allowed else ("capacity" if not cap.ok else "")
@@ -129,7 +154,7 @@ def choices_for_user(
                     profile=profile,
                     available=decision.allowed and cap.ok,
                     reason=reason,
-                    team_summary=summary,
+                    team_summary=by_pool.get(pool) or summary,
                     capacity_summary=cap.summary,
                     over_quota=decision.over_quota,
                     effective_milli=milli if milli != profile.gpu_milli else None,

@@ -7,7 +7,8 @@ session asks again at its recorded start, under the proposal:
 1. its size is rounded up to the smallest size of the proposed catalog
    (none large enough: *not offered*);
 2. the proposed team quotas admit it or not (:class:`spawner.core.ledger.Ledger`,
-   the hub's own admission: guarantee, burst, per-user cap);
+   the hub's own admission: guarantee, burst, per-user cap, the quota of the
+   session's GPU pool (from its recorded profile) and its team's department);
 3. with a device list, the packer must find room (:class:`spawner.core.packer.DevicePacker`);
 4. with GPU-hour budgets (:mod:`spawner.core.budgets`), a session that starts when a
    budget binding it has reached 100 % of its period is refused (``refuse``) or runs
@@ -44,6 +45,7 @@ from .idle import DeviceSeries, judge_gpu_idle
 from .ledger import Ledger
 from .model import Team
 from .packer import DevicePacker, GPUDevice
+from .quota_tree import Department
 from .units import MILLI_PER_GPU
 
 REGRET_WINDOW_SECONDS = 3600
@@ -63,6 +65,8 @@ class RecordedSession:
     models: frozenset[str] = frozenset()
     #: ``(seconds, percent)`` utilisation samples, in time order; empty = none recorded.
     samples: tuple[tuple[float, float], ...] = ()
+    #: The profile it was started with (its GPU pool comes from it); ``""``: unknown.
+    profile: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class Proposal:
     sizes: tuple[int, ...] | None = None
     #: Team quotas; teams absent here (or ``None`` for all) are not limited.
     teams: Mapping[str, Team] | None = None
+    #: Departments over the teams (their bounds apply too); ``None``: none.
+    departments: Mapping[str, Department] | None = None
+    #: Profile slug -> GPU pool (the catalog's ``profile_pools``), for per-pool quotas.
+    profile_pools: Mapping[str, str] | None = None
     #: Idle timeout in seconds for every team; ``None`` = each team's own
     #: ``idle_timeout_seconds`` (no culling for a team without one).
     idle_timeout_seconds: int | None = None
@@ -219,7 +227,7 @@ def replay(
     ordered = sorted(sessions, key=lambda s: (s.start, s.key))
     sizes = tuple(sorted(set(proposal.sizes))) if proposal.sizes is not None else None
     teams = dict(proposal.teams or {})
-    ledger = Ledger(list(teams.values()))
+    ledger = Ledger(list(teams.values()), dict(proposal.departments or {}), proposal.profile_pools)
     packer = DevicePacker(devices, scoring=scoring) if devices else None
     starts_by_user: dict[str, list[float]] = {}
     for s in ordered:
@@ -271,7 +279,10 @@ def replay(
         elif budget == REFUSE:
             reason = "budget"
         elif s.team in teams:
-            if not ledger.reserve(key, s.team, s.user, alloc, kind="whatif", preemptible=budget != "allow").allowed:
+            preemptible = budget != "allow"
+            if not ledger.reserve(
+                key, s.team, s.user, alloc, kind="whatif", profile=s.profile, preemptible=preemptible
+            ).allowed:
                 reason = "quota"
         if reason is None and packer is not None and packer.place(key, alloc, s.models or None) is None:
             ledger.release(key)

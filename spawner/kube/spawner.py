@@ -46,9 +46,11 @@ from spawner.core.policy import (
 )
 from spawner.core.priority import cluster_priority_class_name, effective_priority_class
 from spawner.core.profile_facts import device_memory, profile_facts
+from spawner.core.queue_form import queue_button_html, queueable
 from spawner.core.scheduling import SCHEDULER_EVENT_REASONS, explain_scheduler_event
 from spawner.core.sharing import PodGPUSpec, SharingError, effective_milli, kai_queue, pod_gpu_spec, with_shm
 from spawner.core.units import format_gpus
+from spawner.queue_page import queue_form_parts
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
 from .conventions import (
@@ -148,11 +150,12 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         return self._gpulab_profile_list
 
     def _render_options_form(self, profile_list):
-        """KubeSpawner's form, after a line saying why the last server ended when the idle
-        culler reclaimed its GPU."""
+        """KubeSpawner's form, after the user's place in the spawn queue and a line saying why
+        the last server ended when the idle culler reclaimed its GPU."""
         html = super()._render_options_form(profile_list)
         notice = get_runtime(parent=self).reclaim_notice(self)
-        return notice_html(notice) + html if notice else html
+        queue = self._queue_parts.get("queue_panel", "")  # read by the profile list just before
+        return queue + (notice_html(notice) if notice else "") + html
 
     @default("profile_form_template")
     def _default_profile_form_template(self) -> str:
@@ -172,6 +175,8 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         self._pvc_namespace: str | None = None
         self._reserved_key: str | None = None
         self._refused_early = False
+        #: The spawn form's queue and right-size parts (:func:`spawner.queue_page.queue_form_parts`).
+        self._queue_parts: dict[str, Any] = {}
         self.gpu_spec: PodGPUSpec | None = None
 
     # -- the core's view ---------------------------------------------------
@@ -215,6 +220,9 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             self.log.exception("gpulab: cannot read GPU usage from the cluster")
             raise _usage_unreadable() from None
         choices = self._choices()
+        queue = self._queue_parts = queue_form_parts(
+            self.runtime, self.user.name, self.name or "", self.hub.base_url, self.log
+        )
         several_teams = len({c.team.name for c in choices}) > 1
         chosen = (self.user_options or {}).get("team"), (self.user_options or {}).get("profile")
         out = []
@@ -254,6 +262,11 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
                     "gpus": size if p.is_gpu else "",
                     "rounded": c.effective_milli is not None,
                     "selected": c.available and chosen[1] == p.slug and chosen[0] in (None, c.team.name),
+                    "right_size": queue["right_size"](c) if p.is_gpu else "",
+                    # HTML (escaped where it is built): "Queue me" on a full profile.
+                    "queue_button": queue_button_html(c, queue["queue_url"])
+                    if "queue_url" in queue and queueable(c)
+                    else "",
                 },
             }
             if len(p.images) > 1:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
@@ -50,6 +51,7 @@ from spawner.core.policy import (
 from spawner.core.profile_facts import device_memory, profile_facts
 from spawner.core.progress import setup_messages
 from spawner.core.units import format_gpus
+from spawner.queue_page import queue_form_parts
 from spawner.runtime import SINGLE_SERVER, GPULabRuntime, get_runtime
 
 from .account_spawner import AccountProcessSpawner
@@ -185,7 +187,12 @@ class GPULocalMixin(_SpawnerBase):
             admin_contact=runtime.admin_contact,
             admin_page_url=f"{self.hub.base_url}gpulab/admin" if admin and not choices else "",
             gives=self._profile_gives,
+            **self.queue_form_parts(),
         )
+
+    def queue_form_parts(self) -> dict[str, Any]:
+        """The spawn form's queue and right-size lines (:func:`spawner.queue_page.queue_form_parts`)."""
+        return queue_form_parts(self.gpulab, self.user.name, self.name or "", self.hub.base_url, self.log)
 
     def _profile_gives(self, choice: ProfileChoice) -> list[str]:
         """What a profile gives here: its share of this server's device memory, the CPU and memory
@@ -208,7 +215,6 @@ class GPULocalMixin(_SpawnerBase):
 
     def start_again_url(self, value: str) -> str:
         """JupyterHub's spawn URL for this server with ``team:profile`` in the query (one click)."""
-        from urllib.parse import quote
 
         path = f"{self.hub.base_url}spawn/{quote(self.user.name, safe='')}"
         if self.name:
@@ -290,7 +296,11 @@ class GPULocalMixin(_SpawnerBase):
         if check_now:
             # Early feedback on the form; start() decides for real, atomically.
             decision = runtime.ledger.admit(
-                request.team.name, self.user.name, request.milli, may_burst=request.profile.priority_class.may_burst
+                request.team.name,
+                self.user.name,
+                request.milli,
+                may_burst=request.profile.priority_class.may_burst,
+                profile=request.profile.slug,
             )
             if not decision.allowed:
                 raise PolicyError(decision.reason, 403)

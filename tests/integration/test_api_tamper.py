@@ -68,6 +68,16 @@ def alice(hub):
     return user_token(hub, "alice")
 
 
+_ALICE_TOKENS: dict[str, str] = {}
+
+
+def alice_token(hub: RunningHub) -> str:
+    """A token of alice's own for reading her queue (one per hub)."""
+    if hub.url not in _ALICE_TOKENS:
+        _ALICE_TOKENS[hub.url] = user_token(hub, "alice")
+    return _ALICE_TOKENS[hub.url]
+
+
 def snapshot(hub: RunningHub) -> dict[str, Any]:
     """Everything a tampered request could change, read through the hub's APIs."""
 
@@ -88,6 +98,7 @@ def snapshot(hub: RunningHub) -> dict[str, Any]:
         "idle audit": get("/gpulab/idle/audit"),
         "servers": {u["name"]: sorted(u.get("servers", {})) for u in users},
         "holdings": hub.holdings(),
+        "alice's queue": hub.api("GET", "/gpulab/queue", token=alice_token(hub)).json(),
     }
 
 
@@ -139,6 +150,7 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
         ("idle warning", "POST", "/gpulab/idle/warnings", admin, warning, ["grace_seconds", "gpu_milli"]),
         ("idle reclaim", "POST", "/gpulab/idle/reclaims", admin, reclaim, ["gpu_milli"]),
         ("idle keepalive", "POST", "/gpulab/idle/keepalive", as_alice, {"user": "alice", "server": ""}, []),
+        ("queue join", "POST", "/gpulab/queue", as_alice, {"team": "vision", "profile": "h100-half"}, []),
     ]
     for label, method, path, auth, template, numeric in bodies:
         out.append((f"{label}: nested 100000 deep", method, path, {**auth, "data": DEEP}))
@@ -315,6 +327,23 @@ def corpus(hub: RunningHub, alice: str) -> list[tuple[str, str, str, dict[str, A
         out.append((f"me user={user[:12]!r} as alice", "GET", "/gpulab/me", {**as_alice, "params": {"user": user}}))
     out.append(("me user=x*300 as admin", "GET", "/gpulab/me", {**admin, "params": {"user": "x" * 300}}))
     out.append(("jobs logs offset=²", "GET", "/gpulab/jobs/1/logs", {**as_alice, "params": {"offset": "²"}}))
+    # The spawn queue: typed fields, no GPU size of its own, only one's own teams and entries.
+    for body in (
+        {"team": "vision", "profile": ["h100-half"]},
+        {"team": "vision", "profile": "h100-half", "gpus": 8},
+        {"team": "vision", "profile": "h100-half", "milli": 1},
+        {"team": "nlp", "profile": "h100-2"},
+        {"team": "vision", "profile": "h100-2"},
+        {"team": "vision", "profile": "cpu"},
+        {"team": "vision", "profile": "h100-half", "server_name": "../x"},
+        {"team": "vision", "profile": "h100-half", "server_name": ["x"]},
+        {"team": "vision", "profile": "h100-half", "server_name": "x" * 300},
+        {"team": "vision", "profile": "x" * 5000},
+    ):
+        out.append((f"queue join {str(body)[:60]}", "POST", "/gpulab/queue", {**as_alice, "data": json.dumps(body)}))
+    out.append(("queue join as the admin service", "POST", "/gpulab/queue", {**admin, "data": '{"team": "vision"}'}))
+    for bad in BAD_IDS + ["1"]:  # no entry 1 of alice's: "no such entry", nothing said of others'
+        out.append((f"queue cancel {bad!r}", "DELETE", f"/gpulab/queue/{bad}", as_alice))
     # REST spawns of a named server with tampered options.
     for options in (
         {"team": "vision", "profile": ["cpu"]},

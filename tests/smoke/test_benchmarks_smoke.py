@@ -47,6 +47,17 @@ def run_bench(script: str, out: Path, *args: str) -> tuple[dict, str]:
 # -- admission --------------------------------------------------------------
 
 
+def test_admission_tree_smoke(tmp_path):
+    doc, stdout = run_bench("admission_tree.py", tmp_path, "--smoke")
+    assert doc["smoke"] is True
+    # the same admissions with and without pools and departments, within every bound, nothing leaked
+    assert all(doc["checks"].values()), doc["checks"]
+    assert set(doc["ratio"]) == {"reserve_release_p50_us", "admit_p50_us", "admit_refused_p50_us", "page_render_p50_ms"}
+    assert all(r > 0 for r in doc["ratio"].values())
+    assert doc["flat"]["allowed"] == doc["tree"]["allowed"] == doc["ops"]
+    assert "pools + departments" in stdout
+
+
 def test_admission_smoke(tmp_path):
     doc, stdout = run_bench("admission.py", tmp_path, "--smoke")
     assert doc["smoke"] is True
@@ -328,3 +339,13 @@ def test_log_read_smoke(tmp_path):
         assert r["reads"] == 10 and r["p99_ms"] >= r["p50_ms"] > 0, name
     assert rows["open as the hub"]["p50_vs_open_as_the_hub"] == 1.0
     assert "mediator as the account" in stdout
+
+
+def test_queue_prediction_smoke(tmp_path):
+    doc, stdout = run_bench("queue_prediction.py", tmp_path, "--smoke")
+    assert doc["smoke"] is True and doc["history"]["queued"] > 0
+    # with the true session lengths the queue model predicts the replay's starts exactly:
+    # what error remains comes from the recorded-length estimate alone
+    assert doc["oracle"]["predicted"] == doc["oracle"]["queued"]
+    assert doc["oracle"]["median_abs_error_min"] == 0
+    assert 0 <= doc["history"]["within_15_min_share"] <= 1

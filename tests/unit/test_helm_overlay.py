@@ -189,7 +189,8 @@ def test_z2jh_applies_singleuser_values_to_kubespawner(tmp_path, monkeypatch):
     assert c.JupyterHub.spawner_class == "gpu-kube"  # hub.config, then extraConfig
     assert c.GPULab.catalog_file == "/usr/local/etc/gpulab/catalog.yaml"
     names = [s["name"] for s in c.JupyterHub.services]
-    assert names == ["jupyterhub-idle-culler", "gpulab-idle-culler"]
+    # gpulab-queue: the queue runner's token holder (no process), declared by configure_gpulab
+    assert names == ["jupyterhub-idle-culler", "gpulab-idle-culler", "gpulab-queue"]
     assert all(len(s["api_token"]) == 64 for s in c.JupyterHub.services if s["name"] == "gpulab-idle-culler")
 
 

@@ -104,6 +104,42 @@ burst: {{ $b }}
 {{- end }}
 
 {{/*
+A team's or department's guarantee and burst in one GPU pool, in milli-GPUs, as
+YAML {guarantee, burst}: its `pools.<pool>` entry, else its totals (which count
+any pool). Call with (dict "spec" team-or-department "pool" name).
+*/}}
+{{- define "gpulab.poolMilli" -}}
+{{- $q := get (.spec.pools | default dict) .pool -}}
+{{- if $q -}}
+{{- include "gpulab.teamMilli" $q -}}
+{{- else -}}
+{{- include "gpulab.teamMilli" .spec -}}
+{{- end -}}
+{{- end }}
+
+{{/* The Kueue Cohort of a department: <release>-department-<name>. */}}
+{{- define "gpulab.departmentCohort" -}}
+{{- include "gpulab.clusterName" (list .root (printf "department-%s" .name)) -}}
+{{- end }}
+
+{{/*
+The node labels of a GPU pool's Kueue ResourceFlavor: its node_labels, else the
+sharing backend's node_selector for its GPU model (what the spawner puts on the
+pods, spawner/core/sharing.py), else a failure that says what to set: Kueue
+tells flavors apart by node labels only.
+*/}}
+{{- define "gpulab.poolNodeLabels" -}}
+{{- $pool := .pool -}}
+{{- $sh := .root.Values.gpulab.sharing | default dict -}}
+{{- $backend := $pool.sharing | default ($sh.backend | default "whole") -}}
+{{- $labels := $pool.node_labels | default (get ((get $sh $backend | default dict).node_selector | default dict) ($pool.gpu_model | default "")) -}}
+{{- if not $labels -}}
+{{- fail (printf "gpulab: pool %q needs node labels for its Kueue ResourceFlavor: set gpulab.pools[].node_labels, or gpulab.sharing.%s.node_selector.%s" $pool.name $backend ($pool.gpu_model | default "<model>")) -}}
+{{- end -}}
+{{- toYaml $labels -}}
+{{- end }}
+
+{{/*
 The GPU resources the catalog's profiles make pods request, as YAML
 {resource: {per: units per GPU}} or {resource: {share: milli-GPUs per unit}}.
 It follows spawner/core/sharing.py (the spawner's mapping), profile by profile:
@@ -220,6 +256,8 @@ A team's amount in one resource's unit, rounded up. Call with
 {{- $cat := dict "teams" $teams "profiles" (.Values.gpulab.profiles | default list) "sharing" (.Values.gpulab.sharing | default (dict "backend" "whole")) -}}
 {{- if .Values.gpulab.prices -}}{{- $_ := set $cat "prices" .Values.gpulab.prices -}}{{- end -}}
 {{- if .Values.gpulab.inventory -}}{{- $_ := set $cat "inventory" .Values.gpulab.inventory -}}{{- end -}}
+{{- if .Values.gpulab.pools -}}{{- $_ := set $cat "pools" .Values.gpulab.pools -}}{{- end -}}
+{{- if .Values.gpulab.departments -}}{{- $_ := set $cat "departments" .Values.gpulab.departments -}}{{- end -}}
 {{- /* The cluster-scoped names the hub puts on its pods: this release's. */ -}}
 {{- $classNames := dict -}}
 {{- range include "gpulab.priorityClasses" . | fromYamlArray -}}

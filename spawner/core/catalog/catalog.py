@@ -12,6 +12,7 @@ from typing import Any
 
 from spawner.core.identity import TeamGrant
 from spawner.core.model import Profile, Team
+from spawner.core.quota_tree import Department, GpuPool, pool_of
 
 from .inventory import DeviceSpec
 
@@ -29,6 +30,10 @@ class Catalog:
     #: ``staging-development``), as the Helm chart names them after its release; empty =
     #: gpulab's own names (:func:`spawner.core.priority.cluster_priority_class_name`).
     priority_class_names: Mapping[str, str] = field(default_factory=dict)
+    #: GPU pools with quotas of their own, by name (:mod:`spawner.core.quota_tree`).
+    pools: Mapping[str, GpuPool] = field(default_factory=dict)
+    #: Departments over teams, by name.
+    departments: Mapping[str, Department] = field(default_factory=dict)
 
     def team(self, name: str) -> Team | None:
         return self.teams.get(name)
@@ -77,6 +82,18 @@ class Catalog:
     def profiles_for(self, team: Team, *, include_retired: bool = False) -> list[Profile]:
         """Profiles ``team`` may start, in catalog order."""
         return [p for p in self.profiles.values() if (include_retired or not p.retired) and self.team_may_use(team, p)]
+
+    def pool_of(self, profile: Profile) -> str:
+        """The pool ``profile``'s GPUs come from (``""``: none; only totals count them)."""
+        if not profile.is_gpu:
+            return ""
+        backend = profile.sharing or str(self.sharing.get("backend") or "whole")
+        return pool_of(self.pools, profile.pool, profile.gpu_model, backend)
+
+    @cached_property
+    def profile_pools(self) -> dict[str, str]:
+        """Profile slug -> its pool, for the GPU profiles that have one (the ledger's lookup)."""
+        return {slug: pool for slug, p in self.profiles.items() if (pool := self.pool_of(p))}
 
     def with_team(self, team: Team) -> Catalog:
         return replace(self, teams={**self.teams, team.name: team})

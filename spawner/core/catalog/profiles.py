@@ -48,6 +48,7 @@ PROFILE_KEYS = {
     "node_affinity_required",
     "node_affinity_preferred",
     "start_timeout",
+    "pool",
 }
 
 
@@ -103,6 +104,9 @@ def read_profile(r: Reader, spec: Any, path: KeyPath) -> Profile | None:
         r.error(path + ("retired",), f"expected true or false, got {kind(retired)}")
     tolerations, required, preferred = read_scheduling(r, d, path)
     start_timeout = r.optional(parse_duration, d, "start_timeout", path)
+    pool = d.get("pool")
+    if pool is not None:
+        pool = r.slug(pool, path + ("pool",), "pool name")
     if len(r.issues) > n_before or slug is None:
         return None
     return Profile(
@@ -126,6 +130,7 @@ def read_profile(r: Reader, spec: Any, path: KeyPath) -> Profile | None:
         node_affinity_required=required,
         node_affinity_preferred=preferred,
         start_timeout_seconds=start_timeout,
+        pool=pool,
     )
 
 

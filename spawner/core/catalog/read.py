@@ -17,8 +17,9 @@ from .profiles import profile_specs, read_profiles
 from .reader import CatalogError, KeyPath, Reader, closest_match
 from .sharing import read_sharing
 from .teams import TeamEntry, read_teams, team_entries
+from .tree import check_tree, read_departments, read_pools
 
-TOP_KEYS = {"teams", "profiles", "sharing", "inventory", "prices", "priority_class_names"}
+TOP_KEYS = {"teams", "profiles", "sharing", "inventory", "prices", "priority_class_names", "pools", "departments"}
 
 
 def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[KeyPath, int] | None = None) -> Catalog:
@@ -32,8 +33,11 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[KeyPat
         raise CatalogError(source, r.issues)
     specs = profile_specs(r, top.get("profiles"))
     profiles = read_profiles(r, specs)
+    pools = read_pools(r, top.get("pools"))
+    departments = read_departments(r, top.get("departments"), pools)
     entries = team_entries(r, top.get("teams"))
-    teams = read_teams(r, entries)
+    teams = read_teams(r, entries, pools, departments)
+    check_tree(r, teams, departments, pools, profiles)
     check_references(r, specs, entries)
     sharing = read_sharing(r, top.get("sharing"))
     inventory = read_inventory(r, top.get("inventory"))
@@ -48,6 +52,8 @@ def catalog_from_dict(data: Any, source: str = "<config>", lines: Mapping[KeyPat
         inventory=inventory,
         prices=prices,
         priority_class_names=class_names,
+        pools=pools,
+        departments=departments,
     )
 
 

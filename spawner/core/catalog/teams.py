@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spawner.core.limits import TEAM_LIMIT_KEYS, read_team_limits
 from spawner.core.model import Team
 from spawner.core.units import format_gpus, parse_duration, parse_lifetime
 
 from .reader import KeyPath, Reader, kind
+from .tree import read_team_tree
+
+if TYPE_CHECKING:
+    from spawner.core.quota_tree import Department, GpuPool
 
 TEAM_KEYS = {
     "name",
@@ -24,6 +28,10 @@ TEAM_KEYS = {
     "idle_timeout",
     "max_lifetime",
     "limits",
+    # GPU pools and departments (.tree)
+    "pools",
+    "department",
+    "fair_share_weight",
 }
 
 #: One entry of the section as written: its key path, its value, and its name when the
@@ -42,11 +50,16 @@ def team_entries(r: Reader, value: Any) -> list[TeamEntry]:
     return []
 
 
-def read_teams(r: Reader, entries: list[TeamEntry]) -> dict[str, Team]:
+def read_teams(
+    r: Reader,
+    entries: list[TeamEntry],
+    pools: Mapping[str, GpuPool] | None = None,
+    departments: Mapping[str, Department] | None = None,
+) -> dict[str, Team]:
     """Every valid team by name; a repeated name is an issue."""
     teams: dict[str, Team] = {}
     for path, spec, name in entries:
-        t = read_team(r, spec, path, name)
+        t = read_team(r, spec, path, name, pools, departments)
         if t is None:
             continue
         if t.name in teams:
@@ -56,7 +69,14 @@ def read_teams(r: Reader, entries: list[TeamEntry]) -> dict[str, Team]:
     return teams
 
 
-def read_team(r: Reader, spec: Any, path: KeyPath, name: str | None = None) -> Team | None:
+def read_team(
+    r: Reader,
+    spec: Any,
+    path: KeyPath,
+    name: str | None = None,
+    pools: Mapping[str, GpuPool] | None = None,
+    departments: Mapping[str, Department] | None = None,
+) -> Team | None:
     """One team, or ``None`` (with its issues recorded) when any part of it is wrong."""
     d = r.mapping(spec, path, TEAM_KEYS, required=() if name else ("name",))
     if d is None:
@@ -93,6 +113,7 @@ def read_team(r: Reader, spec: Any, path: KeyPath, name: str | None = None) -> T
         lambda fn, v, key: r.convert(fn, v, path + ("limits", key)),
         lambda key, message: r.error(path + ("limits", key), message),
     )
+    pool_quotas, department, weight = read_team_tree(r, d, path, pools or {}, departments or {})
     if len(r.issues) > n_before or name is None:
         return None
     return Team(
@@ -108,4 +129,7 @@ def read_team(r: Reader, spec: Any, path: KeyPath, name: str | None = None) -> T
         idle_timeout_seconds=idle,
         max_lifetime_seconds=lifetime,
         limits=limits,
+        pools=pool_quotas,
+        department=department,
+        fair_share_weight=weight,
     )

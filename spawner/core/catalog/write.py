@@ -10,6 +10,7 @@ from spawner.core.priority import short_name
 from spawner.core.units import format_duration, format_gpus, format_memory
 
 from .catalog import Catalog
+from .tree import department_to_dict, pool_to_dict, team_tree_to_dict
 
 
 def profile_to_dict(p: Profile) -> dict[str, Any]:
@@ -43,6 +44,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
             d[key] = [dict(x) for x in getattr(p, key)]
     if p.start_timeout_seconds is not None:
         d["start_timeout"] = format_duration(p.start_timeout_seconds)
+    if p.pool is not None:
+        d["pool"] = p.pool
     return d
 
 
@@ -66,6 +69,7 @@ def team_to_dict(t: Team) -> dict[str, Any]:
         d["max_lifetime"] = format_duration(t.max_lifetime_seconds)
     if not t.limits.empty:
         d["limits"] = team_limits_to_dict(t.limits)
+    d.update(team_tree_to_dict(t))
     return d
 
 
@@ -81,6 +85,10 @@ def catalog_to_dict(c: Catalog) -> dict[str, Any]:
         d["prices"] = dict(c.prices)
     if c.priority_class_names:
         d["priority_class_names"] = dict(c.priority_class_names)
+    if c.pools:
+        d["pools"] = [pool_to_dict(p) for p in c.pools.values()]
+    if c.departments:
+        d["departments"] = [department_to_dict(x) for x in c.departments.values()]
     return d
 
 

@@ -2,15 +2,15 @@
 identity provider grants (the groups and claims of their last login, mapped by
 ``c.GPULabIdentity.team_rules``).
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,42 @@
+"""The right-size line for a user about to start a profile, from their recorded sessions.
+
+The decision is :func:`spawner.core.rightsize.right_size_hint`; this reads the evidence
+(:func:`.session_history.session_uses`) and the memory each profile gives here.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from hub_config.domain.session_history import session_uses
+from spawner.core.model import Profile
+from spawner.core.profile_facts import device_memory
+from spawner.core.rightsize import RightSizeHint, right_size_hint
+from spawner.core.units import MILLI_PER_GPU
+from spawner.runtime import GPULabRuntime
+
+#: Sessions of the evidence (the newest of the user's for the profile).
+WINDOW = 10
+
+
+def hint_for(
+    runtime: GPULabRuntime, sessions: sessionmaker[Session], user: str, profile: Profile
+) -> RightSizeHint | None:
+    """The hint for ``user`` about to start ``profile``, or ``None``."""
+    if not profile.is_gpu:
+        return None
+    packer = runtime.packer
+    devices = [(d.model, d.memory_mib) for d in packer.devices.values()] if packer is not None else []
+
+    def memory_mib_of(p: Profile, milli: int) -> int | None:
+        mib = device_memory(p.gpu_model, devices, runtime.catalog.inventory).mib
+        return mib * milli // MILLI_PER_GPU if mib else None
+
+    candidates = [p for p in runtime.catalog.profiles.values() if not p.retired]
+    return right_size_hint(profile, candidates, session_uses(sessions, user, profile.slug, WINDOW), memory_mib_of)
+
+
+def right_size_line(runtime: GPULabRuntime, sessions: sessionmaker[Session], user: str, profile: Profile) -> str:
+    """The one line the spawn page and the sidebar show ('' when no smaller profile would have done)."""
+    hint = hint_for(runtime, sessions, user, profile)
+    return hint.line if hint is not None else ""
