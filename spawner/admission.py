@@ -20,9 +20,11 @@ from typing import Any
 
 from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 
+from spawner.core.budgets import ALLOW, REFUSE
+from spawner.core.identity import TeamGrant
 from spawner.core.ledger import Decision
 from spawner.core.policy import PolicyError, SpawnRequest, resolve_request
-from spawner.runtime import GPULabRuntime
+from spawner.runtime import GPULabRuntime, current_runtime
 
 
 def refusal(message: str, status: int = 400, reason: str = "gpulab") -> SpawnException:
@@ -38,8 +40,14 @@ def policy_refusal(e: PolicyError, message: str | None = None) -> SpawnException
 
 
 def user_groups(user: Any) -> list[str]:
-    """The JupyterHub group names of a user (a team may name groups as members)."""
-    return [getattr(g, "name", g) for g in getattr(user, "groups", None) or []]
+    """The JupyterHub group names of a user (a team may name groups as members), and the
+    teams the identity provider's rules grant them (:class:`TeamGrant`, :mod:`spawner.core.identity`)."""
+    names = [getattr(g, "name", g) for g in getattr(user, "groups", None) or []]
+    runtime = current_runtime()
+    name = getattr(user, "name", None)
+    if runtime is None or not isinstance(name, str):
+        return names
+    return [*names, *(TeamGrant(t) for t in runtime.identity_teams(name, names))]
 
 
 class Admission:
@@ -53,16 +61,34 @@ class Admission:
         self.log = log
 
     def resolve(self, options: Any) -> SpawnRequest:
-        """The team, profile and image ``options`` ask for, or a refusal that says why not."""
+        """The team, profile and image ``options`` ask for, or a refusal that says why not
+        (a GPU-hour budget that refuses new work included: the form says so before anything starts)."""
         try:
-            return resolve_request(self.runtime.catalog, self.user, self.groups, options)
+            request = resolve_request(self.runtime.catalog, self.user, self.groups, options)
         except PolicyError as e:
             raise policy_refusal(e) from None
+        if request.milli:
+            may_burst = request.profile.priority_class.may_burst
+            budget = self.runtime.budget_verdict(request.team.name, self.user, may_burst)
+            if budget.action == REFUSE:
+                raise refusal(budget.sentence, 403, "budget")
+        return request
 
     def reserve(self, request: SpawnRequest, milli: int, sentence: Callable[[str], str] = str) -> Decision:
         """Reserve ``milli`` of the team's quota, or refuse (403, reason ``quota``) with
-        ``sentence(reason)``. Nothing else holds the lock between the check and the record."""
+        ``sentence(reason)``. Nothing else holds the lock between the check and the record.
+
+        First the team's GPU-hour budgets: one at 100 % refuses (403, reason ``budget``) or
+        lets the work start only over quota, as the admin chose."""
         profile = request.profile
+        may_burst = profile.priority_class.may_burst
+        budget = self.runtime.budget_verdict(request.team.name, self.user, may_burst) if milli else None
+        if budget is not None and budget.action == REFUSE:
+            self.log.info("gpulab: refused %s (%s): %s", self.key, profile.slug, budget.sentence)
+            raise refusal(budget.sentence, 403, "budget")
+        preemptible = budget is not None and budget.action != ALLOW
+        if budget is not None and preemptible:
+            self.log.info("gpulab: %s starts over quota only: %s", self.key, budget.sentence)
         decision = self.runtime.ledger.reserve(
             self.key,
             request.team.name,
@@ -70,7 +96,8 @@ class Admission:
             milli,
             profile=profile.slug,
             kind="notebook",
-            may_burst=profile.priority_class.may_burst,
+            may_burst=may_burst,
+            preemptible=preemptible,
         )
         if not decision.allowed:
             self.log.info("gpulab: refused %s (%s): %s", self.key, profile.slug, decision.reason)

@@ -20,6 +20,7 @@ from traitlets import CaselessStrEnum, Dict, Integer, List, Unicode, Union
 from traitlets.config import Configurable
 from traitlets.utils.importstring import import_item
 
+from spawner.core.budgets import ALLOW, BudgetVerdict
 from spawner.core.catalog import Catalog, CatalogError, ConfigIssue, catalog_from_dict
 from spawner.core.catalog.write import catalog_to_dict
 from spawner.core.catalog.yaml_text import catalog_from_yaml
@@ -184,6 +185,14 @@ def _forget_choice(user: str, team: str, profile: str, image: str) -> None:
     return None
 
 
+def _no_identity_teams(user: str, groups: list[str]) -> tuple[str, ...]:
+    return ()
+
+
+def _no_budgets(team: str, user: str, may_burst: bool) -> BudgetVerdict:
+    return BudgetVerdict(ALLOW)
+
+
 class GPULabRuntime:
     """Process-wide state: the current catalog, the ledger and (single server) the packer."""
 
@@ -225,6 +234,14 @@ class GPULabRuntime:
         #: readers and writers of gpulab's database.
         self.last_choice: Callable[[str], dict[str, str] | None] = _no_last_choice
         self.remember_choice: Callable[[str, str, str, str], None] = _forget_choice
+        #: ``budget_verdict(team, user, may_burst) -> BudgetVerdict``: what the GPU-hour budgets
+        #: (:mod:`spawner.core.budgets`) say about new work; the hub installs the reader of its
+        #: stored budgets and usage history (``budgets``, a ``hub_config.domain.budgets.BudgetBook``).
+        self.budget_verdict: Callable[[str, str, bool], BudgetVerdict] = _no_budgets
+        self.budgets: Any = None
+        #: ``identity_teams(user, groups) -> team names``: the teams the identity provider's
+        #: groups and claims grant (``c.GPULabIdentity.team_rules``); the hub installs it.
+        self.identity_teams: Callable[[str, list[str]], tuple[str, ...]] = _no_identity_teams
         #: The hub's spawn queue (``hub_config.domain.queue_runner.QueueRunner``: "queue me", its
         #: runner and each user's view of it), set by the hub's runtime hook; ``None`` elsewhere.
         self.queue: Any = None
@@ -276,6 +293,11 @@ def get_runtime(parent: Configurable | None = None, config: Any = None) -> GPULa
                 import_item(hook)(runtime, settings)
             _runtime = runtime
         return _runtime
+
+
+def current_runtime() -> GPULabRuntime | None:
+    """The process runtime if one was made (never makes one)."""
+    return _runtime
 
 
 def set_runtime(runtime: GPULabRuntime | None) -> None:

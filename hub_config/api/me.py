@@ -14,6 +14,7 @@ from tornado import web
 
 from hub_config.api.base import GPULabAPIHandler
 from hub_config.config.scopes import ADMIN, JOBS
+from spawner.admission import user_groups
 from spawner.core.idle import idle_policy_text, idle_timeout_for, max_lifetime_for
 from spawner.core.jobspec import JOB_CLASSES
 from spawner.core.ledger import Ledger, TeamUsage
@@ -166,7 +167,7 @@ class MeHandler(GPULabAPIHandler):
         user = self.find_user(target)
         if user is None:
             raise web.HTTPError(404, f"no such user {target!r}")
-        self.write_json(user_view(self.gpulab, user.name, [g.name for g in user.groups]))
+        self.write_json(user_view(self.gpulab, user.name, user_groups(user)))
 
 
 handlers = [(r"/api/gpulab/me", MeHandler)]

@@ -4,7 +4,9 @@
   and the profile advisor's catalog for the recorded demand.
 - ``POST /hub/api/gpulab/whatif``: ``{"team": null | NAME, "days": 30,
   "sizes": [0.25, 0.5, 1, 2], "quotas": {"vision": {"guarantee": 2, "burst": 4}},
-  "idle_timeout": "1h" | null, "max_sizes": 6}``: the same, plus the proposal.
+  "idle_timeout": "1h" | null, "max_sizes": 6, "budgets": null | [{"team": "vision",
+  "gpu_hours": 100, "period": "month", "at_limit": "refuse"}]}``: the same, plus the proposal
+  (``budgets`` null: today's stored GPU-hour budgets; ``[]``: none).
 
 Nothing is saved: the replay runs on copies (:mod:`spawner.core.whatif`, the engine
 the capacity benchmark uses). Needs ``custom:gpulab:admin``; a body that is
@@ -26,6 +28,7 @@ from hub_config.api.admin import AdminAPIHandler
 from hub_config.domain.usage_records import UsageInterval, UtilisationSample
 from hub_config.storage.db import utcnow
 from spawner.core.advisor import AdvisorError, demand_from, fill_work, givable_sizes, recommend
+from spawner.core.budgets import Budget, BudgetError, budget_from_dict, budget_to_dict
 from spawner.core.catalog import Catalog
 from spawner.core.catalog.reader import Reader, format_path
 from spawner.core.catalog.tree import read_pool_quotas
@@ -37,9 +40,10 @@ from spawner.core.whatif import Proposal, RecordedSession, replay
 MAX_WHATIF_BODY = 16 * 1024
 MAX_DAYS = 90
 MAX_SIZES = 16
-FIELDS = {"team", "days", "sizes", "quotas", "departments", "idle_timeout", "max_sizes"}
+FIELDS = {"team", "days", "sizes", "quotas", "departments", "idle_timeout", "max_sizes", "budgets"}
 #: What a proposed quota of a team or department may set.
 QUOTA_KEYS = {"guarantee", "burst", "pools"}
+MAX_BUDGETS = 256
 
 
 def catalog_sizes(catalog: Catalog, team: str | None = None) -> list[int]:
@@ -192,6 +196,29 @@ class WhatIfHandler(AdminAPIHandler):
             raise web.HTTPError(400, 'idle_timeout: expected 1 minute to 30 days, e.g. "1h"')
         return seconds
 
+    def _stored_budgets(self) -> tuple[tuple[Budget, ...], str]:
+        """Today's GPU-hour budgets and the usage time zone their periods are in."""
+        book = self.gpulab.budgets
+        if book is None:
+            return (), "UTC"
+        return tuple(book.budgets()), book.zone
+
+    def _budgets(self, value: Any, catalog: Catalog) -> tuple[Budget, ...]:
+        if value is None:
+            return self._stored_budgets()[0]
+        if not isinstance(value, list) or len(value) > MAX_BUDGETS:
+            raise web.HTTPError(400, f"budgets: expected a list of at most {MAX_BUDGETS} budgets")
+        out: dict[str, Budget] = {}
+        for n, entry in enumerate(value):
+            try:
+                b = budget_from_dict(entry, catalog.teams)
+            except BudgetError as e:
+                raise web.HTTPError(400, f"budgets[{n}]: {e}") from None
+            if b.key in out:
+                raise web.HTTPError(400, f"budgets[{n}]: {b.key} is given twice")
+            out[b.key] = b
+        return tuple(out.values())
+
     def _max_sizes(self, value: Any) -> int:
         if value is None:
             return 6
@@ -206,11 +233,14 @@ class WhatIfHandler(AdminAPIHandler):
         everyone, since, until = self._history(None, days)
         history = [s for s in everyone if team is None or s.team == team]
         current_sizes = catalog_sizes(catalog, team)
+        stored, zone = self._stored_budgets()
         today = Proposal(
             sizes=tuple(current_sizes) or None,
             teams=dict(catalog.teams),
             departments=dict(catalog.departments),
             profile_pools=catalog.profile_pools,
+            budgets=stored,
+            time_zone=zone,
         )
         # Weighted by GPU-hours: a size held for days matters more than one tried for a minute.
         demand = demand_from((s.gpu_milli, max(60.0, s.end - s.start) / 3600) for s in history)
@@ -256,6 +286,7 @@ class WhatIfHandler(AdminAPIHandler):
                     n: {"guarantee_milli": d.guarantee_milli, "burst_milli": d.burst_milli, **_pools_json(d.pools)}
                     for n, d in (proposal.departments or {}).items()
                 },
+                "budgets": [budget_to_dict(b) for b in proposal.budgets],
             }
         return out
 
@@ -287,6 +318,8 @@ class WhatIfHandler(AdminAPIHandler):
             idle_timeout_seconds=self._timeout(body.get("idle_timeout")),
             departments=self._departments(body.get("departments"), catalog),
             profile_pools=catalog.profile_pools,
+            budgets=self._budgets(body.get("budgets"), catalog),
+            time_zone=self._stored_budgets()[1],
         )
         self.write_json(await self._run(team, days, proposal, self._max_sizes(body.get("max_sizes"))))
 

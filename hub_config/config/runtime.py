@@ -12,12 +12,16 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from hub_config.domain.budget_webhook import BudgetNotifier
+from hub_config.domain.budgets import BudgetBook, GPULabBudgets
 from hub_config.domain.catalog_store import CatalogStore, GPULabCatalogStore, load_at_start
+from hub_config.domain.identity_teams import GPULabIdentity, IdentityBook
 from hub_config.domain.idle_records import idle_facts, reclaim_notice_for
 from hub_config.domain.last_choice import last_choice, remember_choice
 from hub_config.domain.queue_runner import attach as attach_queue
 from hub_config.domain.right_size import right_size_line
 from hub_config.domain.session_history import job_time_limits, warned_reclaims
+from hub_config.domain.usage_records import GPULabUsage
 from hub_config.domain.usage_records import attach as attach_usage
 from hub_config.storage.db import session_factory
 from spawner.runtime import GPULab, GPULabRuntime
@@ -28,7 +32,8 @@ HOOK = "hub_config.config.runtime.attach_runtime"
 
 def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     """``c.GPULab.runtime_hooks`` entry: stored catalog, usage history, the culler's notices
-    and state, each user's last started choice, and the spawn queue with its runner."""
+    and state, each user's last started choice, the spawn queue with its runner, the GPU-hour
+    budgets and the identity rules."""
     config: Any = settings.config
     sessions = session_factory(config)
     store = CatalogStore(sessions, GPULabCatalogStore(config=config))
@@ -45,3 +50,17 @@ def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     runtime.queue = attach_queue(runtime, sessions, config)
     runtime.queue.idle_warnings = partial(warned_reclaims, sessions)
     runtime.queue.job_ends = partial(job_time_limits, sessions)
+    attach_budgets(runtime, sessions, config)
+    runtime.identity_teams = IdentityBook(sessions, GPULabIdentity(config=config).rules()).teams
+
+
+def attach_budgets(runtime: GPULabRuntime, sessions: Any, config: Any) -> BudgetBook:
+    """The GPU-hour budgets: the admission check, and the periodic check that tells thresholds."""
+    book = BudgetBook(runtime, sessions, GPULabUsage(config=config), GPULabBudgets(config=config))
+    runtime.budgets = book
+    runtime.budget_verdict = book.gate
+    hub = config.get("JupyterHub", {}) if config is not None else {}
+    notifier = BudgetNotifier(book, str(hub.get("public_url", "") or ""))
+    notifier.start(book.settings.check_interval)
+    book.notifier = notifier
+    return book

@@ -13,7 +13,9 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from hub_config.api import admin as admin_api
+from hub_config.api import budgets as budgets_api
 from hub_config.api import devices as devices_api
+from hub_config.api import identity as identity_api
 from hub_config.api import idle as idle_api
 from hub_config.api import jobs as jobs_api
 from hub_config.api import me as me_api
@@ -21,7 +23,7 @@ from hub_config.api import queue as queue_api
 from hub_config.api import sweeps as sweeps_api
 from hub_config.api import tree as tree_api
 from hub_config.api import whatif as whatif_api
-from hub_config.config import runtime, scopes
+from hub_config.config import identity, runtime, scopes
 from hub_config.domain import metrics
 from hub_config.jobs.service import start_with_hub
 from hub_config.pages import TEMPLATES
@@ -45,6 +47,8 @@ def gpulab_handlers() -> list[tuple[str, type]]:
         *jobs_api.handlers,
         *sweeps_api.handlers,
         *whatif_api.handlers,
+        *budgets_api.handlers,
+        *identity_api.handlers,
         *tree_api.handlers,
         *queue_api.handlers,
         *admin_page.handlers,
@@ -136,6 +140,7 @@ def configure_gpulab(c: Any, *, admin_users: list[str] | None = None) -> None:
     if runtime.HOOK not in hooks:
         c.GPULab.runtime_hooks = hooks + [runtime.HOOK]
     metrics.register(c)
+    identity.install(c)  # teams from the authenticator's groups and claims (c.GPULabIdentity.team_rules)
     # Recover and resume notebook jobs as soon as the hub is up, not on the
     # first request (the config file is loaded inside the hub's event loop).
     start_with_hub()

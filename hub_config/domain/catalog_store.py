@@ -74,6 +74,20 @@ class StoredCatalog(Base):
     updated_by: Mapped[str] = mapped_column(String(255))
 
 
+def add_audit_entry(s: Session, actor: str, action: str, target: str, old: Any, new: Any) -> None:
+    """One audit log entry (``old`` -> ``new`` as JSON), in the caller's transaction."""
+    s.add(
+        AuditEntry(
+            at=utcnow(),
+            actor=actor,
+            action=action,
+            target=target,
+            old=json.dumps(old, sort_keys=True) if old is not None else None,
+            new=json.dumps(new, sort_keys=True) if new is not None else None,
+        )
+    )
+
+
 class AuditEntry(Base):
     """One change: who, when, what, old -> new."""
 
@@ -171,16 +185,7 @@ class CatalogStore:
         return row
 
     def audit(self, s: Session, actor: str, action: str, target: str, old: Any, new: Any) -> None:
-        s.add(
-            AuditEntry(
-                at=utcnow(),
-                actor=actor,
-                action=action,
-                target=target,
-                old=json.dumps(old, sort_keys=True) if old is not None else None,
-                new=json.dumps(new, sort_keys=True) if new is not None else None,
-            )
-        )
+        add_audit_entry(s, actor, action, target, old, new)
 
     def seed(self, catalog: Catalog, action: str = "catalog.seed") -> None:
         """Store the config file's catalog (first run, or a re-seed)."""

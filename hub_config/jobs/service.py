@@ -31,6 +31,7 @@ from hub_config.jobs.settings import GPULabJobs
 from hub_config.jobs.sweeps import SweepScheduler
 from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
 from spawner.core import jobspec
+from spawner.core.budgets import ALLOW, REFUSE
 from spawner.core.jobspec import FINAL_STATES, RERUN_CHOICES, RERUN_KEPT, JobSpecError, Submission
 from spawner.core.jobstates import AdmissionRefused
 from spawner.core.ledger import RESERVED, RUNNING, Workload
@@ -327,9 +328,16 @@ class JobService:
         may_burst = sub.priority.may_burst
         # Decide first, write after: no database transaction may stay open while
         # the ledger runs its observers (they write to the same database).
+        budget = self.runtime.budget_verdict(request.team.name, user, may_burst) if milli else None
+        if budget is not None and budget.action == REFUSE:
+            log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, budget.sentence)
+            raise JobSpecError(budget.sentence, 403)
+        preemptible = budget is not None and budget.action != ALLOW
         decision = ledger.admit(
             request.team.name, user, milli, may_burst=may_burst, members=sub.nodes, profile=profile.slug
         )
+        if decision.allowed and preemptible and not decision.over_quota:
+            decision = replace(decision, over_quota=True)  # past its budget: preemptible
         if not decision.allowed:
             log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, decision.reason)
             raise AdmissionRefused(decision.reason, 403)
@@ -365,7 +373,9 @@ class JobService:
             rec.checkpoint_path = jobspec.checkpoint_path(sub.notebook, sub.name, run)
             rec.record(
                 jobspec.QUEUED,
-                "admitted " + ("over quota (preemptible)" if decision.over_quota else "within the team guarantee"),
+                "admitted "
+                + ("over quota (preemptible)" if decision.over_quota else "within the team guarantee")
+                + (f" ({budget.sentence})" if preemptible and budget is not None else ""),
             )
             s.commit()
         key = jobspec.workload_key(rec.id)
@@ -378,6 +388,7 @@ class JobService:
             kind="job",
             may_burst=may_burst,
             members=sub.nodes,
+            preemptible=preemptible,
         )
         if not decision.allowed or decision.over_quota != rec.over_quota:
             # Someone else took the share between the two steps: undo the record.

@@ -22,7 +22,10 @@ from hub_config.domain.idle_records import idle_admin_view
 from hub_config.domain.quota_tree_view import quota_tree
 from hub_config.domain.usage import current_report, period_report
 from hub_config.domain.usage_records import GPULabUsage
+from hub_config.pages import budgets as budgets_page
 from hub_config.pages import whatif as whatif_page
+from hub_config.pages.budgets import admin_budget_banners
+from spawner.admission import user_groups
 from spawner.core.idle import idle_and_lifetime_words
 from spawner.core.priority import BY_SHORT_NAME
 from spawner.core.units import format_gpus
@@ -228,7 +231,7 @@ class GPULabAdminPageHandler(BaseHandler):
             entry["changes"] = describe_change(entry)
         teams = [team_view(runtime, n) for n in runtime.catalog.teams]
         user = self.current_user
-        in_a_team = bool(runtime.catalog.teams_for(user.name, [g.name for g in getattr(user, "groups", [])]))
+        in_a_team = bool(runtime.catalog.teams_for(user.name, user_groups(user)))
         settings = recorder.settings if recorder is not None else GPULabUsage(config=self.settings.get("config"))
         now_by_team = {t["team"]: t for t in now}
         for t in teams:
@@ -262,6 +265,7 @@ class GPULabAdminPageHandler(BaseHandler):
             hours=hours,
             period_label=dict(PERIODS)[period],
             idle=idle_admin_view(self.settings.get("config"), unattributed=self._unattributed()),
+            budget_banners=admin_budget_banners(runtime),
         )
         self.finish(html)
 
@@ -271,7 +275,7 @@ class GPULabAdminPageHandler(BaseHandler):
         return (servers.to_json() or []) if servers is not None else []
 
 
-handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers]
+handlers = [(r"/gpulab/admin/?", GPULabAdminPageHandler), *whatif_page.handlers, *budgets_page.handlers]
 
 
 def gpu_model_choices(runtime: GPULabRuntime) -> list[dict[str, str]]:

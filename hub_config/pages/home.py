@@ -90,6 +90,18 @@ class HomeView:
         }
 
     @cached_property
+    def budget_banners(self) -> list[dict[str, Any]]:
+        """The GPU-hour budgets of the user's teams (and their own) at 80 % or more."""
+        book = self.runtime.budgets
+        if book is None:
+            return []
+        try:
+            teams = [t.name for t in self.runtime.catalog.teams_for(self.user.name, user_groups(self.user))]
+            return [b for b in book.for_user(self.user.name, teams) if b["level"] != "ok"]
+        except Exception:  # a banner never breaks the page it is on
+            return []
+
+    @cached_property
     def servers(self) -> dict[str, str]:
         """Server name ('' = default) -> what it holds, for the user's active servers."""
         out = {}

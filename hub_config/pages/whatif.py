@@ -7,12 +7,15 @@ by side, and the profile advisor's catalog with its predicted gain.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import Scope
 from tornado import web
 
 from hub_config.api.whatif import MAX_DAYS, catalog_sizes, offer_rules
 from hub_config.config.scopes import ADMIN
+from spawner.core.budgets import budget_to_dict
 from spawner.core.idle import idle_and_lifetime_words
 from spawner.core.units import format_gpus
 from spawner.runtime import get_runtime
@@ -27,9 +30,13 @@ class WhatIfPageHandler(BaseHandler):
             raise web.HTTPError(403, f"the what-if page requires the {ADMIN} scope")
         runtime = get_runtime(config=self.settings.get("config"))
         catalog = runtime.catalog
-        teams = [
+        book = runtime.budgets
+        budgets = [budget_to_dict(b) for b in book.budgets()] if book is not None else []
+        team_budgets = {b["team"]: b for b in budgets if "user" not in b}
+        teams: list[dict[str, Any]] = [
             {
                 "name": t.name,
+                "budget": team_budgets.get(t.name),
                 "label": t.label,
                 "guarantee": format_gpus(t.guarantee_milli),
                 "burst": format_gpus(t.burst_milli),
@@ -48,6 +55,7 @@ class WhatIfPageHandler(BaseHandler):
             sizes=", ".join(format_gpus(m) for m in catalog_sizes(catalog)),
             offers=offer_rules(runtime).label,
             max_days=MAX_DAYS,
+            user_budgets=[b for b in budgets if "user" in b],
         )
         self.finish(html)
 

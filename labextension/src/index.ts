@@ -13,6 +13,8 @@
  * - `gpulab-labextension:filebrowser`: the file browser context menu on .ipynb;
  * - `gpulab-labextension:palette`: gpulab's commands in the command palette
  *   (run as job, open the GPU panel, stop server and release GPU, keep my GPU);
+ * - `gpulab-labextension:budget` (budget.tsx): the GPU-hour budgets of the user's teams as a
+ *   sidebar section and a notification at 80 % and 100 %;
  * - `gpulab-labextension:idle-notifications` and `:connection-lost` (idle.ts):
  *   idle warnings wherever the user is, and the reclaim explained.
  */
@@ -35,7 +37,8 @@ import { SweepTab } from './sweeps';
 import { SweepsModel } from './sweepsModel';
 import { confirmStop, GPUPanel, releasedWords } from './panel';
 import { announceStopped } from './stopped';
-import { IGpuStatus } from './tokens';
+import budget from './budget';
+import { IGpuSidebar, IGpuStatus } from './tokens';
 import { IJob, ISweep } from './types';
 
 namespace CommandIDs {
@@ -109,13 +112,14 @@ const status: JupyterFrontEndPlugin<GpuStatusModel> = {
   activate: () => new GpuStatusModel({ client: api })
 };
 
-const sidebar: JupyterFrontEndPlugin<void> = {
+const sidebar: JupyterFrontEndPlugin<IGpuSidebar> = {
   id: 'gpulab-labextension:sidebar',
   description:
     'The GPU sidebar: session GPU, idle policy, stop button, team quota, idle warning and jobs.',
   autoStart: true,
   requires: [IGpuStatus],
-  activate: (app: JupyterFrontEnd, model: GpuStatusModel) => {
+  provides: IGpuSidebar,
+  activate: (app: JupyterFrontEnd, model: GpuStatusModel): IGpuSidebar => {
     const sweeps = new SweepsModel({ client: api });
     const jobActions = {
       openLogs: (job: IJob) => openJobLog(app, job),
@@ -144,6 +148,7 @@ const sidebar: JupyterFrontEndPlugin<void> = {
       label: 'Refresh GPU jobs and sweeps',
       execute: () => Promise.all([model.refresh(), sweeps.refresh()])
     });
+    return panel;
   }
 };
 
@@ -325,6 +330,7 @@ export default [
   status,
   palette,
   sidebar,
+  budget,
   runAsJob,
   launcher,
   notebookToolbar,

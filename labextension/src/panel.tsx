@@ -8,6 +8,7 @@
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
+import { ISignal } from '@lumino/signaling';
 import React, { useState } from 'react';
 
 import { absenceSentence, message } from './errors';
@@ -19,6 +20,7 @@ import { GpuStatusModel } from './model';
 import { announceStopFailed, announceStopRequested, hubHome } from './stopped';
 import { ISweepActions, SweepsSection } from './sweeps';
 import { SweepsModel } from './sweepsModel';
+import { IGpuSidebar } from './tokens';
 import { IIdleState, ISession, ITeamView } from './types';
 import { reclaimOffText, sessionProfile, sessionTeam } from './viewLogic';
 
@@ -197,14 +199,22 @@ export async function confirmStop(
   }
 }
 
+/** A section another plugin added (IGpuSidebar.addSection). */
+interface IExtraSection {
+  id: string;
+  render: () => JSX.Element | null;
+}
+
 function GPUPanelView({
   model,
   sweeps,
-  actions
+  actions,
+  sections = []
 }: {
   model: GpuStatusModel;
   sweeps: SweepsModel | null;
   actions: IPanelActions;
+  sections?: IExtraSection[];
 }): JSX.Element {
   const [status, setStatus] = useState('');
   const { session, me, idle, jobs, errors, hub } = model;
@@ -341,6 +351,9 @@ function GPUPanelView({
           !errors.me && <div className="gpulab-quota gpulab-placeholder" />
         )}
       </section>
+      {sections.map(section => (
+        <React.Fragment key={section.id}>{section.render()}</React.Fragment>
+      ))}
       <section className="gpulab-section" aria-labelledby="gpulab-jobs-h">
         <div className="gpulab-jobs-head">
           <h3 id="gpulab-jobs-h">Jobs</h3>
@@ -371,7 +384,7 @@ function GPUPanelView({
 }
 
 /** The sidebar widget: re-rendered whenever the model changes (and each second of a countdown). */
-export class GPUPanel extends ReactWidget {
+export class GPUPanel extends ReactWidget implements IGpuSidebar {
   constructor(
     private readonly _model: GpuStatusModel,
     private readonly _actions: IPanelActions,
@@ -386,7 +399,17 @@ export class GPUPanel extends ReactWidget {
     _model.ticked.connect(this.update, this);
   }
 
-  render(): JSX.Element {
-    return <GPUPanelView model={this._model} sweeps={this._sweeps} actions={this._actions} />;
+  addSection(id: string, render: () => JSX.Element | null, changed: ISignal<unknown, void>): void {
+    this._sections = [...this._sections.filter(s => s.id !== id), { id, render }];
+    changed.connect(this.update, this);
+    this.update();
   }
+
+  render(): JSX.Element {
+    return (
+      <GPUPanelView model={this._model} sweeps={this._sweeps} actions={this._actions} sections={this._sections} />
+    );
+  }
+
+  private _sections: IExtraSection[] = [];
 }

@@ -434,11 +434,14 @@ class Ledger:
         kind: str = "notebook",
         may_burst: bool = True,
         members: int = 1,
+        preemptible: bool = False,
     ) -> Decision:
         """Admit and record in one atomic step (as a reservation).
 
         ``members`` > 1: a gang whose ``milli`` is split evenly over its members,
-        recorded whole or not at all."""
+        recorded whole or not at all. ``preemptible``: the work is recorded over quota
+        (preemptible) even where the guarantee would hold it (a team past its GPU-hour
+        budget, :mod:`spawner.core.budgets`)."""
         with self._lock:
             if key in self._workloads:
                 held = self._workloads[key]
@@ -446,6 +449,8 @@ class Ledger:
                     False, f"{key} already holds {format_gpus(held.milli)} GPUs in team {held.team}", team, user, milli
                 )
             decision = self._decide(team, user, milli, may_burst, members, self.pool_for(profile))
+            if decision.allowed and preemptible and milli > 0 and not decision.over_quota:
+                decision = replace(decision, over_quota=True)
             if decision.allowed:
                 w = Workload(
                     key, team, user, milli, profile, kind, decision.over_quota, RESERVED, members, decision.pool

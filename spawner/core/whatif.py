@@ -10,7 +10,11 @@ session asks again at its recorded start, under the proposal:
    the hub's own admission: guarantee, burst, per-user cap, the quota of the
    session's GPU pool (from its recorded profile) and its team's department);
 3. with a device list, the packer must find room (:class:`spawner.core.packer.DevicePacker`);
-4. with an idle timeout, it is reclaimed at the first moment its samples
+4. with GPU-hour budgets (:mod:`spawner.core.budgets`), a session that starts when a
+   budget binding it has reached 100 % of its period is refused (``refuse``) or runs
+   only over quota (``over-quota``, counted in ``budget_over_quota``); the usage a
+   budget counts is what the replay served, so a tighter quota also spends less budget;
+5. with an idle timeout, it is reclaimed at the first moment its samples
    prove it idle for the timeout plus the warning's grace period, decided
    by :func:`spawner.core.idle.judge_gpu_idle` (the culler's own rule: no
    samples, no reclaim).
@@ -33,8 +37,10 @@ import bisect
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
+from .budgets import REFUSE, Budget, Holding, admission_verdict, budget_status, budgets_for
 from .idle import DeviceSeries, judge_gpu_idle
 from .ledger import Ledger
 from .model import Team
@@ -43,7 +49,7 @@ from .quota_tree import Department
 from .units import MILLI_PER_GPU
 
 REGRET_WINDOW_SECONDS = 3600
-REFUSAL_REASONS = ("not offered", "quota", "no device fits")
+REFUSAL_REASONS = ("not offered", "quota", "budget", "no device fits")
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,9 @@ class Proposal:
     grace_seconds: int = 900
     threshold_percent: float = 1.0
     max_gap_seconds: float = 180.0
+    #: GPU-hour budgets; empty = none (each budget's period in ``time_zone``).
+    budgets: tuple[Budget, ...] = ()
+    time_zone: str = "UTC"
 
 
 @dataclass
@@ -94,6 +103,8 @@ class ReplayResult:
     refused_gpu_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0.0))
     reclaims: int = 0
     reclaimed_gpu_hours: float = 0.0
+    #: Sessions a budget at 100 % let start only over quota (preemptible).
+    budget_over_quota: int = 0
     regret: int = 0
     regret_gpu_hours: float = 0.0
     sessions_without_samples: int = 0
@@ -114,6 +125,7 @@ class ReplayResult:
             "refused_gpu_hours_total": sum(self.refused_gpu_hours.values()),
             "reclaims": self.reclaims,
             "reclaimed_gpu_hours": self.reclaimed_gpu_hours,
+            "budget_over_quota": self.budget_over_quota,
             "regret": self.regret,
             "regret_gpu_hours": self.regret_gpu_hours,
             "sessions_without_samples": self.sessions_without_samples,
@@ -185,6 +197,21 @@ def _came_back(session: RecordedSession, at: float, next_start: float | None, th
     return any(at < t <= limit and t <= session.end and v > threshold for t, v in session.samples)
 
 
+def _utc(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
+
+
+def budget_action(s: RecordedSession, proposal: Proposal, served: Mapping[str, list[Holding]]) -> str:
+    """What the proposal's budgets say about ``s`` at its start, given what was ``served``
+    (per team) before it: ``allow``, ``over-quota`` or ``refuse``."""
+    bound = budgets_for(proposal.budgets, s.team, s.user)
+    if not bound:
+        return "allow"
+    now = _utc(s.start)
+    team_served = served.get(s.team, ())
+    return admission_verdict([budget_status(b, team_served, now, proposal.time_zone) for b in bound], True).action
+
+
 def replay(
     sessions: Iterable[RecordedSession],
     proposal: Proposal,
@@ -207,6 +234,7 @@ def replay(
         starts_by_user.setdefault(s.user, []).append(s.start)
     out = ReplayResult()
     ends: list[tuple[float, str]] = []
+    served_by_team: dict[str, list[Holding]] = {}
     held = 0
     held_by_key: dict[str, int] = {}
 
@@ -245,10 +273,16 @@ def replay(
         hours = max(0.0, s.end - s.start) / 3600
         alloc = _round_up(s.gpu_milli, sizes)
         reason = None
+        budget = budget_action(s, proposal, served_by_team) if proposal.budgets else "allow"
         if alloc is None:
             reason, alloc = "not offered", s.gpu_milli
+        elif budget == REFUSE:
+            reason = "budget"
         elif s.team in teams:
-            if not ledger.reserve(key, s.team, s.user, alloc, kind="whatif", profile=s.profile).allowed:
+            preemptible = budget != "allow"
+            if not ledger.reserve(
+                key, s.team, s.user, alloc, kind="whatif", profile=s.profile, preemptible=preemptible
+            ).allowed:
                 reason = "quota"
         if reason is None and packer is not None and packer.place(key, alloc, s.models or None) is None:
             ledger.release(key)
@@ -259,6 +293,8 @@ def replay(
             row["refused_gpu_hours"] += alloc * hours / MILLI_PER_GPU
             continue
         res.served += 1
+        if budget != "allow":
+            res.budget_over_quota += 1
         end = s.end
         at = reclaim_time(s, proposal)
         if at is not None and at < s.end:
@@ -282,6 +318,10 @@ def replay(
         out.peak_held_milli = max(out.peak_held_milli, held)
         out.peak_sessions = max(out.peak_sessions, len(held_by_key))
         heapq.heappush(ends, (end, key))
+        if proposal.budgets:
+            served_by_team.setdefault(s.team, []).append(
+                Holding(key, s.team, s.user, alloc, _utc(s.start), _utc(max(s.start, end)))
+            )
         if len(teams) == 1 and s.team in teams:  # one team holds everything: its ledger total is ours
             agree = ledger.usage(s.team).held_milli == held and (
                 packer is None or packer.total_milli() - packer.free_milli() == held

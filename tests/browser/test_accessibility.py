@@ -84,6 +84,9 @@ def test_admin_and_whatif_pages(hub: RunningHub, browser):
         page.goto(hub.url + "/hub/gpulab/admin/whatif")
         page.wait_for_selector("#whatif-results:not(.d-none), #whatif-error:not(.d-none)")
         check(page, "what-if", theme)
+        page.goto(hub.url + "/hub/gpulab/admin/budgets")
+        page.wait_for_selector("#budget-form")
+        check(page, "budgets", theme)
         ctx.close()
 
 
@@ -132,6 +135,16 @@ def test_lab_panel_and_job_dialog(hub: RunningHub, browser):
 
 
 def test_no_serious_or_critical_violations():
-    assert set(FOUND) == {"login", "spawn", "progress", "home", "admin", "what-if", "lab panel", "job dialog"}, FOUND
+    assert set(FOUND) == {
+        "login",
+        "spawn",
+        "progress",
+        "home",
+        "admin",
+        "what-if",
+        "budgets",
+        "lab panel",
+        "job dialog",
+    }, FOUND
     bad = {f"{name} ({theme})": v for name, themes in FOUND.items() for theme, v in themes.items() if v}
     assert not bad, "\n\n".join(f"{where}:\n{describe(v)}" for where, v in bad.items())

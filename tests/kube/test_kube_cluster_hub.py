@@ -26,22 +26,11 @@ from tests.support.hub import RunningHub
 from tests.support.kube_spawner import chart_team
 
 
-def catalog_yaml(release: Release) -> str:
-    g = release.values["gpulab"]
-    return yaml.safe_dump(
-        {
-            "sharing": g["sharing"],
-            "profiles": g["profiles"],
-            "teams": [{**t, "namespace": release.team_ns(t["name"])} for t in g["teams"]],
-        }
-    )
-
-
 def kube_hub(tmp_path, release: Release, site: dict | None = None) -> RunningHub:
     """A hub configured as Zero to JupyterHub configures it: its chart defaults, the
     overlay helm/values-jupyterhub.yaml and the test's values, through z2jh's hub
     config (tests/kube/bed/z2jh_hub_config.py)."""
-    return bed_hub(tmp_path / "hub", release.hub_namespace, release.hub_kubeconfig, catalog_yaml(release), site)
+    return bed_hub(tmp_path / "hub", release.hub_namespace, release.hub_kubeconfig, release.catalog_yaml(), site)
 
 
 def test_spawn_through_the_hub_reaches_the_server_and_stop_frees_the_gpu(tmp_path, release: Release, kube: Cluster):

@@ -169,3 +169,24 @@ def test_a_team_replay_still_shares_the_gpus_with_other_teams():
     assert r.sessions == 1 and r.refused["no device fits"] == 1 and r.served == 0
     assert set(r.by_team) == {"a"}
     assert replay(sessions, Proposal(), devices=one_gpu).served == 1  # the whole hub: b's session counts
+
+
+def test_budgets_in_the_replay_refuse_or_admit_over_quota_at_100_percent():
+    from spawner.core.budgets import OVER_QUOTA, REFUSE, Budget
+
+    day = 86400
+    t0 = 1_764_547_200  # 2025-12-01 00:00 UTC
+    # alice uses 1 GPU for 2 h on each of three days; a budget of 4 GPU-hours a month is spent after two
+    sessions = [RecordedSession(f"s{d}", "vision", "alice", 1000, t0 + d * day, t0 + d * day + 2 * H) for d in range(3)]
+    nlp = RecordedSession("n", "nlp", "nina", 1000, t0 + 2 * day, t0 + 2 * day + H)
+    teams = {"vision": Team("vision", guarantee_milli=2000, burst_milli=4000)}
+    refuse = Proposal(teams=teams, budgets=(Budget("vision", 4000, at_limit=REFUSE),))
+    r = replay([*sessions, nlp], refuse)
+    assert r.refused["budget"] == 1 and r.served == 3 and r.refused_gpu_hours["budget"] == pytest.approx(2.0)
+    over = replay([*sessions, nlp], Proposal(teams=teams, budgets=(Budget("vision", 4000, at_limit=OVER_QUOTA),)))
+    assert over.refused["budget"] == 0 and over.served == 4 and over.budget_over_quota == 1
+    # a new month resets it: the third session a month later is admitted as usual
+    later = [*sessions[:2], RecordedSession("s3", "vision", "alice", 1000, t0 + 31 * day, t0 + 31 * day + H)]
+    assert replay(later, refuse).refused["budget"] == 0
+    # without budgets nothing changes
+    assert replay([*sessions, nlp], Proposal(teams=teams)).refused["budget"] == 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from spawner.core.identity import TeamGrant
 from spawner.core.model import Profile, Team
 from spawner.core.quota_tree import Department, GpuPool, pool_of
 
@@ -43,12 +44,19 @@ class Catalog:
     def teams_for(self, user: str, groups: Iterable[str] = ()) -> list[Team]:
         """The teams ``user`` (with JupyterHub ``groups``) belongs to, by name.
 
+        A :class:`~spawner.core.identity.TeamGrant` among ``groups`` names a team the
+        identity provider's rules grant (:mod:`spawner.core.identity`).
+
         Looked up in a member index, so the cost follows the user's own teams,
         not the number of teams in the catalog.
         """
         by_user, by_group = self._member_index
         found = {t.name: t for t in by_user.get(user, ())}
         for group in groups:
+            if isinstance(group, TeamGrant):  # granted by the identity rules, by team name
+                if group in self.teams:
+                    found[group] = self.teams[group]
+                continue
             found.update((t.name, t) for t in by_group.get(group, ()))
         return [found[name] for name in sorted(found)]
 

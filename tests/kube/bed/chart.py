@@ -91,6 +91,17 @@ class Release:
     def team_ns(self, team: str) -> str:
         return self.teams[team]
 
+    def catalog_yaml(self) -> str:
+        """The chart's catalog as a hub reads it: its sharing, profiles and teams, each team in its namespace."""
+        g = self.values["gpulab"]
+        return yaml.safe_dump(
+            {
+                "sharing": g["sharing"],
+                "profiles": g["profiles"],
+                "teams": [{**t, "namespace": self.team_ns(t["name"])} for t in g["teams"]],
+            }
+        )
+
     def clean_team_namespaces(self) -> None:
         """Delete every pod, Job and PVC in the team namespaces and wait until they are gone."""
         c = self.cluster
