@@ -407,7 +407,12 @@ export class GPUPanel extends ReactWidget implements IGpuSidebar {
 
   render(): JSX.Element {
     return (
-      <GPUPanelView model={this._model} sweeps={this._sweeps} actions={this._actions} sections={this._sections} />
+      <GPUPanelView
+        model={this._model}
+        sweeps={this._sweeps}
+        actions={this._actions}
+        sections={this._sections}
+      />
     );
   }
 
