@@ -32,11 +32,12 @@ The field names follow the engines' API types at the versions the test bed build
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from spawner.core import jobspec
 from spawner.core.jobprogram import processes_per_node
-from spawner.core.jobspec import KubeJobRequest
+from spawner.core.jobspec import FAILED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, KubeJobRequest
 from spawner.core.labels import KUEUE_QUEUE_NAME
 
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -182,3 +183,65 @@ def jobset_manifest(req: KubeJobRequest, nodes: int) -> dict[str, Any]:
     if req.kueue_queue:
         body["suspend"] = True
     return {"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "metadata": _metadata(req), "spec": body}
+
+
+# -- what the engines' objects say ----------------------------------------------------------
+
+#: ``(group, version, plural)`` of each engine's object, for the API's custom object calls.
+RESOURCES = {
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+}
+#: The condition of a finished object: TrainJob's ``Complete``, JobSet's ``Completed``.
+_DONE = ("Complete", "Completed")
+
+
+def _true_condition(status: Mapping[str, Any], kinds: tuple[str, ...]) -> Mapping[str, Any] | None:
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") in kinds and str(c.get("status")) == "True":
+            return c
+    return None
+
+
+def nodes_ready(obj: Mapping[str, Any]) -> int:
+    """How many of a gang's nodes run now: the child Jobs whose pod is ready (TrainJob's
+    ``status.jobsStatus``, JobSet's ``status.replicatedJobsStatus``)."""
+    status = obj.get("status") or {}
+    jobs = status.get("jobsStatus") or status.get("replicatedJobsStatus") or []
+    return sum(int(j.get("ready") or 0) + int(j.get("succeeded") or 0) for j in jobs if isinstance(j, Mapping))
+
+
+def gang_state(obj: Mapping[str, Any], nodes: int, admission: str = "") -> tuple[str, str]:
+    """``(state, reason)`` of a TrainJob or JobSet as gpulab reports it: running only while
+    every node runs (never half-running), queued while Kueue has not admitted the whole gang
+    (``admission``: Kueue's words for why, from the gang's Workload) or while its pods are
+    being placed again."""
+    status = obj.get("status") or {}
+    if _true_condition(status, _DONE):
+        return SUCCEEDED, f"the script ran to the end on all {nodes} nodes"
+    failed = _true_condition(status, ("Failed",))
+    if failed:
+        message = str(failed.get("message") or failed.get("reason") or "the gang failed")
+        if failed.get("reason") == "DeadlineExceeded":
+            return TIMED_OUT, f"time limit reached: {message}"
+        return FAILED, message
+    if (obj.get("spec") or {}).get("suspend"):
+        why = f": {admission}" if admission else ""
+        return QUEUED, f"waiting for Kueue to admit the whole gang ({nodes} nodes at once){why}"
+    ready = nodes_ready(obj)
+    if ready >= nodes:
+        return RUNNING, ""
+    return QUEUED, f"{ready} of {nodes} nodes placed: waiting for the whole gang"
+
+
+def restarts(obj: Mapping[str, Any]) -> int:
+    """How many times a JobSet restarted its whole gang (``status.restarts``)."""
+    return int((obj.get("status") or {}).get("restarts") or 0)
+
+
+def workload_admission(workload: Mapping[str, Any]) -> str:
+    """Why Kueue has not admitted a Workload yet: its ``QuotaReserved`` condition's message."""
+    for c in (workload.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "QuotaReserved" and str(c.get("status")) != "True":
+            return str(c.get("message") or c.get("reason") or "")
+    return ""

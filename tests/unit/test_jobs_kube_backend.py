@@ -80,7 +80,7 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     ledger.rebuild([], keep_reserved=True)  # the spawner's rebuild from pods: the pod is gone
     assert ledger.get(key) is None
     rec = service.get_job(rec.id)
-    service.backend._apply(rec, {"spec": {"suspend": True}, "status": {}})
+    service.backend.move(rec, *jobspec.kube_job_state({"spec": {"suspend": True}, "status": {}}))
     w = ledger.get(key)
     assert w is not None and w.state == "reserved" and w.milli == 500 and w.team == "vision"
 
