@@ -55,10 +55,20 @@ JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 
 
 def _node_pod(req: KubeJobRequest, nodes: int) -> dict[str, Any]:
-    """The job's pod template for one node, its script told it is one of ``nodes``."""
+    """The job's pod template for one node, its script told it is one of ``nodes``; no two
+    nodes of the job on one Kubernetes node (a job's "nodes" are machines)."""
     template = jobspec.job_pod_template(req)
     (container,) = template["spec"]["containers"]
     container["env"].append({"name": "GPULAB_NODES", "value": str(nodes)})
+    affinity = template["spec"].setdefault("affinity", {})
+    affinity["podAntiAffinity"] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {"gpulab.io/job-id": str(req.job_id)}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    }
     return template
 
 
@@ -163,15 +173,15 @@ def jobset_manifest(req: KubeJobRequest, nodes: int) -> dict[str, Any]:
         "failurePolicy": {
             "maxRestarts": req.backoff_limit,
             "rules": [
-                {"name": "time-limit", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
+                {"name": "TimeLimit", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
                 {
-                    "name": "the-script-raised",
+                    "name": "TheScriptRaised",
                     "action": "FailJobSet",
                     "onJobFailureReasons": ["PodFailurePolicy"],
                     "onJobFailureMessagePatterns": [f"Container {program} for pod .* failed with exit code 1 "],
                 },
                 {
-                    "name": "preempted-or-drained",
+                    "name": "PreemptedOrDrained",
                     "action": "RestartJobSetAndIgnoreMaxRestarts",
                     "onJobFailureReasons": ["PodFailurePolicy"],
                     "onJobFailureMessagePatterns": ["Pod .* has condition DisruptionTarget matching FailJob rule"],
