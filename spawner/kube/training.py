@@ -213,12 +213,18 @@ def _true_condition(status: Mapping[str, Any], kinds: tuple[str, ...]) -> Mappin
     return None
 
 
-def nodes_ready(obj: Mapping[str, Any]) -> int:
-    """How many of a gang's nodes run now: the child Jobs whose pod is ready (TrainJob's
-    ``status.jobsStatus``, JobSet's ``status.replicatedJobsStatus``)."""
+def all_nodes_run(obj: Mapping[str, Any]) -> bool:
+    """Does every node of the gang run? Its child Jobs' counts say (TrainJob's
+    ``status.jobsStatus``, JobSet's ``status.replicatedJobsStatus``, one entry per replicated
+    job): each replicated job has Jobs and each of its live Jobs is ready, i.e. all its pods
+    run (Trainer makes one Job of ``numNodes`` pods, gpulab's JobSet one Job per node)."""
     status = obj.get("status") or {}
-    jobs = status.get("jobsStatus") or status.get("replicatedJobsStatus") or []
-    return sum(int(j.get("ready") or 0) + int(j.get("succeeded") or 0) for j in jobs if isinstance(j, Mapping))
+    entries = [
+        e for e in status.get("jobsStatus") or status.get("replicatedJobsStatus") or [] if isinstance(e, Mapping)
+    ]
+    return bool(entries) and all(
+        int(e.get("ready") or 0) > 0 and int(e.get("ready") or 0) >= int(e.get("active") or 0) for e in entries
+    )
 
 
 def gang_state(obj: Mapping[str, Any], nodes: int, admission: str = "") -> tuple[str, str]:
@@ -238,10 +244,9 @@ def gang_state(obj: Mapping[str, Any], nodes: int, admission: str = "") -> tuple
     if (obj.get("spec") or {}).get("suspend"):
         why = f": {admission}" if admission else ""
         return QUEUED, f"waiting for Kueue to admit the whole gang ({nodes} nodes at once){why}"
-    ready = nodes_ready(obj)
-    if ready >= nodes:
+    if all_nodes_run(obj):
         return RUNNING, ""
-    return QUEUED, f"{ready} of {nodes} nodes placed: waiting for the whole gang"
+    return QUEUED, f"admitted: waiting for all {nodes} nodes of the gang to be placed and started"
 
 
 def restarts(obj: Mapping[str, Any]) -> int:

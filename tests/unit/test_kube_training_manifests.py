@@ -181,14 +181,20 @@ def _gang(status: dict, suspend: bool = False) -> dict:
 
 
 def test_a_gang_runs_only_while_every_node_runs():
-    ready = {"jobsStatus": [{"name": "node", "ready": 2, "active": 2}]}
-    assert training.gang_state(_gang(ready), 2)[0] == jobspec.RUNNING
-    half = {"jobsStatus": [{"name": "node", "ready": 1, "active": 2}]}
-    state, reason = training.gang_state(_gang(half), 2)
-    assert state == jobspec.QUEUED and reason == "1 of 2 nodes placed: waiting for the whole gang"
-    assert training.gang_state({"kind": "JobSet", "status": {"replicatedJobsStatus": [{"ready": 3}]}}, 3)[0] == (
+    # Trainer: one Job of numNodes pods, ready once all of them run (Trainer v2.2.0 JobStatus).
+    assert training.gang_state(_gang({"jobsStatus": [{"name": "node", "ready": 1, "active": 1}]}), 2)[0] == (
         jobspec.RUNNING
     )
+    state, reason = training.gang_state(_gang({"jobsStatus": [{"name": "node", "ready": 0, "active": 1}]}), 2)
+    assert (
+        state == jobspec.QUEUED and reason == "admitted: waiting for all 2 nodes of the gang to be placed and started"
+    )
+    # gpulab's JobSet: a Job per node; one of two ready is not running.
+    half = {"kind": "JobSet", "status": {"replicatedJobsStatus": [{"name": "node", "ready": 1, "active": 2}]}}
+    assert training.gang_state(half, 2)[0] == jobspec.QUEUED
+    whole = {"kind": "JobSet", "status": {"replicatedJobsStatus": [{"name": "node", "ready": 2, "active": 2}]}}
+    assert training.gang_state(whole, 2)[0] == jobspec.RUNNING
+    assert training.gang_state({"kind": "JobSet", "status": {}}, 2)[0] == jobspec.QUEUED
 
 
 def test_a_suspended_gang_is_queued_with_kueues_words():
