@@ -11,6 +11,10 @@ says so. docs/single-server.md#what-a-user-can-and-cannot-reach lists the
 findings; every test here failed on the code before them.
 
 Run under ``flock /tmp/gpulab-sudo-tests.lock`` (the sudo hub installs a sudoers drop-in).
+
+One file over the usual length on purpose: every finding runs against the same two
+module-scoped hubs (root and sudo), which take most of the module's time to start; the
+red-team limits have their own module (test_redteam_limits.py) with their own hub.
 """
 
 from __future__ import annotations

@@ -209,6 +209,7 @@ def bed(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
                 proms[(setting, style)] = RunningPrometheus(workdir, [], scrape_configs=jobs).start()
         for prom in proms.values():
             prom.wait_for_samples("DCGM_FI_DEV_GPU_UTIL", count=WINDOW + 3, timeout=60)
+            prom.wait_for_every_target(count=WINDOW + 3, timeout=60)
 
         started = datetime.fromtimestamp(time.time() - 3600, timezone.utc).isoformat().replace("+00:00", "Z")
         profile_of = {"whole": "whole", "mig": "mig", "hami": "hami", "kai": "kai", "ts": "ts"}

@@ -184,6 +184,7 @@ class RunningPrometheus:
         self.rules.write_text(yaml.safe_dump(doc))
         rule_files = [str(self.rules)] if rules else []
         jobs = scrape_configs or [{"job_name": "dcgm", "honor_labels": True, "static_configs": [{"targets": targets}]}]
+        self.target_count = sum(len(static["targets"]) for job in jobs for static in job.get("static_configs", []))
         self.config.write_text(
             yaml.safe_dump(
                 {
@@ -322,3 +323,19 @@ class RunningPrometheus:
                 return
             time.sleep(0.3)
         raise TimeoutError(f"Prometheus never had {count} samples of {selector}")
+
+    def wait_for_every_target(self, count: int, timeout: float = 60) -> None:
+        """Poll until every scrape target has been scraped up at least ``count`` times.
+
+        Prometheus spreads its targets' scrapes over the interval and a loaded machine delays
+        some, so one series with enough samples says nothing of the others: ``up`` has one
+        series per target, and each target's series appear with its first good scrape."""
+        deadline = time.monotonic() + timeout
+        seen: list[float] = []
+        while time.monotonic() < deadline:
+            r = requests.get(self.url + "/api/v1/query", params={"query": "sum_over_time(up[1h])"}, timeout=5).json()
+            seen = sorted(float(x["value"][1]) for x in r.get("data", {}).get("result", []))
+            if len(seen) == self.target_count and seen[0] >= count:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"not all {self.target_count} targets were scraped up {count} times: {seen}")

@@ -505,7 +505,10 @@ class FakeKubeDCGMExporter:
             for name, node in sorted(self.nodes.items()):
                 if prefix == "hami" and not is_hami_node(node.labels):
                     continue
-                labels = {"__metrics_path__": f"/{prefix}/{name}/metrics"}
+                # Each node's exporter is its own pod, so its own instance (pod IP:port there):
+                # without it every target's ``up`` would be one series.
+                port = 9400 if prefix == "dcgm" else 9394
+                labels = {"__metrics_path__": f"/{prefix}/{name}/metrics", "instance": f"{name}.{prefix}:{port}"}
                 if not honor_labels:
                     labels.update(
                         namespace=OPERATOR_NAMESPACE if prefix == "dcgm" else "kube-system",
