@@ -1,5 +1,8 @@
 """The test bed's kubelet stand-in: fake GPU nodes without containers.
 
+(Over 600 lines on purpose: a kubelet's pod lifecycle, admission to termination, is one
+class; the sandbox and the pod network it uses are modules of their own.)
+
 It registers the nodes of ``tests/kube/bed/nodes.yaml`` (labels, taints, GPU
 allocatable as the NVIDIA or HAMi device plugin would publish them), keeps
 their Leases and Ready condition fresh so the real node-lifecycle controller
@@ -63,6 +66,7 @@ import yaml
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.kube.bed import pod_sandbox
 from tests.kube.bed.kubelet_devices import Admitted, NodeDevices, Rejection, visible_devices
 from tests.kube.bed.pod_network import PodNetwork
 from tests.kube.bed.pod_sandbox import field_value
@@ -465,60 +469,17 @@ class NodeAgent:
                 env[item.name] = value
         return env
 
-    async def claim_paths(self, pod: client.V1Pod) -> dict[str, str]:
-        """Each claim of the pod's and the host folder of the PersistentVolume bound to it
-        (``hostPath`` or ``local``), as the kubelet's volume manager finds what to mount."""
-        out = {}
-        for volume in pod.spec.volumes or []:
-            if volume.persistent_volume_claim is None:
-                continue
-            name = volume.persistent_volume_claim.claim_name
-            try:
-                claim = await self.core.read_namespaced_persistent_volume_claim(name, pod.metadata.namespace)
-                if not claim.spec.volume_name:
-                    continue
-                pv = await self.core.read_persistent_volume(claim.spec.volume_name)
-            except ApiException as e:
-                log.warning("pod %s/%s: claim %s: %s", pod.metadata.namespace, pod.metadata.name, name, e.reason)
-                continue
-            source = pv.spec.host_path or pv.spec.local
-            if source is not None:
-                out[name] = source.path
-        return out
-
     async def run_container(
         self, pod: client.V1Pod, container: client.V1Container, ip: str, argv: list[str], container_env: dict[str, str]
     ) -> None:
         """Run a container of an image this node has, in its sandbox (tests/kube/bed/pod_sandbox.py)."""
-        from tests.kube.bed import pod_sandbox
-
         home = self.work_dir / pod.metadata.namespace / pod.metadata.name
-        image_env = self.image_envs[container.image]
-        path = f"{image_env / 'bin'}:/usr/local/bin:/usr/bin:/bin"
-        env = {"PATH": path, "LANG": "C.UTF-8", "HOSTNAME": pod_sandbox.hostname(self.as_dict(pod)), **container_env}
+        claims = await pod_sandbox.claim_paths(self.core, pod)
         spec = pod_sandbox.sandbox_spec(
-            self.as_dict(pod),
-            self.api.sanitize_for_serialization(container),
-            ip,
-            home,
-            env,
-            argv,
-            await self.claim_paths(pod),
-            self.cluster_dns,
-            self.cluster_domain,
-        )
-        spec_file = home / "sandbox.json"
-        spec_file.write_text(json.dumps(spec, indent=1))
-        logf = open(home / CONTAINER_LOG_FILE, "ab")
-        proc = await asyncio.create_subprocess_exec(
-            "ip", "netns", "exec", self.netns[pod.metadata.uid],
-            "unshare", "--mount", "--uts", "--propagation", "private", "--",
-            sys.executable, "-m", "tests.kube.bed.pod_sandbox", str(spec_file),
-            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
-            cwd=home, stdout=logf, stderr=subprocess_stdout(), stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
+            self.as_dict(pod), self.as_dict(container), ip, home, self.image_envs[container.image], container_env,
+            argv, claims, self.cluster_dns, self.cluster_domain,
         )  # fmt: skip
-        logf.close()
+        proc = await pod_sandbox.start(spec, home, self.netns[pod.metadata.uid], CONTAINER_LOG_FILE)
         self.procs[pod.metadata.uid] = proc
         log.info("pod %s/%s: running %s in its sandbox", pod.metadata.namespace, pod.metadata.name, argv[:1])
         asyncio.ensure_future(self.guard(self.reap(pod, proc)))
@@ -529,8 +490,8 @@ class NodeAgent:
         if netns and self.network is not None:
             self.network.detach(netns)
 
-    def as_dict(self, pod: client.V1Pod) -> dict[str, Any]:
-        return self.api.sanitize_for_serialization(pod)
+    def as_dict(self, obj: Any) -> dict[str, Any]:
+        return self.api.sanitize_for_serialization(obj)
 
     async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str], container_env: dict[str, str]) -> None:
         home = self.work_dir / pod.metadata.namespace / pod.metadata.name

@@ -26,6 +26,7 @@ command with its environment in its working directory.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -33,6 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
 
 #: What a kubelet puts first in every pod's hosts file (pkg/kubelet/kubelet_pods.go, managedHostsHeader).
 HOSTS_HEADER = """# Kubernetes-managed hosts file.
@@ -66,6 +69,30 @@ def hosts_file(pod: dict[str, Any], ip: str, domain: str) -> str:
     return HOSTS_HEADER + line + "\n"
 
 
+async def claim_paths(core: Any, pod: Any) -> dict[str, str]:
+    """Each claim of the pod's and the host folder of the PersistentVolume bound to it
+    (``hostPath`` or ``local``), as the kubelet's volume manager finds what to mount."""
+    out = {}
+    for volume in pod.spec.volumes or []:
+        if volume.persistent_volume_claim is None:
+            continue
+        name = volume.persistent_volume_claim.claim_name
+        try:
+            claim = await core.read_namespaced_persistent_volume_claim(name, pod.metadata.namespace)
+            if not claim.spec.volume_name:
+                continue
+            pv = await core.read_persistent_volume(claim.spec.volume_name)
+        except ApiException as e:
+            logging.getLogger("node-agent").warning(
+                "pod %s/%s: claim %s: %s", pod.metadata.namespace, pod.metadata.name, name, e.reason
+            )
+            continue
+        source = pv.spec.host_path or pv.spec.local
+        if source is not None:
+            out[name] = source.path
+    return out
+
+
 def volume_sources(pod: dict[str, Any], pod_dir: Path, claims: dict[str, str]) -> dict[str, str]:
     """Each volume's folder on the host: ``claims`` maps a claim name to its bound
     PersistentVolume's path. A volume of another kind (a ConfigMap, a Secret, a projected
@@ -91,14 +118,19 @@ def sandbox_spec(
     container: dict[str, Any],
     ip: str,
     pod_dir: Path,
-    env: dict[str, str],
+    image_env: Path,
+    container_env: dict[str, str],
     argv: list[str],
     claims: dict[str, str],
     cluster_dns: str,
     domain: str,
 ) -> dict[str, Any]:
-    """Everything :func:`enter` needs, written by the agent into the pod's folder."""
+    """Everything :func:`enter` needs: the container's command and environment, with the
+    image's Python environment first on ``PATH``; the pod's resolv.conf and hosts file are
+    written into its folder."""
     ns = pod["metadata"]["namespace"]
+    path = f"{image_env / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+    env = {"PATH": path, "LANG": "C.UTF-8", "HOSTNAME": hostname(pod), **container_env}
     (pod_dir / "resolv.conf").write_text(resolv_conf(ns, cluster_dns, domain))
     (pod_dir / "hosts").write_text(hosts_file(pod, ip, domain))
     sources = volume_sources(pod, pod_dir, claims)
@@ -145,6 +177,21 @@ def field_value(pod: Any, item: Any) -> str | None:
             "pod %s/%s: fieldRef %s is not resolved by the bed's agent", meta.namespace, meta.name, path
         )
     return simple.get(path)
+
+
+async def start(spec: dict[str, Any], pod_dir: Path, netns: str, log_name: str) -> asyncio.subprocess.Process:
+    """Start the container of ``spec`` in the network namespace ``netns`` and new mount and
+    UTS namespaces (its own session, so a stop signals all of it); output to ``log_name``."""
+    spec_file = pod_dir / "sandbox.json"
+    spec_file.write_text(json.dumps(spec, indent=1))
+    with open(pod_dir / log_name, "ab") as out:
+        return await asyncio.create_subprocess_exec(
+            "ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--propagation", "private", "--",
+            sys.executable, "-m", "tests.kube.bed.pod_sandbox", str(spec_file),
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+            cwd=pod_dir, stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
 
 
 def _mount(*args: str) -> None:

@@ -7,7 +7,9 @@ for the one before, and ``scripts/kube-testbed`` runs this one module.)
 kube-apiserver, kube-controller-manager and kube-scheduler (one pinned
 release, built from Go modules by ``scripts/build-kube.sh``) plus the node
 agent (``tests/kube/bed/node_agent.py``) that registers fake GPU nodes and plays
-their kubelet, then prints ``KUBECONFIG=<path>`` as its last line. It reuses
+their kubelet, CoreDNS (``coredns.py``), JobSet and Kubeflow Trainer
+(``training_operators.py``) and Kueue (``kueue.py``), then prints
+``KUBECONFIG=<path>`` as its last line. It reuses
 a running test bed, and it refuses any address outside 127.0.0.0/8.
 
 The API server runs as a production one would: TLS with a CA of its own,
@@ -18,8 +20,10 @@ every default controller (namespaces, service accounts and their tokens,
 quotas, jobs, garbage collection, node lifecycle, disruption), each with its
 own ServiceAccount credentials. What the test bed lacks is a container
 runtime: the node agent starts a plain process for a pod whose command is
-``jupyterhub-singleuser`` and otherwise leaves pods Running until a test
-ends them (``finish_pod``) or evicts them through the Eviction API.
+``jupyterhub-singleuser``, runs the containers of the bed's torch image in sandboxes of
+their own (``pod_sandbox.py``, on the pod network of ``pod_network.py``), and otherwise
+leaves pods Running until a test ends them (``finish_pod``) or evicts them through the
+Eviction API.
 
 State (certificates, etcd data, logs, the kubeconfig) lives outside the work
 tree, under ``$GPULAB_KUBE_TESTBED_DIR`` (default ``~/.cache/gpulab/testbed``).
