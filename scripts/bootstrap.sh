@@ -101,13 +101,19 @@ fi
 
 # 6. The Kubernetes test bed's binaries, built from Go modules once and cached
 #    outside the work tree (scripts/build-kube.sh, scripts/build-kueue.sh,
-#    scripts/build-kai.sh), and the Grafana dashboard generator the dashboard's test
-#    compares with the chart's JSON (scripts/build-grafana-dashboard.sh).
+#    scripts/build-kai.sh, scripts/build-jobset.sh, scripts/build-trainer.sh,
+#    scripts/build-coredns.sh), the training pods' Python with torch
+#    (scripts/build-torch-env.sh), and the Grafana dashboard generator the dashboard's
+#    test compares with the chart's JSON (scripts/build-grafana-dashboard.sh).
 if [[ $WANT_TEST == 1 ]]; then
   # Debian's golang-go is too old for Kubernetes 1.36; the machines carry Go 1.26.
   [[ -x /usr/local/go/bin/go ]] && export PATH="$PATH:/usr/local/go/bin"
   scripts/build-kube.sh >/dev/null
   scripts/build-kueue.sh >/dev/null
   scripts/build-kai.sh >/dev/null
+  scripts/build-jobset.sh >/dev/null
+  scripts/build-trainer.sh >/dev/null
+  scripts/build-coredns.sh >/dev/null
+  scripts/build-torch-env.sh >/dev/null
   scripts/build-grafana-dashboard.sh >/dev/null
 fi

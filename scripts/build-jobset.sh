@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build JobSet's controller manager from Go modules for the Kubernetes test bed,
 # once per version, outside the work tree; print the folder that holds the
-# binary (bin/jobset) and the release's CRDs (crds/).
+# binary (bin/jobset), the release's CRDs (crds/) and the RBAC, webhook and
+# controller configuration its kustomization installs (config/: rbac/, webhook/,
+# manager/controller_manager_config.yaml; the test bed applies them).
 #
 # sigs.k8s.io/jobset's go.mod has no replace lines and its main package is the
 # module root (main.go), so one `go build` of the module path works. The build
@@ -17,7 +19,22 @@ STAMP=$OUT/.built
 
 log() { printf '\033[1m[build-jobset]\033[0m %s\n' "$*" >&2; }
 
+# The release's manifests, copied writable beside the binary.
+copy_release_files() {
+  local src
+  src=$(go_release_dir sigs.k8s.io/jobset "$JOBSET_VERSION")
+  rm -rf "$OUT/crds" "$OUT/config"
+  cp -r "$src/config/components/crd/bases" "$OUT/crds"
+  mkdir -p "$OUT/config/manager"
+  cp -r "$src/config/components/rbac" "$src/config/components/webhook" "$OUT/config/"
+  cp "$src/config/components/manager/controller_manager_config.yaml" "$OUT/config/manager/"
+  cp "$src/config/default/kustomization.yaml" "$OUT/config/"
+  chmod -R u+w "$OUT/crds" "$OUT/config"
+}
+
 if [[ -f $STAMP ]] && [[ "$(cat "$STAMP")" == "$JOBSET_VERSION" ]]; then
+  # A cache built before the manifests were kept: add them (the module is in Go's cache).
+  [[ -d $OUT/config/rbac ]] || copy_release_files
   echo "$OUT"
   exit 0
 fi
@@ -27,10 +44,7 @@ start=$(date +%s)
 nice -n 19 go build -trimpath \
   -ldflags "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION" \
   -o "$OUT/bin/jobset" sigs.k8s.io/jobset
-src=$(go_release_dir sigs.k8s.io/jobset "$JOBSET_VERSION")
-rm -rf "$OUT/crds"
-cp -r "$src/config/components/crd/bases" "$OUT/crds"
-chmod -R u+w "$OUT/crds"
+copy_release_files
 log "built in $(( $(date +%s) - start )) s"
 echo "$JOBSET_VERSION" > "$STAMP"
 echo "$OUT"

@@ -154,9 +154,11 @@ class JobLogsHandler(JobsBase):
     async def get(self, job_id: str) -> None:
         rec = self.load(job_id)
         offset = self.int_argument("offset", 0)
+        # A multi-node job's nodes each write a log; rank 0's is the job's.
+        rank = self.int_argument("rank", 0, 0, max(0, rec.nodes - 1))
         try:
             # As the owner: one run of the mediator, awaited with its deadline (never blocking the hub).
-            data, new_offset = await self.jobs.read_log(rec, offset, LOG_CHUNK)
+            data, new_offset = await self.jobs.read_log(rec, offset, LOG_CHUNK, rank)
         except JobSpecError as e:
             raise web.HTTPError(e.status, str(e)) from None
         # Complete when the job is final and there is nothing more to read.

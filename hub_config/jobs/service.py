@@ -30,7 +30,7 @@ from hub_config.jobs.models import JobRecord
 from hub_config.jobs.settings import GPULabJobs
 from hub_config.jobs.sweeps import SweepScheduler
 from hub_config.storage.db import database_file, session_factory, storage_failure, utcnow
-from spawner.core import jobspec
+from spawner.core import jobprogram, jobspec
 from spawner.core.budgets import ALLOW, REFUSE
 from spawner.core.jobspec import FINAL_STATES, RERUN_CHOICES, RERUN_KEPT, JobSpecError, Submission
 from spawner.core.jobstates import AdmissionRefused
@@ -170,10 +170,12 @@ class JobService:
                 409,
             )
 
-    async def read_log(self, rec: JobRecord, offset: int, limit: int) -> tuple[bytes, int]:
-        """Up to ``limit`` bytes of the job's log from ``offset``, and the next offset."""
+    async def read_log(self, rec: JobRecord, offset: int, limit: int, rank: int = 0) -> tuple[bytes, int]:
+        """Up to ``limit`` bytes of the job's log (of node ``rank`` of a multi-node job) from
+        ``offset``, and the next offset."""
         self._need_homes()
-        found = await self.homes.read(rec.user, self.homes.home_dir(rec.user) / rec.log_path, offset, limit)
+        path = jobprogram.rank_log_path(rec.log_path, rank)
+        found = await self.homes.read(rec.user, self.homes.home_dir(rec.user) / path, offset, limit)
         if found.state == home_files.ABSENT:
             if offset:
                 raise JobSpecError(f"offset {offset} is past the end of the log, which does not exist yet", 400)

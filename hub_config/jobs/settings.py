@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from traitlets import Bool, Float, Int, List, Type, Unicode, default
+from traitlets import Bool, Float, Int, List, TraitError, Type, Unicode, default, validate
 from traitlets.config import Configurable
 
 from spawner.core.labels import KUEUE_LOCAL_QUEUE_TEMPLATE
@@ -195,6 +195,28 @@ class GPULabJobs(Configurable):
         help="""The team's Kueue LocalQueue name; `{team}` is replaced. The default is the
         name the Helm chart gives the LocalQueue it creates in each team namespace.""",
     )
+
+    kube_training_engine = Unicode(
+        "trainer",
+        config=True,
+        help="""What runs a multi-node job (`nodes` > 1) on Kubernetes: `trainer`, a Kubeflow
+        Trainer TrainJob on `kube_training_runtime`; `jobset`, a JobSet (where Trainer is not
+        installed); empty: multi-node jobs are refused. Either is admitted by Kueue as one
+        workload (all nodes or none) when `kueue_enabled`; the Helm chart's `training.enabled`
+        grants the hub the rights.""",
+    )
+    kube_training_runtime = Unicode(
+        "gpulab-torch-distributed",
+        config=True,
+        help="""The ClusterTrainingRuntime of gpulab's TrainJobs: the one the Helm chart ships
+        (`training.runtime.name`), torch's with the failure policy gpulab's job states rely on.""",
+    )
+
+    @validate("kube_training_engine")
+    def _valid_training_engine(self, proposal):
+        if proposal["value"] not in ("trainer", "jobset", ""):
+            raise TraitError(f"kube_training_engine is 'trainer', 'jobset' or '', not {proposal['value']!r}")
+        return proposal["value"]
 
     @default("state_dir")
     def _default_state_dir(self) -> str:

@@ -162,8 +162,23 @@ _ATTEMPT_SHELL = (
 )
 
 
+def rank_log_path(log_path: str, rank: int) -> str:
+    """The log of node ``rank`` of a multi-node job: rank 0 writes the job's log, rank N
+    ``<log without .log>.rank-N.log`` beside it (the shell of :func:`kube_shell` names it so)."""
+    return log_path if rank == 0 else f"{log_path.removesuffix('.log')}.rank-{int(rank)}.log"
+
+
+#: The shell's half of :func:`rank_log_path`: a node of rank N > 0 (the engines' PET_NODE_RANK)
+#: writes its own log.
+_RANK_LOG_SHELL = (
+    'case "${PET_NODE_RANK:-0}" in 0) ;; *[!0-9]*) exit 1 ;; '
+    '*) GPULAB_LOG="${GPULAB_LOG%.log}.rank-$PET_NODE_RANK.log" ;; esac; '
+)
+
+
 def kube_shell(prepare: str, program: str) -> str:
-    """A job container's ``/bin/sh -c`` command around ``program`` (its output into ``$GPULAB_LOG``).
+    """A job container's ``/bin/sh -c`` command around ``program`` (its output into ``$GPULAB_LOG``,
+    or a node's own log: :func:`rank_log_path`).
 
     No user value is ever parsed by the shell: paths come in ``GPULAB_*`` variables, a
     script's arguments as its positional parameters. The command replaces the image's
@@ -176,7 +191,8 @@ def kube_shell(prepare: str, program: str) -> str:
     """
     return (
         'trap \'stop=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null\' TERM INT; '
-        'cd "$GPULAB_HOME" && mkdir -p "$(dirname "$GPULAB_LOG")" || exit 1; '
+        + _RANK_LOG_SHELL
+        + 'cd "$GPULAB_HOME" && mkdir -p "$(dirname "$GPULAB_LOG")" || exit 1; '
         + _ATTEMPT_SHELL
         + prepare
         + program

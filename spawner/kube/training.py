@@ -32,11 +32,12 @@ The field names follow the engines' API types at the versions the test bed build
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from spawner.core import jobspec
 from spawner.core.jobprogram import processes_per_node
-from spawner.core.jobspec import KubeJobRequest
+from spawner.core.jobspec import FAILED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, KubeJobRequest
 from spawner.core.labels import KUEUE_QUEUE_NAME
 
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -54,10 +55,20 @@ JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 
 
 def _node_pod(req: KubeJobRequest, nodes: int) -> dict[str, Any]:
-    """The job's pod template for one node, its script told it is one of ``nodes``."""
+    """The job's pod template for one node, its script told it is one of ``nodes``; no two
+    nodes of the job on one Kubernetes node (a job's "nodes" are machines)."""
     template = jobspec.job_pod_template(req)
     (container,) = template["spec"]["containers"]
     container["env"].append({"name": "GPULAB_NODES", "value": str(nodes)})
+    affinity = template["spec"].setdefault("affinity", {})
+    affinity["podAntiAffinity"] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {"gpulab.io/job-id": str(req.job_id)}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    }
     return template
 
 
@@ -162,15 +173,15 @@ def jobset_manifest(req: KubeJobRequest, nodes: int) -> dict[str, Any]:
         "failurePolicy": {
             "maxRestarts": req.backoff_limit,
             "rules": [
-                {"name": "time-limit", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
+                {"name": "TimeLimit", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
                 {
-                    "name": "the-script-raised",
+                    "name": "TheScriptRaised",
                     "action": "FailJobSet",
                     "onJobFailureReasons": ["PodFailurePolicy"],
                     "onJobFailureMessagePatterns": [f"Container {program} for pod .* failed with exit code 1 "],
                 },
                 {
-                    "name": "preempted-or-drained",
+                    "name": "PreemptedOrDrained",
                     "action": "RestartJobSetAndIgnoreMaxRestarts",
                     "onJobFailureReasons": ["PodFailurePolicy"],
                     "onJobFailureMessagePatterns": ["Pod .* has condition DisruptionTarget matching FailJob rule"],
@@ -182,3 +193,70 @@ def jobset_manifest(req: KubeJobRequest, nodes: int) -> dict[str, Any]:
     if req.kueue_queue:
         body["suspend"] = True
     return {"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "metadata": _metadata(req), "spec": body}
+
+
+# -- what the engines' objects say ----------------------------------------------------------
+
+#: ``(group, version, plural)`` of each engine's object, for the API's custom object calls.
+RESOURCES = {
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+}
+#: The condition of a finished object: TrainJob's ``Complete``, JobSet's ``Completed``.
+_DONE = ("Complete", "Completed")
+
+
+def _true_condition(status: Mapping[str, Any], kinds: tuple[str, ...]) -> Mapping[str, Any] | None:
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") in kinds and str(c.get("status")) == "True":
+            return c
+    return None
+
+
+def all_nodes_run(obj: Mapping[str, Any]) -> bool:
+    """Does every node of the gang run? Its child Jobs' counts say (TrainJob's
+    ``status.jobsStatus``, JobSet's ``status.replicatedJobsStatus``, one entry per replicated
+    job): each replicated job has Jobs and each of its live Jobs is ready, i.e. all its pods
+    run (Trainer makes one Job of ``numNodes`` pods, gpulab's JobSet one Job per node)."""
+    status = obj.get("status") or {}
+    entries = [
+        e for e in status.get("jobsStatus") or status.get("replicatedJobsStatus") or [] if isinstance(e, Mapping)
+    ]
+    return bool(entries) and all(
+        int(e.get("ready") or 0) > 0 and int(e.get("ready") or 0) >= int(e.get("active") or 0) for e in entries
+    )
+
+
+def gang_state(obj: Mapping[str, Any], nodes: int, admission: str = "") -> tuple[str, str]:
+    """``(state, reason)`` of a TrainJob or JobSet as gpulab reports it: running only while
+    every node runs (never half-running), queued while Kueue has not admitted the whole gang
+    (``admission``: Kueue's words for why, from the gang's Workload) or while its pods are
+    being placed again."""
+    status = obj.get("status") or {}
+    if _true_condition(status, _DONE):
+        return SUCCEEDED, f"the script ran to the end on all {nodes} nodes"
+    failed = _true_condition(status, ("Failed",))
+    if failed:
+        message = str(failed.get("message") or failed.get("reason") or "the gang failed")
+        if failed.get("reason") == "DeadlineExceeded":
+            return TIMED_OUT, f"time limit reached: {message}"
+        return FAILED, message
+    if (obj.get("spec") or {}).get("suspend"):
+        why = f": {admission}" if admission else ""
+        return QUEUED, f"waiting for Kueue to admit the whole gang ({nodes} nodes at once){why}"
+    if all_nodes_run(obj):
+        return RUNNING, ""
+    return QUEUED, f"admitted: waiting for all {nodes} nodes of the gang to be placed and started"
+
+
+def restarts(obj: Mapping[str, Any]) -> int:
+    """How many times a JobSet restarted its whole gang (``status.restarts``)."""
+    return int((obj.get("status") or {}).get("restarts") or 0)
+
+
+def workload_admission(workload: Mapping[str, Any]) -> str:
+    """Why Kueue has not admitted a Workload yet: its ``QuotaReserved`` condition's message."""
+    for c in (workload.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "QuotaReserved" and str(c.get("status")) != "True":
+            return str(c.get("message") or c.get("reason") or "")
+    return ""

@@ -146,3 +146,23 @@ def test_the_kubernetes_script_shell_runs_the_script_in_its_folder_and_counts_at
         "--lr",
         "0.1",
     ]
+
+
+def test_each_node_of_a_gang_writes_its_own_log_and_rank_0_the_jobs(tmp_path):
+    import sys
+
+    from spawner.core.jobprogram import rank_log_path
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").symlink_to(sys.executable)
+    (tmp_path / "exp" / "train.py").write_text("import os\nprint('node', os.environ.get('PET_NODE_RANK'))\n")
+    for rank in ("0", "2"):
+        assert run_script_shell(tmp_path, env={"PET_NODE_RANK": rank}).returncode == 0
+        log = tmp_path / rank_log_path("exp/runs/train-1.log", int(rank))
+        assert log.read_text().strip() == f"node {rank}"
+    assert rank_log_path("exp/runs/train-1.log", 0) == "exp/runs/train-1.log"
+    assert rank_log_path("exp/runs/train-1.log", 2) == "exp/runs/train-1.rank-2.log"
+    # A rank that is not a number never names a file.
+    assert run_script_shell(tmp_path, env={"PET_NODE_RANK": "../../x"}).returncode == 1
+    assert not list(tmp_path.rglob("*x.log"))

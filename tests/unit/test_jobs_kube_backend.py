@@ -80,7 +80,7 @@ def test_a_job_kueue_suspends_stays_in_the_ledger(tmp_path, monkeypatch):
     ledger.rebuild([], keep_reserved=True)  # the spawner's rebuild from pods: the pod is gone
     assert ledger.get(key) is None
     rec = service.get_job(rec.id)
-    service.backend._apply(rec, {"spec": {"suspend": True}, "status": {}})
+    service.backend.move(rec, *jobspec.kube_job_state({"spec": {"suspend": True}, "status": {}}))
     w = ledger.get(key)
     assert w is not None and w.state == "reserved" and w.milli == 500 and w.team == "vision"
 
@@ -342,3 +342,44 @@ def test_the_jobs_pod_keeps_its_notebook_and_a_rerun_copies_the_earlier_jobs_cop
     assert env(again)["GPULAB_INPUT"] == again.output_path.removesuffix(".ipynb") + ".input.ipynb"
     current = asyncio.run(service.rerun(service.get_job(first.id), [], "current"))
     assert current.rerun_of is None and env(current)["GPULAB_KEEP_FROM"] == "exp/calc.ipynb"
+
+
+@pytest.mark.parametrize("engine, kind", [("trainer", "TrainJob"), ("jobset", "JobSet"), ("", None)])
+def test_a_multi_node_job_is_the_engines_object_or_refused_where_none_is_on(tmp_path, monkeypatch, engine, kind):
+    """nodes > 1: a TrainJob on the chart's torch runtime, a JobSet, or (engine off) a 409
+    that says what to ask for; a one-node job stays a batch/v1 Job."""
+    from hub_config.jobs.service import JobService
+    from spawner.core.jobspec import JobSpecError
+
+    c = kube_jobs_config(tmp_path, monkeypatch, kueue=True)
+    c.GPULabJobs.kube_training_engine = engine
+    c.GPULabJobs.max_nodes = 2
+    catalog = tmp_path / "catalog.yaml"  # training stays in quota: room for the 2-GPU gang
+    catalog.write_text(catalog.read_text().replace("guarantee: 1, burst: 2", "guarantee: 3, burst: 3"))
+    service = JobService(config=c)
+    service.backend.submitted = lambda rec: None  # no cluster here: only the manifest is looked at
+    body = {"script": "train.py", "nodes": 2, "job_class": "training", "profile": "h100-1"}
+    if kind is None:
+        with pytest.raises(JobSpecError) as refused:
+            asyncio.run(service.create_job("alice", [], body))
+        assert refused.value.status == 409 and "kube_training_engine" in str(refused.value)
+        assert service.list_jobs("alice") == []
+        return
+    rec, _ = asyncio.run(service.create_job("alice", [], body))
+    manifest = service.backend.manifest(rec)
+    assert manifest["kind"] == kind and manifest["spec"]["suspend"] is True
+    assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpulab-vision"
+    if kind == "TrainJob":
+        assert manifest["spec"]["runtimeRef"]["name"] == "gpulab-torch-distributed"
+    one = dict(body, nodes=1)
+    single, _ = asyncio.run(service.create_job("bob", [], one))
+    assert service.backend.manifest(single)["kind"] == "Job"
+
+
+def test_the_training_engine_setting_refuses_an_unknown_engine():
+    from traitlets import TraitError
+
+    from hub_config.jobs.settings import GPULabJobs
+
+    with pytest.raises(TraitError, match="'trainer', 'jobset' or ''"):
+        GPULabJobs(kube_training_engine="mpi")

@@ -87,3 +87,60 @@ def test_time_slicing_replicas_spread_over_the_gpus_and_map_back_to_the_pod():
         "namespace": "team",
         "containers": [{"name": "c0", "devices": [{"resourceName": "nvidia.com/gpu.shared", "deviceIds": [ra]}]}],
     }
+
+
+# --------------------------------------------------------------------------
+# the sandboxed pods' network and files (tests/kube/bed/pod_network.py, pod_sandbox.py)
+
+
+def test_each_state_folder_has_its_own_private_pod_subnet_and_bridge():
+    import ipaddress
+
+    from tests.kube.bed.pod_network import bed_subnet, gateway
+
+    (a, bridge_a), (b, bridge_b) = bed_subnet(Path("/tmp/a")), bed_subnet(Path("/tmp/b"))
+    assert a != b and bridge_a != bridge_b and len(bridge_a) <= 9  # veth names fit IFNAMSIZ
+    for subnet in (a, b):
+        net = ipaddress.ip_network(subnet)
+        assert net.is_private and not net.is_loopback and net.prefixlen == 16
+    assert gateway(a) == a.replace("0.0/16", "0.1")
+
+
+def test_a_pods_resolv_conf_and_hosts_file_are_the_kubelets():
+    from tests.kube.bed.pod_sandbox import hostname, hosts_file, resolv_conf
+
+    pod = {"metadata": {"name": "job-node-0-0-x7k2p", "namespace": "team-a"},
+           "spec": {"hostname": "job-node-0-0", "subdomain": "job"}}  # fmt: skip
+    assert resolv_conf("team-a", "10.1.0.1", "cluster.local") == (
+        "search team-a.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.1.0.1\noptions ndots:5\n"
+    )
+    assert hostname(pod) == "job-node-0-0"
+    assert hosts_file(pod, "10.1.0.7", "cluster.local").endswith(
+        "10.1.0.7\tjob-node-0-0.job.team-a.svc.cluster.local\tjob-node-0-0\n"
+    )
+    plain = {"metadata": {"name": "p", "namespace": "n"}, "spec": {}}
+    assert hosts_file(plain, "10.1.0.8", "cluster.local").endswith("10.1.0.8\tp\n")
+
+
+def test_the_release_manifests_are_kustomized_as_their_kustomizations_do():
+    from tests.kube.bed.training_operators import json_patch_replace, kustomize_rbac
+
+    binding = {
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "manager-rolebinding"},
+        "roleRef": {"kind": "ClusterRole", "name": "manager-role"},
+        "subjects": [{"kind": "ServiceAccount", "name": "controller-manager", "namespace": "system"}],
+    }
+    (out,) = kustomize_rbac([binding], "jobset-system", "jobset-")
+    assert out["metadata"] == {"name": "jobset-manager-rolebinding"}  # cluster-scoped: no namespace
+    assert out["roleRef"]["name"] == "jobset-manager-role"
+    assert out["subjects"] == [
+        {"kind": "ServiceAccount", "name": "jobset-controller-manager", "namespace": "jobset-system"}
+    ]
+    doc = {"webhooks": [{"name": "a"}, {"name": "b"}]}
+    assert json_patch_replace(doc, [{"op": "replace", "path": "/webhooks/1", "value": {"name": "c"}}]) == {
+        "webhooks": [{"name": "a"}, {"name": "c"}]
+    }
+    assert doc["webhooks"][1] == {"name": "b"}  # the release's document is left as it is
+    with pytest.raises(ValueError, match="unsupported"):
+        json_patch_replace(doc, [{"op": "remove", "path": "/webhooks/0"}])

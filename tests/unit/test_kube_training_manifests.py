@@ -3,9 +3,12 @@ checked against the engines' own CRD schemas at the versions the test bed builds
 JobSet v0.11.1, read from their Go modules: tests/support/engines.py), with no field the API
 server would prune, and against the torch ClusterTrainingRuntime Trainer ships.
 
-The rendering is not run by the engines here (the bed does not run Trainer or JobSet yet)."""
+The engines run them on the test bed (tests/kube/test_kube_cluster_training.py); here the
+manifests and the reading of the engines' status are checked without a cluster."""
 
 from __future__ import annotations
+
+import re
 
 import jsonschema
 import pytest
@@ -129,18 +132,19 @@ def test_jobset_fits_jobsets_crd_sets_torchruns_environment_and_restarts_the_gan
         env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['jobset.sigs.k8s.io/job-index']"
     )
     rules = {r["name"]: r for r in spec["failurePolicy"]["rules"]}
-    assert rules["the-script-raised"]["action"] == "FailJobSet"
-    assert rules["preempted-or-drained"]["action"] == "RestartJobSetAndIgnoreMaxRestarts"
-    assert rules["time-limit"]["onJobFailureReasons"] == ["DeadlineExceeded"]
+    # JobSet v0.11.1's webhook refuses other names (pkg/webhooks/jobset_webhook.go, ruleNameFmt).
+    assert all(re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", name) for name in rules), rules
+    assert rules["TheScriptRaised"]["action"] == "FailJobSet"
+    assert rules["PreemptedOrDrained"]["action"] == "RestartJobSetAndIgnoreMaxRestarts"
+    assert rules["TimeLimit"]["onJobFailureReasons"] == ["DeadlineExceeded"]
     # The message patterns match what the Job controller writes for the pod failure policy's rules
     # (k8s.io/kubernetes pkg/controller/job/pod_failure_policy.go).
-    import re
 
     raised = "Container script for pod team-vision/p-0 failed with exit code 1 matching FailJob rule at index 0"
     drained = "Pod team-vision/p-0 has condition DisruptionTarget matching FailJob rule at index 1"
-    assert re.search(rules["the-script-raised"]["onJobFailureMessagePatterns"][0], raised)
-    assert not re.search(rules["the-script-raised"]["onJobFailureMessagePatterns"][0], drained)
-    assert re.search(rules["preempted-or-drained"]["onJobFailureMessagePatterns"][0], drained)
+    assert re.search(rules["TheScriptRaised"]["onJobFailureMessagePatterns"][0], raised)
+    assert not re.search(rules["TheScriptRaised"]["onJobFailureMessagePatterns"][0], drained)
+    assert re.search(rules["PreemptedOrDrained"]["onJobFailureMessagePatterns"][0], drained)
 
 
 def test_the_strict_check_finds_a_field_the_api_server_would_prune():
@@ -148,3 +152,80 @@ def test_the_strict_check_finds_a_field_the_api_server_would_prune():
     tj["spec"]["trainer"]["numGPUs"] = 16
     schema = crd_schema(TRAINER_MODULE, TRAINER, "manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
     assert unknown_fields(tj, schema) == [".spec.trainer.numGPUs"]
+
+
+def test_the_charts_runtime_keeps_trainers_torch_runtime_and_adds_gpulabs_failure_policy(torch_runtime):
+    """The chart's ClusterTrainingRuntime is Trainer's torch one (its ML policy, its replicated
+    job and container names, which the TrainJob's patch names) plus the failure policy."""
+    from tests.support.helm import CHART, helm
+
+    rendered = helm("template", "x", str(CHART), "--set", "training.enabled=true").stdout
+    (ours,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterTrainingRuntime"]
+    assert ours["metadata"]["name"] == "gpulab-torch-distributed"
+    assert ours["spec"]["mlPolicy"] == torch_runtime["spec"]["mlPolicy"]
+    (node,) = ours["spec"]["template"]["spec"]["replicatedJobs"]
+    (theirs,) = torch_runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == theirs["name"] == training.NODE
+    assert node["template"]["metadata"] == theirs["template"]["metadata"]
+    assert [c["name"] for c in node["template"]["spec"]["template"]["spec"]["containers"]] == [training.NODE]
+    assert node["template"]["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # a podFailurePolicy needs it
+    rules = {r["name"]: r for r in ours["spec"]["template"]["spec"]["failurePolicy"]["rules"]}
+    assert rules["PreemptedOrDrained"]["action"] == "RestartJobSetAndIgnoreMaxRestarts"
+    assert all(re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", name) for name in rules), rules
+    off = helm("template", "x", str(CHART)).stdout
+    assert "ClusterTrainingRuntime" not in off
+
+
+def _gang(status: dict, suspend: bool = False) -> dict:
+    return {"kind": "TrainJob", "spec": {"suspend": suspend}, "status": status}
+
+
+def test_a_gang_runs_only_while_every_node_runs():
+    # Trainer: one Job of numNodes pods, ready once all of them run (Trainer v2.2.0 JobStatus).
+    assert training.gang_state(_gang({"jobsStatus": [{"name": "node", "ready": 1, "active": 1}]}), 2)[0] == (
+        jobspec.RUNNING
+    )
+    state, reason = training.gang_state(_gang({"jobsStatus": [{"name": "node", "ready": 0, "active": 1}]}), 2)
+    assert (
+        state == jobspec.QUEUED and reason == "admitted: waiting for all 2 nodes of the gang to be placed and started"
+    )
+    # gpulab's JobSet: a Job per node; one of two ready is not running.
+    half = {"kind": "JobSet", "status": {"replicatedJobsStatus": [{"name": "node", "ready": 1, "active": 2}]}}
+    assert training.gang_state(half, 2)[0] == jobspec.QUEUED
+    whole = {"kind": "JobSet", "status": {"replicatedJobsStatus": [{"name": "node", "ready": 2, "active": 2}]}}
+    assert training.gang_state(whole, 2)[0] == jobspec.RUNNING
+    assert training.gang_state({"kind": "JobSet", "status": {}}, 2)[0] == jobspec.QUEUED
+
+
+def test_a_suspended_gang_is_queued_with_kueues_words():
+    workload = {
+        "status": {
+            "conditions": [
+                {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "insufficient quota"}
+            ]
+        }
+    }
+    state, reason = training.gang_state(_gang({}, suspend=True), 3, training.workload_admission(workload))
+    assert state == jobspec.QUEUED
+    assert reason == "waiting for Kueue to admit the whole gang (3 nodes at once): insufficient quota"
+    assert training.workload_admission({"status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}) == ""
+
+
+def test_a_finished_gang_reads_as_succeeded_failed_or_timed_out():
+    done = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert training.gang_state(_gang(done), 2)[0] == jobspec.SUCCEEDED
+    assert training.gang_state({"status": {"conditions": [{"type": "Completed", "status": "True"}]}}, 2)[0] == (
+        jobspec.SUCCEEDED
+    )
+    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "boom"}]}
+    assert training.gang_state(_gang(failed), 2) == (jobspec.FAILED, "boom")
+    late = {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "late"}]}
+    assert training.gang_state(_gang(late), 2)[0] == jobspec.TIMED_OUT
+    assert training.restarts({"status": {"restarts": 2}}) == 2 and training.restarts({}) == 0
+
+
+def test_each_node_of_a_gang_is_on_its_own_node():
+    req = request()
+    for body in (training.trainjob_manifest(req, 2), training.jobset_manifest(req, 2)):
+        text = str(body)
+        assert "podAntiAffinity" in text and "kubernetes.io/hostname" in text

@@ -1,4 +1,5 @@
-"""The Kubernetes job backend: one ``batch/v1`` Job per submission.
+"""The Kubernetes job backend: one ``batch/v1`` Job per submission, or for a multi-node
+job one TrainJob or JobSet (:mod:`hub_config.jobs.backends.kube_training`).
 
 The Job (built by :func:`spawner.core.jobspec.kube_job_manifest`) runs papermill in
 the user's image, in the team's namespace, with the profile's GPU mapping from
@@ -27,6 +28,7 @@ import json
 from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, config_value, log
+from hub_config.jobs.backends.kube_training import GangJobs
 from hub_config.jobs.models import JobRecord
 from spawner.core import jobspec
 from spawner.core.jobspec import Submission
@@ -100,6 +102,8 @@ class KubeJobBackend(JobBackend):
         self._api = None
         self._creating: set[int] = set()
         self._missing_since: dict[int, float] = {}
+        #: Multi-node jobs: TrainJobs or JobSets.
+        self.gangs = GangJobs(self)
 
     # -- the client ---------------------------------------------------------------
 
@@ -250,12 +254,9 @@ class KubeJobBackend(JobBackend):
     def prepare(self, submission: Submission) -> int:
         """The profile's GPU mapping; what the ledger counts is what the pod takes."""
         request = submission.request
-        if submission.nodes > 1:
-            raise jobspec.JobSpecError(
-                f"this hub runs jobs on Kubernetes as one pod (batch/v1 Job): ask for nodes: 1, or a profile "
-                f"with more GPUs than {request.profile.slug} on one node",
-                409,
-            )
+        refusal = self.gangs.refusal(request.profile.slug) if submission.nodes > 1 else None
+        if refusal:
+            raise jobspec.JobSpecError(refusal, 409)
         try:
             spec = pod_gpu_spec(request.profile, self.runtime.catalog.sharing, request.team)
         except SharingError as e:
@@ -271,6 +272,12 @@ class KubeJobBackend(JobBackend):
         return spec.effective_milli
 
     def manifest(self, rec: JobRecord) -> dict[str, Any]:
+        """The Job of a one-node job; the TrainJob or JobSet of a multi-node one."""
+        req = self.job_request(rec)
+        return self.gangs.manifest(req, rec.nodes) if rec.nodes > 1 else jobspec.kube_job_manifest(req)
+
+    def job_request(self, rec: JobRecord) -> jobspec.KubeJobRequest:
+        """What the job's manifest is made of (for each node of a multi-node job)."""
         catalog = self.runtime.catalog
         profile = catalog.profile(rec.profile)
         team = catalog.teams.get(rec.team)
@@ -285,7 +292,7 @@ class KubeJobBackend(JobBackend):
             pull_secrets = [pull_secrets]
         uid = self._spawner_config("uid")
         fs_gid = self._spawner_config("fs_gid")
-        req = jobspec.KubeJobRequest(
+        return jobspec.KubeJobRequest(
             job_id=rec.id,
             name=rec.name,
             user=rec.user,
@@ -333,7 +340,6 @@ class KubeJobBackend(JobBackend):
             priority_class_names=catalog.priority_class_names,
             servers_pod=self.servers_pod(rec.user),
         )
-        return jobspec.kube_job_manifest(req)
 
     def submitted(self, rec: JobRecord) -> None:
         self._creating.add(rec.id)
@@ -410,37 +416,47 @@ class KubeJobBackend(JobBackend):
             log.warning("gpulab jobs: job %d: %s", rec.id, failure)
             self.service.transition(rec.id, jobspec.FAILED, failure)
             return
+        kind = body["kind"]
         try:
-            await self.api().create_namespaced_job(ns, body)
+            if kind == "Job":
+                await self.api().create_namespaced_job(ns, body)
+            else:
+                await self.gangs.create(body)
         except Exception as e:
             message = self._api_message(e)
-            log.warning("gpulab jobs: Kubernetes refused Job %s/%s: %s", ns, name, message)
-            self.service.transition(rec.id, jobspec.FAILED, f"the cluster refused the Job: {message}")
+            log.warning("gpulab jobs: Kubernetes refused %s %s/%s: %s", kind, ns, name, message)
+            self.service.transition(rec.id, jobspec.FAILED, f"the cluster refused the {kind}: {message}")
             return
         finally:
             self._creating.discard(rec.id)
         now = self.service.transition(rec.id, jobspec.QUEUED, "", kube_namespace=ns, kube_name=name)
         if now is not None and now.state in jobspec.FINAL_STATES:  # cancelled while being created
             try:
-                await self.api().delete_namespaced_job(name, ns, propagation_policy="Background")
+                await self._delete(rec, ns, name)
             except Exception as e:
                 log.warning(
-                    "gpulab jobs: cannot delete Job %s/%s of cancelled job %d: %s",
+                    "gpulab jobs: cannot delete %s %s/%s of cancelled job %d: %s",
+                    kind,
                     ns,
                     name,
                     rec.id,
                     self._api_message(e),
                 )
             return
-        log.info("gpulab jobs: created Job %s/%s for job %d", ns, name, rec.id)
+        log.info("gpulab jobs: created %s %s/%s for job %d", kind, ns, name, rec.id)
         self.service.wake()
+
+    async def _delete(self, rec: JobRecord, ns: str, name: str) -> None:
+        """Delete the job's Job (or gang) and, in the background, every pod of it."""
+        if rec.nodes > 1:
+            await self.gangs.delete(ns, name)
+        else:
+            await self.api().delete_namespaced_job(name, ns, propagation_policy="Background")
 
     async def cancel(self, rec: JobRecord, reason: str) -> None:
         if rec.kube_name:
             try:
-                await self.api().delete_namespaced_job(
-                    rec.kube_name, rec.kube_namespace, propagation_policy="Background"
-                )
+                await self._delete(rec, rec.kube_namespace or "", rec.kube_name)
             except Exception as e:
                 if getattr(e, "status", None) != 404:
                     raise jobspec.JobSpecError(f"cannot delete the Job: {self._api_message(e)}", 502) from None
@@ -454,9 +470,11 @@ class KubeJobBackend(JobBackend):
     async def tick(self) -> None:
         active = [r for r in self.service.active_jobs(self.name) if r.kube_name and r.id not in self._creating]
         by_ns: dict[str, list[JobRecord]] = {}
+        gangs_by_ns: dict[str, list[JobRecord]] = {}
         for rec in active:
-            by_ns.setdefault(rec.kube_namespace or "", []).append(rec)
-        loop = asyncio.get_running_loop()
+            (gangs_by_ns if rec.nodes > 1 else by_ns).setdefault(rec.kube_namespace or "", []).append(rec)
+        for ns, records in gangs_by_ns.items():
+            await self.gangs.reconcile(ns, records)
         for ns, records in by_ns.items():
             try:
                 listed = await self.api().list_namespaced_job(ns, label_selector="gpulab.io/job-id")
@@ -467,17 +485,24 @@ class KubeJobBackend(JobBackend):
             for rec in records:
                 job = jobs.get(rec.kube_name)
                 if job is None:
-                    first = self._missing_since.setdefault(rec.id, loop.time())
-                    if loop.time() - first > MISSING_GRACE_SECONDS or rec.state == jobspec.RUNNING:
-                        self.service.transition(
-                            rec.id, jobspec.FAILED, f"Job {ns}/{rec.kube_name} disappeared from the cluster"
-                        )
+                    self.missing(rec, f"Job {ns}/{rec.kube_name}")
                     continue
-                self._missing_since.pop(rec.id, None)
-                self._apply(rec, job)
+                self.found(rec)
+                self.move(rec, *jobspec.kube_job_state(job))
 
-    def _apply(self, rec: JobRecord, job: dict[str, Any]) -> None:
-        state, reason = jobspec.kube_job_state(job)
+    def missing(self, rec: JobRecord, what: str) -> None:
+        """The job's object is not in the cluster: failed once that lasts (a list can race a create)."""
+        now = asyncio.get_running_loop().time()
+        first = self._missing_since.setdefault(rec.id, now)
+        if now - first > MISSING_GRACE_SECONDS or rec.state == jobspec.RUNNING:
+            self.service.transition(rec.id, jobspec.FAILED, f"{what} disappeared from the cluster")
+
+    def found(self, rec: JobRecord) -> None:
+        self._missing_since.pop(rec.id, None)
+
+    def move(self, rec: JobRecord, state: str, reason: str) -> None:
+        """Move ``rec`` to the ``state`` its object shows, through the states between when the
+        state machine asks for them."""
         if state == rec.state:
             return
         if not jobspec.may_transition(rec.state, state):

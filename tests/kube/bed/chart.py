@@ -103,10 +103,12 @@ class Release:
         )
 
     def clean_team_namespaces(self) -> None:
-        """Delete every pod, Job and PVC in the team namespaces and wait until they are gone."""
+        """Delete every TrainJob, JobSet, pod, Job and PVC in the team namespaces and wait
+        until the pods are gone."""
         c = self.cluster
         for ns in self.teams.values():
             for path in (
+                *(f"{collection.format(ns=ns)}" for collection in TRAINING_COLLECTIONS),
                 f"/apis/batch/v1/namespaces/{ns}/jobs",
                 f"/api/v1/namespaces/{ns}/pods",
                 f"/api/v1/namespaces/{ns}/persistentvolumeclaims",
@@ -116,11 +118,30 @@ class Release:
             c.wait(lambda ns=ns: not c.get(f"/api/v1/namespaces/{ns}/pods")["items"], f"pods in {ns} to be gone", 90)
 
 
+#: The multi-node jobs' kinds (JobSet and Trainer run in the bed), per namespace.
+TRAINING_COLLECTIONS = (
+    "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs",
+    "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets",
+)
+
+
+def delete_gangs(c: Cluster) -> None:
+    """Delete every gpulab TrainJob and JobSet in the cluster (a release's uninstall waits on
+    its ClusterTrainingRuntime, which Trainer keeps while a TrainJob uses it)."""
+    for collection in TRAINING_COLLECTIONS:
+        everywhere = collection.replace("/namespaces/{ns}", "")
+        for obj in c.get(everywhere + "?labelSelector=gpulab.io/job-id")["items"]:
+            path = collection.format(ns=obj["metadata"]["namespace"]) + "/" + obj["metadata"]["name"]
+            c.request("DELETE", path + "?propagationPolicy=Background")
+
+
 def team_values(suffix: str) -> dict:
     """Teams for the test bed's GPU nodes (tests/kube/bed/nodes.yaml)."""
     return {
         # Kueue runs in the test bed: the chart's ResourceFlavor, ClusterQueues and LocalQueues.
         "kueue": {"enabled": True},
+        # JobSet and Trainer run in the test bed: the hub's rights to them, the torch runtime.
+        "training": {"enabled": True},
         "gpulab": {
             # 0.5 GPU = 2 of 4 time-slices: the device plugin's failRequestsGreaterThanOne
             # is off on this pool (tests/kube/bed/nodes.yaml), so gpulab may ask for 2.
@@ -212,6 +233,8 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
                 f"{kube_testbed.state_dir}; run beside it with GPULAB_KUBE_TESTBED_DIR=<another folder>",
                 pytrace=False,
             )
+        # A TrainJob holds its ClusterTrainingRuntime (Trainer's finalizer): gangs go first.
+        delete_gangs(c)
         helm(kube_testbed, "uninstall", other["name"], "--namespace", other["namespace"], "--wait", check=False)
     # PriorityClasses a crashed benchmark or run left without a release.
     releases = {
@@ -259,6 +282,7 @@ def gpulab_release(kube_testbed: Testbed, tmp_path_factory: pytest.TempPathFacto
         )
     release = Release(name, hub_ns, teams, values, c.service_account_kubeconfig(hub_ns, "hub"), c)
     yield release
+    delete_gangs(c)
     helm(kube_testbed, "uninstall", name, "--namespace", hub_ns, "--wait", check=False)
     c.cleanup()
 

@@ -8,8 +8,10 @@ certificates mounted by the kubelet. Here the controller manager
   test bed's CA, and every webhook and CRD conversion ``clientConfig`` of the
   release's manifests is rewritten from the in-cluster Service to that
   loopback URL with the CA bundle (internal certificate management off);
-- only the ``batch/job`` integration is on, and only the webhooks of what
-  runs are registered: a registered webhook nobody serves would refuse, with
+- the ``batch/job``, ``jobset.x-k8s.io/jobset`` and ``trainer.kubeflow.org/trainjob``
+  integrations are on (JobSet and Trainer run in the bed:
+  ``tests/kube/bed/training_operators.py``), and only the webhooks of what runs are
+  registered: a registered webhook nobody serves would refuse, with
   ``failurePolicy: Fail``, every object of its kind in the cluster;
 - Kueue reads its metrics certificate from the fixed path
   ``/etc/kueue/metrics/certs`` when internal certificate management is off,
@@ -27,12 +29,18 @@ from typing import Any
 import yaml
 
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
-#: Webhook paths served with only the batch/job integration enabled.
+#: The integrations the bed turns on: the kinds whose controllers run in it.
+INTEGRATIONS = ("batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob")
+#: Webhook paths served with those integrations enabled.
 SERVED_WEBHOOK_PREFIXES = (
     "/mutate-kueue-x-k8s-io-",
     "/validate-kueue-x-k8s-io-",
     "/mutate-batch-v1-job",
     "/validate-batch-v1-job",
+    "/mutate-jobset-x-k8s-io-",
+    "/validate-jobset-x-k8s-io-",
+    "/mutate-trainer-kubeflow-org-",
+    "/validate-trainer-kubeflow-org-",
 )
 
 
@@ -125,7 +133,7 @@ def configuration(ports: dict[str, int], address: str, cert_dir: Path) -> dict[s
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False,
-        "integrations": {"frameworks": ["batch/job"]},
+        "integrations": {"frameworks": list(INTEGRATIONS)},
         "clientConnection": {"qps": 100, "burst": 200},
     }
 

@@ -1,5 +1,8 @@
 """The test bed's kubelet stand-in: fake GPU nodes without containers.
 
+(Over 600 lines on purpose: a kubelet's pod lifecycle, admission to termination, is one
+class; the sandbox and the pod network it uses are modules of their own.)
+
 It registers the nodes of ``tests/kube/bed/nodes.yaml`` (labels, taints, GPU
 allocatable as the NVIDIA or HAMi device plugin would publish them), keeps
 their Leases and Ready condition fresh so the real node-lifecycle controller
@@ -16,10 +19,19 @@ kube-scheduler binds to them:
 - an admitted pod becomes Running with a pod IP from a loopback range; when its
   container's command is ``jupyterhub-singleuser`` the agent starts that
   server as a real local process on the pod IP, so a hub can reach it;
+- a container of an image the node "has" (``--image-env IMAGE=DIR``: the bed's
+  ``gpulab-testbed/torch`` image is the Python environment of
+  ``scripts/build-torch-env.sh``) runs its command for real, with that environment first
+  on ``PATH``, in a sandbox of its own (``tests/kube/bed/pod_sandbox.py``: its hostname,
+  resolv.conf naming the cluster DNS of ``--cluster-dns``, hosts file and volumes, as a
+  kubelet gives them), in a network namespace on the bed's bridge with an address of the
+  pod subnet (``--pod-network``, ``tests/kube/bed/pod_network.py``, as the CNI bridge
+  plugin gives it); its log is ``<work dir>/<namespace>/<pod>/container.log``;
 - a process that exits makes the pod Succeeded or Failed with its exit code;
 - a container's environment is what a kubelet gives it: the device plugin's variables,
   then the container's own ``env`` with ``configMapKeyRef`` values read from their
-  ConfigMaps (KAI's GPU fractions learn their GPU so, from the ConfigMap its binder writes),
+  ConfigMaps (KAI's GPU fractions learn their GPU so, from the ConfigMap its binder writes)
+  and ``fieldRef`` values read from the pod (a JobSet's or Trainer's node rank),
   recorded in ``<work dir>/<namespace>/<pod>/container-env.json`` as a runtime keeps a
   container's config;
 - KAI's GPU reservation pods (container ``resource-reservation``) do what KAI's
@@ -54,7 +66,10 @@ import yaml
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.kube.bed import pod_sandbox
 from tests.kube.bed.kubelet_devices import Admitted, NodeDevices, Rejection, visible_devices
+from tests.kube.bed.pod_network import PodNetwork
+from tests.kube.bed.pod_sandbox import field_value
 
 log = logging.getLogger("node-agent")
 KUBE_VERSION = os.environ.get("GPULAB_KUBE_VERSION", "v1.36.3")
@@ -66,6 +81,8 @@ KAI_RESERVATION_CONTAINER = "resource-reservation"
 KAI_RESERVED_GPU_ANNOTATION = "run.ai/reserve_for_gpu_index"
 #: Where, in a pod's folder, the agent records the environment its container started with.
 CONTAINER_ENV_FILE = "container-env.json"
+#: Where, in a pod's folder, a really run container's output goes (what ``kubectl logs`` shows).
+CONTAINER_LOG_FILE = "container.log"
 
 
 def now() -> datetime:
@@ -84,6 +101,10 @@ class NodeAgent:
         work_dir: Path,
         ip_prefix: str,
         pod_resources_dir: Path | None = None,
+        image_envs: dict[str, Path] | None = None,
+        cluster_dns: str = "",
+        cluster_domain: str = "cluster.local",
+        network: PodNetwork | None = None,
     ):
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -101,6 +122,12 @@ class NodeAgent:
             n["name"]: NodeDevices(n["name"], n.get("labels", {}), n.get("allocatable", {})) for n in nodes
         }
         self.pod_resources_dir = pod_resources_dir
+        #: The images this node "has": each a Python environment its containers run in.
+        self.image_envs = image_envs or {}
+        self.cluster_dns = cluster_dns
+        self.cluster_domain = cluster_domain
+        self.network = network
+        self.netns: dict[str, str] = {}  # pod uid -> its network namespace
         for name in self.kubelets:
             self.publish_pod_resources(name)
 
@@ -267,6 +294,7 @@ class NodeAgent:
         uid = pod.metadata.uid
         if kind == "DELETED":
             await self.stop_process(uid)
+            self.detach(uid)
             self.started.pop(uid, None)
             self.release(pod)
             return
@@ -305,9 +333,13 @@ class NodeAgent:
             await self.reject(pod, admitted)
             return
         self.publish_pod_resources(pod.spec.node_name)
-        ip = self.pod_ip()
-        self.started[uid] = ip
         container = pod.spec.containers[0]
+        sandboxed = container.image in self.image_envs and self.network is not None
+        if sandboxed:
+            self.netns[uid], ip = self.network.attach()
+        else:
+            ip = self.pod_ip()
+        self.started[uid] = ip
         argv = [*(container.command or []), *(container.args or [])]
         env = await self.container_env(pod, container, device_env(admitted, container.name))
         home = self.work_dir / pod.metadata.namespace / pod.metadata.name
@@ -315,6 +347,8 @@ class NodeAgent:
         (home / CONTAINER_ENV_FILE).write_text(json.dumps(env, indent=1))  # the runtime's record of it
         if argv and os.path.basename(argv[0]) in SERVER_COMMANDS:
             await self.start_process(pod, ip, argv, env)
+        elif sandboxed:
+            await self.run_container(pod, container, ip, argv, env)
         t = stamp()
         conds = [c for c in (pod.status.conditions or []) if c.type == "PodScheduled"]
         status = {
@@ -426,10 +460,38 @@ class NodeAgent:
         the container's own after (they win), ``configMapKeyRef`` values read at start."""
         env = dict(devices)
         for item in container.env or []:
-            value = item.value if item.value is not None else await self.config_map_value(pod, item)
+            value = item.value
+            if value is None:
+                value = field_value(pod, item) if item.value_from and item.value_from.field_ref else None
+            if value is None:
+                value = await self.config_map_value(pod, item)
             if value is not None:
                 env[item.name] = value
         return env
+
+    async def run_container(
+        self, pod: client.V1Pod, container: client.V1Container, ip: str, argv: list[str], container_env: dict[str, str]
+    ) -> None:
+        """Run a container of an image this node has, in its sandbox (tests/kube/bed/pod_sandbox.py)."""
+        home = self.work_dir / pod.metadata.namespace / pod.metadata.name
+        claims = await pod_sandbox.claim_paths(self.core, pod)
+        spec = pod_sandbox.sandbox_spec(
+            self.as_dict(pod), self.as_dict(container), ip, home, self.image_envs[container.image], container_env,
+            argv, claims, self.cluster_dns, self.cluster_domain,
+        )  # fmt: skip
+        proc = await pod_sandbox.start(spec, home, self.netns[pod.metadata.uid], CONTAINER_LOG_FILE)
+        self.procs[pod.metadata.uid] = proc
+        log.info("pod %s/%s: running %s in its sandbox", pod.metadata.namespace, pod.metadata.name, argv[:1])
+        asyncio.ensure_future(self.guard(self.reap(pod, proc)))
+
+    def detach(self, uid: str) -> None:
+        """Take a pod's network namespace down, as the CNI plugin's DEL does."""
+        netns = self.netns.pop(uid, None)
+        if netns and self.network is not None:
+            self.network.detach(netns)
+
+    def as_dict(self, obj: Any) -> dict[str, Any]:
+        return self.api.sanitize_for_serialization(obj)
 
     async def start_process(self, pod: client.V1Pod, ip: str, argv: list[str], container_env: dict[str, str]) -> None:
         home = self.work_dir / pod.metadata.namespace / pod.metadata.name
@@ -483,6 +545,7 @@ class NodeAgent:
         if pod.metadata.uid in self.finishing or self.procs.get(pod.metadata.uid) is not proc:
             return
         self.procs.pop(pod.metadata.uid, None)
+        self.detach(pod.metadata.uid)
         self.release(pod)
         await self.write_status(pod, terminal_status(pod, code, "Completed" if code == 0 else "Error"))
 
@@ -503,6 +566,7 @@ class NodeAgent:
 
     async def terminate(self, pod: client.V1Pod) -> None:
         await self.stop_process(pod.metadata.uid)
+        self.detach(pod.metadata.uid)
         self.release(pod)
         if pod.status.phase not in ("Succeeded", "Failed"):
             await self.write_status(pod, terminal_status(pod, 137, "Error"))
@@ -573,8 +637,17 @@ async def amain(args: argparse.Namespace) -> None:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     async with client.ApiClient() as api:
+        image_envs = {image: Path(folder) for image, _, folder in (i.partition("=") for i in args.image_env)}
         agent = NodeAgent(
-            api, nodes, work, args.pod_ip_prefix, Path(args.pod_resources_dir) if args.pod_resources_dir else None
+            api,
+            nodes,
+            work,
+            args.pod_ip_prefix,
+            Path(args.pod_resources_dir) if args.pod_resources_dir else None,
+            image_envs,
+            args.cluster_dns,
+            args.cluster_domain,
+            PodNetwork(args.pod_network, args.pod_bridge) if args.pod_network else None,
         )
         await agent.register()
         stop = asyncio.Event()
@@ -596,6 +669,13 @@ def main() -> None:
     p.add_argument("--work-dir", required=True)
     p.add_argument("--pod-ip-prefix", default="127.77.")
     p.add_argument("--pod-resources-dir", help="where each node's PodResources List answer is written (JSON)")
+    p.add_argument(
+        "--image-env", action="append", default=[], help="IMAGE=DIR: containers of IMAGE run in the Python at DIR"
+    )
+    p.add_argument("--cluster-dns", default="", help="the cluster DNS address pods' resolv.conf names")
+    p.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
+    p.add_argument("--pod-network", default="", help="the subnet of sandboxed pods (tests/kube/bed/pod_network.py)")
+    p.add_argument("--pod-bridge", default="", help="the host's bridge of the pod network")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     asyncio.run(amain(args))

@@ -7,7 +7,9 @@ for the one before, and ``scripts/kube-testbed`` runs this one module.)
 kube-apiserver, kube-controller-manager and kube-scheduler (one pinned
 release, built from Go modules by ``scripts/build-kube.sh``) plus the node
 agent (``tests/kube/bed/node_agent.py``) that registers fake GPU nodes and plays
-their kubelet, then prints ``KUBECONFIG=<path>`` as its last line. It reuses
+their kubelet, CoreDNS (``coredns.py``), JobSet and Kubeflow Trainer
+(``training_operators.py``) and Kueue (``kueue.py``), then prints
+``KUBECONFIG=<path>`` as its last line. It reuses
 a running test bed, and it refuses any address outside 127.0.0.0/8.
 
 The API server runs as a production one would: TLS with a CA of its own,
@@ -18,8 +20,10 @@ every default controller (namespaces, service accounts and their tokens,
 quotas, jobs, garbage collection, node lifecycle, disruption), each with its
 own ServiceAccount credentials. What the test bed lacks is a container
 runtime: the node agent starts a plain process for a pod whose command is
-``jupyterhub-singleuser`` and otherwise leaves pods Running until a test
-ends them (``finish_pod``) or evicts them through the Eviction API.
+``jupyterhub-singleuser``, runs the containers of the bed's torch image in sandboxes of
+their own (``pod_sandbox.py``, on the pod network of ``pod_network.py``), and otherwise
+leaves pods Running until a test ends them (``finish_pod``) or evicts them through the
+Eviction API.
 
 State (certificates, etcd data, logs, the kubeconfig) lives outside the work
 tree, under ``$GPULAB_KUBE_TESTBED_DIR`` (default ``~/.cache/gpulab/testbed``).
@@ -58,6 +62,9 @@ COMPONENTS = (
     "kube-scheduler",
     "user-scheduler",
     "node-agent",
+    "coredns",
+    "jobset",
+    "trainer",
     "kueue",
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -249,6 +256,23 @@ def build() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+#: The image whose containers the node agent runs for real: the Python of scripts/build-torch-env.sh.
+TORCH_IMAGE_REPOSITORY = "gpulab-testbed/torch"
+
+
+def build_torch_env() -> Path:
+    """The training pods' Python environment (torch with gloo), installed once, then reused."""
+    proc = subprocess.run([str(REPO / "scripts" / "build-torch-env.sh")], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise TestbedError("scripts/build-torch-env.sh failed (see its output above): it installs torch from PyPI")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def torch_image(torch_env: Path) -> str:
+    """The image name the bed's nodes "have" for ``torch_env`` (its torch version as the tag)."""
+    return f"{TORCH_IMAGE_REPOSITORY}:{torch_env.name}"
+
+
 def _spawn(tb: Testbed, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
     logf = tb.log_file(name)
     logf.parent.mkdir(parents=True, exist_ok=True)
@@ -327,6 +351,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
         log("a previous test bed is not (fully) running: stopping what is left of it")
         down(state_dir)
     bin_dir = build()
+    torch_env = build_torch_env()
     state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     versions = dict(line.split("=", 1) for line in (bin_dir / "VERSIONS").read_text().split())
@@ -484,6 +509,9 @@ def _up(address: str, state_dir: Path) -> Testbed:
             f"--secure-port={ports['user-scheduler']}",
         ],
     )
+    from tests.kube.bed import coredns, pod_network
+
+    subnet, bridge = pod_network.bed_subnet(state_dir)
     _spawn(
         tb,
         "node-agent",
@@ -501,6 +529,16 @@ def _up(address: str, state_dir: Path) -> Testbed:
             pod_ip_prefix(state_dir),
             "--pod-resources-dir",
             str(tb.pod_resources_dir),
+            "--image-env",
+            f"{torch_image(torch_env)}={torch_env}",
+            "--cluster-dns",
+            pod_network.gateway(subnet),
+            "--pod-network",
+            subnet,
+            "--pod-bridge",
+            bridge,
+            "--cluster-domain",
+            coredns.CLUSTER_DOMAIN,
         ],
         env={
             "PYTHONPATH": str(REPO),
@@ -518,8 +556,10 @@ def _up(address: str, state_dir: Path) -> Testbed:
     _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
     _wait("the user-scheduler's /healthz", lambda: _healthz(tb, ports["user-scheduler"]), 60, tb, "user-scheduler")
-    from tests.kube.bed import kueue
+    from tests.kube.bed import kueue, training_operators
 
+    coredns.start(tb, _spawn, _wait, free_port, pod_network.gateway(subnet))
+    training_operators.start(tb, _spawn, _wait, free_port)
     kueue.start(tb, _spawn, _wait, free_port)
     tb.versions["kueue"] = kueue.build().name
     tb.save()
@@ -547,7 +587,7 @@ def _digest(data: Any) -> str:
 def _nodes_digest() -> str:
     """The nodes and the code that plays their kubelet: a running bed whose either changed is restarted."""
     h = hashlib.sha256(NODES_FILE.read_bytes())
-    for name in ("node_agent.py", "kubelet_devices.py"):
+    for name in ("node_agent.py", "kubelet_devices.py", "pod_sandbox.py", "pod_network.py"):
         h.update(NODES_FILE.with_name(name).read_bytes())
     return "sha256:" + h.hexdigest()[:16]
 
@@ -611,6 +651,9 @@ def down(state_dir: Path = STATE_DIR) -> None:
                     os.killpg(pid, signal.SIGKILL)
                 except OSError:
                     pass
+    from tests.kube.bed import pod_network
+
+    pod_network.remove(pod_network.bed_subnet(state_dir)[1])
     (state_dir / "state.json").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "etcd", ignore_errors=True)
     (state_dir / "logs" / "audit.log").unlink(missing_ok=True)
