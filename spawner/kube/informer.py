@@ -28,7 +28,9 @@ from functools import partial
 from typing import Any
 
 from kubernetes_asyncio import watch
+from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.rest import ApiException
+from kubespawner.clients import shared_client
 from kubespawner.reflector import ResourceReflector
 from kubespawner.spawner import EventReflector, PodReflector
 from traitlets import Int
@@ -43,6 +45,24 @@ MAX_BACKOFF_SECONDS = 30.0
 
 class WatchGone(Exception):
     """The API server no longer has the resourceVersion the watch resumed from."""
+
+
+#: Per event loop: the API client the informers' watches share (see :func:`watch_client`).
+_WATCH_CLIENTS: dict[Any, Any] = {}
+
+
+def watch_client(api_group_name: str) -> Any:
+    """The API client the informers watch through: one per event loop, with no cap on its
+    connections. Each open watch holds one HTTP/1.1 connection for minutes, and
+    kubernetes_asyncio caps a client at 100 (``connection_pool_maxsize``): on KubeSpawner's
+    shared client, 100 namespaces' watches would leave no connection for a pod create."""
+    loop = asyncio.get_running_loop()
+    api = _WATCH_CLIENTS.get(loop)
+    if api is None:
+        conf = Configuration.get_default_copy()
+        conf.connection_pool_maxsize = None
+        api = _WATCH_CLIENTS[loop] = ApiClient(configuration=conf)
+    return shared_client(api_group_name, api_client=api)
 
 
 class ResumingWatch(ResourceReflector):
@@ -65,6 +85,10 @@ class ResumingWatch(ResourceReflector):
     watches = 0
     #: Bumped on every change to ``resources``: readers cache what they derive from it.
     revision = 0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.api = watch_client(self.api_group_name)
 
     async def _list_and_update(self, resource_version: str | None = None) -> str:
         rv = await super()._list_and_update(resource_version)
