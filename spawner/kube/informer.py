@@ -21,6 +21,7 @@ each relists at most once, not once per 10 s.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from collections.abc import Callable
@@ -47,6 +48,8 @@ class WatchGone(Exception):
     """The API server no longer has the resourceVersion the watch resumed from."""
 
 
+#: Revisions: one counter for all informers, so a (revision, ...) key never repeats.
+_REVISIONS = itertools.count(1)
 #: Per event loop: the API client the informers' watches share (see :func:`watch_client`).
 _WATCH_CLIENTS: dict[Any, Any] = {}
 
@@ -83,17 +86,21 @@ class ResumingWatch(ResourceReflector):
     lists = 0
     #: Watch requests made since the start.
     watches = 0
-    #: Bumped on every change to ``resources``: readers cache what they derive from it.
+    #: A new number on every change to ``resources``, unique across informers: readers
+    #: cache what they derive from it.
     revision = 0
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.api = watch_client(self.api_group_name)
+        self._derived_by_ref: dict[str, Any] = {}
+        self._derived_by_key: dict[str, Any] = {}
 
     async def _list_and_update(self, resource_version: str | None = None) -> str:
         rv = await super()._list_and_update(resource_version)
         self.lists += 1
-        self.revision += 1
+        self.revision = next(_REVISIONS)
+        self._derive_all()
         self.resource_version = rv
         return rv
 
@@ -127,9 +134,33 @@ class ResumingWatch(ResourceReflector):
         ref_key = f"{md.get('namespace')}/{md.get('name')}"
         if kind == "DELETED":
             self.resources.pop(ref_key, None)
+            self._derive(ref_key, None)
         else:
             self.resources[ref_key] = obj
-        self.revision += 1
+            self._derive(ref_key, obj)
+        self.revision = next(_REVISIONS)
+
+    #: What the pods stand for (``derive(pod)``, set by the reader), kept per pod as events arrive.
+    derive: Callable[[dict], Any] | None = None
+
+    def _derive_all(self) -> None:
+        self._derived_by_ref = {}
+        self._derived_by_key = {}
+        for ref_key, obj in list(self.resources.items()):
+            self._derive(ref_key, obj)
+
+    def _derive(self, ref_key: str, obj: dict | None) -> None:
+        if self.derive is None:
+            return
+        old = self._derived_by_ref.pop(ref_key, None)
+        if old is not None:
+            old_key = str(getattr(old, "key", ""))
+            if self._derived_by_key.get(old_key) is old:
+                del self._derived_by_key[old_key]
+        new: Any = self.derive(obj) if obj is not None else None
+        if new is not None:
+            self._derived_by_ref[ref_key] = new
+            self._derived_by_key[new.key] = new
 
     async def _watch_once(self) -> None:
         """One watch request from ``resource_version``, until the API server ends it."""
@@ -216,19 +247,10 @@ class GPUPodInformer(ResumingWatch, PodReflector):
         # ResourceReflector only builds key=value selectors; this one selects on existence.
         self.label_selector = gl.SELECTOR
 
-    _derived: tuple[int, dict[str, Any]] | None = None
-
-    def workloads(self, workload_from_pod: Callable[[dict], Any]) -> dict[str, Any]:
-        """``{workload key: workload}`` of the pods held, derived again only after a change:
-        a ledger rebuild with no pod changed costs no walk over thousands of pods."""
-        if self._derived is None or self._derived[0] != self.revision:
-            out = {}
-            for pod in list(self.resources.values()):
-                w = workload_from_pod(pod)
-                if w is not None:
-                    out[w.key] = w
-            self._derived = (self.revision, out)
-        return self._derived[1]
+    def workloads(self) -> dict[str, Any]:
+        """``{workload key: workload}`` of the pods held (``derive`` must be set before
+        ``start``), kept up to date event by event: no walk over thousands of pods."""
+        return self._derived_by_key
 
 
 class EventInformer(ResumingWatch, EventReflector):

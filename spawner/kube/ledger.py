@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 #: Runtimes whose ledger has been rebuilt from the cluster at least once.
 _LOADED_RUNTIMES: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Runtime -> the informers' revisions (and unreadable namespaces) its ledger was last rebuilt from.
+_REBUILT_FROM: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
 #: Seconds a namespace whose pods could not be listed is left alone before the next try.
 _RETRY_FAILED_NAMESPACE_SECONDS = 10.0
 #: The key of a namespace's (or, for ``None``, every namespace's) pod informer in
@@ -103,6 +105,7 @@ class ClusterLedger:
         if informer is None:
             self.log.info("gpulab: watching GPU pods in %s", ns or "all namespaces")
             informer = GPUPodInformer(parent=self, namespace=ns, omit_namespace=ns is None)
+            informer.derive = workload_from_pod
             self.__class__.reflectors[key] = informer
             try:
                 await informer.start()
@@ -157,7 +160,7 @@ class ClusterLedger:
     def _live_workloads(self, reflectors: list[GPUPodInformer]) -> dict[str, Workload]:
         live: dict[str, Workload] = {}
         for reflector in reflectors:
-            live.update(reflector.workloads(workload_from_pod))
+            live.update(reflector.workloads())
         return live
 
     async def refresh_ledger(self) -> set[str | None]:
@@ -169,6 +172,11 @@ class ClusterLedger:
         namespaces that could not be read.
         """
         reflectors, failed = await self._ledger_reflectors()
+        seen = (tuple(r.revision for r in reflectors), frozenset(failed))
+        if _REBUILT_FROM.get(self.runtime) == seen:
+            # No pod changed since the last rebuild: the ledger holds it, with the reservations,
+            # confirmations and releases made since (a rebuild of 5,000 pods costs ~50 ms).
+            return failed
         live = self._live_workloads(reflectors)
         if failed:
             if None in failed:  # the all-namespaces watch: nothing is known
@@ -177,6 +185,7 @@ class ClusterLedger:
                 if self._team_namespace(w.team) in failed and w.key not in live:
                     live[w.key] = w
         self.runtime.ledger.rebuild(live.values(), keep_reserved=True)
+        _REBUILT_FROM[self.runtime] = seen
         if not failed:
             _LOADED_RUNTIMES.add(self.runtime)
         return failed

@@ -12,7 +12,7 @@ from kubespawner import KubeSpawner
 
 from spawner.core import labels as gl
 from spawner.kube.informer import GPUPodInformer
-from spawner.kube.ledger import POD_INFORMER
+from spawner.kube.ledger import POD_INFORMER, workload_from_pod
 from tests.support.kube_spawner import ClusterView, spawner_config, spawner_for
 
 pytestmark = __import__("pytest").mark.kube
@@ -42,16 +42,18 @@ async def test_informer_lists_once_and_resumes_its_watch(api: ClusterView):
     ns = api.release.team_ns("vision")
     spawner = spawner_for(spawner_config(api.release), "alice", {})
     informer = GPUPodInformer(parent=spawner, namespace=ns, omit_namespace=False, watch_timeout_seconds=1)
+    informer.derive = workload_from_pod
     offset = api.kube.tb.audit_offset()
     await informer.start()
     try:
         api.create("pods", ns, labelled_pod("informed-a", 500))
         await wait_for(lambda: f"{ns}/informed-a" in informer.pods, "the new pod in the informer")
+        assert [w.milli for w in informer.workloads().values()] == [500]
         await wait_for(lambda: informer.watches >= 4, "four watch requests", timeout=30)
         api.delete("pods", ns, "informed-a", grace=0)
         await wait_for(lambda: f"{ns}/informed-a" not in informer.pods, "the deleted pod gone from the informer")
         assert informer.lists == 1
-        assert informer.workloads(lambda p: p) == {}
+        assert informer.workloads() == {}
     finally:
         await informer.stop()
     events = api.kube.tb.audit_events(offset, api.username)
