@@ -86,6 +86,8 @@ class ClusterLedger:
 
     #: Namespace -> loop time its pods last failed to list (a missing Role or namespace).
     _failed_namespaces: dict[str | None, float] = {}
+    #: The informers' start under way, shared by every caller meanwhile.
+    _starting: asyncio.Future | None = None
 
     async def _pod_informer(self, ns: str | None, replace: bool = False) -> GPUPodInformer:
         """The running pod informer of ``ns`` (``None``: all namespaces), started if needed.
@@ -134,7 +136,17 @@ class ClusterLedger:
                 failed.add(ns)
             else:
                 todo.append(ns)
-        results = await asyncio.gather(*(self._pod_informer(ns) for ns in todo), return_exceptions=True)
+        ready = [self.__class__.reflectors.get((POD_INFORMER, ns)) for ns in todo]
+        if all(r is not None and r.first_load_future.done() and not r.watch_task.done() for r in ready):
+            # Every informer runs (the common case): no task per namespace per call.
+            return ready, failed  # type: ignore[return-value]
+        # Starting: every caller meanwhile (a hub start polls thousands of servers at once)
+        # waits for the same start instead of starting one task per namespace each.
+        starting = ClusterLedger._starting
+        if starting is None or starting.done() or starting.get_loop() is not asyncio.get_running_loop():
+            starting = ClusterLedger._starting = asyncio.ensure_future(self._start_informers(todo))
+        by_ns = await asyncio.shield(starting)
+        results = [by_ns[ns] if ns in by_ns else (await self._start_informers([ns]))[ns] for ns in todo]
         out = []
         for ns, result in zip(todo, results, strict=True):
             if isinstance(result, asyncio.CancelledError):
@@ -152,6 +164,11 @@ class ClusterLedger:
             ClusterLedger._failed_namespaces.pop(ns, None)
             out.append(result)
         return out, failed
+
+    async def _start_informers(self, namespaces: list[str | None]) -> dict[str | None, Any]:
+        """``{namespace: its informer, or what its start raised}``, started together."""
+        results = await asyncio.gather(*(self._pod_informer(ns) for ns in namespaces), return_exceptions=True)
+        return dict(zip(namespaces, results, strict=True))
 
     def _team_namespace(self, team_name: str) -> str:
         team = self.runtime.catalog.teams.get(team_name)
