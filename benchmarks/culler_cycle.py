@@ -33,9 +33,11 @@ KubeSpawner-like server state, ``DELETE .../server`` (204), and gpulab's idle
 state and cycle endpoints (it accepts every claim): a real hub with 5,000
 running servers is not feasible on a benchmark machine.
 
-Wall time is the cycle's; CPU time is this process's (both cullers run here;
-Prometheus and the stand-in hub are other processes, so their CPU is not
-counted for either culler -- Prometheus' query time is inside gpulab's wall time).
+Wall time is the cycle's; CPU time is this process's (both cullers run here).
+Prometheus answers gpulab's query only, so its CPU during gpulab's cycle is
+reported and added on gpulab's side (``cpu_ratio_with_prometheus``); the
+stand-in hub's CPU while serving each culler (mostly the user listing) is
+reported for both, apart.
 
 Run::
 
@@ -299,7 +301,16 @@ async def timed(coro_factory) -> tuple[Any, float, float]:
     return result, time.perf_counter() - t0, time.process_time() - c0
 
 
-async def run(args, prom_url: str, at: float) -> dict[str, Any]:
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (its children not included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(args, prom_url: str, at: float, prom_pid: int) -> dict[str, Any]:
     from jupyterhub_idle_culler import cull_idle
     from traitlets.config import Config
 
@@ -340,9 +351,12 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
         for rep in range(args.repeat):
             for kind in CYCLES:
                 await control(base, kind)
+                prom0, hub0 = process_cpu(prom_pid), process_cpu(proc.pid)
                 summary, ours_wall, ours_cpu = await timed(ours.cycle)
+                prom_cpu, ours_hub_cpu = process_cpu(prom_pid) - prom0, process_cpu(proc.pid) - hub0
                 ours_req = (await control(base))["requests"]
                 await control(base, kind)
+                hub0 = process_cpu(proc.pid)
                 _, peer_wall, peer_cpu = await timed(
                     lambda: cull_idle(
                         url=base + "/hub/api",
@@ -353,6 +367,7 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                         api_page_size=PAGE_MAX,
                     )
                 )
+                peer_hub_cpu = process_cpu(proc.pid) - hub0
                 peer = await control(base)
                 peer_stopped = peer["stopped"]
                 # What each culler did, checked every time (a benchmark of wrong work means nothing).
@@ -376,6 +391,12 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
                         "peer_cpu_s": peer_cpu,
                         "wall_ratio": ours_wall / peer_wall,
                         "cpu_ratio": ours_cpu / peer_cpu,
+                        # Prometheus answers gpulab's query only: its CPU counts on gpulab's side.
+                        "prometheus_cpu_s": prom_cpu,
+                        "cpu_ratio_with_prometheus": (ours_cpu + prom_cpu) / peer_cpu,
+                        # The (stand-in) hub's CPU serving each culler's requests: the user listing.
+                        "gpulab_hub_cpu_s": ours_hub_cpu,
+                        "peer_hub_cpu_s": peer_hub_cpu,
                         "gpulab_hub_requests": sum(ours_req.values())
                         - sum(v for k, v in ours_req.items() if k.startswith("recorded")),
                         "peer_hub_requests": sum(peer["requests"].values()),
@@ -401,12 +422,24 @@ async def run(args, prom_url: str, at: float) -> dict[str, Any]:
         rs = [r for r in rows if r["cycle"] == kind]
         med = {
             k: statistics.median(r[k] for r in rs)
-            for k in ("gpulab_wall_s", "gpulab_cpu_s", "peer_wall_s", "peer_cpu_s")
+            for k in (
+                "gpulab_wall_s",
+                "gpulab_cpu_s",
+                "peer_wall_s",
+                "peer_cpu_s",
+                "prometheus_cpu_s",
+                "gpulab_hub_cpu_s",
+                "peer_hub_cpu_s",
+                "gpulab_answer_bytes",
+                "gpulab_hub_requests",
+                "peer_hub_requests",
+            )
         }
         out["cycles"][kind] = {
             **med,
             "wall_ratio": med["gpulab_wall_s"] / med["peer_wall_s"],
             "cpu_ratio": med["gpulab_cpu_s"] / med["peer_cpu_s"],
+            "cpu_ratio_with_prometheus": (med["gpulab_cpu_s"] + med["prometheus_cpu_s"]) / med["peer_cpu_s"],
         }
     return out
 
@@ -440,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp), args.servers, at, args.window, args.interval, rules=args.holes == "rule"
         )
         try:
-            result = asyncio.run(run(args, prom.url, at))
+            result = asyncio.run(run(args, prom.url, at, prom.proc.pid))
         finally:
             prom.stop()
     print(
@@ -486,7 +519,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"median {kind:8s} cycle: wall ratio {c['wall_ratio']:.2f}, CPU ratio {c['cpu_ratio']:.2f} "
             f"(gpulab {c['gpulab_wall_s']:.3f}s / {c['gpulab_cpu_s']:.3f}s CPU; "
-            f"jupyterhub-idle-culler {c['peer_wall_s']:.3f}s / {c['peer_cpu_s']:.3f}s CPU)"
+            f"jupyterhub-idle-culler {c['peer_wall_s']:.3f}s / {c['peer_cpu_s']:.3f}s CPU); "
+            f"with Prometheus' {c['prometheus_cpu_s']:.3f}s CPU on gpulab's side: CPU ratio "
+            f"{c['cpu_ratio_with_prometheus']:.2f}; hub CPU serving gpulab {c['gpulab_hub_cpu_s']:.3f}s, "
+            f"the peer {c['peer_hub_cpu_s']:.3f}s"
         )
     last = result["rows"][-1]
     print(

@@ -48,7 +48,7 @@ from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, serve_metrics
 from .nvml_source import NVMLSource
 from .plan import CyclePlan, CycleSummary, HubRead, decision_record, lifetimes_of, plan_cycle
-from .prometheus_source import AnswerTooLarge, PrometheusSource
+from .prometheus_source import AnswerTooLarge, NoSeries, PrometheusSource
 from .reclaim import record_and_reclaim
 from .sources import SourceUnavailable, UtilisationSource
 from .targets import ServerTarget, targets_from_users
@@ -314,7 +314,13 @@ class GPUIdleCuller(Application):
             data = await self.read_utilisation(targets, timeouts, read.now, summary)
         except SourceUnavailable as e:
             # Fail safe: no data means no decision at all -- no warning, no clear, no reclaim.
-            reason = "too-large" if isinstance(e, AnswerTooLarge) else "unavailable"
+            reason = (
+                "too-large"
+                if isinstance(e, AnswerTooLarge)
+                else "no-series"
+                if isinstance(e, NoSeries)
+                else "unavailable"
+            )
             self.metrics.errors.labels("source").inc()
             self.metrics.source_failures.labels(reason).inc()
             self.metrics.skipped.inc(len(targets))

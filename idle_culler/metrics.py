@@ -48,7 +48,7 @@ class CullerMetrics:
         self.source_failures = Counter(
             "gpulab_culler_source_failures",
             "Cycles that culled nothing because the utilisation source failed, by reason "
-            "(unavailable, too-large: see the log line for what to change).",
+            "(unavailable, too-large, no-series: see the log line for what to change).",
             ["reason"],
             registry=r,
         )

@@ -398,6 +398,14 @@ class PrometheusSource(UtilisationSource):
             if ahead is not None:
                 ahead.task.cancel()
             answer = await self.fetch(now, wanted, threshold_percent=threshold_percent, metrics=metrics, kai=kai)
+        if not any(by_pod or by_device for by_pod, by_device in answer.values()):
+            # Not "every server lost its series at once" (which would clear warnings and hold
+            # reclaims on no evidence): Prometheus, its scrape of dcgm-exporter or the selector broke.
+            raise NoSeries(
+                f"Prometheus answered no GPU series at all for the {len(targets)} GPU server(s) "
+                f"(metrics {', '.join(metrics)}{', ' + self.series_selector if self.series_selector else ''}): "
+                "check that it scrapes dcgm-exporter and that c.PrometheusSource.series_selector matches its series"
+            )
         return self.join(answer, targets, windows)
 
     async def fetch(
@@ -541,6 +549,10 @@ def _retrieve(future: asyncio.Future) -> None:
     """Mark a read ahead's exception as seen when the cycle ended before awaiting it."""
     if not future.cancelled():
         future.exception()
+
+
+class NoSeries(SourceUnavailable):
+    """Prometheus answered, with no series for any server: a broken scrape, not idle GPUs."""
 
 
 class AnswerTooLarge(SourceUnavailable):

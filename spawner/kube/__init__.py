@@ -1,7 +1,8 @@
 """Kubernetes: ``gpu-kube``, the GPUKubeSpawner on top of KubeSpawner.
 
 Read first: :mod:`.spawner` (the spawner: profiles from the catalog, admission,
-the pod's share); :mod:`.ledger` rebuilds the ledger from labelled pods,
+the pod's share); :mod:`.ledger` rebuilds the ledger from labelled pods, seen by
+:mod:`.informer`'s list-once watches,
 :mod:`.conventions` holds KubeSpawner's and z2jh's names. Importing this package
 imports KubeSpawner.
 
@@ -17,11 +18,13 @@ from .conventions import (
     quota_refusal_message,
     user_template_fields,
 )
+from .informer import GPUPodInformer
 from .ledger import GPUPodReflector, workload_from_pod
 from .spawner import GPUKubeSpawner
 
 __all__ = [
     "GPUKubeSpawner",
+    "GPUPodInformer",
     "GPUPodReflector",
     "expand_user_template",
     "privileged_containers",

@@ -11,8 +11,11 @@ KubeSpawner's own code create, watch and delete the pod.
 - ``load_user_options`` (KubeSpawner runs it first thing in ``_start``)
   validates the request and reserves quota before any object is created.
 - The ledger is rebuilt from labelled pods (``gpulab.io/gpu-milli``) seen by
-  KubeSpawner-style reflectors over the teams' namespaces: started once per
-  hub process, so a spawn costs no extra API request.
+  one informer per team namespace (or one in all namespaces), started once per
+  hub process, so a spawn costs no extra API request. The same informer is
+  KubeSpawner's pod reflector, and both it and the event reflector list once
+  and then resume their watches (:mod:`.informer`): a hub makes fewer list and
+  watch requests than a plain KubeSpawner hub.
 
 Configure with ``c.JupyterHub.spawner_class = "gpu-kube"`` (see docs/kubernetes.md).
 """
@@ -58,8 +61,9 @@ from .conventions import (
     privileged_containers,
     profile_list_conflict,
 )
+from .informer import EventInformer
 from .kai_queues import kai_queue_exists, missing_queue_sentence
-from .ledger import _LOADED_RUNTIMES, ClusterLedger, api_message
+from .ledger import _LOADED_RUNTIMES, POD_INFORMER, ClusterLedger, api_message
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 #: The spawner whose ``_start`` this code runs in, if any (see :meth:`GPUKubeSpawner.stop`).
@@ -178,6 +182,26 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         #: The spawn form's queue and right-size parts (:func:`spawner.queue_page.queue_form_parts`).
         self._queue_parts: dict[str, Any] = {}
         self.gpu_spec: PodGPUSpec | None = None
+
+    # -- KubeSpawner's reflectors -------------------------------------------
+
+    def _get_reflector_key(self, kind: str) -> tuple[str, str | None]:
+        """KubeSpawner's pod reflector is the ledger's pod informer (one watch, not two);
+        with a cluster-wide watch both pods and events are watched once for all namespaces."""
+        ns = None if self._watches_all_namespaces() else self.namespace
+        return (POD_INFORMER if kind == "pods" else kind, ns)
+
+    async def _start_watching_pods(self, replace: bool = False) -> Any:
+        return await self._pod_informer(None if self._watches_all_namespaces() else self.namespace, replace)
+
+    async def _start_watching_events(self, replace: bool = False) -> Any:
+        return await self._start_reflector(
+            kind="events",
+            reflector_class=EventInformer,
+            fields={"involvedObject.kind": "Pod"},
+            omit_namespace=self._watches_all_namespaces(),
+            replace=replace,
+        )
 
     # -- the core's view ---------------------------------------------------
 
@@ -560,11 +584,33 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             except Exception:
                 self.log.exception("gpulab: cannot read GPU usage from the cluster; polling %s anyway", self._log_name)
         status = await super().poll()
+        if status is not None and self._granted is None and self.pod_name:
+            status = await self._poll_unlabelled_pod(status)
         if status is None:
             w = self.runtime.ledger.get(self.workload_key)
             if w is not None and w.state != "running":
                 await self._confirm_if_seen()
         return status
+
+    async def _poll_unlabelled_pod(self, status: int) -> int | None:
+        """A server gpulab never granted (started by plain KubeSpawner before the hub
+        switched to gpulab) has a pod without gpulab's labels, which the pod informer does
+        not see: read it, so the hub does not forget a server that still runs."""
+        try:
+            pod = await self.api.read_namespaced_pod(self.pod_name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return status
+            raise
+        if (pod.status and pod.status.phase in ("Succeeded", "Failed")) or pod.metadata.deletion_timestamp:
+            return status
+        self.log.info(
+            "gpulab: %s runs in pod %s/%s from before gpulab (no gpulab labels); read it directly",
+            self._log_name,
+            self.namespace,
+            self.pod_name,
+        )
+        return None
 
     async def progress(self):
         """KubeSpawner's progress events, with the scheduler's refusals in plain words."""

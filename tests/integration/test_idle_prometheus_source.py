@@ -14,7 +14,7 @@ import time
 import pytest
 
 from idle_culler.dcgm_exporter_source import DCGMExporterSource
-from idle_culler.prometheus_source import PrometheusSource
+from idle_culler.prometheus_source import NoSeries, PrometheusSource
 from idle_culler.sources import SourceUnavailable
 from idle_culler.targets import DEVICE, POD, ServerTarget
 from spawner.core.idle import BUSY, IDLE, MISSING, judge_gpu_idle
@@ -128,6 +128,17 @@ async def test_selector_limits_the_query(prometheus):
     data = await source.collect(TARGETS, time.time(), WINDOWS)
     assert source.queries == 1
     assert [k for k, v in data.items() if v] == ["gina/"]
+
+
+async def test_no_series_for_any_server_is_a_source_failure(prometheus):
+    """An answer without a single series (a broken scrape or selector) is not every server
+    losing its data at once: the cycle fails, so no warning is cleared and nothing is reclaimed."""
+    source = PrometheusSource(
+        scrape_interval=1.0, prometheus_url=prometheus.url, series_selector='namespace="no-such-namespace"'
+    )
+    with pytest.raises(NoSeries, match=r"no GPU series at all for the \d+ GPU server\(s\).*series_selector"):
+        await source.collect(TARGETS, time.time(), WINDOWS)
+    assert source.queries == 1
 
 
 async def test_dcgm_exporter_source_scrapes_directly(exporter):

@@ -302,6 +302,28 @@ def test_spawn_path_smoke(tmp_path, kube_testbed):
     assert "GPUKubeSpawner / KubeSpawner" in stdout
 
 
+@pytest.mark.kube
+def test_kube_scale_smoke(tmp_path, kube_testbed):
+    """Every part of the scale benchmark runs on the suite's bed, tiny (no timing asserted)."""
+    doc, stdout = run_bench("kube_scale.py", tmp_path, "--smoke", timeout=300)
+    w = doc["watches"]
+    assert set(w) == {"gpulab-ns", "plain-ns", "gpulab-all", "plain-all"}
+    # One pod and one event watch for all namespaces; per namespace, gpulab's pod informer
+    # serves KubeSpawner too (teams + the hub's namespace, and an event watch per spawn namespace).
+    assert w["gpulab-all"]["reflectors"] == 2 and w["plain-all"]["reflectors"] == 2
+    assert w["gpulab-ns"]["reflectors"] == 2 * doc["teams"] + 1
+    assert w["gpulab-ns"]["lists"] == w["gpulab-ns"]["reflectors"]  # each listed once
+    for name, r in doc["restart"].items():
+        assert r["polls_running"] == doc["pods"] and r["first_spawn"] == "Running", (name, r)
+        if name.startswith("gpulab"):
+            assert r["ledger_exact"] is True, (name, r)
+    for name, r in doc["storm"].items():
+        assert r["running"] + r["refused"] == r["users"] and not r["over_quota_teams"], (name, r)
+    assert [p["pods"] for p in doc["page"]] == [10, doc["pods"]]
+    assert doc["bed_idle"]["rss_mib"]["kube-apiserver"] > 0
+    assert "Watches:" in stdout and "Hub restart" in stdout
+
+
 # -- login to JupyterLab --------------------------------------------------------
 
 

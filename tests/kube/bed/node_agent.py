@@ -70,10 +70,10 @@ from tests.kube.bed import pod_sandbox
 from tests.kube.bed.kubelet_devices import Admitted, NodeDevices, Rejection, visible_devices
 from tests.kube.bed.pod_network import PodNetwork
 from tests.kube.bed.pod_sandbox import field_value
+from tests.kube.bed.scale import heartbeat_plan, scaled_nodes
 
 log = logging.getLogger("node-agent")
 KUBE_VERSION = os.environ.get("GPULAB_KUBE_VERSION", "v1.36.3")
-LEASE_SECONDS = 40
 SERVER_COMMANDS = ("jupyterhub-singleuser",)
 #: KAI's GPU reservation pods: their container's name and the annotation its program writes
 #: (NVIDIA/KAI-Scheduler v0.20.1 pkg/binder/binding/resourcereservation/resource_reservation.go).
@@ -128,6 +128,7 @@ class NodeAgent:
         self.cluster_domain = cluster_domain
         self.network = network
         self.netns: dict[str, str] = {}  # pod uid -> its network namespace
+        self.plan = heartbeat_plan(len(nodes))
         for name in self.kubelets:
             self.publish_pod_resources(name)
 
@@ -148,32 +149,43 @@ class NodeAgent:
 
     # -- nodes ---------------------------------------------------------------
     async def register(self) -> None:
-        for spec in self.nodes:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": spec["name"],
-                    "labels": {
-                        "kubernetes.io/hostname": spec["name"],
-                        "kubernetes.io/os": "linux",
-                        "kubernetes.io/arch": "amd64",
-                        "type": "gpulab-testbed",
-                        **spec.get("labels", {}),
-                    },
+        """Create (or update) every node and post its status, a few at a time."""
+        gate = asyncio.Semaphore(16)
+
+        async def one(spec: dict[str, Any]) -> None:
+            async with gate:
+                await self.register_node(spec)
+
+        await asyncio.gather(*(one(spec) for spec in self.nodes))
+        log.info("registered %d nodes", len(self.nodes))
+
+    async def register_node(self, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": spec["name"],
+                "labels": {
+                    "kubernetes.io/hostname": spec["name"],
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "gpulab-testbed",
+                    **spec.get("labels", {}),
                 },
-                "spec": {"taints": spec.get("taints", [])},
-            }
-            try:
-                await self.core.create_node(body)
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-                await self.core.patch_node(
-                    spec["name"],
-                    {"metadata": {"labels": body["metadata"]["labels"]}, "spec": {"taints": body["spec"]["taints"]}},
-                )
-            await self.node_status(spec)
+            },
+            "spec": {"taints": spec.get("taints", [])},
+        }
+        try:
+            await self.core.create_node(body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            await self.core.patch_node(
+                spec["name"],
+                {"metadata": {"labels": body["metadata"]["labels"]}, "spec": {"taints": body["spec"]["taints"]}},
+            )
+        await self.node_status(spec)
+        if len(self.nodes) <= 50:
             log.info("registered node %s", spec["name"])
 
     async def node_status(self, spec: dict[str, Any]) -> None:
@@ -231,23 +243,34 @@ class NodeAgent:
         await self.core.patch_node_status(spec["name"], status)
 
     async def heartbeat(self) -> None:
+        """Each node's Lease every ``renew_seconds`` and its status every ``status_seconds``,
+        the nodes' writes spread evenly over the period (tests/kube/bed/scale.py)."""
+        plan = self.plan
+        gap = plan.renew_seconds / max(1, len(self.nodes))
+        every = max(1, round(plan.status_seconds / plan.renew_seconds))
         tick = 0
         while True:
-            for spec in self.nodes:
+            started = asyncio.get_running_loop().time()
+            for i, spec in enumerate(self.nodes):
                 try:
                     await self.renew_lease(spec["name"])
-                    if tick % 3 == 0:
+                    if tick % every == 0 and tick:
                         await self.node_status(spec)
                 except Exception as e:  # keep beating for the other nodes
                     log.warning("heartbeat for %s failed: %s", spec["name"], e)
+                if len(self.nodes) > 50:
+                    lag = started + (i + 1) * gap - asyncio.get_running_loop().time()
+                    if lag > 0:
+                        await asyncio.sleep(lag)
             tick += 1
-            await asyncio.sleep(10)
+            rest = started + plan.renew_seconds - asyncio.get_running_loop().time()
+            await asyncio.sleep(max(0.0, rest))
 
     async def renew_lease(self, name: str) -> None:
         t = now().isoformat().replace("+00:00", "Z")
         body = {
             "metadata": {"name": name, "namespace": "kube-node-lease"},
-            "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": t},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": self.plan.lease_seconds, "renewTime": t},
         }
         try:
             await self.coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": body["spec"]})
@@ -633,7 +656,7 @@ def terminal_status(pod: client.V1Pod, exit_code: int, reason: str) -> dict[str,
 
 async def amain(args: argparse.Namespace) -> None:
     await config.load_kube_config(config_file=args.kubeconfig)
-    nodes = yaml.safe_load(Path(args.nodes).read_text())["nodes"]
+    nodes = scaled_nodes(yaml.safe_load(Path(args.nodes).read_text())["nodes"], args.nodes_total)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     async with client.ApiClient() as api:
@@ -668,6 +691,9 @@ def main() -> None:
     p.add_argument("--nodes", required=True)
     p.add_argument("--work-dir", required=True)
     p.add_argument("--pod-ip-prefix", default="127.77.")
+    p.add_argument(
+        "--nodes-total", type=int, default=0, help="register this many nodes, cycling through --nodes (0: as listed)"
+    )
     p.add_argument("--pod-resources-dir", help="where each node's PodResources List answer is written (JSON)")
     p.add_argument(
         "--image-env", action="append", default=[], help="IMAGE=DIR: containers of IMAGE run in the Python at DIR"

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube.bed.pki import kubeconfig_for, make_pki
+from tests.kube.bed.scale import heartbeat_plan, node_count, scaled_nodes
 from tests.support import REPO
 from tests.support.ports import free_port
 
@@ -454,6 +455,9 @@ def _up(address: str, state_dir: Path) -> Testbed:
         ],
     )
     _wait("kube-apiserver /readyz", tb.ready, 120, tb, "kube-apiserver")
+    # At scale the node agent renews Leases less often: the controller waits as much longer.
+    plan = heartbeat_plan(max(node_count(), 1))
+    grace = [f"--node-monitor-grace-period={plan.grace_seconds}s"] if plan.grace_seconds else []
     _spawn(
         tb,
         "kube-controller-manager",
@@ -475,6 +479,7 @@ def _up(address: str, state_dir: Path) -> Testbed:
             # Quota usage is what admission checks against: recompute it promptly.
             "--resource-quota-sync-period=15s",
             "--concurrent-job-syncs=10",
+            *grace,
         ],
     )
     _spawn(
@@ -539,6 +544,8 @@ def _up(address: str, state_dir: Path) -> Testbed:
             bridge,
             "--cluster-domain",
             coredns.CLUSTER_DOMAIN,
+            "--nodes-total",
+            str(node_count()),
         ],
         env={
             "PYTHONPATH": str(REPO),
@@ -553,7 +560,13 @@ def _up(address: str, state_dir: Path) -> Testbed:
         tb,
         "kube-controller-manager",
     )
-    _wait("every test bed node Ready (node agent up)", lambda: _nodes_ready(tb), 120, tb, "node-agent")
+    _wait(
+        "every test bed node Ready (node agent up)",
+        lambda: _nodes_ready(tb),
+        120 + node_count() / 10,
+        tb,
+        "node-agent",
+    )
     _wait("the scheduler's /healthz", lambda: _healthz(tb, ports["scheduler"]), 60, tb, "kube-scheduler")
     _wait("the user-scheduler's /healthz", lambda: _healthz(tb, ports["user-scheduler"]), 60, tb, "user-scheduler")
     from tests.kube.bed import kueue, training_operators
@@ -585,8 +598,10 @@ def _digest(data: Any) -> str:
 
 
 def _nodes_digest() -> str:
-    """The nodes and the code that plays their kubelet: a running bed whose either changed is restarted."""
+    """The nodes, their number and the code that plays their kubelet: a running bed whose
+    any changed is restarted."""
     h = hashlib.sha256(NODES_FILE.read_bytes())
+    h.update(str(node_count()).encode())
     for name in ("node_agent.py", "kubelet_devices.py", "pod_sandbox.py", "pod_network.py"):
         h.update(NODES_FILE.with_name(name).read_bytes())
     return "sha256:" + h.hexdigest()[:16]
@@ -603,7 +618,7 @@ def _exists(tb: Testbed, path: str) -> bool:
 def _nodes_ready(tb: Testbed) -> bool:
     import yaml
 
-    want = {n["name"] for n in yaml.safe_load(NODES_FILE.read_text())["nodes"]}
+    want = {n["name"] for n in scaled_nodes(yaml.safe_load(NODES_FILE.read_text())["nodes"], node_count())}
     try:
         nodes = tb.request("GET", "/api/v1/nodes", timeout=3)["items"]
     except Exception:
