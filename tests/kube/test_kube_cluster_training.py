@@ -130,8 +130,9 @@ def training_hub(release: Release, workdir: Path, homes: Path, engine: str, guar
         "home_dir_template": str(homes / "{username}"),
         "kueue_enabled": True,
         "kube_training_engine": engine,
+        # The chart's name for it (NOTES.txt says so to the admin): the release's own.
         "kube_training_runtime": release.values.get("training", {}).get("runtime", {}).get("name")
-        or "gpulab-torch-distributed",
+        or f"{release.name}-torch-distributed",
     }
     site = {"hub": {"config": {"GPULabJobs": jobs}}}
     return bed_hub(workdir, release.hub_namespace, release.hub_kubeconfig, yaml.safe_dump(catalog), site)

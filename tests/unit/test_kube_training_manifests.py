@@ -159,9 +159,17 @@ def test_the_charts_runtime_keeps_trainers_torch_runtime_and_adds_gpulabs_failur
     job and container names, which the TrainJob's patch names) plus the failure policy."""
     from tests.support.helm import CHART, helm
 
-    rendered = helm("template", "x", str(CHART), "--set", "training.enabled=true").stdout
-    (ours,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterTrainingRuntime"]
-    assert ours["metadata"]["name"] == "gpulab-torch-distributed"
+    from hub_config.jobs.settings import GPULabJobs
+
+    def runtimes(release: str) -> list[dict]:
+        rendered = helm("template", release, str(CHART), "--set", "training.enabled=true").stdout
+        return [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterTrainingRuntime"]
+
+    # Cluster-scoped, so named after the release (two releases share a cluster); release
+    # gpulab's is the hub's default.
+    (ours,) = runtimes("gpulab")
+    assert ours["metadata"]["name"] == GPULabJobs().kube_training_runtime == "gpulab-torch-distributed"
+    assert [r["metadata"]["name"] for r in runtimes("staging")] == ["staging-torch-distributed"]
     assert ours["spec"]["mlPolicy"] == torch_runtime["spec"]["mlPolicy"]
     (node,) = ours["spec"]["template"]["spec"]["replicatedJobs"]
     (theirs,) = torch_runtime["spec"]["template"]["spec"]["replicatedJobs"]
