@@ -157,9 +157,8 @@ def test_the_strict_check_finds_a_field_the_api_server_would_prune():
 def test_the_charts_runtime_keeps_trainers_torch_runtime_and_adds_gpulabs_failure_policy(torch_runtime):
     """The chart's ClusterTrainingRuntime is Trainer's torch one (its ML policy, its replicated
     job and container names, which the TrainJob's patch names) plus the failure policy."""
-    from tests.support.helm import CHART, helm
-
     from hub_config.jobs.settings import GPULabJobs
+    from tests.support.helm import CHART, helm
 
     def runtimes(release: str) -> list[dict]:
         rendered = helm("template", release, str(CHART), "--set", "training.enabled=true").stdout
