@@ -69,10 +69,12 @@ def test_spawn_page_refusal_progress_and_start_again(hub, browser):
     one = profile(page, "vision:h100-1")
     assert page.locator("#gpulab-vision--h100-1").is_disabled()
     todo = one.locator(".gpulab-todo").inner_text()
+    # The what-to-do line ends with the offer to wait in line ("Queue me", a button).
     assert todo == (
         "Start 0.5 × H100, which fits now, try again when quota frees (when someone in team vision "
-        f"stops a server), or ask {CONTACT} about team vision's quota."
+        f"stops a server), or ask {CONTACT} about team vision's quota. Queue me"
     )
+    assert one.locator(".gpulab-todo button").inner_text() == "Queue me"
     page.screenshot(path=str(SHOTS / "spawn-page.png"), full_page=True)
 
     # Forcing the disabled profile: refused in a sentence, the choice stays selected.

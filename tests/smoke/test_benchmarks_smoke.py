@@ -363,14 +363,33 @@ def test_log_read_smoke(tmp_path):
     assert "mediator as the account" in stdout
 
 
-def test_queue_prediction_smoke(tmp_path):
-    doc, stdout = run_bench("queue_prediction.py", tmp_path, "--smoke")
-    assert doc["smoke"] is True and doc["history"]["queued"] > 0
+def check_queue_prediction(doc: dict) -> None:
+    assert doc["history"]["queued"] > 0
     # with the true session lengths the queue model predicts the replay's starts exactly:
     # what error remains comes from the recorded-length estimate alone
     assert doc["oracle"]["predicted"] == doc["oracle"]["queued"]
     assert doc["oracle"]["median_abs_error_min"] == 0
     assert 0 <= doc["history"]["within_15_min_share"] <= 1
+
+
+@pytest.mark.skipif(not HAVE_TRACE, reason=f"Alibaba trace not found in {TRACE_DIR}")
+def test_queue_prediction_smoke(tmp_path):
+    doc, stdout = run_bench("queue_prediction.py", tmp_path, "--smoke")
+    assert doc["smoke"] is True
+    check_queue_prediction(doc)
+
+
+def test_queue_prediction_on_a_small_trace_in_the_same_format(tmp_path):
+    """Forty whole-GPU sessions of 5 to 40 minutes, one every 2 minutes, on a pool of 3 GPUs:
+    a queue forms, and the replay runs wherever the Alibaba files are not beside the checkout."""
+    rows = ["name,gpu_milli,num_gpu,gpu_spec,qos,creation_time,deletion_time"]
+    for i in range(40):
+        start = 120 * i
+        rows.append(f"task-{i},1000,1,,LS,{start},{start + 300 + (i * 7919) % 2100}")
+    (tmp_path / "openb_pod_list_gpushare40.csv").write_text("\n".join(rows) + "\n")
+    doc, stdout = run_bench("queue_prediction.py", tmp_path, "--trace-dir", str(tmp_path), "--gpus", "3")
+    assert doc["tasks"] == 40
+    check_queue_prediction(doc)
 
 
 @pytest.mark.integration

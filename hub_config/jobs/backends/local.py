@@ -90,6 +90,8 @@ class LocalJobBackend(JobConfinement, JobBackend):
         self.pids: dict[int, int] = {}
         #: job id -> (uid, start time) of its runner: what its pid must still name.
         self.identities: dict[int, tuple[int | None, int | None]] = {}
+        #: Why a gone runner left no exit status, where that is not "it exited" (a restart).
+        self.gone_reasons: dict[int, str] = {}
         #: job id -> (SIGKILL deadline, state to enter once the process is gone or None).
         self.stopping: dict[int, tuple[float, str | None]] = {}
         #: victim job id -> the training job it was preempted for.
@@ -280,6 +282,7 @@ class LocalJobBackend(JobConfinement, JobBackend):
         self.pids.pop(job_id, None)
         self.procs.pop(job_id, None)
         self.identities.pop(job_id, None)
+        self.gone_reasons.pop(job_id, None)
         self._release_devices(job_id)
 
     def _reap(self) -> None:
@@ -303,10 +306,8 @@ class LocalJobBackend(JobConfinement, JobBackend):
             if rec is not None and rec.state == jobspec.RUNNING:
                 oom = self._oom_note(job_id)  # read before its cgroup goes
                 # It forgets the runner once the outcome is written; a failed write tries again.
-                self._spawn(
-                    job_id,
-                    self._finish_from_status(rec, gone_reason="the runner exited without an exit status", note=oom),
-                )
+                gone = self.gone_reasons.get(job_id, "the runner exited without an exit status")
+                self._spawn(job_id, self._finish_from_status(rec, gone_reason=gone, note=oom))
             else:
                 self._forget(job_id)
 
@@ -320,8 +321,13 @@ class LocalJobBackend(JobConfinement, JobBackend):
                     home_files.read_beneath, str(self.state_dir), str(path), 0, MAX_STATUS_BYTES, MAX_STATUS_BYTES
                 )
         except jobspec.JobSpecError as e:  # the owner's mediator did not answer: say so, on this job only
-            if is_busy(e):  # nothing was asked: the next tick reads it (the runner stays known, gone)
+            if is_busy(e):  # nothing was asked: a later tick's reap reads it
                 log.info("gpulab jobs: job %d: exit status read later: %s", rec.id, e)
+                # Known as a gone runner, so the reap asks again (after a restart it was not
+                # tracked at all), with this reason; no identity: it is known to be gone.
+                self.pids.setdefault(rec.id, rec.pid or 0)
+                self.identities.setdefault(rec.id, (None, None))
+                self.gone_reasons[rec.id] = gone_reason
                 await asyncio.sleep(self.settings.poll_interval)  # held busy meanwhile: no tight retry
                 return
             state, reason = jobspec.FAILED, f"its exit status could not be read: {e}"
