@@ -69,6 +69,9 @@ def test_spawn_progress_and_home_pages(hub: RunningHub, browser):
         check(page, "progress", theme)
     hub.wait_server("alice")
     for theme, (_, page) in pages.items():
+        # The progress page goes to the server by itself once it is ready (JupyterHub's
+        # spawn_pending.html): let it, or that navigation interrupts the next one.
+        page.wait_for_url("**/user/alice/**", timeout=90_000)
         page.goto(hub.url + "/hub/home")
         check(page, "home", theme)
     for ctx, _ in pages.values():
