@@ -138,7 +138,13 @@ def admitted_flavor(kube: Cluster, ns: str, job_name: str) -> str:
         return podset["flavors"]["nvidia.com/gpu"]
 
     flavor = kube.wait(done, f"Kueue to admit {ns}/{job_name}", 60)
-    assert kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{job_name}")["spec"]["suspend"] is False
+    # Kueue records the admission on the Workload first and its job reconciler unsuspends
+    # the Job in a later reconcile, so the Job is read until it follows, not at once.
+    kube.wait(
+        lambda: kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{job_name}")["spec"]["suspend"] is False,
+        f"Kueue to unsuspend the admitted Job {ns}/{job_name}",
+        30,
+    )
     return flavor
 
 
