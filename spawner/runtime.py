@@ -185,6 +185,10 @@ def _forget_choice(user: str, team: str, profile: str, image: str) -> None:
     return None
 
 
+def _no_pod(key: str) -> tuple[str, str] | None:
+    return None
+
+
 def _no_identity_teams(user: str, groups: list[str]) -> tuple[str, ...]:
     return ()
 
@@ -248,6 +252,10 @@ class GPULabRuntime:
         #: ``right_size(user, profile) -> str``: the right-size line for ``user`` about to start
         #: ``profile`` ('' when none), from their recorded sessions; the hub installs the reader.
         self.right_size: Callable[[str, Any], str] = _no_right_size
+        #: ``workload_pod(key) -> (namespace, pod) | None``: the pod a workload runs in, as the
+        #: cluster names it (Kubernetes: GPUKubeSpawner installs its pod informers' reader; the
+        #: hub's session GPU recorder keys the session's dcgm-exporter series by it).
+        self.workload_pod: Callable[[str], tuple[str, str] | None] = _no_pod
         #: ``c.GPULab.data_disks`` and ``min_free_disk_mib`` (in bytes): see :meth:`disk_full`.
         self.data_disks: dict[str, str] = {}
         self.min_free_disk_bytes = 0

@@ -20,6 +20,7 @@ from hub_config.domain.idle_records import idle_facts, reclaim_notice_for
 from hub_config.domain.last_choice import last_choice, remember_choice
 from hub_config.domain.queue_runner import attach as attach_queue
 from hub_config.domain.right_size import right_size_line
+from hub_config.domain.session_gpu import attach as attach_session_gpu
 from hub_config.domain.session_history import job_time_limits, warned_reclaims
 from hub_config.domain.usage_records import GPULabUsage
 from hub_config.domain.usage_records import attach as attach_usage
@@ -32,7 +33,7 @@ HOOK = "hub_config.config.runtime.attach_runtime"
 
 def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     """``c.GPULab.runtime_hooks`` entry: stored catalog, usage history, the culler's notices
-    and state, each user's last started choice, the spawn queue with its runner, the GPU-hour
+    and state, each Kubernetes session's GPU use (Prometheus), each user's last started choice, the spawn queue with its runner, the GPU-hour
     budgets and the identity rules."""
     config: Any = settings.config
     sessions = session_factory(config)
@@ -42,6 +43,7 @@ def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
         runtime.set_catalog(catalog)
     runtime.catalog_store = store
     runtime.usage = attach_usage(runtime, sessions, config)
+    attach_session_gpu(runtime, sessions, config)  # after the usage recorder: it reads its intervals
     runtime.reclaim_notice = reclaim_notice_for
     runtime.idle_facts = idle_facts(config)
     runtime.last_choice = partial(last_choice, sessions)

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hub_config.domain.idle_records import IdleWarningRow
+from hub_config.domain.session_gpu import MEASURED, SessionGPU
 from hub_config.domain.usage_records import UsageInterval, UtilisationSample
 from hub_config.jobs.models import JobRecord
 from hub_config.storage.db import to_epoch
@@ -57,7 +58,9 @@ def open_since(sessions: sessionmaker[Session]) -> dict[str, float]:
 
 
 def session_uses(sessions: sessionmaker[Session], user: str, profile: str, limit: int = 10) -> list[SessionUse]:
-    """``user``'s newest ``limit`` finished sessions of ``profile`` with the samples recorded in them."""
+    """``user``'s newest ``limit`` finished sessions of ``profile`` with what was recorded of their
+    GPUs: the NVML samples taken in them (single server), or the peak and p95 Prometheus
+    answered at their end (Kubernetes, :mod:`.session_gpu`; only ``measured`` ones)."""
     with sessions() as s:
         intervals = s.scalars(
             select(UsageInterval)
@@ -75,6 +78,11 @@ def session_uses(sessions: sessionmaker[Session], user: str, profile: str, limit
                 )
             ).all()
             memory = [m for _, m in samples if m is not None]
+            measured = s.scalars(
+                select(SessionGPU).where(SessionGPU.usage_id == iv.id, SessionGPU.state == MEASURED)
+            ).first()
+            if measured is not None and measured.peak_memory_mib is not None:
+                memory.append(measured.peak_memory_mib)
             out.append(
                 SessionUse(
                     profile=iv.profile,
@@ -82,6 +90,8 @@ def session_uses(sessions: sessionmaker[Session], user: str, profile: str, limit
                     ended_at=to_epoch(iv.ended_at) if iv.ended_at else 0.0,
                     peak_memory_mib=max(memory) if memory else None,
                     util_samples=tuple(u for u, _ in samples),
+                    util_p95=measured.util_p95 if measured is not None else None,
+                    device_memory_mib=measured.device_memory_mib if measured is not None else None,
                 )
             )
     return out

@@ -7,7 +7,8 @@ advice, never applied: the user picks.
 The rule, per profile the user is about to start:
 
 * the evidence is the user's last ``window`` finished sessions of that profile for which
-  the utilisation source reported both GPU memory and utilisation samples; fewer than
+  the utilisation source reported both GPU memory and utilisation (samples, or the
+  session's p95 where the source computes it: Prometheus on Kubernetes); fewer than
   ``min_sessions`` such sessions: no hint (no memory reported means no hint: a fraction
   gives less memory, and gpulab never guesses a peak);
 * a smaller profile of the same team and GPU model would have done when its memory holds
@@ -16,6 +17,11 @@ The rule, per profile the user is about to start:
   placed on (what NVML and DCGM report), so a fraction's figure includes its neighbours'
   work: the hint can only be too cautious, never too eager;
 * of the profiles that would have done, the smallest is named.
+
+The utilisation p95 of the evidence is that of all its samples pooled; sessions that bring
+only their own p95 count with the highest of those. That is never below the pooled p95
+(in each session at most 5 % of the time was above its p95, so at most 5 % of all the
+time was above the highest), so it too can only make the hint more cautious.
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ class SessionUse:
     peak_memory_mib: float | None
     #: Utilisation samples in percent of the session's device(s).
     util_samples: tuple[float, ...] = ()
+    #: The session's utilisation p95 as its source computed it (Prometheus'
+    #: ``quantile_over_time`` on Kubernetes), where it keeps no samples of its own.
+    util_p95: float | None = None
+    #: Memory of one of the session's devices as its source reported it (dcgm-exporter's
+    #: used + free frame buffer), MiB; ``None``: not reported (the catalog's figure is used).
+    device_memory_mib: float | None = None
+
+    @property
+    def has_utilisation(self) -> bool:
+        return bool(self.util_samples) or self.util_p95 is not None
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(ordered[rank - 1])
 
 
+def evidence_p95(evidence: Iterable[SessionUse]) -> float:
+    """The utilisation p95 of sessions: of their pooled samples, or the highest p95 a session
+    brought where that is higher (an upper bound of the pooled p95 of all their time)."""
+    sessions = list(evidence)
+    pooled = [u for s in sessions for u in s.util_samples]
+    bounds = [s.util_p95 for s in sessions if s.util_p95 is not None and not s.util_samples]
+    candidates = ([percentile(pooled, 95)] if pooled else []) + bounds
+    if not candidates:
+        raise ValueError("no utilisation in these sessions")
+    return max(candidates)
+
+
 def right_size_hint(
     profile: Profile,
     candidates: Iterable[Profile],
@@ -88,7 +116,7 @@ def right_size_hint(
         (
             s
             for s in sessions
-            if s.profile == profile.slug and s.peak_memory_mib is not None and s.util_samples and s.gpu_milli > 0
+            if s.profile == profile.slug and s.peak_memory_mib is not None and s.has_utilisation and s.gpu_milli > 0
         ),
         key=lambda s: -s.ended_at,
     )[: max(1, window)]
@@ -98,7 +126,7 @@ def right_size_hint(
     if not memory:
         return None
     peak = max(float(s.peak_memory_mib or 0.0) for s in evidence)
-    util_p95 = percentile([u for s in evidence for u in s.util_samples], 95)
+    util_p95 = evidence_p95(evidence)
     # Utilisation is a percentage of whole devices: a fraction's session used at most
     # util % of one device, a 2-GPU session util % of two.
     devices = max(1, math.ceil(profile.gpu_milli / MILLI_PER_GPU))

@@ -95,6 +95,8 @@ class ResumingWatch(ResourceReflector):
         self.api = watch_client(self.api_group_name)
         self._derived_by_ref: dict[str, Any] = {}
         self._derived_by_key: dict[str, Any] = {}
+        #: Workload key -> ``namespace/name`` of the pod it was derived from.
+        self._ref_by_key: dict[str, str] = {}
 
     async def _list_and_update(self, resource_version: str | None = None) -> str:
         rv = await super()._list_and_update(resource_version)
@@ -146,6 +148,7 @@ class ResumingWatch(ResourceReflector):
     def _derive_all(self) -> None:
         self._derived_by_ref = {}
         self._derived_by_key = {}
+        self._ref_by_key = {}
         for ref_key, obj in list(self.resources.items()):
             self._derive(ref_key, obj)
 
@@ -157,10 +160,16 @@ class ResumingWatch(ResourceReflector):
             old_key = str(getattr(old, "key", ""))
             if self._derived_by_key.get(old_key) is old:
                 del self._derived_by_key[old_key]
+                self._ref_by_key.pop(old_key, None)
         new: Any = self.derive(obj) if obj is not None else None
         if new is not None:
             self._derived_by_ref[ref_key] = new
             self._derived_by_key[new.key] = new
+            self._ref_by_key[new.key] = ref_key
+
+    def ref_of(self, key: str) -> str | None:
+        """``namespace/name`` of the pod that stands for the workload ``key`` (``None``: none held)."""
+        return self._ref_by_key.get(key)
 
     async def _watch_once(self) -> None:
         """One watch request from ``resource_version``, until the API server ends it."""

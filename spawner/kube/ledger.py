@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client.rest import ApiException
@@ -47,6 +48,19 @@ def workload_from_pod(pod: dict) -> Workload | None:
     return gl.workload_from_labels(
         md.get("labels") or {}, md.get("annotations") or {}, fallback_key=f"pod:{md.get('namespace')}/{md.get('name')}"
     )
+
+
+def pod_of_workload(reflectors: dict[Any, Any], key: str) -> tuple[str, str] | None:
+    """``(namespace, pod)`` of the pod a running workload ``key`` is, from the pod informers in
+    ``reflectors`` (KubeSpawner's class-level dict); ``None`` when no informer holds it."""
+    for (kind, _ns), informer in list(reflectors.items()):
+        if kind != POD_INFORMER:
+            continue
+        ref = informer.ref_of(key)
+        if ref is not None:
+            namespace, _, name = ref.partition("/")
+            return namespace, name
+    return None
 
 
 def api_message(e: ApiException) -> str:
@@ -109,6 +123,8 @@ class ClusterLedger:
             informer = GPUPodInformer(parent=self, namespace=ns, omit_namespace=ns is None)
             informer.derive = workload_from_pod
             self.__class__.reflectors[key] = informer
+            # The hub's session GPU recorder finds each session's dcgm-exporter series by its pod.
+            self.runtime.workload_pod = partial(pod_of_workload, self.__class__.reflectors)
             try:
                 await informer.start()
             except BaseException:
