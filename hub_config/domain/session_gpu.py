@@ -142,6 +142,8 @@ class SessionGPU(Base):
     #: Utilisation p95 over the session, percent of its GPUs (averaged over them).
     util_p95: Mapped[float | None] = mapped_column(Float, nullable=True)
     samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: The GPUs the figures are of, as dcgm-exporter's labels name them ("; " between them).
+    devices: Mapped[str] = mapped_column(String(1000), default="")
     reason: Mapped[str] = mapped_column(String(500), default="")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     measured_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
@@ -320,6 +322,7 @@ class SessionGPURecorder:
             row.attempts += 1
             if reading is not None:
                 row.samples = reading.samples
+                row.devices = "; ".join(reading.devices)[:1000]
                 if state == MEASURED:
                     row.peak_memory_mib = reading.peak_memory_mib
                     row.device_memory_mib = reading.device_memory_mib

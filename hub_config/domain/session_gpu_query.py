@@ -13,7 +13,11 @@ query at ``end`` answers four numbers, whatever the span:
 - ``util_p95``: ``quantile_over_time(0.95, ...)`` of ``DCGM_FI_DEV_GPU_UTIL`` averaged over
   the pod's GPUs (the single server's sampler averages them too);
 - ``samples``: the raw utilisation samples Prometheus holds for the span (``count_over_time``),
-  so a session Prometheus saw only part of is "unknown", never a peak it missed.
+  so a session Prometheus saw only part of is "unknown", never a peak it missed;
+- ``device`` (one element per GPU): the GPU's labels as dcgm-exporter set them (``Hostname``
+  or ``hostname``, ``gpu``, ``UUID``, ``modelName``, ``GPU_I_ID``), the evidence of which
+  GPUs the figures are of (not ``container``: a scrape without ``honorLabels`` replaces it
+  with the exporter's own, which would name each GPU twice).
 
 A GPU's series is taken once however many scrape jobs carry it (``max by (UUID, GPU_I_ID)``;
 used + free is added series by series first, so it is one scrape's pair).
@@ -38,6 +42,11 @@ GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 #: Label carrying which number an answer element is.
 TAG = "gpulab_session_stat"
 STATS = ("peak_memory", "device_memory", "util_p95", "samples")
+DEVICE = "device"
+#: The labels naming a GPU in the evidence (dcgm-exporter's).
+DEVICE_LABELS = ("Hostname", "hostname", "gpu", "UUID", "modelName", "GPU_I_ID")
+#: Most GPUs one pod's answer may name (a node has 8, 16 at most today).
+MAX_DEVICES = 64
 #: Kubernetes object names (DNS-1123): anything else names no pod and is never put in a query.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
@@ -54,6 +63,8 @@ class SessionReading:
     device_memory_mib: float | None
     util_p95: float | None
     samples: int
+    #: The GPUs the figures are of, as their labels name them (``host/gpu0 model UUID``).
+    devices: tuple[str, ...] = ()
 
 
 def promql_string(value: str) -> str:
@@ -108,6 +119,7 @@ def session_query(namespace: str, pod: str, span: float, step: float, extra: str
         _tag(f"max_over_time((max({total})){window})", "device_memory"),
         _tag(f"quantile_over_time(0.95, (avg({util})){window})", "util_p95"),
         _tag(f"max({raw})", "samples"),
+        _tag(f"group by ({', '.join(DEVICE_LABELS)}) ({raw})", DEVICE),
     ]
     return " or ".join(parts)
 
@@ -125,10 +137,14 @@ def parse_answer(raw: bytes) -> SessionReading:
     if not isinstance(result, list):
         raise PrometheusUnavailable(f"Prometheus answered {str(doc)[:300]}")
     values: dict[str, float] = {}
+    devices: list[str] = []
     for item in result:
         labels = item.get("metric") if isinstance(item, dict) else None
         value = item.get("value") if isinstance(item, dict) else None
         stat = labels.get(TAG) if isinstance(labels, dict) else None
+        if stat == DEVICE and isinstance(labels, dict) and len(devices) < MAX_DEVICES:
+            devices.append(device_words(labels))
+            continue
         if stat not in STATS or stat in values:
             raise PrometheusUnavailable(f"Prometheus answered an element this query does not make: {str(item)[:200]}")
         try:
@@ -146,7 +162,21 @@ def parse_answer(raw: bytes) -> SessionReading:
         device_memory_mib=values.get("device_memory"),
         util_p95=values.get("util_p95"),
         samples=int(values.get("samples", 0)),
+        devices=tuple(sorted(set(devices))),
     )
+
+
+def device_words(labels: dict) -> str:
+    """One GPU as the evidence names it: ``node/gpu0 NVIDIA H100 80GB HBM3 GPU-…`` (MIG: ``/mig3``)."""
+
+    def text(name: str) -> str:
+        value = labels.get(name)
+        return value if isinstance(value, str) else ""
+
+    where = f"{text('Hostname') or text('hostname')}/gpu{text('gpu')}"
+    if text("GPU_I_ID"):
+        where += f"/mig{text('GPU_I_ID')}"
+    return " ".join(w for w in (where, text("modelName"), text("UUID")) if w)[:200]
 
 
 async def fetch_answer(

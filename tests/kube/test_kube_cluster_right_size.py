@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import sqlite3
 
 import yaml
@@ -60,7 +61,7 @@ def recorded(hub) -> list[tuple]:
     # Beside the hub's own SQLite file, in its working folder (hub_config/config/setup.py).
     with sqlite3.connect(f"file:{hub.workdir / 'gpulab.sqlite'}?mode=ro", uri=True) as db:
         return db.execute(
-            "SELECT namespace, pod, state, peak_memory_mib, device_memory_mib, util_p95, samples "
+            "SELECT namespace, pod, state, peak_memory_mib, device_memory_mib, util_p95, samples, devices "
             "FROM gpulab_session_gpu ORDER BY pod"
         ).fetchall()
 
@@ -138,6 +139,10 @@ c.GPULabSessionMetrics.check_interval = 2
         rows = recorded(hub)
         assert [r[:3] for r in rows] == [(ns, pod, "measured") for pod in sorted(pods)], rows
         assert all(r[3] == 11 * 1024 and r[4] == 81559 and r[5] == 18 and r[6] >= 20 for r in rows), rows
+        # Each session's figures are of its one H100, as dcgm-exporter's labels name it.
+        for row in rows:
+            (gpu,) = row[7].split("; ")
+            assert re.fullmatch(r"gpu-h100-whole-\d/gpu\d NVIDIA H100 80GB HBM3 GPU-\S+", gpu), row
     finally:
         for name in SERVERS:
             hub.api("DELETE", f"/users/alice/servers/{name}")

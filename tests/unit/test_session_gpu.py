@@ -68,8 +68,9 @@ def test_the_query_asks_for_four_numbers_of_the_pod_in_either_label_style():
     for metric in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"):
         assert f'{metric}{{namespace="team-vision",pod="jupyter-alice",job="dcgm"}}' in q
         assert f'{metric}{{exported_namespace="team-vision",exported_pod="jupyter-alice",job="dcgm"}}' in q
-    assert q.count("[3601s:30s]") == 3 and q.count("[3601s])") == 2  # the span, rounded up; the scrape step
-    assert all(f'"{TAG}", "{stat}"' in q for stat in STATS)
+    assert q.count("[3601s:30s]") == 3 and q.count("[3601s])") == 4  # the span, rounded up; the scrape step
+    assert all(f'"{TAG}", "{stat}"' in q for stat in (*STATS, "device"))
+    assert "group by (Hostname, hostname, gpu, UUID, modelName, GPU_I_ID)" in q
     assert "quantile_over_time(0.95," in q and "max by (UUID, GPU_I_ID)" in q
 
 
@@ -94,8 +95,13 @@ def test_a_promql_string_reads_back_as_the_value(value):
 
 
 def test_an_answer_becomes_the_session_reading():
-    reading = parse_answer(answer(peak_memory=11264, device_memory=FB_TOTAL, util_p95=18, samples=118))
-    assert reading == SessionReading(11264.0, FB_TOTAL, 18.0, 118)
+    raw = json.loads(answer(peak_memory=11264, device_memory=FB_TOTAL, util_p95=18, samples=118))
+    gpu = {"Hostname": "gpu-h100-whole-1", "gpu": "3", "UUID": "GPU-0003", "modelName": "NVIDIA H100 80GB HBM3"}
+    raw["data"]["result"] += [{"metric": {TAG: "device", **gpu}, "value": [0, "1"]}] * 2  # two scrape jobs
+    reading = parse_answer(json.dumps(raw).encode())
+    assert reading == SessionReading(
+        11264.0, FB_TOTAL, 18.0, 118, devices=("gpu-h100-whole-1/gpu3 NVIDIA H100 80GB HBM3 GPU-0003",)
+    )
     assert parse_answer(answer()) == SessionReading(None, None, None, 0)  # no series: nothing, never 0 GiB
 
 

@@ -29,6 +29,7 @@ def upgrade() -> None:
         sa.Column("device_memory_mib", sa.Float(), nullable=True),
         sa.Column("util_p95", sa.Float(), nullable=True),
         sa.Column("samples", sa.Integer(), nullable=True),
+        sa.Column("devices", sa.String(length=1000), nullable=False),
         sa.Column("reason", sa.String(length=500), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("measured_at", sa.DateTime(), nullable=True),
