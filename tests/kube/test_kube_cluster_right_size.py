@@ -14,7 +14,8 @@ series keep ``pod``/``namespace``) and as the GPU operator's own does (``exporte
 Three sessions of 1 × H100 run; the hub restarts in the middle of them; Prometheus is down
 when they end, so the hub cannot measure them: the spawn page and ``/gpulab/me`` show no line
 (unknown, not "0 GiB"). Once Prometheus is back the waiting sessions are measured, and both
-show the line with its evidence, the figures Prometheus holds for those pods.
+show the line with its evidence, the figures Prometheus holds for those pods; so does the
+JupyterLab sidebar of her next 1 × H100 server, in Chromium.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from tests.kube.bed.dcgm_exporter import ExporterSettings, FakeKubeDCGMExporter
 from tests.kube.bed.testbed import NODES_FILE
 from tests.kube.bed.z2jh_hub_config import bed_hub
 from tests.support import REPO
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.dcgm_fake_exporter import RunningPrometheus
 from tests.support.faults import wait_until
 from tests.support.kube_spawner import chart_team
+from tests.support.lab import open_gpu_sidebar
 
 OPERATOR_VALUES = yaml.safe_load((REPO / "helm" / "values-gpu-operator.yaml").read_text())
 SERVERS = ("s1", "s2", "s3")
@@ -50,6 +53,23 @@ def both_scrape_styles(exporter: FakeKubeDCGMExporter) -> list[dict]:
     ours = exporter.scrape_configs(True)
     operator = [{**job, "job_name": f"{job['job_name']}-operator"} for job in exporter.scrape_configs(False)]
     return [j for j in ours + operator if j["job_name"].startswith("dcgm")]
+
+
+def lab_sidebar_says(hub, user: str, choice: str, profile_label: str, text: str) -> None:
+    """Log in, start ``choice`` from the spawn page and read the GPU sidebar's right-size note."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            panel = open_gpu_sidebar(page, hub.url, user, choice, profile_label, field="profile")
+            note = panel.locator(".gpulab-right-size")
+            note.wait_for()
+            assert note.inner_text() == text
+        finally:
+            browser.close()
 
 
 def right_size_of(hub, user: str, slug: str) -> str:
@@ -143,7 +163,11 @@ c.GPULabSessionMetrics.check_interval = 2
         for row in rows:
             (gpu,) = row[7].split("; ")
             assert re.fullmatch(r"gpu-h100-whole-\d/gpu\d NVIDIA H100 80GB HBM3 GPU-\S+", gpu), row
+
+        # The JupyterLab sidebar of alice's next 1 × H100 server, in Chromium: the same line.
+        lab_sidebar_says(hub, "alice", f"{vision}:h100-1", "1 × H100", LINE + ". Pick it next time on the spawn page.")
     finally:
+        hub.api("DELETE", "/users/alice/server")
         for name in SERVERS:
             hub.api("DELETE", f"/users/alice/servers/{name}")
         hub.close()

@@ -38,14 +38,15 @@ def write_notebook(path: Path) -> None:
     nbformat.write(nb, str(path))
 
 
-def login_and_spawn(page, url: str, user: str, choice: str) -> None:
-    """Log in on the embedded hub's form and start ``choice`` (``team:profile``) from the spawn page."""
+def login_and_spawn(page, url: str, user: str, choice: str, field: str = "choice") -> None:
+    """Log in on the embedded hub's form and start ``choice`` (``team:profile``) from the spawn page
+    (its radio buttons' ``field``: ``choice`` on one server, ``profile`` in GPUKubeSpawner's form)."""
     page.goto(url + "/hub/login")
     page.fill("input[name=username]", user)
     page.fill("input[name=password]", "gpulab-demo")
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_url("**/hub/spawn**")
-    page.check(f'input[name=choice][value="{choice}"]')
+    page.check(f'input[name={field}][value="{choice}"]')
     page.click("form input[type=submit], form button[type=submit]")
     page.wait_for_url(f"**/user/{user}/lab**", timeout=90_000)
 
@@ -68,9 +69,9 @@ def open_notebook_and_sidebar(page, url: str, user: str, choice: str, notebook: 
     page.locator("#gpulab-panel .gpulab-quota-bar").wait_for()
 
 
-def open_gpu_sidebar(page, url: str, user: str, choice: str, profile_label: str):
+def open_gpu_sidebar(page, url: str, user: str, choice: str, profile_label: str, field: str = "choice"):
     """Log in, start ``choice`` and open the lab's GPU sidebar once it shows ``profile_label``: the panel."""
-    login_and_spawn(page, url, user, choice)
+    login_and_spawn(page, url, user, choice, field)
     page.wait_for_selector(".jp-LabShell", timeout=90_000)
     page.click('.jp-SideBar [data-id="gpulab-panel"]')
     panel = page.locator("#gpulab-panel")
