@@ -32,6 +32,7 @@ from hub_config.domain.session_gpu_query import (
     TAG,
     PrometheusUnavailable,
     SessionReading,
+    fetch_answer,
     parse_answer,
     pod_series,
     promql_string,
@@ -320,3 +321,90 @@ def test_jobs_and_pods_with_odd_names_are_not_recorded(hub):
     pods["job:7"] = ("vision", "job-7")
     runtime.ledger.confirm("job:7")
     assert states(sessions) == []
+
+
+def test_a_session_longer_than_longest_span_is_measured_over_its_last_part(hub):
+    runtime, sessions, recorder, pods = hub
+    run_session(runtime, pods)
+    backdate(sessions, seconds=3 * 86400)
+    recorder.settings.longest_span = 86400
+    recorder.read = Answers(SessionReading(1024, FB_TOTAL, 5.0, 86400))
+    assert asyncio.run(recorder.measure_pass()) == 1
+    assert [span for *_, span in recorder.read.asked] == [86400]
+
+
+# -- the request: what a Prometheus (or something else at its URL) may answer ------------
+
+
+class Server:
+    """A local HTTP server answering every POST with ``status`` and ``body`` (a test fixture
+    standing where Prometheus would: what the hub does with what comes back)."""
+
+    def __init__(self, status: int, body: bytes):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server API)
+                length = int(self.headers.get("Content-Length") or 0)
+                outer.requests.append((self.path, self.rfile.read(length).decode()))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def fetch(url: str, max_bytes: int = 65536) -> bytes:
+    return asyncio.run(fetch_answer(url, "up", 1700000000.5, timeout=5, max_bytes=max_bytes, token="t0ken"))
+
+
+def test_the_request_is_one_instant_query_at_the_sessions_end_with_the_token():
+    server = Server(200, answer(samples=3))
+    try:
+        assert parse_answer(fetch(server.url)).samples == 3
+        ((path, body),) = server.requests
+        assert path == "/api/v1/query" and body == "query=up&time=1700000000.500"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "status, body, words",
+    [
+        (503, b'{"status":"error","error":"overloaded"}', "answered 503"),
+        (
+            422,
+            b'{"status":"error","errorType":"execution","error":"query processing would load too many samples"}',
+            "422",
+        ),
+        (200, b"x" * 70_000, "exceeded 65536 bytes"),
+    ],
+)
+def test_a_refusal_or_an_oversized_answer_is_prometheus_unavailable(status, body, words):
+    server = Server(status, body)
+    try:
+        with pytest.raises(PrometheusUnavailable, match=words):
+            fetch(server.url)
+    finally:
+        server.close()
+
+
+def test_nothing_listening_is_prometheus_unavailable():
+    from tests.support.ports import free_port
+
+    with pytest.raises(PrometheusUnavailable, match="Prometheus at http://127.0.0.1"):
+        fetch(f"http://127.0.0.1:{free_port()}")
