@@ -10,13 +10,16 @@ the cluster is the source of truth, the ledger is a cache of it.
 Costs are O(1) per admission: per-team, per-user, per-pool and per-department
 totals are kept incrementally rather than summed over workloads.
 
-GPU pools and departments (:mod:`spawner.core.quota_tree`): a workload's pool
-comes from its profile (``profile_pools``); it counts against the team's quota in
-that pool, if the team has one, as well as the team's totals, and against the
-team's department's burst. A refusal for a full department carries the reclaim
-choice (``Decision.reclaim``): the borrowed, preemptible work that taking back would
-make room, from the team furthest over its weighted share first. The ledger only
-names it; it stops nothing.
+GPU pools and departments (:mod:`spawner.core.quota_tree`, checked by
+:mod:`spawner.core.ledger_tree`): a workload's pool comes from its profile
+(``profile_pools``); it counts against the team's quota in that pool, if the team has
+one, as well as the team's totals, and against the team's department's burst. Borrowing
+within a department is weighted: while another team of the department waits (the spawn
+queue's waiting entries, :meth:`Ledger.set_waiting`) below its fair share, a team may
+borrow only up to its own. A refusal for a full department carries the reclaim choice
+(``Decision.reclaim``): the borrowed, preemptible work that taking back would make
+room, from the team furthest over its weighted share first. The ledger only names it;
+the caller takes it back (the single server's jobs: :mod:`hub_config.jobs.reclaim`).
 
 A multi-node job is a gang: ``members`` nodes of the same GPUs each. It is one
 workload holding the GPUs of all its members, reserved in the same single step
@@ -32,17 +35,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from .ledger_tree import DepartmentTotals, TeamState, department_full, fair_share_refusal, reclaim_for
 from .model import Team
-from .quota_tree import (
-    ANY_POOL,
-    Borrower,
-    Department,
-    Reclaimable,
-    borrowed,
-    pool_quota,
-    reclaim_choice,
-    weighted_share,
-)
+from .quota_tree import ANY_POOL, Department, borrowed, pool_quota
 from .units import format_gpus
 
 RESERVED = "reserved"
@@ -184,28 +179,6 @@ class _Totals:
                 self.per_pool.pop(w.pool, None)
 
 
-class _HeldTotals:
-    """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
-
-    __slots__ = ("held", "per_pool", "by_pool", "burst")
-
-    def __init__(self, burst: int, by_pool: bool) -> None:
-        self.held = 0
-        self.per_pool: dict[str, int] = {}
-        #: The department's burst limit and whether it has pool quotas (read by every admission).
-        self.burst = burst
-        self.by_pool = by_pool
-
-    def add(self, w: Workload, sign: int) -> None:
-        self.held += sign * w.milli
-        if self.by_pool and w.pool:
-            in_pool = self.per_pool.get(w.pool, 0) + sign * w.milli
-            if in_pool:
-                self.per_pool[w.pool] = in_pool
-            else:
-                self.per_pool.pop(w.pool, None)
-
-
 class Ledger:
     """Thread-safe quota ledger over a set of teams."""
 
@@ -224,9 +197,13 @@ class Ledger:
         self._totals: dict[str, _Totals] = {}
         #: Per department: what its teams hold together (kept with the teams' totals), and
         #: the same object by each of its teams' names (one lookup per change).
-        self._dept_totals: dict[str, _HeldTotals] = {}
-        self._team_dept: dict[str, _HeldTotals] = {}
+        self._dept_totals: dict[str, DepartmentTotals] = {}
+        self._team_dept: dict[str, DepartmentTotals] = {}
         self._observers: list[LedgerObserver] = []
+        #: Team -> milli-GPUs of its waiting work (the spawn queue): the demand weighted borrowing reads.
+        self._waiting: dict[str, int] = {}
+        #: Team -> its first waiting request (what it would start next).
+        self._waiting_next: dict[str, int] = {}
         self.set_teams(teams, departments, profile_pools)
 
     # -- observers ----------------------------------------------------------
@@ -267,14 +244,37 @@ class Ledger:
             for w in self._workloads.values():  # a team may have moved department
                 dt = self._team_dept.get(w.team)
                 if dt is not None:
-                    dt.add(w, +1)
+                    dt.add(w.milli, w.pool, +1)
 
     def _reset_departments(self) -> None:
         """Empty department totals, and which team adds to which."""
-        self._dept_totals = {name: _HeldTotals(d.burst_milli, bool(d.pools)) for name, d in self._departments.items()}
+        self._dept_totals = {
+            name: DepartmentTotals(d.burst_milli, bool(d.pools)) for name, d in self._departments.items()
+        }
         self._team_dept = {
             t.name: self._dept_totals[t.department] for t in self._teams.values() if t.department in self._dept_totals
         }
+        for name, dt in self._team_dept.items():
+            dt.teams.append(name)
+
+    def set_waiting(self, requests: Iterable[tuple[str, int]]) -> None:
+        """Replace what waits: ``(team, milli)`` of each waiting request (the spawn queue's
+        waiting entries), in queue order. A team with waiting work may keep another team of
+        its department from borrowing past its fair share (:mod:`spawner.core.ledger_tree`)."""
+        total: dict[str, int] = {}
+        first: dict[str, int] = {}
+        for team, milli in requests:
+            if milli > 0:
+                total[team] = total.get(team, 0) + milli
+                first.setdefault(team, milli)
+        with self._lock:
+            self._waiting = total
+            self._waiting_next = first
+
+    def waiting(self) -> dict[str, int]:
+        """Milli-GPUs waiting per team, as last set (:meth:`set_waiting`)."""
+        with self._lock:
+            return dict(self._waiting)
 
     def department(self, name: str) -> Department | None:
         return self._departments.get(name)
@@ -358,7 +358,7 @@ class Ledger:
         dt = self._team_dept.get(team_name)
         if dt is not None and (dt.by_pool or dt.held + milli > dt.burst):  # the department's bounds
             dept = self._departments[team.department or ""]
-            full = self._department_full(dept, pool, milli)
+            full = department_full(dept, self._dept_totals.get(dept.name), pool, milli)
             if full is not None:
                 where, held_d, burst_d = full
                 reclaim = self._reclaim_for(
@@ -375,45 +375,41 @@ class Ledger:
                         f"{'s' if len(reclaim) > 1 else ''} of the team furthest over its weighted share first)"
                     )
                 return refuse(said, reclaim)
+        if over and dt is not None and self._waiting:  # borrowing while others wait: by weight
+            said = self._fair_share_refusal(team, dt, milli)
+            if said:
+                return refuse(said)
         return Decision(True, "", team_name, user, milli, over, members, pool)
-
-    def _department_full(self, dept: Department, pool: str, milli: int) -> tuple[str, int, int] | None:
-        """``(where, held, burst)`` when ``milli`` more would take ``dept`` past a burst limit."""
-        dt = self._dept_totals.get(dept.name)
-        held = dt.held if dt is not None else 0
-        if held + milli > dept.burst_milli:
-            return "", held, dept.burst_milli
-        dq = pool_quota(dept.pools, pool) if dept.pools else None
-        if dq is not None:
-            in_pool = dt.per_pool.get(pool, 0) if dt is not None else 0
-            if in_pool + milli > dq.burst_milli:
-                return f" in pool {pool}", in_pool, dq.burst_milli
-        return None
 
     def _reclaim_for(
         self, team: Team, dept: Department, pool: str, need: int, over: bool, milli: int
     ) -> tuple[str, ...]:
         """The preemption choice that would make room in ``dept`` (and ``pool``, if named) for this request."""
-        members = [t for t in self._teams.values() if t.department == dept.name]
-        borrowers = [
-            Borrower(
-                t.name, borrowed((self._totals.get(t.name) or _Totals()).held, t.guarantee_milli), t.fair_share_weight
+        held = {name: t.held for name, t in self._totals.items()}
+        work = ((w.key, w.team, w.milli, w.pool) for w in self._workloads.values() if w.over_quota)
+        return reclaim_for(team, dept, pool, need, over, milli, self._teams.values(), held, work)
+
+    def _fair_share_refusal(self, team: Team, dt: DepartmentTotals, milli: int) -> str:
+        """Why this borrowing request waits for another team's fair share (``""``: it may borrow)."""
+        waiting = self._waiting
+        if not any(waiting.get(name, 0) > 0 for name in dt.teams if name != team.name):
+            return ""
+        members = []
+        for name in dt.teams:
+            t = self._teams[name]
+            totals = self._totals.get(name)
+            members.append(
+                TeamState(
+                    name,
+                    totals.held if totals else 0,
+                    t.guarantee_milli,
+                    t.burst_milli,
+                    t.fair_share_weight,
+                    waiting.get(name, 0),
+                    self._waiting_next.get(name, 0),
+                )
             )
-            for t in members
-        ]
-        candidates = [
-            Reclaimable(w.key, w.team, w.milli)
-            for w in self._workloads.values()
-            if w.over_quota
-            and w.team != team.name
-            and (not pool or w.pool == pool)
-            and self._teams.get(w.team, team).department == dept.name
-        ]
-        share_after = None
-        if over:  # a borrowing request: only teams further over their share than it would be give way
-            held = (self._totals.get(team.name) or _Totals()).held
-            share_after = weighted_share(borrowed(held + milli, team.guarantee_milli), team.fair_share_weight)
-        return reclaim_choice(need, borrowers, candidates, requester=team.name, requester_share_after=share_after)
+        return fair_share_refusal(team.department or "", dt.burst, dt.held, members, team.name, milli)
 
     def admit(
         self, team: str, user: str, milli: int, *, may_burst: bool = True, members: int = 1, profile: str = ""
@@ -589,7 +585,7 @@ class Ledger:
         dt = self._team_dept.get(w.team)
         if dt is not None:
             if dt.by_pool:
-                dt.add(w, +1)
+                dt.add(w.milli, w.pool, +1)
             else:
                 dt.held += w.milli
 
@@ -600,7 +596,7 @@ class Ledger:
             dt = self._team_dept.get(w.team)
             if dt is not None:
                 if dt.by_pool:
-                    dt.add(w, -1)
+                    dt.add(w.milli, w.pool, -1)
                 else:
                     dt.held -= w.milli
         return w

@@ -1,0 +1,208 @@
+"""The ledger's checks above one team: a department's bounds, weighted borrowing, reclaim.
+
+:class:`~spawner.core.ledger.Ledger` keeps the totals (per team, per department) and
+asks this module, under its lock, whether a request fits the tree above its team:
+
+* **Department bounds** (:func:`department_full`): what a department's teams hold
+  together stays within its burst, in all and in each pool it lists.
+* **Weighted borrowing** (:func:`fair_share_refusal`): when teams of one department
+  compete for its idle capacity, a team may borrow up to its weighted fair share while
+  another team with *demand* is below its own. Definitions, precisely:
+
+  - a team **borrows** what it holds above its guarantee;
+  - the department's **borrowable capacity** is its burst less what its teams hold
+    within their guarantees (a team's unused guarantee is lent, and reclaim takes it
+    back);
+  - a team's **demand** is what it would borrow if everything it asked for ran: what it
+    holds, plus its *waiting* work (the spawn queue's waiting entries, milli-GPUs per
+    team, :meth:`Ledger.set_waiting`), plus the request itself for the team asking,
+    above its guarantee and within its burst;
+  - a team's **fair share** is the water-filling split of the borrowable capacity by
+    ``fair_share_weight`` over the demands (:func:`~spawner.core.quota_tree.fair_shares`);
+  - a borrowing request is refused when it would take its team past its fair share
+    while another team of the department *waits* with a request that would fit the
+    department's idle capacity now and that comes first: the order is Kueue's for fair
+    sharing, the lowest weighted share after admission first
+    (kueue.sigs.k8s.io/docs/concepts/fair_sharing), ties by team name, so exactly one
+    of the competing teams is admitted and no idle capacity is held for nobody. A team
+    within its fair share is never refused for weights, and with nobody waiting idle
+    capacity goes first-come as before.
+
+* **Reclaim** (:func:`reclaim_for`): the borrowed, preemptible work that taking back
+  would make room for a refused request, from the team furthest over its weighted
+  share first (:func:`~spawner.core.quota_tree.reclaim_choice`).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .model import Team
+from .quota_tree import (
+    ANY_POOL,
+    Borrower,
+    Department,
+    Reclaimable,
+    borrowed,
+    fair_shares,
+    pool_quota,
+    reclaim_choice,
+    weighted_share,
+)
+from .units import format_gpus
+
+
+class DepartmentTotals:
+    """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
+
+    __slots__ = ("held", "per_pool", "by_pool", "burst", "teams")
+
+    def __init__(self, burst: int, by_pool: bool) -> None:
+        self.held = 0
+        self.per_pool: dict[str, int] = {}
+        #: The department's burst limit and whether it has pool quotas (read by every admission).
+        self.burst = burst
+        self.by_pool = by_pool
+        #: Its teams' names (read only when weighted borrowing is checked).
+        self.teams: list[str] = []
+
+    def add(self, milli: int, pool: str, sign: int) -> None:
+        self.held += sign * milli
+        if self.by_pool and pool:
+            in_pool = self.per_pool.get(pool, 0) + sign * milli
+            if in_pool:
+                self.per_pool[pool] = in_pool
+            else:
+                self.per_pool.pop(pool, None)
+
+
+def department_full(
+    dept: Department, dt: DepartmentTotals | None, pool: str, milli: int
+) -> tuple[str, int, int] | None:
+    """``(where, held, burst)`` when ``milli`` more would take ``dept`` past a burst limit."""
+    held = dt.held if dt is not None else 0
+    if held + milli > dept.burst_milli:
+        return "", held, dept.burst_milli
+    dq = pool_quota(dept.pools, pool) if dept.pools else None
+    if dq is not None:
+        in_pool = dt.per_pool.get(pool, 0) if dt is not None else 0
+        if in_pool + milli > dq.burst_milli:
+            return f" in pool {pool}", in_pool, dq.burst_milli
+    return None
+
+
+@dataclass(frozen=True)
+class TeamState:
+    """One team of a department as weighted borrowing sees it, in milli-GPUs."""
+
+    name: str
+    held: int
+    guarantee: int
+    burst: int
+    weight: float
+    #: Waiting work (the spawn queue's waiting entries), in all.
+    waiting: int = 0
+    #: Its first waiting request in queue order (``0``: none).
+    next: int = 0
+
+    @property
+    def borrowed(self) -> int:
+        return borrowed(self.held, self.guarantee)
+
+    def demand(self, extra: int = 0) -> int:
+        """What it would borrow if its waiting work (and ``extra``) ran, within its burst."""
+        return min(borrowed(self.held + self.waiting + extra, self.guarantee), max(0, self.burst - self.guarantee))
+
+
+def department_fair_shares(
+    members: Sequence[TeamState], burst_milli: int, requester: str = "", milli: int = 0
+) -> dict[str, int]:
+    """Each team's fair share of its department's borrowable capacity (module docstring),
+    with ``requester``'s demand including a request of ``milli``."""
+    borrowable = max(0, burst_milli - sum(min(m.held, m.guarantee) for m in members))
+    demands = {}
+    for m in members:
+        # The request may be one of its own waiting entries (the queue asking whether it fits).
+        extra = max(0, milli - m.waiting) if m.name == requester else 0
+        demands[m.name] = m.demand(extra)
+    return fair_shares(borrowable, demands, {m.name: m.weight for m in members})
+
+
+def _share_after(m: TeamState, milli: int) -> tuple[float, str]:
+    """Kueue's fair-sharing order: the weighted share once ``milli`` more runs, then the name."""
+    return weighted_share(borrowed(m.held + milli, m.guarantee), m.weight), m.name
+
+
+def fair_share_refusal(
+    dept_name: str, burst_milli: int, held_milli: int, members: Sequence[TeamState], requester: str, milli: int
+) -> str:
+    """Why a borrowing request of ``milli`` by ``requester`` waits for another team, in words;
+    ``""`` when it may borrow (the module docstring has the rule). ``held_milli``: what the
+    department's teams hold together now."""
+    idle = burst_milli - held_milli
+    me = next(m for m in members if m.name == requester)
+    mine = _share_after(me, milli)
+    ahead = [
+        m
+        for m in members
+        if m.name != requester and 0 < m.next <= idle and m.held + m.next <= m.burst and _share_after(m, m.next) < mine
+    ]
+    if not ahead:
+        return ""
+    shares = department_fair_shares(members, burst_milli, requester, milli)
+    after = borrowed(me.held + milli, me.guarantee)
+    if after <= shares.get(requester, 0):
+        return ""
+    other = min(ahead, key=lambda m: _share_after(m, m.next))
+    total_weight = sum(m.weight for m in members if m.name == requester or m.demand() > 0)
+    return (
+        f"team {requester} would borrow {format_gpus(after)} GPUs, past its fair share of "
+        f"{format_gpus(shares.get(requester, 0))} GPUs of department {dept_name}'s idle capacity "
+        f"(weight {me.weight:g} of {total_weight:g}), while team {other.name} waits with "
+        f"{format_gpus(other.borrowed)} of its fair share of {format_gpus(shares.get(other.name, 0))} GPUs"
+    )
+
+
+def reclaim_for(
+    team: Team,
+    dept: Department,
+    pool: str,
+    need: int,
+    over: bool,
+    milli: int,
+    teams: Iterable[Team],
+    held: Mapping[str, int],
+    preemptible: Iterable[tuple[str, str, int, str]],
+) -> tuple[str, ...]:
+    """The preemption choice that would make room in ``dept`` (and ``pool``, if named) for a
+    request of ``milli`` by ``team``. ``held``: what each team holds; ``preemptible``:
+    ``(key, team, milli, pool)`` of every over-quota workload."""
+    members = {t.name: t for t in teams if t.department == dept.name}
+    borrowers = [
+        Borrower(t.name, borrowed(held.get(t.name, 0), t.guarantee_milli), t.fair_share_weight)
+        for t in members.values()
+    ]
+    candidates = [
+        Reclaimable(key, owner, m)
+        for key, owner, m, in_pool in preemptible
+        if owner != team.name and owner in members and (pool == ANY_POOL or in_pool == pool)
+    ]
+    share_after = None
+    if over:  # a borrowing request: only teams further over their share than it would be give way
+        share_after = weighted_share(
+            borrowed(held.get(team.name, 0) + milli, team.guarantee_milli), team.fair_share_weight
+        )
+    return reclaim_choice(need, borrowers, candidates, requester=team.name, requester_share_after=share_after)
+
+
+__all__ = [
+    "DepartmentTotals",
+    "TeamState",
+    "department_fair_shares",
+    "department_full",
+    "fair_share_refusal",
+    "reclaim_for",
+]
