@@ -78,7 +78,11 @@ def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -
     in two of them (its whole guarantee and burst, so the same admissions are allowed and
     the same ones run over quota: the spawn page says the same), and teams
     in departments of ten whose bounds are their teams' sums: every admission then
-    checks the pool's quota and the department's bound too.
+    checks the pool's quota and the department's bound too. And in each department one
+    team has a GPU waiting in the spawn queue (``Ledger.set_waiting``), so every borrowing
+    admission also runs weighted borrowing's fair-share check (it never refuses here:
+    each department's idle capacity covers every team's demand, so the admissions stay
+    the flat catalog's).
     """
     rng = random.Random(seed)
     held = [0] * n_teams
@@ -139,6 +143,8 @@ def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -
             )
         )
     assert len(ledger.workloads()) == n_workloads
+    if tree:
+        ledger.set_waiting((teams[t].name, 1000) for t in range(0, n_teams, TEAMS_PER_DEPARTMENT))
     return catalog, ledger, teams
 
 

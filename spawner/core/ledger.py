@@ -35,9 +35,16 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from .ledger_tree import DepartmentTotals, TeamState, department_full, fair_share_refusal, reclaim_for
+from .ledger_tree import (
+    DepartmentTotals,
+    TeamState,
+    department_full,
+    department_refusal,
+    fair_share_refusal,
+    reclaim_for,
+)
 from .model import Team
-from .quota_tree import ANY_POOL, Department, borrowed, pool_quota
+from .quota_tree import ANY_POOL, Department, NodeUsage, pool_quota
 from .units import format_gpus
 
 RESERVED = "reserved"
@@ -91,7 +98,8 @@ class Decision:
     team: str
     user: str
     milli: int
-    #: The work would run above the team's guarantee (and is preemptible).
+    #: The work would run above the team's guarantee (and is preemptible); in a refusal for a
+    #: full department, whether it would have (``False``: in-quota work that reclaim may make room for).
     over_quota: bool = False
     #: Members of the gang asked for (1: not a gang); ``milli`` is the whole gang's.
     members: int = 1
@@ -122,25 +130,6 @@ class TeamUsage:
     @property
     def free_milli(self) -> int:
         """Headroom up to the burst limit."""
-        return max(0, self.burst_milli - self.held_milli)
-
-
-@dataclass(frozen=True)
-class NodeUsage:
-    """One node of the quota tree (a department, a team, or either's share of one pool) now."""
-
-    name: str
-    guarantee_milli: int
-    burst_milli: int
-    held_milli: int
-
-    @property
-    def borrowed_milli(self) -> int:
-        """Held above the guarantee (preemptible)."""
-        return borrowed(self.held_milli, self.guarantee_milli)
-
-    @property
-    def free_milli(self) -> int:
         return max(0, self.burst_milli - self.held_milli)
 
 
@@ -256,6 +245,7 @@ class Ledger:
         }
         for name, dt in self._team_dept.items():
             dt.teams.append(name)
+        self._note_waiting()
 
     def set_waiting(self, requests: Iterable[tuple[str, int]]) -> None:
         """Replace what waits: ``(team, milli)`` of each waiting request (the spawn queue's
@@ -270,6 +260,12 @@ class Ledger:
         with self._lock:
             self._waiting = total
             self._waiting_next = first
+            self._note_waiting()
+
+    def _note_waiting(self) -> None:
+        """Each department's teams with waiting work (read by every borrowing admission)."""
+        for dt in self._dept_totals.values():
+            dt.waiting = [name for name in dt.teams if name in self._waiting]
 
     def waiting(self) -> dict[str, int]:
         """Milli-GPUs waiting per team, as last set (:meth:`set_waiting`)."""
@@ -289,10 +285,17 @@ class Ledger:
     # -- decisions --------------------------------------------------------
 
     def _decide(
-        self, team_name: str, user: str, milli: int, may_burst: bool, members: int = 1, pool: str = ANY_POOL
+        self,
+        team_name: str,
+        user: str,
+        milli: int,
+        may_burst: bool,
+        members: int = 1,
+        pool: str = ANY_POOL,
+        reclaim_kinds: frozenset[str] | None = None,
     ) -> Decision:
-        def refuse(reason: str, reclaim: tuple[str, ...] = ()) -> Decision:
-            return Decision(False, reason, team_name, user, milli, members=members, pool=pool, reclaim=reclaim)
+        def refuse(reason: str, reclaim: tuple[str, ...] = (), over: bool = False) -> Decision:
+            return Decision(False, reason, team_name, user, milli, over, members, pool, reclaim)
 
         if isinstance(milli, bool) or not isinstance(milli, int) or milli < 0:
             return refuse(f"invalid GPU request {milli!r}: must be a whole number of milli-GPUs, at least 0")
@@ -361,63 +364,51 @@ class Ledger:
             full = department_full(dept, self._dept_totals.get(dept.name), pool, milli)
             if full is not None:
                 where, held_d, burst_d = full
-                reclaim = self._reclaim_for(
-                    team, dept, pool if where else ANY_POOL, held_d + milli - burst_d, over, milli
+                held_by = {name: t.held for name, t in self._totals.items()}
+                work = (
+                    (w.key, w.team, w.milli, w.pool)
+                    for w in self._workloads.values()
+                    if w.over_quota and (reclaim_kinds is None or w.kind in reclaim_kinds)
                 )
-                need = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
-                said = (
-                    f"department {dept.name} holds {format_gpus(held_d)} of its {format_gpus(burst_d)} GPU burst "
-                    f"limit{where}; {need}"
-                )
-                if reclaim:
-                    said += (
-                        f" (reclaim would take back {len(reclaim)} borrowed, preemptible workload"
-                        f"{'s' if len(reclaim) > 1 else ''} of the team furthest over its weighted share first)"
-                    )
-                return refuse(said, reclaim)
-        if over and dt is not None and self._waiting:  # borrowing while others wait: by weight
-            said = self._fair_share_refusal(team, dt, milli)
+                short = held_d + milli - burst_d
+                at = pool if where else ANY_POOL
+                reclaim = reclaim_for(team, dept, at, short, over, milli, self._teams.values(), held_by, work)
+                asks = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
+                return refuse(department_refusal(dept.name, where, held_d, burst_d, asks, reclaim), reclaim, over)
+        if over and dt is not None and dt.waiting and dt.waiting != [team_name]:  # others wait: by weight
+            said = self._weighted_refusal(team, dt, milli)
             if said:
                 return refuse(said)
         return Decision(True, "", team_name, user, milli, over, members, pool)
 
-    def _reclaim_for(
-        self, team: Team, dept: Department, pool: str, need: int, over: bool, milli: int
-    ) -> tuple[str, ...]:
-        """The preemption choice that would make room in ``dept`` (and ``pool``, if named) for this request."""
-        held = {name: t.held for name, t in self._totals.items()}
-        work = ((w.key, w.team, w.milli, w.pool) for w in self._workloads.values() if w.over_quota)
-        return reclaim_for(team, dept, pool, need, over, milli, self._teams.values(), held, work)
+    def _weighted_refusal(self, team: Team, dt: DepartmentTotals, milli: int) -> str:
+        """Weighted borrowing's refusal of this request (``""``: it may borrow); every team's
+        state is read only when a waiting team comes first."""
 
-    def _fair_share_refusal(self, team: Team, dt: DepartmentTotals, milli: int) -> str:
-        """Why this borrowing request waits for another team's fair share (``""``: it may borrow)."""
-        waiting = self._waiting
-        if not any(waiting.get(name, 0) > 0 for name in dt.teams if name != team.name):
-            return ""
-        members = []
-        for name in dt.teams:
-            t = self._teams[name]
+        def state(name: str) -> TeamState:
             totals = self._totals.get(name)
-            members.append(
-                TeamState(
-                    name,
-                    totals.held if totals else 0,
-                    t.guarantee_milli,
-                    t.burst_milli,
-                    t.fair_share_weight,
-                    waiting.get(name, 0),
-                    self._waiting_next.get(name, 0),
-                )
-            )
-        return fair_share_refusal(team.department or "", dt.burst, dt.held, members, team.name, milli)
+            return TeamState.of(self._teams[name], totals.held if totals else 0, self._waiting, self._waiting_next)
+
+        others = [state(n) for n in dt.waiting if n != team.name]
+        every = lambda: [state(n) for n in dt.teams]  # noqa: E731
+        return fair_share_refusal(team.department or "", dt.burst, dt.held, state(team.name), others, every, milli)
 
     def admit(
-        self, team: str, user: str, milli: int, *, may_burst: bool = True, members: int = 1, profile: str = ""
+        self,
+        team: str,
+        user: str,
+        milli: int,
+        *,
+        may_burst: bool = True,
+        members: int = 1,
+        profile: str = "",
+        reclaim_kinds: frozenset[str] | None = None,
     ) -> Decision:
         """Would this request (a gang of ``members`` sharing ``milli``, of ``profile``'s pool) be
-        admitted now? Records nothing."""
+        admitted now? Records nothing. ``reclaim_kinds``: the kinds of work (``job``,
+        ``notebook``) a refusal's reclaim choice may name (``None``: every kind)."""
         with self._lock:
-            return self._decide(team, user, milli, may_burst, members, self.pool_for(profile))
+            return self._decide(team, user, milli, may_burst, members, self.pool_for(profile), reclaim_kinds)
 
     def reserve(
         self,

@@ -37,7 +37,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .model import Team
@@ -58,7 +58,7 @@ from .units import format_gpus
 class DepartmentTotals:
     """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
 
-    __slots__ = ("held", "per_pool", "by_pool", "burst", "teams")
+    __slots__ = ("held", "per_pool", "by_pool", "burst", "teams", "waiting")
 
     def __init__(self, burst: int, by_pool: bool) -> None:
         self.held = 0
@@ -66,8 +66,9 @@ class DepartmentTotals:
         #: The department's burst limit and whether it has pool quotas (read by every admission).
         self.burst = burst
         self.by_pool = by_pool
-        #: Its teams' names (read only when weighted borrowing is checked).
+        #: Its teams' names, and those of them with waiting work (weighted borrowing).
         self.teams: list[str] = []
+        self.waiting: list[str] = []
 
     def add(self, milli: int, pool: str, sign: int) -> None:
         self.held += sign * milli
@@ -94,6 +95,17 @@ def department_full(
     return None
 
 
+def department_refusal(dept: str, where: str, held: int, burst: int, asks: str, reclaim: Sequence[str]) -> str:
+    """ "department research holds 8 of its 8 GPU burst limit; this request needs 1 (reclaim would ...)"."""
+    said = f"department {dept} holds {format_gpus(held)} of its {format_gpus(burst)} GPU burst limit{where}; {asks}"
+    if reclaim:
+        said += (
+            f" (reclaim would take back {len(reclaim)} borrowed, preemptible workload"
+            f"{'s' if len(reclaim) > 1 else ''} of the team furthest over its weighted share first)"
+        )
+    return said
+
+
 @dataclass(frozen=True)
 class TeamState:
     """One team of a department as weighted borrowing sees it, in milli-GPUs."""
@@ -107,6 +119,20 @@ class TeamState:
     waiting: int = 0
     #: Its first waiting request in queue order (``0``: none).
     next: int = 0
+
+    @classmethod
+    def of(cls, team: Team, held: int, waiting: Mapping[str, int], first: Mapping[str, int]) -> TeamState:
+        """``team`` holding ``held``, with its waiting work from the ledger's totals and first requests."""
+        name = team.name
+        return cls(
+            name,
+            held,
+            team.guarantee_milli,
+            team.burst_milli,
+            team.fair_share_weight,
+            waiting.get(name, 0),
+            first.get(name, 0),
+        )
 
     @property
     def borrowed(self) -> int:
@@ -137,27 +163,35 @@ def _share_after(m: TeamState, milli: int) -> tuple[float, str]:
 
 
 def fair_share_refusal(
-    dept_name: str, burst_milli: int, held_milli: int, members: Sequence[TeamState], requester: str, milli: int
+    dept_name: str,
+    burst_milli: int,
+    held_milli: int,
+    me: TeamState,
+    waiting: Sequence[TeamState],
+    members: Callable[[], Sequence[TeamState]],
+    milli: int,
 ) -> str:
-    """Why a borrowing request of ``milli`` by ``requester`` waits for another team, in words;
-    ``""`` when it may borrow (the module docstring has the rule). ``held_milli``: what the
-    department's teams hold together now."""
+    """Why a borrowing request of ``milli`` by ``me`` waits for another team, in words; ``""``
+    when it may borrow (the module docstring has the rule). ``held_milli``: what the
+    department's teams hold together now; ``waiting``: the other teams with waiting work;
+    ``members()``: every team of the department (asked only when one of ``waiting`` comes first)."""
     idle = burst_milli - held_milli
-    me = next(m for m in members if m.name == requester)
     mine = _share_after(me, milli)
     ahead = [
         m
-        for m in members
-        if m.name != requester and 0 < m.next <= idle and m.held + m.next <= m.burst and _share_after(m, m.next) < mine
+        for m in waiting
+        if m.name != me.name and 0 < m.next <= idle and m.held + m.next <= m.burst and _share_after(m, m.next) < mine
     ]
     if not ahead:
         return ""
-    shares = department_fair_shares(members, burst_milli, requester, milli)
+    everyone = members()
+    requester = me.name
+    shares = department_fair_shares(everyone, burst_milli, requester, milli)
     after = borrowed(me.held + milli, me.guarantee)
     if after <= shares.get(requester, 0):
         return ""
     other = min(ahead, key=lambda m: _share_after(m, m.next))
-    total_weight = sum(m.weight for m in members if m.name == requester or m.demand() > 0)
+    total_weight = sum(m.weight for m in everyone if m.name == requester or m.demand() > 0)
     return (
         f"team {requester} would borrow {format_gpus(after)} GPUs, past its fair share of "
         f"{format_gpus(shares.get(requester, 0))} GPUs of department {dept_name}'s idle capacity "
@@ -203,6 +237,7 @@ __all__ = [
     "TeamState",
     "department_fair_shares",
     "department_full",
+    "department_refusal",
     "fair_share_refusal",
     "reclaim_for",
 ]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from spawner.core.catalog import catalog_from_dict
 from spawner.core.ledger import Ledger
 from spawner.core.ledger_tree import TeamState, department_fair_shares, fair_share_refusal
-from spawner.core.quota_tree import borrowed, weighted_share
+from spawner.core.quota_tree import borrowed, fair_shares, weighted_share
 
 PROFILES = [{"slug": "any-1", "gpus": 1}]
 
@@ -148,7 +148,8 @@ def test_refusals_only_while_another_waits_first_in_fair_share_order(teams, extr
     held = sum(t.held for t in teams)
     burst = held + extra
     me = teams[0]
-    said = fair_share_refusal("research", burst, held, teams, me.name, milli)
+    waiting = [t for t in teams[1:] if t.waiting > 0]
+    said = fair_share_refusal("research", burst, held, me, waiting, lambda: teams, milli)
     shares = department_fair_shares(teams, burst, me.name, milli)
     after = borrowed(me.held + milli, me.guarantee)
     first = [
@@ -172,7 +173,13 @@ def test_of_teams_whose_next_request_fits_one_is_always_admitted(teams, extra):
     """No deadlock: when requests that fit the idle capacity compete, one of them goes in."""
     held = sum(t.held for t in teams)
     fitting = [t for t in teams if 0 < t.next <= extra and t.held + t.next <= t.burst]
-    admitted = [t for t in fitting if not fair_share_refusal("r", held + extra, held, teams, t.name, t.next)]
+    admitted = [
+        t
+        for t in fitting
+        if not fair_share_refusal(
+            "r", held + extra, held, t, [o for o in teams if o is not t and o.waiting > 0], lambda: teams, t.next
+        )
+    ]
     assert admitted or not fitting
 
 
@@ -196,8 +203,40 @@ def test_teams_that_keep_asking_borrow_in_the_ratio_of_their_weights(weights, bu
                 n += 1
     held = {t: ledger.usage(t).held_milli for t in ("nlp", "vision")}
     assert sum(held.values()) == burst * 1000  # work-conserving: the department is full
-    total = sum(weights)
-    for team, w in zip(("nlp", "vision"), weights, strict=True):
-        assert abs(held[team] - burst * 1000 * w / total) <= 1000, (held, weights)
+    # each within one GPU of the weighted split (water-filled: what one team's burst of 8 leaves goes to the other)
+    split = fair_shares(burst * 1000, {"nlp": 8000, "vision": 8000}, dict(zip(("nlp", "vision"), weights, strict=True)))
+    for team in ("nlp", "vision"):
+        assert abs(held[team] - split[team]) <= 1000, (held, weights, split)
     # and never past the department's burst
     assert ledger.department_usage("research").held_milli <= burst * 1000
+
+
+def test_the_admin_tree_shows_the_fair_share_now_while_a_team_waits():
+    from hub_config.domain.quota_tree_view import quota_tree
+
+    c = catalog_from_dict(
+        {
+            "profiles": PROFILES,
+            "teams": [
+                {"name": "nlp", "users": ["nina"], "guarantee": 0, "burst": 8, "department": "research"},
+                {
+                    "name": "vision",
+                    "users": ["alice"],
+                    "guarantee": 0,
+                    "burst": 8,
+                    "department": "research",
+                    "fair_share_weight": 3,
+                },
+            ],
+            "departments": [{"name": "research", "guarantee": 0, "burst": 4}],
+        }
+    )
+    ledger = Ledger(c.teams, c.departments, c.profile_pools)
+    ledger.reserve("n0", "nlp", "nina", 2000)
+    teams = {t["name"]: t for t in quota_tree(c, ledger)["departments"][0]["teams"]}
+    assert teams["nlp"]["fair_share_now_milli"] is None  # nobody waits: first come
+    ledger.set_waiting([("vision", 1000)] * 3)
+    teams = {t["name"]: t for t in quota_tree(c, ledger)["departments"][0]["teams"]}
+    assert (teams["nlp"]["fair_share_now_milli"], teams["vision"]["fair_share_now_milli"]) == (1000, 3000)
+    assert (teams["nlp"]["waiting_milli"], teams["vision"]["waiting_milli"]) == (0, 3000)
+    assert teams["nlp"]["weighted_share"] == 2000.0  # borrowed 2 at weight 1: furthest over its share

@@ -81,6 +81,8 @@ class LocalJobBackend(JobConfinement, JobBackend):
     name = "local"
     #: The hub can read the users' homes (check notebooks, serve logs and outputs).
     sees_homes = True
+    #: Borrowed jobs are taken back here for other teams' in-quota work (hub_config/jobs/reclaim.py).
+    takes_back = True
 
     def __init__(self, service):
         super().__init__(service)
@@ -353,6 +355,7 @@ class LocalJobBackend(JobConfinement, JobBackend):
             r
             for r in active
             if r.state == jobspec.QUEUED
+            and r.quota_held  # one reclaim took the share of waits to be admitted again
             and r.id not in self.busy
             and r.id not in self.pids
             and r.id not in self.service.preparing
@@ -420,6 +423,17 @@ class LocalJobBackend(JobConfinement, JobBackend):
             )
             self.preempting[victim_id] = rec.id
             self._terminate(victim_id, jobspec.QUEUED)
+
+    def take_back(self, rec: JobRecord, reason: str) -> None:
+        """Reclaim took ``rec``'s share: a running job is preempted (its grace, then queued again,
+        waiting to be admitted); a queued one gives up any devices it was placed on."""
+        if rec.state == jobspec.RUNNING and rec.id in self.pids:
+            if rec.id not in self.stopping:
+                self.service.transition(rec.id, jobspec.PREEMPTED, reason)
+                self._terminate(rec.id, jobspec.QUEUED)
+        elif rec.state == jobspec.QUEUED and rec.id not in self.busy:
+            self._release_devices(rec.id)
+            self.service.set_reason(rec.id, reason)
 
     # -- processes -------------------------------------------------------------------------
 
