@@ -73,6 +73,21 @@ def take_back(service: JobService, decision: Decision, for_what: str) -> list[in
     return taken
 
 
+def install(service: JobService) -> None:
+    """Let notebook spawns take back borrowed jobs too (``runtime.take_back``), on a backend
+    that takes jobs back: the answer is the seconds within which their devices are free (the
+    stop grace and the hub's kill margin)."""
+    if not service.backend.takes_back:
+        return
+    runtime = service.runtime
+    runtime.reclaim_kinds = RECLAIM_KINDS
+
+    def taken_back(decision: Decision, for_what: str) -> float | None:
+        return service.backend.frees_within() if take_back(service, decision, for_what) else None
+
+    runtime.take_back = taken_back
+
+
 def readmit(service: JobService) -> int:
     """Admit again, through the ledger, the queued jobs reclaim took the share of, in the
     schedule's order (priority, then age); each one refused says why. How many went in."""
@@ -117,4 +132,4 @@ def readmit(service: JobService) -> int:
     return admitted
 
 
-__all__ = ["RECLAIM_KINDS", "readmit", "take_back"]
+__all__ = ["RECLAIM_KINDS", "install", "readmit", "take_back"]

@@ -110,6 +110,7 @@ class JobService:
                 rec.nodes,
             )
             self.runtime.ledger.adopt(w)
+        reclaim.install(self)  # notebook spawns take borrowed jobs back too
         self._task = asyncio.ensure_future(self._loop())
         log.info("gpulab jobs: %s backend started", self.backend.name)
 

@@ -422,20 +422,21 @@ class Ledger:
         may_burst: bool = True,
         members: int = 1,
         preemptible: bool = False,
+        reclaim_kinds: frozenset[str] | None = None,
     ) -> Decision:
         """Admit and record in one atomic step (as a reservation).
 
         ``members`` > 1: a gang whose ``milli`` is split evenly over its members,
         recorded whole or not at all. ``preemptible``: the work is recorded over quota
         (preemptible) even where the guarantee would hold it (a team past its GPU-hour
-        budget, :mod:`spawner.core.budgets`)."""
+        budget, :mod:`spawner.core.budgets`). ``reclaim_kinds``: as for :meth:`admit`."""
         with self._lock:
             if key in self._workloads:
                 held = self._workloads[key]
                 return Decision(
                     False, f"{key} already holds {format_gpus(held.milli)} GPUs in team {held.team}", team, user, milli
                 )
-            decision = self._decide(team, user, milli, may_burst, members, self.pool_for(profile))
+            decision = self._decide(team, user, milli, may_burst, members, self.pool_for(profile), reclaim_kinds)
             if decision.allowed and preemptible and milli > 0 and not decision.over_quota:
                 decision = replace(decision, over_quota=True)
             if decision.allowed:

@@ -123,3 +123,27 @@ def test_a_borrowing_request_takes_nothing_back(hub, tokens):
     assert all(get_job(hub, j["id"], tokens["alice"])["state"] == "running" for j in vision)
     for job in vision:
         assert hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=tokens["alice"]).status_code == 200
+
+
+def test_an_in_quota_notebook_takes_back_the_borrowed_job_and_starts_when_its_gpu_is_free(hub, tokens):
+    """A notebook spawn within audio's guarantee: nlp's borrowed job (furthest over its share)
+    is taken back, and the server starts on its GPU once the job's grace is over."""
+    nlp = work(hub, tokens["nina"], 60, "nlp-again")
+    vision = work(hub, tokens["alice"], 60, "vision-again")
+    for job, user in ((nlp, "nina"), (vision, "alice")):
+        wait_state(hub, job["id"], "running", token=tokens[user])
+    r = hub.api("POST", "/users/ada/server", json={"team": "audio", "profile": "h100-1"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_server("ada", timeout=60)
+    taken = get_job(hub, nlp["id"], tokens["nina"])
+    preempted = next(h for h in taken["history"] if h["state"] == "preempted")
+    assert "reclaimed for ada's server (1 × H100) in team audio" in preempted["reason"], taken["history"]
+    assert get_job(hub, vision["id"], tokens["alice"])["state"] == "running"
+    server = next(w for w in hub.holdings() if w["key"] == "notebook:ada/")
+    assert server["over_quota"] is False and server["team"] == "audio"
+    # the server stops: nlp's job is admitted again and runs its second attempt
+    assert hub.api("DELETE", "/users/ada/server").status_code in (202, 204)
+    again = wait_state(hub, nlp["id"], "running", timeout=60, token=tokens["nina"])
+    assert again["attempts"] == 2 and again["quota_held"] is True
+    for job, user in ((nlp, "nina"), (vision, "alice")):
+        assert hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=tokens[user]).status_code == 200

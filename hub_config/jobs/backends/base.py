@@ -74,3 +74,7 @@ class JobBackend(abc.ABC):
         """Stop a job whose share reclaim took (``takes_back`` backends only): running, it is
         preempted and queued again; queued, it stays queued (without devices)."""
         raise NotImplementedError(f"the {self.name} backend does not take jobs back (takes_back is False)")
+
+    def frees_within(self) -> float:
+        """Seconds within which a job taken back has freed its devices (``takes_back`` backends)."""
+        raise NotImplementedError(f"the {self.name} backend does not take jobs back (takes_back is False)")

@@ -424,6 +424,9 @@ class LocalJobBackend(JobConfinement, JobBackend):
             self.preempting[victim_id] = rec.id
             self._terminate(victim_id, jobspec.QUEUED)
 
+    def frees_within(self) -> float:
+        return self.settings.stop_grace_seconds + KILL_MARGIN_SECONDS + self.settings.poll_interval
+
     def take_back(self, rec: JobRecord, reason: str) -> None:
         """Reclaim took ``rec``'s share: a running job is preempted (its grace, then queued again,
         waiting to be admitted); a queued one gives up any devices it was placed on."""
