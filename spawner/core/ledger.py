@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from .ledger_tree import (
     DepartmentTotals,
     TeamState,
+    covers,
     department_full,
     department_refusal,
     fair_share_refusal,
@@ -266,6 +267,7 @@ class Ledger:
         """Each department's teams with waiting work (read by every borrowing admission)."""
         for dt in self._dept_totals.values():
             dt.waiting = [name for name in dt.teams if name in self._waiting]
+            dt.waiting_milli = sum(self._waiting[name] for name in dt.waiting)
 
     def waiting(self) -> dict[str, int]:
         """Milli-GPUs waiting per team, as last set (:meth:`set_waiting`)."""
@@ -375,8 +377,8 @@ class Ledger:
                 reclaim = reclaim_for(team, dept, at, short, over, milli, self._teams.values(), held_by, work)
                 asks = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
                 return refuse(department_refusal(dept.name, where, held_d, burst_d, asks, reclaim), reclaim, over)
-        if over and dt is not None and dt.waiting and dt.waiting != [team_name]:  # others wait: by weight
-            said = self._weighted_refusal(team, dt, milli)
+        if over and dt is not None and dt.waiting and dt.waiting != [team_name] and not covers(dt, team, milli):
+            said = self._weighted_refusal(team, dt, milli)  # others wait for what this would take: by weight
             if said:
                 return refuse(said)
         return Decision(True, "", team_name, user, milli, over, members, pool)

@@ -58,7 +58,7 @@ from .units import format_gpus
 class DepartmentTotals:
     """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
 
-    __slots__ = ("held", "per_pool", "by_pool", "burst", "teams", "waiting")
+    __slots__ = ("held", "per_pool", "by_pool", "burst", "teams", "waiting", "waiting_milli")
 
     def __init__(self, burst: int, by_pool: bool) -> None:
         self.held = 0
@@ -69,6 +69,8 @@ class DepartmentTotals:
         #: Its teams' names, and those of them with waiting work (weighted borrowing).
         self.teams: list[str] = []
         self.waiting: list[str] = []
+        #: What those teams have waiting, in all.
+        self.waiting_milli = 0
 
     def add(self, milli: int, pool: str, sign: int) -> None:
         self.held += sign * milli
@@ -78,6 +80,15 @@ class DepartmentTotals:
                 self.per_pool[pool] = in_pool
             else:
                 self.per_pool.pop(pool, None)
+
+
+def covers(dt: DepartmentTotals, team: Team, milli: int) -> bool:
+    """Does the department's idle capacity cover ``milli`` (a request within ``team``'s burst,
+    as the ledger checks first) and all its teams' waiting work (``team`` of a weight above
+    0)? Then every demand fits what the department can lend, the
+    fair share of each team of a weight above 0 is its whole demand, and weighted borrowing
+    refuses ``team`` nothing (:func:`fair_share_refusal` need not run: O(1))."""
+    return team.fair_share_weight > 0 and dt.burst - dt.held >= milli + dt.waiting_milli
 
 
 def department_full(
@@ -235,6 +246,7 @@ def reclaim_for(
 __all__ = [
     "DepartmentTotals",
     "TeamState",
+    "covers",
     "department_fair_shares",
     "department_full",
     "department_refusal",

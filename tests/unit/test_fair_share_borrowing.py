@@ -161,6 +161,10 @@ def test_refusals_only_while_another_waits_first_in_fair_share_order(teams, extr
         assert said.startswith(f"team {me.name} would borrow ") and " waits with " in said
     else:
         assert not first or after <= shares[me.name]
+    # the ledger's O(1) shortcut (for a request within the team's burst, which the ledger checked
+    # first): idle capacity covering the request and all waiting work refuses nothing
+    if me.weight > 0 and me.held + milli <= me.burst and extra >= milli + sum(t.waiting for t in teams):
+        assert not said
     # the shares never hand out more than the department can lend, nor more than asked
     borrowable = max(0, burst - sum(min(t.held, t.guarantee) for t in teams))
     assert sum(shares.values()) <= borrowable
