@@ -156,7 +156,14 @@ class QueueRunner:
         """Tell the ledger what waits (each waiting entry's team and GPUs, in queue order): the
         demand its weighted borrowing reads. The entries still in the queue."""
         active = self.store.active() if active is None else active
-        self.runtime.ledger.set_waiting((e.team, e.milli) for e in queue_order(active) if e.state == WAITING)
+        ledger = self.runtime.ledger
+
+        def may_start(e: QueueEntry) -> bool:  # an entry its user's cap holds back is no demand on others
+            team = ledger.team(e.team)
+            cap = team.per_user_cap_milli if team is not None else None
+            return cap is None or ledger.user_held(e.team, e.user) + e.milli <= cap
+
+        ledger.set_waiting((e.team, e.milli) for e in queue_order(active) if e.state == WAITING and may_start(e))
         return active
 
     def poke(self) -> None:
