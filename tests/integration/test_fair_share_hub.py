@@ -39,13 +39,8 @@ TEAM = {"nina": "nlp", "nick": "nlp", "alice": "vision", "bob": "vision", "barb"
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    h = RunningHub(tmp_path_factory.mktemp("fair-share-hub"), CATALOG, extra_config=EXTRA)
-    try:
-        h.start()
-        yield h
-    finally:
-        h.close()
+def hub(start_hub):
+    return start_hub(CATALOG, extra_config=EXTRA)
 
 
 @pytest.fixture(scope="module")
