@@ -27,6 +27,7 @@ import {
   nodesTotal,
   parameterText
 } from './logic';
+import { FieldError, invalid, ParameterFields, SweepFields } from './jobFields';
 import { trapFocus } from './modal';
 import {
   buildSweepRequest,
@@ -57,19 +58,6 @@ const STATUS_ID = 'gpulab-job-choice-status';
 
 function teamOf(me: IMe, name: string): ITeamView | undefined {
   return me.teams.find(t => t.name === name) ?? me.teams[0];
-}
-
-/** A field's error, under the field; the field points at it (aria-describedby) and is marked invalid. */
-function FieldError({ id, text }: { id: string; text: string | undefined }): JSX.Element | null {
-  return text ? (
-    <span id={id} className="gpulab-field-error">
-      {text}
-    </span>
-  ) : null;
-}
-
-function invalid(id: string, text: string | undefined) {
-  return text ? { 'aria-invalid': true, 'aria-describedby': id } : {};
 }
 
 interface IJobDialogProps {
@@ -362,132 +350,23 @@ function JobDialogView({ me, initial, submit, cancel }: IJobDialogProps): JSX.El
             )}
           </div>
           {!script && (
-            <fieldset className="gpulab-field gpulab-params">
-              <legend>Parameters</legend>
-              {form.parameters.length === 0 && (
-                <div className="gpulab-muted">
-                  No parameters (the notebook’s cell tagged “parameters” sets none).
-                </div>
-              )}
-              {form.parameters.map((p, i) => {
-                const err = visible(`param-${i}`);
-                const label = p.name || `parameter ${i + 1}`;
-                return (
-                  <div key={i} className="gpulab-param-row">
-                    <div className="gpulab-param">
-                      <input
-                        className="jp-mod-styled"
-                        aria-label={`Name of parameter ${i + 1}`}
-                        data-param-name={i}
-                        value={p.name}
-                        onChange={e => setParam(i, { name: e.target.value })}
-                        onBlur={() => touch(`param-${i}`)}
-                        {...invalid(`gpulab-err-param-${i}`, err)}
-                      />
-                      <span aria-hidden="true">=</span>
-                      <input
-                        className="jp-mod-styled"
-                        aria-label={`Value of ${label}`}
-                        name={`param-${p.name}`}
-                        value={p.value}
-                        onChange={e => setParam(i, { value: e.target.value })}
-                      />
-                      <button
-                        type="button"
-                        className="jp-mod-styled gpulab-small gpulab-remove-param"
-                        aria-label={`Remove ${label}`}
-                        title={`Remove ${label}`}
-                        onClick={() => removeParam(i)}
-                      >
-                        Remove
-                      </button>
-                    </div>
-                    <FieldError id={`gpulab-err-param-${i}`} text={err} />
-                  </div>
-                );
-              })}
-              <button
-                type="button"
-                className="jp-mod-styled gpulab-small gpulab-add-param"
-                onClick={() =>
-                  update({ parameters: [...form.parameters, { name: '', value: '' }] })
-                }
-              >
-                Add parameter
-              </button>
-            </fieldset>
+            <ParameterFields
+              parameters={form.parameters}
+              setParam={setParam}
+              removeParam={removeParam}
+              add={() => update({ parameters: [...form.parameters, { name: '', value: '' }] })}
+              visible={visible}
+              touch={touch}
+            />
           )}
-          <details className="gpulab-field gpulab-sweep-fields" open={sweeping}>
-            <summary>Sweep: run it once per combination of parameter values</summary>
-            <label className="gpulab-field">
-              <span>
-                Grid, one parameter per line{' '}
-                {script ? '(passed as --name value)' : '(over the parameters above)'}
-              </span>
-              <textarea
-                className="jp-mod-styled gpulab-grid"
-                name="grid"
-                rows={3}
-                value={sweep.grid}
-                placeholder={'lr = 0.0001, 0.0003, 0.001\nseed = 0, 1'}
-                onChange={e => updateSweep({ grid: e.target.value })}
-                onBlur={() => touch('grid')}
-                aria-describedby="gpulab-grid-runs"
-                {...invalid('gpulab-err-grid', gridError)}
-              />
-              <span
-                id="gpulab-grid-runs"
-                className="gpulab-muted gpulab-grid-runs"
-                aria-live="polite"
-              >
-                {sweeping && !sweepProblems.grid
-                  ? `${runs} run${runs === 1 ? '' : 's'}, each a ${form.jobClass} job of its own`
-                  : 'Empty: one job.'}
-              </span>
-              <FieldError id="gpulab-err-grid" text={gridError} />
-            </label>
-            {sweeping && (
-              <div className="gpulab-row">
-                <label className="gpulab-field gpulab-time-limit">
-                  <span>At most … at once</span>
-                  <input
-                    className="jp-mod-styled"
-                    name="max_parallel"
-                    type="number"
-                    min={1}
-                    step={1}
-                    value={sweep.maxParallel}
-                    placeholder={String(Math.min(runs || 1, 4))}
-                    onChange={e => updateSweep({ maxParallel: e.target.value })}
-                    {...invalid('gpulab-err-parallel', sweepProblems.max_parallel)}
-                  />
-                  <FieldError id="gpulab-err-parallel" text={sweepProblems.max_parallel} />
-                </label>
-                <label className="gpulab-field gpulab-grow">
-                  <span>Best run by metric (optional)</span>
-                  <input
-                    className="jp-mod-styled"
-                    name="objective"
-                    value={sweep.metric}
-                    placeholder="loss"
-                    onChange={e => updateSweep({ metric: e.target.value })}
-                  />
-                </label>
-                <label className="gpulab-field">
-                  <span>Better</span>
-                  <select
-                    className="jp-mod-styled"
-                    name="direction"
-                    value={sweep.direction}
-                    onChange={e => updateSweep({ direction: e.target.value as 'min' | 'max' })}
-                  >
-                    <option value="min">lower</option>
-                    <option value="max">higher</option>
-                  </select>
-                </label>
-              </div>
-            )}
-          </details>
+          <SweepFields
+            sweep={sweep}
+            update={updateSweep}
+            script={script}
+            jobClass={form.jobClass}
+            gridError={gridError}
+            touch={touch}
+          />
         </form>
       </div>
       <div className="jp-Dialog-footer">
