@@ -147,3 +147,22 @@ def test_an_in_quota_notebook_takes_back_the_borrowed_job_and_starts_when_its_gp
     assert again["attempts"] == 2 and again["quota_held"] is True
     for job, user in ((nlp, "nina"), (vision, "alice")):
         assert hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=tokens[user]).status_code == 200
+
+
+def test_a_job_taken_back_stays_without_its_share_across_a_hub_restart(hub, tokens):
+    nlp = work(hub, tokens["nina"], 60, "nlp-restart")
+    vision = work(hub, tokens["alice"], 60, "vision-restart")
+    for job, user in ((nlp, "nina"), (vision, "alice")):
+        wait_state(hub, job["id"], "running", token=tokens[user])
+    audio = work(hub, tokens["ada"], 60, "audio-restart")
+    wait_state(hub, nlp["id"], "queued", timeout=30, token=tokens["nina"])
+    wait_state(hub, audio["id"], "running", timeout=30, token=tokens["ada"])
+    hub.restart()
+    # the ledger rebuilt from the database: the job taken back holds nothing, the others do
+    keys = {w["key"] for w in hub.holdings()}
+    assert keys == {f"job:{vision['id']}", f"job:{audio['id']}"}, keys
+    after = get_job(hub, nlp["id"], tokens["nina"])
+    assert after["state"] == "queued" and after["quota_held"] is False
+    assert after["reason"].startswith("waiting to be admitted again: department research holds 2 of its 2"), after
+    for job, user in ((nlp, "nina"), (vision, "alice"), (audio, "ada")):
+        assert hub.api("POST", f"/gpulab/jobs/{job['id']}/cancel", token=tokens[user]).status_code == 200
