@@ -48,8 +48,9 @@ def take_back(service: JobService, decision: Decision, for_what: str) -> list[in
     if not decision.reclaim or len(ids) != len(decision.reclaim):
         return []
     records = [service.get_job(i) for i in ids]
-    if any(r is None or r.state not in (jobspec.RUNNING, jobspec.QUEUED) or not r.quota_held for r in records):
-        return []  # changed since the choice: the requester is refused with the ledger's words
+    backend = service.backend
+    if any(r is None or not r.quota_held or not backend.can_take_back(r) for r in records):
+        return []  # changed since the choice, or mid-start: the requester is refused with the ledger's words
     ledger = service.runtime.ledger
     taken = []
     for rec in records:

@@ -75,6 +75,10 @@ class JobBackend(abc.ABC):
         preempted and queued again; queued, it stays queued (without devices)."""
         raise NotImplementedError(f"the {self.name} backend does not take jobs back (takes_back is False)")
 
+    def can_take_back(self, rec: JobRecord) -> bool:
+        """Can :meth:`take_back` stop ``rec`` now (not mid-start, not already stopping)?"""
+        return False
+
     def frees_within(self) -> float:
         """Seconds within which a job taken back has freed its devices (``takes_back`` backends)."""
         raise NotImplementedError(f"the {self.name} backend does not take jobs back (takes_back is False)")

@@ -48,6 +48,7 @@ from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.backends.local_confinement import JobConfinement
+from hub_config.jobs.backends.local_reclaim import JobTakeBack
 from hub_config.jobs.backends.local_runner import (
     MAX_STATUS_BYTES,
     RUNNER_MODULE,
@@ -75,14 +76,12 @@ from spawner.local.processes import command_line, owner, process_alive, signal_g
 KILL_MARGIN_SECONDS = 3.0
 
 
-class LocalJobBackend(JobConfinement, JobBackend):
+class LocalJobBackend(JobConfinement, JobTakeBack, JobBackend):
     """Runs jobs as local processes; see the module docstring."""
 
     name = "local"
     #: The hub can read the users' homes (check notebooks, serve logs and outputs).
     sees_homes = True
-    #: Borrowed jobs are taken back here for other teams' in-quota work (hub_config/jobs/reclaim.py).
-    takes_back = True
 
     def __init__(self, service):
         super().__init__(service)
@@ -423,20 +422,6 @@ class LocalJobBackend(JobConfinement, JobBackend):
             )
             self.preempting[victim_id] = rec.id
             self._terminate(victim_id, jobspec.QUEUED)
-
-    def frees_within(self) -> float:
-        return self.settings.stop_grace_seconds + KILL_MARGIN_SECONDS + self.settings.poll_interval
-
-    def take_back(self, rec: JobRecord, reason: str) -> None:
-        """Reclaim took ``rec``'s share: a running job is preempted (its grace, then queued again,
-        waiting to be admitted); a queued one gives up any devices it was placed on."""
-        if rec.state == jobspec.RUNNING and rec.id in self.pids:
-            if rec.id not in self.stopping:
-                self.service.transition(rec.id, jobspec.PREEMPTED, reason)
-                self._terminate(rec.id, jobspec.QUEUED)
-        elif rec.state == jobspec.QUEUED and rec.id not in self.busy:
-            self._release_devices(rec.id)
-            self.service.set_reason(rec.id, reason)
 
     # -- processes -------------------------------------------------------------------------
 
