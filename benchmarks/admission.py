@@ -67,18 +67,26 @@ TIMED_KEYS = (
 )
 
 
-def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -> tuple[Catalog, Ledger, list[Team]]:
+def build_world(
+    n_workloads: int, n_teams: int, seed: int, tree: bool = False, borrowing: bool = False
+) -> tuple[Catalog, Ledger, list[Team]]:
     """Teams, 20 profiles and a ledger holding ``n_workloads`` running workloads.
 
     Each team's burst is what its workloads hold plus 64 GPUs of headroom, and
     its guarantee is half of that, so new admissions are allowed and some run
-    over quota (both code paths are exercised).
+    over quota (both code paths are exercised). ``borrowing``: the guarantee is half of
+    what the team holds instead, so every team already borrows and every admission is a
+    borrowing one (the path weighted borrowing checks).
 
     ``tree``: the same world with a GPU pool per model, every team holding a quota
     in two of them (its whole guarantee and burst, so the same admissions are allowed and
     the same ones run over quota: the spawn page says the same), and teams
     in departments of ten whose bounds are their teams' sums: every admission then
-    checks the pool's quota and the department's bound too.
+    checks the pool's quota and the department's bound too. And in each department one
+    team has a GPU waiting in the spawn queue (``Ledger.set_waiting``), so every borrowing
+    admission also runs weighted borrowing's fair-share check (it never refuses here:
+    each department's idle capacity covers every team's demand, so the admissions stay
+    the flat catalog's).
     """
     rng = random.Random(seed)
     held = [0] * n_teams
@@ -91,11 +99,12 @@ def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -
     teams = []
     for t in range(n_teams):
         burst = held[t] + 64_000
+        guarantee = held[t] // 2 if borrowing else burst // 2
         members = frozenset({PAGE_USER}) if t < PAGE_TEAMS else frozenset()
         tree_fields: dict[str, Any] = {}
         if tree:
             tree_fields = {
-                "pools": tuple(PoolQuota(f"pool-{m}", burst // 2, burst) for m in range(2)),
+                "pools": tuple(PoolQuota(f"pool-{m}", guarantee, burst) for m in range(2)),
                 "department": f"dept-{t // TEAMS_PER_DEPARTMENT:04d}",
                 "fair_share_weight": float(1 + t % 3),
             }
@@ -103,7 +112,7 @@ def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -
             Team(
                 name=f"team-{t:04d}",
                 users=members,
-                guarantee_milli=burst // 2,
+                guarantee_milli=guarantee,
                 burst_milli=burst,
                 per_user_cap_milli=burst,
                 **tree_fields,
@@ -139,13 +148,15 @@ def build_world(n_workloads: int, n_teams: int, seed: int, tree: bool = False) -
             )
         )
     assert len(ledger.workloads()) == n_workloads
+    if tree:
+        ledger.set_waiting((teams[t].name, 1000) for t in range(0, n_teams, TEAMS_PER_DEPARTMENT))
     return catalog, ledger, teams
 
 
 def measure(
-    n_workloads: int, n_teams: int, ops: int, page_renders: int, seed: int, tree: bool = False
+    n_workloads: int, n_teams: int, ops: int, page_renders: int, seed: int, tree: bool = False, borrowing: bool = False
 ) -> dict[str, Any]:
-    catalog, ledger, teams = build_world(n_workloads, n_teams, seed, tree)
+    catalog, ledger, teams = build_world(n_workloads, n_teams, seed, tree, borrowing)
     rng = random.Random(seed + 1)
     requests = [
         (

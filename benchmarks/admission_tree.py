@@ -4,7 +4,10 @@ The same worlds as :mod:`admission` (live workloads, teams, 20 profiles over 4 G
 models), measured twice, interleaved: *flat* (a team's guarantee and burst for any
 pool, no departments: the catalogs gpulab had before pools) and *tree* (a pool per GPU
 model, every team with a quota in two pools, teams in departments of ten, weights
-1-3), so every admission also checks its pool's quota and its department's bound.
+1-3, and one team per department with a GPU waiting in the spawn queue), so every
+admission also checks its pool's quota and its department's bound. Both worlds'
+teams already borrow (each is guaranteed half of what it holds), so every admission
+is a borrowing one and, in the tree, runs weighted borrowing's fair-share check.
 The claim: admission with pools and departments costs within 1.5x the flat catalog's
 at 10,000 live workloads and 1,000 teams. Run::
 
@@ -59,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeat):
         for variant in ("flat", "tree"):
             gc.collect()
-            r = measure(args.workloads, args.teams, args.ops, args.renders, args.seed, tree=variant == "tree")
+            r = measure(
+                args.workloads, args.teams, args.ops, args.renders, args.seed, tree=variant == "tree", borrowing=True
+            )
             runs[variant].append(r)
             print(
                 f"  [{rep + 1}/{args.repeat}] {variant}: reserve+release p50 {r['reserve_release_p50_us']:.2f} µs, "

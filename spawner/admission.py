@@ -14,9 +14,10 @@ spawn-failure metric (``invalid-options``, ``forbidden``, ``quota``, ``capacity`
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 
@@ -25,6 +26,8 @@ from spawner.core.identity import TeamGrant
 from spawner.core.ledger import Decision
 from spawner.core.policy import PolicyError, SpawnRequest, resolve_request
 from spawner.runtime import GPULabRuntime, current_runtime
+
+T = TypeVar("T")
 
 
 def refusal(message: str, status: int = 400, reason: str = "gpulab") -> SpawnException:
@@ -59,6 +62,9 @@ class Admission:
         self.groups = groups
         self.key = key
         self.log = log
+        #: Seconds within which work reclaim took back for this server frees its devices
+        #: (``None``: none was taken back).
+        self.reclaim_wait: float | None = None
 
     def resolve(self, options: Any) -> SpawnRequest:
         """The team, profile and image ``options`` ask for, or a refusal that says why not
@@ -79,7 +85,9 @@ class Admission:
         ``sentence(reason)``. Nothing else holds the lock between the check and the record.
 
         First the team's GPU-hour budgets: one at 100 % refuses (403, reason ``budget``) or
-        lets the work start only over quota, as the admin chose."""
+        lets the work start only over quota, as the admin chose. In-quota work held back by
+        its department's borrowers has the runtime take their work back first
+        (``runtime.take_back``; :attr:`reclaim_wait` then says how long their devices may take)."""
         profile = request.profile
         may_burst = profile.priority_class.may_burst
         budget = self.runtime.budget_verdict(request.team.name, self.user, may_burst) if milli else None
@@ -89,20 +97,44 @@ class Admission:
         preemptible = budget is not None and budget.action != ALLOW
         if budget is not None and preemptible:
             self.log.info("gpulab: %s starts over quota only: %s", self.key, budget.sentence)
-        decision = self.runtime.ledger.reserve(
-            self.key,
-            request.team.name,
-            self.user,
-            milli,
-            profile=profile.slug,
-            kind="notebook",
-            may_burst=may_burst,
-            preemptible=preemptible,
-        )
+        kinds = self.runtime.reclaim_kinds
+
+        def reserve() -> Decision:
+            return self.runtime.ledger.reserve(
+                self.key,
+                request.team.name,
+                self.user,
+                milli,
+                profile=profile.slug,
+                kind="notebook",
+                may_burst=may_burst,
+                preemptible=preemptible,
+                reclaim_kinds=kinds,
+            )
+
+        decision = reserve()
+        self.reclaim_wait = None
+        if not decision.allowed and decision.reclaim and not decision.over_quota and kinds is not None:
+            # In-quota work its department's borrowers hold back: their work gives its share back.
+            what = f"{self.user}'s server ({profile.display_name}) in team {request.team.name}"
+            self.reclaim_wait = self.runtime.take_back(decision, what)
+            if self.reclaim_wait is not None:
+                decision = reserve()
         if not decision.allowed:
             self.log.info("gpulab: refused %s (%s): %s", self.key, profile.slug, decision.reason)
             raise refusal(sentence(decision.reason), 403, "quota")
         return decision
+
+    async def placed(self, place: Callable[[], T | None]) -> T | None:
+        """``place()``, and while work taken back for this server frees its devices
+        (:attr:`reclaim_wait`), again until it fits or that time is over."""
+        placement = place()
+        if placement is None and self.reclaim_wait:
+            deadline = asyncio.get_running_loop().time() + self.reclaim_wait
+            while placement is None and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.25)
+                placement = place()
+        return placement
 
     def confirm(self) -> None:
         """The server runs: its reservation becomes a running workload."""

@@ -181,6 +181,10 @@ def _no_right_size(user: str, profile: Any) -> str:
     return ""
 
 
+def _no_take_back(decision: Any, for_what: str) -> float | None:
+    return None
+
+
 def _forget_choice(user: str, team: str, profile: str, image: str) -> None:
     return None
 
@@ -256,6 +260,13 @@ class GPULabRuntime:
         #: cluster names it (Kubernetes: GPUKubeSpawner installs its pod informers' reader; the
         #: hub's session GPU recorder keys the session's dcgm-exporter series by it).
         self.workload_pod: Callable[[str], tuple[str, str] | None] = _no_pod
+        #: ``take_back(decision, for_what) -> seconds | None``: execute a refusal's reclaim choice
+        #: (``Decision.reclaim``: borrowed work of ``reclaim_kinds``) for in-quota work; the seconds
+        #: within which the work taken back frees its devices, ``None`` when nothing was taken.
+        #: The single server's job service installs it (``hub_config.jobs.reclaim``); elsewhere
+        #: (Kubernetes: Kueue reclaims) nothing is taken back here.
+        self.take_back: Callable[[Any, str], float | None] = _no_take_back
+        self.reclaim_kinds: frozenset[str] | None = None
         #: ``c.GPULab.data_disks`` and ``min_free_disk_mib`` (in bytes): see :meth:`disk_full`.
         self.data_disks: dict[str, str] = {}
         self.min_free_disk_bytes = 0

@@ -12,6 +12,7 @@ team's ``pools``, ``department`` and ``fair_share_weight`` are edited on the tea
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 from tornado import web
@@ -31,17 +32,27 @@ class TreeHandler(AdminAPIHandler):
         self.write_json(quota_tree(runtime.catalog, runtime.ledger))
 
 
-class _SectionHandler(AdminAPIHandler):
-    """One of the catalog's named sections (``departments``, ``pools``), edited as a list of dicts."""
+class _Section(abc.ABC):
+    """One of the catalog's named sections (``departments``, ``pools``): what its handlers read."""
 
     section = ""
     noun = ""
 
+    @abc.abstractmethod
     def entries(self, catalog: Catalog) -> dict[str, Any]:
-        raise NotImplementedError
+        """The section's entries by name."""
 
+    @abc.abstractmethod
     def as_json(self, catalog: Catalog, name: str) -> dict[str, Any] | None:
-        raise NotImplementedError
+        """One entry as the API answers it (``None``: there is none)."""
+
+    @abc.abstractmethod
+    def users_of(self, catalog: Catalog, name: str) -> list[str]:
+        """What uses the entry ("team vision"): it cannot be deleted while anything does."""
+
+
+class _SectionHandler(_Section, AdminAPIHandler):
+    """A handler of one section, edited as a list of dicts."""
 
     def existing(self, name: str) -> None:
         if name not in self.entries(self.gpulab.catalog):
@@ -111,11 +122,8 @@ class _Item(_SectionHandler):
         )
         self.set_status(204)
 
-    def users_of(self, catalog: Catalog, name: str) -> list[str]:
-        raise NotImplementedError
 
-
-class _Departments:
+class _Departments(_Section):
     section = "departments"
     noun = "department"
 
@@ -132,7 +140,7 @@ class _Departments:
         return [f"team {t.name}" for t in catalog.teams.values() if t.department == name]
 
 
-class _Pools:
+class _Pools(_Section):
     section = "pools"
     noun = "pool"
 

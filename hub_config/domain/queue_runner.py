@@ -55,6 +55,7 @@ from spawner.core.queue import (
     position_sentence,
     predict_start,
     prediction_sentence,
+    queue_order,
 )
 from spawner.runtime import GPULabRuntime
 
@@ -151,6 +152,20 @@ class QueueRunner:
 
     # -- the walk -------------------------------------------------------------------------
 
+    def publish_waiting(self, active: list[QueueEntry] | None = None) -> list[QueueEntry]:
+        """Tell the ledger what waits (each waiting entry's team and GPUs, in queue order): the
+        demand its weighted borrowing reads. The entries still in the queue."""
+        active = self.store.active() if active is None else active
+        ledger = self.runtime.ledger
+
+        def may_start(e: QueueEntry) -> bool:  # an entry its user's cap holds back is no demand on others
+            team = ledger.team(e.team)
+            cap = team.per_user_cap_milli if team is not None else None
+            return cap is None or ledger.user_held(e.team, e.user) + e.milli <= cap
+
+        ledger.set_waiting((e.team, e.milli) for e in queue_order(active) if e.state == WAITING and may_start(e))
+        return active
+
     def poke(self) -> None:
         """Walk the queue soon (safe from any thread)."""
         loop = self._loop
@@ -174,7 +189,7 @@ class QueueRunner:
         try:
             while True:
                 self._again = False
-                pick = next_to_start(self.store.active(), self.fits)
+                pick = next_to_start(self.publish_waiting(), self.fits)
                 if pick is None or not self.store.mark(pick.id, STARTING, "starting", expect=(WAITING,)):
                     if self._again:
                         continue
@@ -293,6 +308,7 @@ class QueueRunner:
             image=request.image.slug if request.image else "",
         )
         joined = self.store.join(entry, self.settings.max_entries_per_user)
+        self.publish_waiting()
         log.info(
             "gpulab: %s queued %s/%s for %s in team %s (entry %d)",
             user,
@@ -307,6 +323,7 @@ class QueueRunner:
 
     def cancel(self, user: str, entry_id: int) -> QueueEntry:
         entry = self.store.cancel(entry_id, user)
+        self.publish_waiting()
         log.info("gpulab: %s cancelled queue entry %d", user, entry_id)
         self.poke()  # those behind it may fit now
         return entry
@@ -368,6 +385,7 @@ class QueueRunner:
         recovered = self.store.recover("waiting again after a hub restart")
         if recovered:
             log.info("gpulab: %d queue entr(ies) left starting by the last hub wait again", recovered)
+        self.publish_waiting()  # what waited before a restart is demand again at once
         try:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from spawner.core.catalog import Catalog
-from spawner.core.ledger import Ledger, NodeUsage
+from spawner.core.ledger import Ledger
+from spawner.core.ledger_tree import TeamState, department_fair_shares
 from spawner.core.model import Team
-from spawner.core.quota_tree import PoolQuota, borrowed, fair_shares, weighted_share
+from spawner.core.quota_tree import NodeUsage, PoolQuota, borrowed, fair_shares, weighted_share
 from spawner.core.units import format_gpus
 
 
@@ -36,7 +37,7 @@ def _pools(quotas: tuple[PoolQuota, ...], held: dict[str, int]) -> list[dict[str
     ]
 
 
-def _team(ledger: Ledger, team: Team, fair: int | None) -> dict[str, Any]:
+def _team(ledger: Ledger, team: Team, fair: int | None, now: int | None = None, waiting: int = 0) -> dict[str, Any]:
     u = ledger.usage(team.name)
     node = _node(NodeUsage(team.name, team.guarantee_milli, team.burst_milli, u.held_milli))
     return {
@@ -47,6 +48,8 @@ def _team(ledger: Ledger, team: Team, fair: int | None) -> dict[str, Any]:
         "fair_share_weight": team.fair_share_weight,
         "weighted_share": weighted_share(node["borrowed_milli"], team.fair_share_weight),
         "fair_share_milli": fair,
+        "fair_share_now_milli": now,
+        "waiting_milli": waiting,
         "pools": _pools(team.pools, ledger.held_in_pools(team.name)),
     }
 
@@ -56,8 +59,12 @@ def quota_tree(catalog: Catalog, ledger: Ledger) -> dict[str, Any]:
 
     A department's teams get ``fair_share_milli``: what of the department's idle
     capacity above their guarantees (burst minus what its teams are guaranteed) each
-    would borrow if every one of them wanted up to its own burst, split by weight.
+    would borrow if every one of them wanted up to its own burst, split by weight; and
+    ``fair_share_now_milli``: the share the ledger's weighted borrowing holds it to now,
+    from what each holds and has waiting in the spawn queue (``waiting_milli``); ``None``
+    while no team of the department waits (idle capacity then goes first-come).
     """
+    waiting = ledger.waiting()
     out_departments = []
     for dept in catalog.departments.values():
         usage = ledger.department_usage(dept.name) or NodeUsage(dept.name, dept.guarantee_milli, dept.burst_milli, 0)
@@ -68,6 +75,10 @@ def quota_tree(catalog: Catalog, ledger: Ledger) -> dict[str, Any]:
             {t.name: borrowed(t.burst_milli, t.guarantee_milli) for t in members},
             {t.name: t.fair_share_weight for t in members},
         )
+        states = [TeamState.of(t, ledger.usage(t.name).held_milli, waiting, {}) for t in members]
+        # Only while a team of it waits does weighted borrowing hold anyone back.
+        contended = any(waiting.get(t.name, 0) for t in members)
+        now = department_fair_shares(states, dept.burst_milli) if contended else {}
         out_departments.append(
             {
                 "name": dept.name,
@@ -75,7 +86,7 @@ def quota_tree(catalog: Catalog, ledger: Ledger) -> dict[str, Any]:
                 "kind": "department",
                 **_node(usage),
                 "pools": _pools(dept.pools, ledger.department_pools(dept.name)),
-                "teams": [_team(ledger, t, fair.get(t.name)) for t in members],
+                "teams": [_team(ledger, t, fair.get(t.name), now.get(t.name), waiting.get(t.name, 0)) for t in members],
             }
         )
     return {

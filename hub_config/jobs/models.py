@@ -6,7 +6,7 @@ import datetime
 import json
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, DateTime, Integer, String, Text, UniqueConstraint, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from hub_config.storage.db import Base, iso, utcnow
@@ -29,6 +29,10 @@ class JobRecord(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     over_quota: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: It holds its quota admission in the ledger (running, or queued for devices). ``False``: a
+    #: queued job whose share reclaim took back for another team's in-quota work; it waits to be
+    #: admitted again (:mod:`hub_config.jobs.reclaim`).
+    quota_held: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     #: The path of what runs: the notebook, or the script when ``kind`` is ``script``.
     notebook: Mapped[str] = mapped_column(Text)
     #: ``notebook`` (papermill) or ``script`` (Python with ``args``).
@@ -96,6 +100,7 @@ class JobRecord(Base):
             "reason": self.reason,
             "gpu_milli": self.gpu_milli,
             "over_quota": self.over_quota,
+            "quota_held": self.quota_held,
             "kind": self.kind,
             # The path of what runs, for either kind: clients written before scripts read it.
             "notebook": self.notebook,

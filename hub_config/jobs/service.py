@@ -10,7 +10,9 @@ Quota: a job is admitted at submission by :meth:`Ledger.reserve
 <spawner.core.ledger.Ledger.reserve>` -- the same ledger, the same rules as a
 notebook spawn (``batch`` may burst above the guarantee as preemptible work,
 ``training`` never goes over quota) -- and holds its share until it reaches a
-final state. A refusal says why and stores nothing.
+final state. A refusal says why and stores nothing. In-quota work held back by
+borrowers of its department takes their jobs back first, on a backend that runs jobs
+itself (:mod:`hub_config.jobs.reclaim`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from hub_config.jobs import reclaim
 from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.homes import Homes, HubHomes, OwnerHomes, refusal
 from hub_config.jobs.models import JobRecord
@@ -93,6 +96,8 @@ class JobService:
         if self._task is not None:
             return
         for rec in self.active_jobs():
+            if not rec.quota_held:  # reclaim took its share: it waits to be admitted again
+                continue
             w = Workload(
                 jobspec.workload_key(rec.id),
                 rec.team,
@@ -105,6 +110,7 @@ class JobService:
                 rec.nodes,
             )
             self.runtime.ledger.adopt(w)
+        reclaim.install(self)  # notebook spawns take borrowed jobs back too
         self._task = asyncio.ensure_future(self._loop())
         log.info("gpulab jobs: %s backend started", self.backend.name)
 
@@ -116,7 +122,11 @@ class JobService:
         while True:
             # Cleared before the ticks: a wake during one (a job submitted, a sweep's run ended) ticks again.
             self._wake.clear()
-            for what, tick in (("backend", self.backend.tick), ("sweeps", self.sweeps.tick)):
+            for what, tick in (
+                ("reclaim", self._readmit),
+                ("backend", self.backend.tick),
+                ("sweeps", self.sweeps.tick),
+            ):
                 try:
                     await tick()
                 except Exception as e:
@@ -129,6 +139,10 @@ class JobService:
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
             except asyncio.TimeoutError:
                 pass
+
+    async def _readmit(self) -> None:
+        if self.backend.takes_back:
+            reclaim.readmit(self)
 
     def wake(self) -> None:
         """Run the backend's next tick now (a job was submitted, cancelled or ended)."""
@@ -335,9 +349,23 @@ class JobService:
             log.warning("gpulab jobs: refused %s for %s: %s", sub.name, user, budget.sentence)
             raise JobSpecError(budget.sentence, 403)
         preemptible = budget is not None and budget.action != ALLOW
+        kinds = reclaim.RECLAIM_KINDS if self.backend.takes_back else None
         decision = ledger.admit(
-            request.team.name, user, milli, may_burst=may_burst, members=sub.nodes, profile=profile.slug
+            request.team.name,
+            user,
+            milli,
+            may_burst=may_burst,
+            members=sub.nodes,
+            profile=profile.slug,
+            reclaim_kinds=kinds,
         )
+        if not decision.allowed and decision.reclaim and not decision.over_quota and kinds is not None:
+            # In-quota work held back by borrowers of its department: take their jobs back, then admit.
+            taken = reclaim.take_back(self, decision, f"team {request.team.name}'s {sub.job_class} job {sub.name!r}")
+            if taken:
+                decision = ledger.admit(
+                    request.team.name, user, milli, may_burst=may_burst, members=sub.nodes, profile=profile.slug
+                )
         if decision.allowed and preemptible and not decision.over_quota:
             decision = replace(decision, over_quota=True)  # past its budget: preemptible
         if not decision.allowed:
@@ -465,6 +493,7 @@ class JobService:
             now = utcnow()
             for k, val in fields.items():
                 setattr(rec, k, val)
+            held = rec.quota_held  # False: reclaim took its share; it waits to be admitted again
             changed = rec.state != state
             if changed:
                 rec.record(state, reason, now)
@@ -477,7 +506,7 @@ class JobService:
         ledger = self.runtime.ledger
         if state == jobspec.RUNNING:
             ledger.confirm(key)
-        elif state in (jobspec.PREEMPTED, jobspec.QUEUED):
+        elif state in (jobspec.PREEMPTED, jobspec.QUEUED) and held:
             w = ledger.get(key)
             if w is None:
                 # Its pod is gone (Kueue suspended the Job, or a preemption), so

@@ -10,13 +10,16 @@ the cluster is the source of truth, the ledger is a cache of it.
 Costs are O(1) per admission: per-team, per-user, per-pool and per-department
 totals are kept incrementally rather than summed over workloads.
 
-GPU pools and departments (:mod:`spawner.core.quota_tree`): a workload's pool
-comes from its profile (``profile_pools``); it counts against the team's quota in
-that pool, if the team has one, as well as the team's totals, and against the
-team's department's burst. A refusal for a full department carries the reclaim
-choice (``Decision.reclaim``): the borrowed, preemptible work that taking back would
-make room, from the team furthest over its weighted share first. The ledger only
-names it; it stops nothing.
+GPU pools and departments (:mod:`spawner.core.quota_tree`, checked by
+:mod:`spawner.core.ledger_tree`): a workload's pool comes from its profile
+(``profile_pools``); it counts against the team's quota in that pool, if the team has
+one, as well as the team's totals, and against the team's department's burst. Borrowing
+within a department is weighted: while another team of the department waits (the spawn
+queue's waiting entries, :meth:`Ledger.set_waiting`) below its fair share, a team may
+borrow only up to its own. A refusal for a full department carries the reclaim choice
+(``Decision.reclaim``): the borrowed, preemptible work that taking back would make
+room, from the team furthest over its weighted share first. The ledger only names it;
+the caller takes it back (the single server's jobs: :mod:`hub_config.jobs.reclaim`).
 
 A multi-node job is a gang: ``members`` nodes of the same GPUs each. It is one
 workload holding the GPUs of all its members, reserved in the same single step
@@ -32,17 +35,17 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from .model import Team
-from .quota_tree import (
-    ANY_POOL,
-    Borrower,
-    Department,
-    Reclaimable,
-    borrowed,
-    pool_quota,
-    reclaim_choice,
-    weighted_share,
+from .ledger_tree import (
+    DepartmentTotals,
+    TeamState,
+    covers,
+    department_full,
+    department_refusal,
+    fair_share_refusal,
+    reclaim_for,
 )
+from .model import Team
+from .quota_tree import ANY_POOL, Department, NodeUsage, pool_quota
 from .units import format_gpus
 
 RESERVED = "reserved"
@@ -96,7 +99,8 @@ class Decision:
     team: str
     user: str
     milli: int
-    #: The work would run above the team's guarantee (and is preemptible).
+    #: The work would run above the team's guarantee (and is preemptible); in a refusal for a
+    #: full department, whether it would have (``False``: in-quota work that reclaim may make room for).
     over_quota: bool = False
     #: Members of the gang asked for (1: not a gang); ``milli`` is the whole gang's.
     members: int = 1
@@ -127,25 +131,6 @@ class TeamUsage:
     @property
     def free_milli(self) -> int:
         """Headroom up to the burst limit."""
-        return max(0, self.burst_milli - self.held_milli)
-
-
-@dataclass(frozen=True)
-class NodeUsage:
-    """One node of the quota tree (a department, a team, or either's share of one pool) now."""
-
-    name: str
-    guarantee_milli: int
-    burst_milli: int
-    held_milli: int
-
-    @property
-    def borrowed_milli(self) -> int:
-        """Held above the guarantee (preemptible)."""
-        return borrowed(self.held_milli, self.guarantee_milli)
-
-    @property
-    def free_milli(self) -> int:
         return max(0, self.burst_milli - self.held_milli)
 
 
@@ -184,28 +169,6 @@ class _Totals:
                 self.per_pool.pop(w.pool, None)
 
 
-class _HeldTotals:
-    """What a department's teams hold together, in all and (when it has pool quotas) per pool."""
-
-    __slots__ = ("held", "per_pool", "by_pool", "burst")
-
-    def __init__(self, burst: int, by_pool: bool) -> None:
-        self.held = 0
-        self.per_pool: dict[str, int] = {}
-        #: The department's burst limit and whether it has pool quotas (read by every admission).
-        self.burst = burst
-        self.by_pool = by_pool
-
-    def add(self, w: Workload, sign: int) -> None:
-        self.held += sign * w.milli
-        if self.by_pool and w.pool:
-            in_pool = self.per_pool.get(w.pool, 0) + sign * w.milli
-            if in_pool:
-                self.per_pool[w.pool] = in_pool
-            else:
-                self.per_pool.pop(w.pool, None)
-
-
 class Ledger:
     """Thread-safe quota ledger over a set of teams."""
 
@@ -224,9 +187,13 @@ class Ledger:
         self._totals: dict[str, _Totals] = {}
         #: Per department: what its teams hold together (kept with the teams' totals), and
         #: the same object by each of its teams' names (one lookup per change).
-        self._dept_totals: dict[str, _HeldTotals] = {}
-        self._team_dept: dict[str, _HeldTotals] = {}
+        self._dept_totals: dict[str, DepartmentTotals] = {}
+        self._team_dept: dict[str, DepartmentTotals] = {}
         self._observers: list[LedgerObserver] = []
+        #: Team -> milli-GPUs of its waiting work (the spawn queue): the demand weighted borrowing reads.
+        self._waiting: dict[str, int] = {}
+        #: Team -> its first waiting request (what it would start next).
+        self._waiting_next: dict[str, int] = {}
         self.set_teams(teams, departments, profile_pools)
 
     # -- observers ----------------------------------------------------------
@@ -267,14 +234,45 @@ class Ledger:
             for w in self._workloads.values():  # a team may have moved department
                 dt = self._team_dept.get(w.team)
                 if dt is not None:
-                    dt.add(w, +1)
+                    dt.add(w.milli, w.pool, +1)
 
     def _reset_departments(self) -> None:
         """Empty department totals, and which team adds to which."""
-        self._dept_totals = {name: _HeldTotals(d.burst_milli, bool(d.pools)) for name, d in self._departments.items()}
+        self._dept_totals = {
+            name: DepartmentTotals(d.burst_milli, bool(d.pools)) for name, d in self._departments.items()
+        }
         self._team_dept = {
             t.name: self._dept_totals[t.department] for t in self._teams.values() if t.department in self._dept_totals
         }
+        for name, dt in self._team_dept.items():
+            dt.teams.append(name)
+        self._note_waiting()
+
+    def set_waiting(self, requests: Iterable[tuple[str, int]]) -> None:
+        """Replace what waits: ``(team, milli)`` of each waiting request (the spawn queue's
+        waiting entries), in queue order. A team with waiting work may keep another team of
+        its department from borrowing past its fair share (:mod:`spawner.core.ledger_tree`)."""
+        total: dict[str, int] = {}
+        first: dict[str, int] = {}
+        for team, milli in requests:
+            if milli > 0:
+                total[team] = total.get(team, 0) + milli
+                first.setdefault(team, milli)
+        with self._lock:
+            self._waiting = total
+            self._waiting_next = first
+            self._note_waiting()
+
+    def _note_waiting(self) -> None:
+        """Each department's teams with waiting work (read by every borrowing admission)."""
+        for dt in self._dept_totals.values():
+            dt.waiting = [name for name in dt.teams if name in self._waiting]
+            dt.waiting_milli = sum(self._waiting[name] for name in dt.waiting)
+
+    def waiting(self) -> dict[str, int]:
+        """Milli-GPUs waiting per team, as last set (:meth:`set_waiting`)."""
+        with self._lock:
+            return dict(self._waiting)
 
     def department(self, name: str) -> Department | None:
         return self._departments.get(name)
@@ -289,10 +287,17 @@ class Ledger:
     # -- decisions --------------------------------------------------------
 
     def _decide(
-        self, team_name: str, user: str, milli: int, may_burst: bool, members: int = 1, pool: str = ANY_POOL
+        self,
+        team_name: str,
+        user: str,
+        milli: int,
+        may_burst: bool,
+        members: int = 1,
+        pool: str = ANY_POOL,
+        reclaim_kinds: frozenset[str] | None = None,
     ) -> Decision:
-        def refuse(reason: str, reclaim: tuple[str, ...] = ()) -> Decision:
-            return Decision(False, reason, team_name, user, milli, members=members, pool=pool, reclaim=reclaim)
+        def refuse(reason: str, reclaim: tuple[str, ...] = (), over: bool = False) -> Decision:
+            return Decision(False, reason, team_name, user, milli, over, members, pool, reclaim)
 
         if isinstance(milli, bool) or not isinstance(milli, int) or milli < 0:
             return refuse(f"invalid GPU request {milli!r}: must be a whole number of milli-GPUs, at least 0")
@@ -358,70 +363,54 @@ class Ledger:
         dt = self._team_dept.get(team_name)
         if dt is not None and (dt.by_pool or dt.held + milli > dt.burst):  # the department's bounds
             dept = self._departments[team.department or ""]
-            full = self._department_full(dept, pool, milli)
+            full = department_full(dept, self._dept_totals.get(dept.name), pool, milli)
             if full is not None:
                 where, held_d, burst_d = full
-                reclaim = self._reclaim_for(
-                    team, dept, pool if where else ANY_POOL, held_d + milli - burst_d, over, milli
+                held_by = {name: t.held for name, t in self._totals.items()}
+                work = (
+                    (w.key, w.team, w.milli, w.pool)
+                    for w in self._workloads.values()
+                    if w.over_quota and (reclaim_kinds is None or w.kind in reclaim_kinds)
                 )
-                need = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
-                said = (
-                    f"department {dept.name} holds {format_gpus(held_d)} of its {format_gpus(burst_d)} GPU burst "
-                    f"limit{where}; {need}"
-                )
-                if reclaim:
-                    said += (
-                        f" (reclaim would take back {len(reclaim)} borrowed, preemptible workload"
-                        f"{'s' if len(reclaim) > 1 else ''} of the team furthest over its weighted share first)"
-                    )
-                return refuse(said, reclaim)
+                short = held_d + milli - burst_d
+                at = pool if where else ANY_POOL
+                reclaim = reclaim_for(team, dept, at, short, over, milli, self._teams.values(), held_by, work)
+                asks = gang_need(milli, members) if members > 1 else f"this request needs {format_gpus(milli)}"
+                return refuse(department_refusal(dept.name, where, held_d, burst_d, asks, reclaim), reclaim, over)
+        if over and dt is not None and dt.waiting and dt.waiting != [team_name] and not covers(dt, team, milli):
+            said = self._weighted_refusal(team, dt, milli)  # others wait for what this would take: by weight
+            if said:
+                return refuse(said)
         return Decision(True, "", team_name, user, milli, over, members, pool)
 
-    def _department_full(self, dept: Department, pool: str, milli: int) -> tuple[str, int, int] | None:
-        """``(where, held, burst)`` when ``milli`` more would take ``dept`` past a burst limit."""
-        dt = self._dept_totals.get(dept.name)
-        held = dt.held if dt is not None else 0
-        if held + milli > dept.burst_milli:
-            return "", held, dept.burst_milli
-        dq = pool_quota(dept.pools, pool) if dept.pools else None
-        if dq is not None:
-            in_pool = dt.per_pool.get(pool, 0) if dt is not None else 0
-            if in_pool + milli > dq.burst_milli:
-                return f" in pool {pool}", in_pool, dq.burst_milli
-        return None
+    def _weighted_refusal(self, team: Team, dt: DepartmentTotals, milli: int) -> str:
+        """Weighted borrowing's refusal of this request (``""``: it may borrow); every team's
+        state is read only when a waiting team comes first."""
 
-    def _reclaim_for(
-        self, team: Team, dept: Department, pool: str, need: int, over: bool, milli: int
-    ) -> tuple[str, ...]:
-        """The preemption choice that would make room in ``dept`` (and ``pool``, if named) for this request."""
-        members = [t for t in self._teams.values() if t.department == dept.name]
-        borrowers = [
-            Borrower(
-                t.name, borrowed((self._totals.get(t.name) or _Totals()).held, t.guarantee_milli), t.fair_share_weight
-            )
-            for t in members
-        ]
-        candidates = [
-            Reclaimable(w.key, w.team, w.milli)
-            for w in self._workloads.values()
-            if w.over_quota
-            and w.team != team.name
-            and (not pool or w.pool == pool)
-            and self._teams.get(w.team, team).department == dept.name
-        ]
-        share_after = None
-        if over:  # a borrowing request: only teams further over their share than it would be give way
-            held = (self._totals.get(team.name) or _Totals()).held
-            share_after = weighted_share(borrowed(held + milli, team.guarantee_milli), team.fair_share_weight)
-        return reclaim_choice(need, borrowers, candidates, requester=team.name, requester_share_after=share_after)
+        def state(name: str) -> TeamState:
+            totals = self._totals.get(name)
+            return TeamState.of(self._teams[name], totals.held if totals else 0, self._waiting, self._waiting_next)
+
+        others = [state(n) for n in dt.waiting if n != team.name]
+        every = lambda: [state(n) for n in dt.teams]  # noqa: E731
+        return fair_share_refusal(team.department or "", dt.burst, dt.held, state(team.name), others, every, milli)
 
     def admit(
-        self, team: str, user: str, milli: int, *, may_burst: bool = True, members: int = 1, profile: str = ""
+        self,
+        team: str,
+        user: str,
+        milli: int,
+        *,
+        may_burst: bool = True,
+        members: int = 1,
+        profile: str = "",
+        reclaim_kinds: frozenset[str] | None = None,
     ) -> Decision:
         """Would this request (a gang of ``members`` sharing ``milli``, of ``profile``'s pool) be
-        admitted now? Records nothing."""
+        admitted now? Records nothing. ``reclaim_kinds``: the kinds of work (``job``,
+        ``notebook``) a refusal's reclaim choice may name (``None``: every kind)."""
         with self._lock:
-            return self._decide(team, user, milli, may_burst, members, self.pool_for(profile))
+            return self._decide(team, user, milli, may_burst, members, self.pool_for(profile), reclaim_kinds)
 
     def reserve(
         self,
@@ -435,20 +424,21 @@ class Ledger:
         may_burst: bool = True,
         members: int = 1,
         preemptible: bool = False,
+        reclaim_kinds: frozenset[str] | None = None,
     ) -> Decision:
         """Admit and record in one atomic step (as a reservation).
 
         ``members`` > 1: a gang whose ``milli`` is split evenly over its members,
         recorded whole or not at all. ``preemptible``: the work is recorded over quota
         (preemptible) even where the guarantee would hold it (a team past its GPU-hour
-        budget, :mod:`spawner.core.budgets`)."""
+        budget, :mod:`spawner.core.budgets`). ``reclaim_kinds``: as for :meth:`admit`."""
         with self._lock:
             if key in self._workloads:
                 held = self._workloads[key]
                 return Decision(
                     False, f"{key} already holds {format_gpus(held.milli)} GPUs in team {held.team}", team, user, milli
                 )
-            decision = self._decide(team, user, milli, may_burst, members, self.pool_for(profile))
+            decision = self._decide(team, user, milli, may_burst, members, self.pool_for(profile), reclaim_kinds)
             if decision.allowed and preemptible and milli > 0 and not decision.over_quota:
                 decision = replace(decision, over_quota=True)
             if decision.allowed:
@@ -589,7 +579,7 @@ class Ledger:
         dt = self._team_dept.get(w.team)
         if dt is not None:
             if dt.by_pool:
-                dt.add(w, +1)
+                dt.add(w.milli, w.pool, +1)
             else:
                 dt.held += w.milli
 
@@ -600,7 +590,7 @@ class Ledger:
             dt = self._team_dept.get(w.team)
             if dt is not None:
                 if dt.by_pool:
-                    dt.add(w, -1)
+                    dt.add(w.milli, w.pool, -1)
                 else:
                     dt.held -= w.milli
         return w

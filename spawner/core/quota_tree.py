@@ -144,6 +144,25 @@ def fair_shares(borrowable_milli: int, demands: Mapping[str, int], weights: Mapp
 
 
 @dataclass(frozen=True)
+class NodeUsage:
+    """One node of the quota tree (a department, a team, or either's share of one pool) now."""
+
+    name: str
+    guarantee_milli: int
+    burst_milli: int
+    held_milli: int
+
+    @property
+    def borrowed_milli(self) -> int:
+        """Held above the guarantee (preemptible)."""
+        return borrowed(self.held_milli, self.guarantee_milli)
+
+    @property
+    def free_milli(self) -> int:
+        return max(0, self.burst_milli - self.held_milli)
+
+
+@dataclass(frozen=True)
 class Borrower:
     """A team as reclaim sees it: what it borrows and its weight."""
 
@@ -211,6 +230,7 @@ __all__ = [
     "Borrower",
     "Department",
     "GpuPool",
+    "NodeUsage",
     "PoolQuota",
     "Reclaimable",
     "borrowed",

@@ -329,8 +329,13 @@ class GPULocalMixin(_SpawnerBase):
             raise
         placement: Placement | None = None
         if request.milli:
-            with runtime.lock:
-                placement = self.packer.place(key, request.milli, {profile.gpu_model} if profile.gpu_model else None)
+            models = {profile.gpu_model} if profile.gpu_model else None
+
+            def place() -> Placement | None:
+                with runtime.lock:
+                    return self.packer.place(key, request.milli, models)
+
+            placement = await admission.placed(place)
             if placement is None:
                 admission.release()
                 self._refused()

@@ -56,10 +56,12 @@ def values(namespaces: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def apply_kueue_objects(kube: Cluster, release: str, namespaces: dict[str, str]) -> list[dict]:
+def apply_kueue_objects(
+    kube: Cluster, release: str, namespaces: dict[str, str], chart_values: dict[str, Any] | None = None
+) -> list[dict]:
     f = kube.tmp_path / "values.yaml"
-    f.write_text(yaml.safe_dump(values(namespaces)))
-    out = helm("template", release, str(CHART), "--namespace", namespaces["ops"], "-f", str(f)).stdout
+    f.write_text(yaml.safe_dump(chart_values or values(namespaces)))
+    out = helm("template", release, str(CHART), "--namespace", next(iter(namespaces.values())), "-f", str(f)).stdout
     docs = [d for d in yaml.safe_load_all(out) if d and d["apiVersion"].startswith("kueue.x-k8s.io/")]
     order = {"ResourceFlavor": 0, "Cohort": 1, "ClusterQueue": 2, "LocalQueue": 3}
     docs.sort(key=lambda d: order[d["kind"]])
@@ -202,3 +204,99 @@ def test_kueue_admits_per_pool_flavor_and_bounds_a_department(kube: Cluster):
     # when vision frees its two H100, the department has room again and Kueue admits nlp's Job
     kube.request("DELETE", f"/apis/batch/v1/namespaces/{vision}/jobs/h100-two?propagationPolicy=Background")
     assert admitted_flavor(kube, nlp, "h100-two") == f"{release}-pool-h100"
+
+
+# -- fair sharing: weights between borrowers, reclaim from the furthest over its share ---------
+
+
+def fair_share_values(namespaces: dict[str, str]) -> dict[str, Any]:
+    """A department of 4 GPUs: audio is guaranteed all 4 and lends them; nlp (weight 1) and
+    vision (weight 3) are guaranteed none and may borrow all 4."""
+    teams = [
+        {"name": "audio", "guarantee": 4, "burst": 4},
+        {"name": "nlp", "guarantee": 0, "burst": 4, "fair_share_weight": 1},
+        {"name": "vision", "guarantee": 0, "burst": 4, "fair_share_weight": 3},
+    ]
+    return {
+        "kueue": {"enabled": True},
+        "gpulab": {
+            "departments": [{"name": "research", "guarantee": 4, "burst": 4}],
+            "profiles": [{"slug": "gpu-1", "gpus": 1}],
+            "teams": [{**t, "department": "research", "namespace": namespaces[t["name"]]} for t in teams],
+        },
+    }
+
+
+def admitted(kube: Cluster, ns: str) -> set[str]:
+    """The Jobs of ``ns`` whose Workload Kueue admits now."""
+    out = set()
+    for w in kube.get(f"{KUEUE}/namespaces/{ns}/workloads")["items"]:
+        if (condition(w, "Admitted") or {}).get("status") == "True":
+            out.update(o["name"] for o in w["metadata"].get("ownerReferences", []))
+    return out
+
+
+def settled(kube: Cluster, namespaces: dict[str, str], want: dict[str, int]) -> dict[str, int]:
+    """Wait until Kueue admits ``want`` Jobs per team, then check it stays so a few cycles."""
+    counts = lambda: {t: len(admitted(kube, namespaces[t])) for t in want}  # noqa: E731
+    kube.wait(lambda: counts() == want, f"Kueue to admit {want} (admits {counts()})", 60)
+    time.sleep(3)
+    return counts()
+
+
+def test_kueue_fair_sharing_splits_idle_capacity_by_weight_and_reclaims_from_the_furthest_over(kube: Cluster):
+    """The bed's Kueue runs with fairSharing (tests/kube/bed/kueue.py), the chart renders each
+    team's fair_share_weight as its ClusterQueue's fairSharing.weight. Kueue's fair sharing
+    (kueue.sigs.k8s.io/docs/concepts/fair_sharing) admits, among queues competing for a
+    cohort's capacity, the workload whose queue has the lowest dominant resource share
+    (borrowed / lendable / weight) after admission, and preempts for reclaim from the queue
+    with the highest share first."""
+    namespaces = {t: kube.namespace(f"fair-{t}") for t in ("audio", "nlp", "vision")}
+    release = f"fair-{kube.suffix}"
+    docs = apply_kueue_objects(kube, release, namespaces, fair_share_values(namespaces))
+    weights = {
+        d["metadata"]["labels"]["gpulab.io/team"]: (d["spec"].get("fairSharing") or {}).get("weight")
+        for d in docs
+        if d["kind"] == "ClusterQueue"
+    }
+    assert weights == {"audio": None, "nlp": "1", "vision": "3"}
+    audio, nlp, vision = (namespaces[t] for t in ("audio", "nlp", "vision"))
+
+    # audio holds its whole guarantee; nlp and vision each queue four 1-GPU Jobs behind it
+    job(kube, audio, "audio", "all-four", 4, {})
+    admitted_flavor(kube, audio, "all-four")
+    for team in ("nlp", "vision"):
+        for i in range(4):
+            job(kube, namespaces[team], team, f"{team}-{i}", 1, {})
+    for team in ("nlp", "vision"):
+        refused(kube, namespaces[team], f"{team}-0")
+    # audio's 4 GPUs fall idle at once: the borrowers share them 1 : 3, by weight (first-come
+    # would have given them to whichever queue Kueue looked at first)
+    kube.request("DELETE", f"/apis/batch/v1/namespaces/{audio}/jobs/all-four?propagationPolicy=Background")
+    assert settled(kube, namespaces, {"nlp": 1, "vision": 3}) == {"nlp": 1, "vision": 3}
+
+    # Shares apart: the still-queued Jobs go, vision frees one GPU, and nlp takes it
+    # (nlp 2 GPUs at weight 1: share 2; vision 2 at weight 3: share 2/3).
+    for team in ("nlp", "vision"):
+        for name in {f"{team}-{i}" for i in range(4)} - admitted(kube, namespaces[team]):
+            kube.request(
+                "DELETE", f"/apis/batch/v1/namespaces/{namespaces[team]}/jobs/{name}?propagationPolicy=Background"
+            )
+    (gone, *_) = sorted(admitted(kube, vision))
+    kube.request("DELETE", f"/apis/batch/v1/namespaces/{vision}/jobs/{gone}?propagationPolicy=Background")
+    job(kube, nlp, "nlp", "nlp-late", 1, {})
+    assert settled(kube, namespaces, {"nlp": 2, "vision": 2}) == {"nlp": 2, "vision": 2}
+    vision_jobs = admitted(kube, vision)
+
+    # audio reclaims one GPU of its guarantee: Kueue preempts from nlp, furthest over its share
+    job(kube, audio, "audio", "one", 1, {})
+    admitted_flavor(kube, audio, "one")
+    assert len(admitted(kube, nlp)) == 1
+    assert admitted(kube, vision) == vision_jobs  # vision, below its share, keeps all it had
+    evicted = [
+        c
+        for w in kube.get(f"{KUEUE}/namespaces/{nlp}/workloads")["items"]
+        for c in [condition(w, "Evicted")]
+        if c is not None and c["status"] == "True"
+    ]
+    assert evicted and evicted[0]["reason"] == "Preempted", evicted

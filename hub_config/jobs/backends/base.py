@@ -41,6 +41,9 @@ class JobBackend(abc.ABC):
     name: str = ""
     #: Whether the hub can read the users' homes (check notebooks, serve logs and outputs).
     sees_homes: bool = False
+    #: Whether the hub itself takes borrowed jobs back for another team's in-quota work
+    #: (:mod:`hub_config.jobs.reclaim`); on Kubernetes Kueue reclaims.
+    takes_back: bool = False
 
     def __init__(self, service: JobService):
         self.service = service
@@ -66,3 +69,16 @@ class JobBackend(abc.ABC):
     @abc.abstractmethod
     async def tick(self) -> None:
         """One poll: follow running jobs, start queued ones, enforce time limits."""
+
+    def take_back(self, rec: JobRecord, reason: str) -> None:
+        """Stop a job whose share reclaim took (``takes_back`` backends only): running, it is
+        preempted and queued again; queued, it stays queued (without devices)."""
+        raise NotImplementedError(f"the {self.name} backend does not take jobs back (takes_back is False)")
+
+    def can_take_back(self, rec: JobRecord) -> bool:
+        """Can :meth:`take_back` stop ``rec`` now (not mid-start, not already stopping)?"""
+        return False
+
+    def frees_within(self) -> float:
+        """Seconds within which a job taken back has freed its devices (``takes_back`` backends)."""
+        raise NotImplementedError(f"the {self.name} backend does not take jobs back (takes_back is False)")

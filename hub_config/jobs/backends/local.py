@@ -48,6 +48,7 @@ from typing import Any
 
 from hub_config.jobs.backends.base import JobBackend, log
 from hub_config.jobs.backends.local_confinement import JobConfinement
+from hub_config.jobs.backends.local_reclaim import JobTakeBack
 from hub_config.jobs.backends.local_runner import (
     MAX_STATUS_BYTES,
     RUNNER_MODULE,
@@ -75,7 +76,7 @@ from spawner.local.processes import command_line, owner, process_alive, signal_g
 KILL_MARGIN_SECONDS = 3.0
 
 
-class LocalJobBackend(JobConfinement, JobBackend):
+class LocalJobBackend(JobConfinement, JobTakeBack, JobBackend):
     """Runs jobs as local processes; see the module docstring."""
 
     name = "local"
@@ -353,6 +354,7 @@ class LocalJobBackend(JobConfinement, JobBackend):
             r
             for r in active
             if r.state == jobspec.QUEUED
+            and r.quota_held  # one reclaim took the share of waits to be admitted again
             and r.id not in self.busy
             and r.id not in self.pids
             and r.id not in self.service.preparing

@@ -16,7 +16,14 @@ certificates mounted by the kubelet. Here the controller manager
 - Kueue reads its metrics certificate from the fixed path
   ``/etc/kueue/metrics/certs`` when internal certificate management is off,
   so the test bed writes one there (the machines run as root);
-- the on-demand visibility API server (an aggregated API) is switched off.
+- the on-demand visibility API server (an aggregated API) is switched off;
+- fair sharing is on, as a platform team running departments turns it on: in the
+  v1beta2 Configuration its presence enables it (``fairSharing:
+  {preemptionStrategies: [...]}``; v1beta1's ``enable`` field is gone,
+  sigs.k8s.io/kueue v0.17.0 apis/config/v1beta2/configuration_types.go), so a
+  ClusterQueue's ``fairSharing.weight`` (the chart renders a team's
+  ``fair_share_weight``) orders admission between borrowing queues of a cohort and
+  picks the preemption victims (the queue furthest over its weighted share first).
 """
 
 from __future__ import annotations
@@ -31,6 +38,12 @@ import yaml
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 #: The integrations the bed turns on: the kinds whose controllers run in it.
 INTEGRATIONS = ("batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob")
+#: Kueue's fair-sharing preemption strategies, in its documented default order
+#: (kueue.sigs.k8s.io/docs/concepts/preemption/#fair-sharing): a preemptor takes from a
+#: queue only while its own share with the new workload stays at or below the victim
+#: queue's share without the victim, then (if that frees too little) strictly below the
+#: victim queue's share before.
+FAIR_SHARING_PREEMPTION = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
 #: Webhook paths served with those integrations enabled.
 SERVED_WEBHOOK_PREFIXES = (
     "/mutate-kueue-x-k8s-io-",
@@ -135,6 +148,7 @@ def configuration(ports: dict[str, int], address: str, cert_dir: Path) -> dict[s
         "manageJobsWithoutQueueName": False,
         "integrations": {"frameworks": list(INTEGRATIONS)},
         "clientConnection": {"qps": 100, "burst": 200},
+        "fairSharing": {"preemptionStrategies": list(FAIR_SHARING_PREEMPTION)},
     }
 
 
