@@ -1,11 +1,8 @@
 """Each Kubernetes notebook session's pod and what Prometheus answered of its GPUs at its end
 (peak memory, device memory, utilisation p95), for the right-size line.
 
-Numbered 0012 (0011 is another change's); it follows 0010 here, and follows whichever of
-them is the head when both are merged.
-
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 """
 
 import sqlalchemy as sa
