@@ -14,6 +14,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 STARTED = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import percentile  # noqa: E402  (also puts the repository on sys.path)
+from kubernetes_asyncio.client.rest import ApiException  # noqa: E402
 from kubernetes_asyncio.config import kube_config  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
 from spawn_path import Hub, User  # noqa: E402
@@ -116,7 +118,14 @@ async def spawn(hub: Hub_, user: str, team: str, profile: str) -> dict[str, Any]
     try:
         await s.start()
     except Exception as e:
-        return {"user": user, "team": team, "profile": profile, "refused": message(e), "s": time.perf_counter() - t0}
+        return {
+            "user": user,
+            "team": team,
+            "profile": profile,
+            "refused": refusal_words(e),
+            "words": message(e)[:600],
+            "s": time.perf_counter() - t0,
+        }
     return {"user": user, "team": team, "profile": profile, "running_s": time.perf_counter() - t0, "spawner": s}
 
 
@@ -181,9 +190,31 @@ async def part_restart(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def refusal_words(e: BaseException) -> str:
+    """A refusal's words, with what differs per user (pod names, counts) folded, so that
+    the same refusal of many users counts as one kind."""
+    text = message(e)
+    if isinstance(e, ApiException):
+        try:
+            text = f"API {e.status}: " + json.loads(e.body or "{}").get("message", "")
+        except ValueError:
+            text = f"API {e.status}: {e.reason}"
+    text = re.sub(r"jupyter-[a-z0-9-]+", "jupyter-<user>", text)
+    return re.sub(r"\d+(\.\d+)?", "N", text)
+
+
+def pod_milli(pod: Any, replicas: int) -> int:
+    """The GPU (thousandths) a pod asks for: whole GPUs, or time-slices of one."""
+    limits = (pod.spec.containers[0].resources.limits or {}) if pod.spec.containers[0].resources else {}
+    return int(float(limits.get("nvidia.com/gpu", 0)) * 1000) + int(
+        float(limits.get("nvidia.com/gpu.shared", 0)) * 1000 / replicas
+    )
+
+
 async def part_storm(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
     users = spec["storm"]
     teams = spec["storm_teams"]
+    namespaces = {t["name"]: t["namespace"] for t in spec["teams"] if t["name"] in teams}
     profiles = [p["slug"] for p in spec["profiles"] if p["slug"] != "cpu"]
     # One warm spawn first, as on a running hub (the reflectors are up).
     warm = await spawn(hub, "storm-warm", teams[0], "cpu")
@@ -195,22 +226,35 @@ async def part_storm(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
     )
     wall = time.perf_counter() - t0
     running = sorted(r["running_s"] for r in results if "running_s" in r)
-    refusals = [r["refused"] for r in results if "refused" in r]
+    refused = [r for r in results if "refused" in r]
     spawners = [r["spawner"] for r in results if "spawner" in r]
-    milli = {p["slug"]: int(p["gpus"] * 1000) for p in spec["profiles"]}
+    # What the cluster holds now, read as the hub (its Role lists pods in team namespaces).
+    await asyncio.sleep(2)  # a create still in the API server when its start gave up lands
+    api = hub.spawner("storm-reader", teams[0], "cpu").api
+    replicas = spec["sharing"]["timeslice"]["replicas"]
     held: dict[str, int] = collections.Counter()
-    for r in results:
-        if "running_s" in r:
-            held[r["team"]] += milli[r["profile"]]
+    pods: dict[str, str] = {}
+    for team, ns in namespaces.items():
+        for pod in (await api.list_namespaced_pod(ns)).items:
+            if pod.metadata.deletion_timestamp:
+                continue
+            held[team] += pod_milli(pod, replicas)
+            pods[pod.metadata.name] = pod.status.phase if pod.status else ""
+    owned = {s.pod_name for s in spawners}
+    orphans = [name for name in pods if name not in owned and name != "jupyter-storm-warm"]
+    kinds = collections.Counter(r["refused"] for r in refused)
     out = {
         "users": users,
         "wall_s": wall,
         "running": len(running),
         "running_p50_s": percentile(running, 50),
         "running_p99_s": percentile(running, 99),
-        "refused": len(refusals),
-        "refusal_kinds": dict(collections.Counter(refusals)),
-        "held_milli_by_team": held,
+        "refused": len(refused),
+        "refusal_kinds": dict(kinds),
+        "refusal_examples": {k: next(r["words"] for r in refused if r["refused"] == k) for k in kinds},
+        "pods_milli_by_team": held,
+        "orphans": len(orphans),
+        "orphan_phases": dict(collections.Counter(pods[n] for n in orphans)),
     }
     await asyncio.gather(*(s.stop(now=True) for s in spawners), return_exceptions=True)
     await KubeSpawner._stop_all_reflectors()
