@@ -26,8 +26,10 @@ log** attributes every request to one hub. Parts:
   team's burst (over: must be 0), and **orphans**: pods that live although their
   spawn was reported failed. Each storm's leftovers are deleted and waited for before
   the next part. Pods run ``sleep`` rather than a server: hundreds of real servers do
-  not fit in 2 cores; benchmarks/kube_storm_servers.py measures reachable servers at
-  the size that fits.
+  not fit in 2 cores.
+* ``reachable``: the same two storms at ``--reachable`` users (default 40) whose pods
+  run the real ``jupyterhub-singleuser`` (the node agent starts it on the pod IP):
+  POST to Running and POST to a server that answers HTTP, p50/p99.
 * ``page``: the spawn form (``profile_list`` + render) of a user in 3 of 1,000
   teams, before the pods are made (10 pods) and with ``--pods`` running.
 
@@ -80,14 +82,21 @@ def milli(profile: str) -> int:
 
 
 def storm_once(
-    bed: Bed, spec: Any, users: dict[str, str], sp: str, n: int, storm_teams: list[str], burst: float
+    bed: Bed,
+    spec: Any,
+    users: dict[str, str],
+    sp: str,
+    n: int,
+    storm_teams: list[str],
+    burst: float,
+    real: bool = False,
 ) -> dict[str, Any]:
     """One spawner's storm in a hub process of its own, counted by the audit log; then every
     pod left in the storm's namespaces (a server the hub stopped, or an orphan: a pod whose
     spawn was reported failed) is deleted and waited for, so the next storm starts empty."""
     tb = bed.tb
     offset = tb.audit_offset()
-    out = run_hubs(bed, [spec("storm", sp, "ns", storm=n, storm_teams=storm_teams)])[0]
+    out = run_hubs(bed, [spec("storm", sp, "ns", storm=n, storm_teams=storm_teams, real_servers=real)])[0]
     c = audit_counts(tb, offset, [users[sa_name(sp, "ns")]])[users[sa_name(sp, "ns")]]
     out["over_quota_teams"] = [t for t, m in out["pods_milli_by_team"].items() if m > burst * 1000]
     namespaces = [bed.teams[t] for t in storm_teams]
@@ -125,6 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     storm_burst = max(1.0, args.storm * 0.75 / len(storm_teams) / 2)
     burst = {t: storm_burst for t in storm_teams}
     result: dict[str, Any] = {"nodes": nodes, "teams": args.teams, "pods": args.pods, "storm_users": args.storm}
+    result["hub_logs"] = str(tmp)  # each hub process's log, kept after the run
     result["bed_idle"] = bed_usage(tb, args.sample)
     try:
         result["helm_install_s"] = bed.install(burst, SHARING, PROFILES)
@@ -198,6 +208,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             result["storm_burst_gpus"] = storm_burst
             checkpoint(result)
+        if "reachable" in args.parts:
+            result["storm_reachable"] = {
+                sp: storm_once(bed, spec, users, sp, args.reachable, storm_teams, storm_burst, real=True)
+                for sp in ("gpulab", "plain")
+            }
+            result["storm_burst_gpus"] = storm_burst
+            checkpoint(result)
         # -- watches, with every server still running (each hub relists what it watches)
         if "watches" not in args.parts:
             return result
@@ -235,8 +252,9 @@ def report(result: dict[str, Any]) -> None:
         _report_watches(result, w)
     if "restart" in result:
         _report_servers(result)
-    if "storm" in result:
-        _report_storm(result)
+    for key in ("storm", "storm_reachable"):
+        if key in result:
+            _report_storm(result, key)
     for name in ("bed_idle", "bed_loaded"):
         b = result.get(name)
         if b:
@@ -266,8 +284,9 @@ def _report_watches(result: dict[str, Any], w: dict[str, Any]) -> None:
     )
 
 
-def _report_storm(result: dict[str, Any]) -> None:
-    s = result["storm"]
+def _report_storm(result: dict[str, Any], key: str) -> None:
+    s = result[key]
+    real = key == "storm_reachable"
     print()
     print(
         table(
@@ -282,6 +301,7 @@ def _report_storm(result: dict[str, Any]) -> None:
                 "teams over quota",
                 "orphan pods",
                 "creates",
+                *(["reachable p50 s", "reachable p99 s", "never reachable"] if real else []),
             ],
             [
                 [
@@ -295,10 +315,12 @@ def _report_storm(result: dict[str, Any]) -> None:
                     len(v["over_quota_teams"]),
                     v["orphans"],
                     v["requests"].get("create", 0),
+                    *([v.get("reachable_p50_s"), v.get("reachable_p99_s"), v.get("never_reachable")] if real else []),
                 ]
                 for k, v in s.items()
             ],
-            title=f"Spawn storm: {result['storm_users']} users at once into 10 teams of {result['storm_burst_gpus']:.1f} GPUs",
+            title=f"Spawn storm{' of real servers' if real else ''}: {next(iter(s.values()))['users']} users at once "
+            f"into 10 teams of {result['storm_burst_gpus']:.1f} GPUs",
         )
     )
     for k, v in s.items():
@@ -360,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--teams", type=int, help="team namespaces (default 100; smoke 11: 10 of them the storm's)")
     ap.add_argument("--pods", type=int, help="running server pods for the restart and page parts (default 5000)")
     ap.add_argument("--storm", type=int, help="users spawning at once (default 500)")
+    ap.add_argument("--reachable", type=int, help="users of the storm of real servers, part reachable (default 40)")
     ap.add_argument("--window", type=float, help="seconds the watches are counted (default 660)")
     ap.add_argument("--page-rounds", type=int, help="spawn page renders timed (default 30)")
     ap.add_argument("--sample", type=float, help="seconds the bed's CPU is sampled (default 30)")
@@ -367,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         "--parts",
         default="servers,storm,watches",
         help="comma-separated: servers (the pods, the spawn page, hub restarts), storm (both "
-        "spawners' storms, no other pods needed), watches (default all three)",
+        "spawners' storms, no other pods needed), reachable (both storms with real servers), "
+        "watches (default servers,storm,watches)",
     )
     ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
@@ -376,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     args.teams = args.teams or (11 if smoke else 100)
     args.pods = args.pods if args.pods is not None else (12 if smoke else 5000)
     args.storm = args.storm or (6 if smoke else 500)
+    args.reachable = args.reachable or (2 if smoke else 40)
     args.window = args.window if args.window is not None else (2 if smoke else 660)
     args.page_rounds = args.page_rounds or (3 if smoke else 30)
     args.sample = args.sample if args.sample is not None else (1 if smoke else 30)

@@ -6,6 +6,7 @@ memory and CPU, and the hub processes (benchmarks/kube_scale_hub.py).
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import subprocess
@@ -22,6 +23,8 @@ from tests.kube.bed.testbed import Testbed, TestbedError
 from tests.support.helm import CHART
 
 HERE = Path(__file__).resolve()
+#: Hub processes started so far (their files' names).
+_RUNS = itertools.count()
 
 
 class Bed:
@@ -249,10 +252,12 @@ def run_hubs(bed: Bed, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each spec in a hub process of its own, all at once; their results in order."""
     procs = []
     for i, spec in enumerate(specs):
-        spec_path = bed.tmp / f"spec-{spec['part']}-{i}.json"
-        out_path = bed.tmp / f"out-{spec['part']}-{i}.json"
+        # One name per hub of the run (a part runs once per spawner): every hub's log is kept.
+        name = f"{spec['part']}-{spec['spawner']}-{spec['scope']}-{i}-{next(_RUNS)}"
+        spec_path = bed.tmp / f"spec-{name}.json"
+        out_path = bed.tmp / f"out-{name}.json"
         spec_path.write_text(json.dumps(spec))
-        log_file = open(bed.tmp / f"hub-{spec['part']}-{i}.log", "w")
+        log_file = open(bed.tmp / f"hub-{name}.log", "w")
         procs.append(
             (
                 subprocess.Popen(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 import os
 import re
 import sys
@@ -22,7 +23,10 @@ from typing import Any
 
 STARTED = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import aiohttp  # noqa: E402
+import jupyterhub  # noqa: E402
 from _common import percentile  # noqa: E402  (also puts the repository on sys.path)
+from aiohttp import web  # noqa: E402
 from kubernetes_asyncio.client.rest import ApiException  # noqa: E402
 from kubernetes_asyncio.config import kube_config  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
@@ -38,6 +42,8 @@ from spawner.runtime import get_runtime, set_runtime  # noqa: E402
 
 #: What every pod runs: the node agent starts no process for it and reports it Running.
 SLEEP = ["sleep", "infinity"]
+#: The pods of the reachable-server storm run the real single-user server instead.
+SERVER = "jupyterhub-singleuser"
 
 
 def config(spec: dict[str, Any]) -> Config:
@@ -47,7 +53,8 @@ def config(spec: dict[str, Any]) -> Config:
     c.GPULab.sharing = spec["sharing"]
     c.KubeSpawner.namespace = spec["hub_namespace"]
     c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-10-07"
-    c.KubeSpawner.cmd = SLEEP
+    # A real server where the part measures reachability (the node agent runs it on the pod IP).
+    c.KubeSpawner.cmd = [SERVER] if spec.get("real_servers") else SLEEP
     c.KubeSpawner.start_timeout = spec.get("start_timeout", 300)
     c.KubeSpawner.delete_grace_period = 0
     c.KubeSpawner.tolerations = spec["tolerations"]
@@ -92,14 +99,15 @@ class Hub_:
         self.spec = spec
         self.config = config(spec)
         self.profiles = static_profiles(spec) if spec["spawner"] == "plain" else []
+        self.hub = Hub()
 
     def spawner(self, user: str, team: str, profile: str, state: dict | None = None) -> KubeSpawner:
         orm = type("ORMSpawner", (), {"name": "", "server": None, "user_options": {}})()
         if self.spec["spawner"] == "gpulab":
-            s = GPUKubeSpawner(config=self.config, user=User(user, ("bench",)), hub=Hub(), orm_spawner=orm)
+            s = GPUKubeSpawner(config=self.config, user=User(user, ("bench",)), hub=self.hub, orm_spawner=orm)
             s.user_options = {"team": team, "profile": profile}
         else:
-            s = KubeSpawner(config=self.config, user=User(user), hub=Hub(), orm_spawner=orm)
+            s = KubeSpawner(config=self.config, user=User(user), hub=self.hub, orm_spawner=orm)
             s.profile_list = self.profiles
             s.user_options = {"profile": f"{team}-{profile}"}
         s.api_token = "token-" + user
@@ -116,7 +124,7 @@ async def spawn(hub: Hub_, user: str, team: str, profile: str) -> dict[str, Any]
     s = hub.spawner(user, team, profile)
     t0 = time.perf_counter()
     try:
-        await s.start()
+        url = await s.start()
     except Exception as e:
         return {
             "user": user,
@@ -126,7 +134,24 @@ async def spawn(hub: Hub_, user: str, team: str, profile: str) -> dict[str, Any]
             "words": message(e)[:600],
             "s": time.perf_counter() - t0,
         }
-    return {"user": user, "team": team, "profile": profile, "running_s": time.perf_counter() - t0, "spawner": s}
+    out = {"user": user, "team": team, "profile": profile, "running_s": time.perf_counter() - t0, "spawner": s}
+    if hub.spec.get("real_servers"):
+        out["reachable_s"] = await reachable(url, t0)
+    return out
+
+
+async def reachable(url: str, t0: float, timeout: float = 300) -> float | None:
+    """Seconds from ``t0`` until the server answers HTTP at all, as JupyterHub's own check
+    (``jupyterhub.utils.wait_for_http_server``) takes any answer as up; None if never."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while time.perf_counter() - t0 < timeout:
+            try:
+                async with session.get(url.rstrip("/") + "/api") as r:
+                    await r.read()
+                    return time.perf_counter() - t0
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                await asyncio.sleep(0.1)
+    return None
 
 
 # -- parts -----------------------------------------------------------------
@@ -211,6 +236,20 @@ def pod_milli(pod: Any, replicas: int) -> int:
     )
 
 
+def reachability(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """POST -> reachable server p50/p99 (only where the pods run real servers)."""
+    times = [r["reachable_s"] for r in results if "reachable_s" in r]
+    if not times:
+        return {}
+    up = sorted(t for t in times if t is not None)
+    return {
+        "reachable": len(up),
+        "never_reachable": len(times) - len(up),
+        "reachable_p50_s": percentile(up, 50),
+        "reachable_p99_s": percentile(up, 99),
+    }
+
+
 async def part_storm(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
     users = spec["storm"]
     teams = spec["storm_teams"]
@@ -250,6 +289,7 @@ async def part_storm(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
         "running_p50_s": percentile(running, 50),
         "running_p99_s": percentile(running, 99),
         "refused": len(refused),
+        **reachability(results),
         "refusal_kinds": dict(kinds),
         "refusal_examples": {k: next(r["words"] for r in refused if r["refused"] == k) for k in kinds},
         "pods_milli_by_team": held,
@@ -326,12 +366,40 @@ PARTS = {
 }
 
 
+async def hub_api_root(hub: Hub_) -> web.AppRunner:
+    """The hub's API root for the real servers: a single-user server asks it once at start
+    and exits when it never answers (``jupyterhub/singleuser/extension.py``,
+    ``check_hub_version``: five tries, then ``exit(1)``). This answers as JupyterHub's
+    ``RootAPIHandler`` (``GET /hub/api/``: ``{"version": ...}``, with the
+    ``X-JupyterHub-Version`` header its API handlers set), and 200 to the activity reports
+    a server posts every few minutes; nothing else of the hub is needed to be reachable."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"version": jupyterhub.__version__}, headers={"X-JupyterHub-Version": jupyterhub.__version__}
+        )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    hub.hub.api_url = f"http://127.0.0.1:{port}/hub/api"
+    hub.hub.url = f"http://127.0.0.1:{port}/hub/"
+    return runner
+
+
 async def amain(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ["KUBECONFIG"] = spec["kubeconfig"]
     kube_config.KUBE_CONFIG_DEFAULT_LOCATION = spec["kubeconfig"]
     set_runtime(None)
     hub = Hub_(spec)
+    root = await hub_api_root(hub) if spec.get("real_servers") else None
     out = await PARTS[spec["part"]](hub, spec)
+    if root is not None:
+        await root.cleanup()
     out["process_cpu_s"] = time.process_time()
     out["imports_s"] = IMPORTED - STARTED
     return out
@@ -341,6 +409,8 @@ IMPORTED = time.perf_counter()
 
 
 def main() -> int:
+    # The spawners' warnings and errors (adopted creates, failed deletes) into the hub's log.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = asyncio.run(amain(spec))
     Path(sys.argv[2]).write_text(json.dumps(out, default=str))
