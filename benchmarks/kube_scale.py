@@ -162,7 +162,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 {"name": f"p{i:04d}", "groups": [f"pg{i}"], "guarantee": 1, "burst": 2, "namespace": bed.teams["t000"]}
                 for i in range(1000)
             ]
-            page_spec = dict(teams=page_teams + teams, page_groups=["pg0", "pg1", "pg2"], page_rounds=args.page_rounds)
+            page_spec = dict(
+                teams=page_teams + teams,
+                page_groups=["pg0", "pg1", "pg2"],
+                page_rounds=args.page_rounds,
+                profile=args.profile_page,
+            )
             plan = [
                 # Teams in turn, each getting the three profiles in turn (about 0.5 GPU a server).
                 {
@@ -384,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storm", type=int, help="users spawning at once (default 500)")
     ap.add_argument("--reachable", type=int, help="users of the storm of real servers, part reachable (default 40)")
     ap.add_argument("--window", type=float, help="seconds the watches are counted (default 660)")
+    ap.add_argument(
+        "--profile-page", action="store_true", help="also run the page rounds under cProfile (kept in the result)"
+    )
     ap.add_argument("--page-rounds", type=int, help="spawn page renders timed (default 30)")
     ap.add_argument("--sample", type=float, help="seconds the bed's CPU is sampled (default 30)")
     ap.add_argument(

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import cProfile
+import io
 import json
 import logging
 import os
+import pstats
 import re
 import sys
 import time
@@ -301,6 +304,20 @@ async def part_storm(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+async def profile_page(s: Any, rounds: int) -> str:
+    """The same page rounds again under cProfile (after the timed ones): where the time goes."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(rounds):
+        s._render_options_form(await s._gpulab_profile_list())
+    prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+    return out.getvalue()
+
+
 async def part_page(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
     """The spawn form of a user in 3 teams: profile list (ledger rebuilt) and rendered HTML."""
     s = hub.spawner("page-user", spec["teams"][0]["name"], "cpu")
@@ -312,6 +329,7 @@ async def part_page(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
         profiles = await s._gpulab_profile_list()
         html = s._render_options_form(profiles)
         times.append(time.perf_counter() - t0)
+    profile = await profile_page(s, spec["page_rounds"]) if spec.get("profile") else None
     await KubeSpawner._stop_all_reflectors()
     times.sort()
     pods = sum(1 for _ in get_runtime().ledger.workloads())
@@ -319,6 +337,7 @@ async def part_page(hub: Hub_, spec: dict[str, Any]) -> dict[str, Any]:
         "p50_s": percentile(times, 50),
         "p99_s": percentile(times, 99),
         "choices": len(profiles),
+        **({"profile": profile} if profile else {}),
         "html_bytes": len(html),
         "workloads": pods,
     }

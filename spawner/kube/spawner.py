@@ -61,6 +61,7 @@ from .conventions import (
     privileged_containers,
     profile_list_conflict,
 )
+from .form_template import form_template
 from .informer import EventInformer
 from .kai_queues import kai_queue_exists, missing_queue_sentence
 from .ledger import _LOADED_RUNTIMES, POD_INFORMER, ClusterLedger, api_message
@@ -157,10 +158,22 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
     def _render_options_form(self, profile_list):
         """KubeSpawner's form, after the user's place in the spawn queue and a line saying why
         the last server ended when the idle culler reclaimed its GPU."""
-        html = super()._render_options_form(profile_list)
+        html = self._render_profile_form(profile_list)
         notice = get_runtime(parent=self).reclaim_notice(self)
         queue = self._queue_parts.get("queue_panel", "")  # read by the profile list just before
         return queue + (notice_html(notice) if notice else "") + html
+
+    def _render_profile_form(self, profile_list: list) -> str:
+        """What KubeSpawner's ``_render_options_form`` renders (saved options pre-selected only
+        when they still resolve), from a template compiled once (form_template.py)."""
+        profile_list = self._get_initialized_profile_list(profile_list)
+        if self.user_options:
+            try:
+                self._validate_user_options(profile_list)
+            except ValueError as e:
+                self.log.warning("Not pre-selecting saved user_options on the spawn form: %s", e)
+        template = form_template(self.additional_profile_form_template_paths, self.profile_form_template)
+        return template.render(profile_list=profile_list, user_options=self.user_options)
 
     @default("profile_form_template")
     def _default_profile_form_template(self) -> str:
