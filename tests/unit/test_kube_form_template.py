@@ -4,12 +4,11 @@ KubeSpawner's own ``_render_options_form`` renders, without a cluster."""
 from __future__ import annotations
 
 import pytest
-import yaml
-from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 
 from spawner.kube.form_template import form_template
 from spawner.kube.spawner import GPUKubeSpawner
+from tests.support.kube_spawner import kubeconfig_to_nowhere
 
 PROFILES = [
     {"display_name": "Small", "slug": "small", "description": "2 CPUs <b>&</b>", "kubespawner_override": {}},
@@ -35,21 +34,7 @@ SITE_TEMPLATE = "<style>{% include 'style.css' %}</style>{% for p in profile_lis
 @pytest.fixture
 async def plain(tmp_path, monkeypatch) -> KubeSpawner:
     """A KubeSpawner as its own tests make one (``_mock``), its client pointed nowhere."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
-                "users": [{"name": "none", "user": {"token": "none"}}],
-                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
-                "current-context": "none",
-            }
-        )
-    )
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    kubeconfig_to_nowhere(tmp_path, monkeypatch)
     return KubeSpawner(_mock=True)
 
 
