@@ -24,6 +24,9 @@ WORKLOAD = PREFIX + "workload"  # escaped workload key
 #: Annotations keep the unescaped values (annotations have no charset limit).
 USER_ANNOTATION = PREFIX + "username"
 WORKLOAD_ANNOTATION = PREFIX + "workload-key"
+#: A token of the spawn attempt that created the pod: a start whose create got no clear
+#: answer tells its own pod from another of the same name (spawner/kube/lost_create.py).
+SPAWN_ATTEMPT_ANNOTATION = PREFIX + "spawn-attempt"
 
 #: Label selector for everything gpulab counts.
 SELECTOR = f"{GPU_MILLI}"

@@ -169,6 +169,8 @@ def choices_for_user(
 
 def own_servers(ledger: Ledger, team: str, user: str) -> tuple[tuple[str, int], ...]:
     """``user``'s notebook servers holding GPUs in ``team``: ``(server name, milli-GPUs)``, largest first."""
+    if ledger.user_held(team, user) == 0:
+        return ()  # holds nothing there: no walk over every workload (thousands on a big cluster)
     prefix = notebook_key(user, "")
     held = [
         (w.key[len(prefix) :], w.milli)

@@ -44,6 +44,22 @@ GONE = 410
 MAX_BACKOFF_SECONDS = 30.0
 
 
+#: Seconds a watch's read may stay silent beyond the watch's own timeout before the
+#: connection counts as dead (the API server ends the watch at ``timeout_seconds``).
+READ_MARGIN_SECONDS = 30
+#: Seconds to connect to the API server for a watch.
+CONNECT_SECONDS = 10
+
+
+def watch_request_timeout(watch_seconds: int, request_timeout: int = 0) -> tuple[int, int]:
+    """The client's ``(connect, read)`` timeouts for a watch that the API server ends after
+    ``watch_seconds``: the read waits just past that end. The API server sends no event and,
+    to a quiet namespace, often no bookmark for minutes (measured: none within 120 s, so a
+    120 s read timeout resumed every quiet watch about every 2 minutes); a read timeout
+    below the watch's own would end it early and each end costs a new watch request."""
+    return CONNECT_SECONDS, max(request_timeout, watch_seconds + READ_MARGIN_SECONDS)
+
+
 class WatchGone(Exception):
     """The API server no longer has the resourceVersion the watch resumed from."""
 
@@ -180,9 +196,7 @@ class ResumingWatch(ResourceReflector):
             "resource_version": self.resource_version,
             "allow_watch_bookmarks": True,
             "timeout_seconds": timeout,
-            # connect, then read: bookmarks arrive about once a minute, so a longer
-            # silence is a dead connection, not a quiet cluster.
-            "_request_timeout": (10, max(self.request_timeout, 120)),
+            "_request_timeout": watch_request_timeout(timeout, self.request_timeout),
         }
         if not self.omit_namespace:
             args["namespace"] = self.namespace

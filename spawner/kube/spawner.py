@@ -61,9 +61,11 @@ from .conventions import (
     privileged_containers,
     profile_list_conflict,
 )
+from .form_template import form_template
 from .informer import EventInformer
 from .kai_queues import kai_queue_exists, missing_queue_sentence
 from .ledger import _LOADED_RUNTIMES, POD_INFORMER, ClusterLedger, api_message
+from .lost_create import LostCreateRecovery
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 #: The spawner whose ``_start`` this code runs in, if any (see :meth:`GPUKubeSpawner.stop`).
@@ -104,7 +106,7 @@ def _escape(value: str) -> str:
     return value.replace("{", "{{").replace("}", "}}")
 
 
-class GPUKubeSpawner(ClusterLedger, KubeSpawner):
+class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
     """KubeSpawner with GPU profiles per team, quota admission and GPU sharing backends."""
 
     #: What this spawner is (:func:`spawner.runtime.spawner_facts`).
@@ -156,10 +158,22 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
     def _render_options_form(self, profile_list):
         """KubeSpawner's form, after the user's place in the spawn queue and a line saying why
         the last server ended when the idle culler reclaimed its GPU."""
-        html = super()._render_options_form(profile_list)
+        html = self._render_profile_form(profile_list)
         notice = get_runtime(parent=self).reclaim_notice(self)
         queue = self._queue_parts.get("queue_panel", "")  # read by the profile list just before
         return queue + (notice_html(notice) if notice else "") + html
+
+    def _render_profile_form(self, profile_list: list) -> str:
+        """What KubeSpawner's ``_render_options_form`` renders (saved options pre-selected only
+        when they still resolve), from a template compiled once (form_template.py)."""
+        profile_list = self._get_initialized_profile_list(profile_list)
+        if self.user_options:
+            try:
+                self._validate_user_options(profile_list)
+            except ValueError as e:
+                self.log.warning("Not pre-selecting saved user_options on the spawn form: %s", e)
+        template = form_template(self.additional_profile_form_template_paths, self.profile_form_template)
+        return template.render(profile_list=profile_list, user_options=self.user_options)
 
     @default("profile_form_template")
     def _default_profile_form_template(self) -> str:
@@ -469,6 +483,10 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         if spec.effective_milli > 0:  # PyTorch's DataLoader workers need more than 64 MiB there
             self.volumes, self.volume_mounts = with_shm(self.volumes, self.volume_mounts)
 
+    async def get_pod_manifest(self):
+        """KubeSpawner's pod, with this spawn attempt's token (lost_create.py)."""
+        return self._mark_attempt(await super().get_pod_manifest())
+
     def _follow_home_claim(self) -> None:
         """One home per team namespace: a claim lives in one namespace, and a pod can only
         mount claims of its own. KubeSpawner remembers ``pvc_name`` once the claim exists
@@ -534,11 +552,14 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
         # Seen by every task the start makes (a context variable is copied into each): a stop
         # from inside this start is KubeSpawner replacing a stale pod.
         _starting_spawner.set(self)
+        self._new_spawn_attempt()
         try:
             url = await super()._start()
-        except ApiException as e:
+        except Exception as e:
+            # Never report a failure while this attempt's pod lives (lost_create.py).
+            await self._delete_own_pod()
             self._release_reservation()
-            if e.status == 403:
+            if isinstance(e, ApiException) and e.status == 403:
                 message = api_message(e)
                 self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
                 sentence, reason = api_refusal(self.namespace, message)

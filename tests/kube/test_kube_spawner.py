@@ -361,6 +361,8 @@ def pod_excerpt(pod: dict) -> dict:
             "resources": {k: v for k, v in (("requests", res.get("requests")), ("limits", res.get("limits"))) if v},
         }
     ]
+    if gl.SPAWN_ATTEMPT_ANNOTATION in out["metadata"]["annotations"]:
+        out["metadata"]["annotations"][gl.SPAWN_ATTEMPT_ANNOTATION] = "<a new token per start>"
     if not out["metadata"]["annotations"]:
         del out["metadata"]["annotations"]
     return out

@@ -13,9 +13,11 @@ and on how many requests it made, as the API server saw them.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import yaml
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
@@ -97,6 +99,28 @@ class ClusterView:
     def delete(self, plural: str, ns: str, name: str, grace: int | None = None) -> None:
         q = f"?gracePeriodSeconds={grace}" if grace is not None else ""
         self.kube.request("DELETE", _PLURAL_PATHS[plural].format(ns=ns) + f"/{name}{q}")
+
+
+def kubeconfig_to_nowhere(tmp_path: Path, monkeypatch: Any) -> None:
+    """Point kubernetes_asyncio (and so KubeSpawner's client) at an address nothing
+    listens on: for spawners built where nothing talks to a cluster."""
+    from kubernetes_asyncio.config import kube_config
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "none", "user": {"token": "none"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+                "current-context": "none",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
 
 
 #: The Kubernetes version of the test bed, for kubernetes-validate.

@@ -151,25 +151,10 @@ def kube_spawner(c, tmp_path: Path, monkeypatch, user: str = "alice"):
     address nothing listens on (nothing here talks to a cluster)."""
     from unittest import mock
 
-    from kubernetes_asyncio.config import kube_config
-
     from spawner.kube import GPUKubeSpawner
+    from tests.support.kube_spawner import kubeconfig_to_nowhere
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
-                "users": [{"name": "none", "user": {"token": "none"}}],
-                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
-                "current-context": "none",
-            }
-        )
-    )
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    kubeconfig_to_nowhere(tmp_path, monkeypatch)
     hub_user = mock.Mock(groups=[], url=f"/user/{user}/")
     hub_user.name = user
     return GPUKubeSpawner(config=c, user=hub_user, hub=mock.Mock(), _mock=True)
