@@ -120,6 +120,13 @@ class ResumingWatch(ResourceReflector):
 
     def _apply_event(self, event: dict[str, Any]) -> None:
         """One watch event into ``resources``; raises :class:`WatchGone` on 410."""
+        if "type" not in event or "object" not in event:
+            # Not a watch event: the API server refused the watch request itself (403 while
+            # its authorizer syncs after a restart, 410, 429, 5xx) and the body is a Status.
+            # The stream is read raw, so this is kubernetes_asyncio's unmarshal_event check;
+            # stored as an object, it would reach KubeSpawner's readers as an empty event.
+            code = event.get("code")
+            raise ApiException(status=code or 500, reason=f"{event.get('reason')}: {event.get('message')}")
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
             code = obj.get("code")
