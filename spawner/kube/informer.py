@@ -259,6 +259,14 @@ class GPUPodInformer(ResumingWatch, PodReflector):
         ``start``), kept up to date event by event: no walk over thousands of pods."""
         return self._derived_by_key
 
+    def pod_of(self, key: str) -> dict | None:
+        """The pod that holds workload ``key``, if this informer has it (a walk over the
+        pods: for the rare server whose pod the hub must find by its labels)."""
+        for ref_key, workload in self._derived_by_ref.items():
+            if workload.key == key:
+                return self.resources.get(ref_key)
+        return None
+
 
 class EventInformer(ResumingWatch, EventReflector):
     """KubeSpawner's event reflector (the spawn progress messages), listing once."""

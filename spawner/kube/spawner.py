@@ -583,6 +583,8 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
                 await self.refresh_ledger()
             except Exception:
                 self.log.exception("gpulab: cannot read GPU usage from the cluster; polling %s anyway", self._log_name)
+        if self._granted is None:
+            await self._adopt_unsaved_pod()
         status = await super().poll()
         if status is not None and self._granted is None and self.pod_name:
             status = await self._poll_unlabelled_pod(status)
@@ -591,6 +593,40 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
             if w is not None and w.state != "running":
                 await self._confirm_if_seen()
         return status
+
+    async def _adopt_unsaved_pod(self) -> None:
+        """Find the pod of a server whose start never got saved, and make it this server's.
+
+        JupyterHub commits a server's row before ``start()`` and its state only after it
+        returns (jupyterhub/user.py ``spawn``): a hub process that died while the server
+        started comes back with the row and no state, so KubeSpawner would poll a pod in
+        the hub's namespace, report it stopped and delete nothing, leaving the real pod in
+        the team's namespace holding quota with no server. The pod informers know that pod
+        by this server's workload key (its labels): take its namespace, name and grant, so
+        the poll reports it and a stop deletes it."""
+        try:
+            informers = (await self._ledger_reflectors())[0]
+        except Exception:  # poll() goes on; the ledger refresh logged why
+            return
+        for informer in informers:
+            pod = informer.pod_of(self.workload_key)
+            if pod is None:
+                continue
+            workload = informer.workloads()[self.workload_key]
+            md = pod["metadata"]
+            self.log.info(
+                "gpulab: %s has no saved state but its pod %s/%s exists (the hub stopped while it "
+                "started); this server owns it now",
+                self._log_name,
+                md["namespace"],
+                md["name"],
+            )
+            self.namespace, self.pod_name = md["namespace"], md["name"]
+            self.dns_name = self.dns_name_template.format(namespace=self.namespace, name=self.pod_name)
+            self._granted = GrantedShare(
+                team=workload.team, profile=workload.profile, milli=workload.milli, over_quota=workload.over_quota
+            )
+            return
 
     async def _poll_unlabelled_pod(self, status: int) -> int | None:
         """A server gpulab never granted (started by plain KubeSpawner before the hub

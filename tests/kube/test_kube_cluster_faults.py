@@ -19,13 +19,23 @@ hold); and the pod informer resumed from where it was, listing again at most onc
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from kubespawner import KubeSpawner
 
+from spawner.core import labels as gl
+from spawner.runtime import set_runtime
+from tests.kube.bed import fault_hub
 from tests.kube.bed import faults as fs
 from tests.kube.bed.chart import Release
 from tests.kube.bed.cluster import Cluster
+from tests.support import REPO
 from tests.support.kube_spawner import chart_config, chart_team, spawner_for
 
 #: Users in the storm: a third CPU-only, the rest half a GPU into crowd (burst 6 GPUs):
@@ -35,7 +45,7 @@ STORM = 30
 
 def storm_config(release: Release):
     config = chart_config(release)
-    config.KubeSpawner.cmd = list(fs.SLEEP)
+    config.KubeSpawner.cmd = list(fault_hub.SLEEP)
     config.KubeSpawner.start_timeout = 120
     config.KubeSpawner.delete_grace_period = 0
     return config
@@ -132,3 +142,94 @@ async def test_etcd_restarted_during_a_spawn_storm(hub_identity: Release, kube: 
     release = hub_identity
     run = await _storm_through(release, kube, "etcd")
     _assert_storm_survived(release, run)
+
+
+def hub_spec(release: Release) -> dict[str, Any]:
+    """The hub's catalog as the chart installed it, each team in its namespace."""
+    g = release.values["gpulab"]
+    return {
+        "teams": [{**t, "namespace": release.team_ns(t["name"])} for t in g["teams"]],
+        "profiles": g["profiles"],
+        "sharing": g["sharing"],
+        "hub_namespace": release.hub_namespace,
+        "kubeconfig": str(release.hub_kubeconfig),
+    }
+
+
+def crowd_servers(prefix: str, n: int, gpu_every: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "user": f"{prefix}{i:02d}",
+            "team": "crowd",
+            "profile": "h100-half" if i % gpu_every else "cpu",
+            "groups": ["crowd"],
+        }
+        for i in range(n)
+    ]
+
+
+async def test_the_hub_restarted_while_servers_run_and_spawns_are_in_flight(
+    hub_identity: Release, kube: Cluster, tmp_path: Path
+):
+    """The hub process killed (SIGKILL) with 8 servers running and 10 spawns under way;
+    the next hub process loads what JupyterHub's database would hold and polls every
+    server, as JupyterHub's start does. Every labelled pod is then a server's that runs,
+    or gone; the ledger is exact; the first new spawn is admitted."""
+    release = hub_identity
+    ns = release.team_ns("crowd")
+    # 2 GPUs running, 4 more asked in flight: crowd's burst (6) is never the reason.
+    running, in_flight = crowd_servers("run", 8, 2), crowd_servers("fly", 10, 5)
+    spec = {**hub_spec(release), "running": running, "in_flight": in_flight}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "hub"
+    out.mkdir()
+    log = open(tmp_path / "hub.log", "w")
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "tests.kube.bed.fault_hub", str(tmp_path / "spec.json"), str(out)],
+        cwd=REPO,
+        env={**os.environ, "KUBECONFIG": str(release.hub_kubeconfig), "PYTHONPATH": str(REPO)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        kube.wait(lambda: (out / "in-flight.started").exists() or hub.poll() is not None, "the in-flight spawns", 120)
+        assert hub.poll() is None, (tmp_path / "hub.log").read_text()[-3000:]
+        fly = {s["user"] for s in in_flight}
+        kube.wait(
+            lambda: sum(p["metadata"]["labels"].get(gl.USER) in fly for p in kube.pods(ns)) >= 3,
+            "the first in-flight pods",
+            60,
+            0.05,
+        )
+    finally:
+        hub.send_signal(signal.SIGKILL)
+        hub.wait()
+        log.close()
+    assert len(list(out.glob("state-run*.json"))) == len(running)
+    unsaved = [s for s in in_flight if not (out / f"state-{s['user']}.json").exists()]
+    with_pod = {p["metadata"]["labels"].get(gl.USER) for p in kube.pods(ns)}
+    assert any(s["user"] in with_pod for s in unsaved), "no spawn had its pod and no saved state at the kill"
+
+    # The next hub process: fresh runtime and informers, the database's view of each server.
+    await KubeSpawner._stop_all_reflectors()
+    set_runtime(None)
+    config = fault_hub.hub_config(spec)
+    after = await fs.restart_hub(config, running + in_flight, out)
+    try:
+        assert not after["poll_errors"], after["poll_errors"]
+        assert set(after["owned"]) >= {s["user"] for s in running}, after["stopped"]
+        # In-flight spawns end running-and-owned or gone: no pod holds quota without a server.
+        assert fs.orphans(kube, release.teams, after["owned"]) == [], after["stopped"]
+        probe = next(iter(after["owned"].values()))
+        await fs.wait_ledger_exact(probe, lambda: fs.held_by_team(kube, release.teams), 60)
+        # The first new spawn is admitted and runs.
+        first = fault_hub.make_spawner(config, {"user": "carol", "team": "nlp", "profile": "h100-half", "groups": []})
+        url = await first.start()
+        assert url.startswith("http://")
+        await first.stop(now=True)
+        print(
+            f"hub restart: {len(unsaved)} of {len(in_flight)} in-flight spawns unsaved at the kill; "
+            f"owned after {sorted(after['owned'])}, stopped {after['stopped']}; polls {after['polls_s']:.2f} s"
+        )
+    finally:
+        await asyncio.gather(*(s.stop(now=True) for s in after["owned"].values()), return_exceptions=True)

@@ -11,14 +11,14 @@ import json
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from spawner.core import labels as gl
 from spawner.runtime import get_runtime
+from tests.kube.bed.fault_hub import make_spawner, restarted_hub_state
 from tests.kube.bed.testbed import Testbed
 
-#: What the storms' pods run: the node agent starts no process and reports them Running.
-SLEEP = ("sleep", "infinity")
 #: What a user must never read as the reason a server did not start.
 NOT_FOR_USERS = re.compile(r"Traceback|HTTP 5\d\d|\(5\d\d\)|Internal Server Error|ClientConnectorError|Errno")
 
@@ -118,3 +118,51 @@ def list_watch_requests(tb: Testbed, offset: int, username: str) -> dict[tuple[s
         if started_watch or (e.get("stage") == "ResponseComplete" and e.get("verb") != "watch"):
             out[(e["verb"], (e.get("objectRef") or {}).get("resource", ""))] += 1
     return dict(out)
+
+
+async def restart_hub(config: Any, servers: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """A hub start after the hub process died, as JupyterHub's ``init_spawners`` does it:
+    a spawner for every server with a Server row, its state loaded from the database
+    (:func:`~tests.kube.bed.fault_hub.restarted_hub_state`), all polled at once; a server
+    whose poll says stopped (or fails) is stopped (``check_spawner``: "appears to have
+    stopped while the Hub was down", then ``user.stop``). Returns the spawners that run
+    (``owned``), the users stopped, and the seconds each phase took."""
+    t0 = time.perf_counter()
+    spawners = []
+    for srv in servers:
+        state = restarted_hub_state(srv, out)
+        if state is None:
+            continue
+        s = make_spawner(config, srv)
+        s.load_state(state)
+        spawners.append((srv, s))
+    polls = await asyncio.gather(*(s.poll() for _, s in spawners), return_exceptions=True)
+    t_polls = time.perf_counter()
+    owned, stopped = {}, []
+    for (srv, s), status in zip(spawners, polls, strict=True):
+        if status is None:
+            owned[srv["user"]] = s
+        else:
+            stopped.append(s)
+    await asyncio.gather(*(s.stop(now=True) for s in stopped), return_exceptions=True)
+    return {
+        "owned": owned,
+        "stopped": [s.user.name for s in stopped],
+        "poll_errors": [str(p) for p in polls if isinstance(p, BaseException)],
+        "polls_s": t_polls - t0,
+        "stops_s": time.perf_counter() - t_polls,
+    }
+
+
+def orphans(cluster: Any, teams: dict[str, str], owned: dict[str, Any]) -> list[str]:
+    """Labelled pods in the team namespaces that no running server of the hub owns."""
+    mine = {(s.namespace, s.pod_name) for s in owned.values()}
+    out = []
+    for ns in sorted(set(teams.values())):
+        for p in cluster.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector={gl.SELECTOR}")["items"]:
+            md = p["metadata"]
+            if md.get("deletionTimestamp") or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if (ns, md["name"]) not in mine:
+                out.append(f"{ns}/{md['name']}")
+    return out
