@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import percentile, write_result  # noqa: E402
-from kube_scale import PROFILES, SHARING, TOLERATIONS, Bed, bed_usage, run_hubs  # noqa: E402
+from kube_scale import PROFILES, SHARING, TOLERATIONS, Bed, bed_usage, run_hubs, wait  # noqa: E402
 from kubernetes_asyncio.config import kube_config  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
 
@@ -112,7 +112,7 @@ def populate(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     args, bed = run.args, run.bed
     others = [t for t in bed.teams if t not in run.storm_teams] or list(bed.teams)
     plan = [
-        server(f"run{i:05d}", others[i % len(others)], PROFILES[(i // len(others)) % 3]["slug"])
+        server(f"run{bed.suffix}-{i:05d}", others[i % len(others)], PROFILES[(i // len(others)) % 3]["slug"])
         for i in range(args.pods)
     ]
     if not plan:
@@ -155,7 +155,11 @@ async def storm_fault(run: Run, component: str) -> dict[str, Any]:
     before = fs.informer_counts(KubeSpawner.reflectors)
     profiles = [p["slug"] for p in PROFILES if p["slug"] != "cpu"]
     plan = [
-        server(f"s-{component[:4]}-{i:04d}", run.storm_teams[i % len(run.storm_teams)], profiles[i % len(profiles)])
+        server(
+            f"s{run.bed.suffix}-{component[:4]}-{i:04d}",
+            run.storm_teams[i % len(run.storm_teams)],
+            profiles[i % len(profiles)],
+        )
         for i in range(args.storm)
     ]
     spawners = [fault_hub.make_spawner(config, srv) for srv in plan]
@@ -216,10 +220,20 @@ async def storm_fault(run: Run, component: str) -> dict[str, Any]:
     }
     await asyncio.gather(*(s.stop(now=True) for s in owned.values()), return_exceptions=True)
     await KubeSpawner._stop_all_reflectors()
+    # The next storm starts from empty teams: their pods gone, and their ResourceQuota's usage
+    # back to 0 (the quota controller recounts after the deletes; admission refuses until then).
     deadline = time.monotonic() + 300
-    while storm_pods() and time.monotonic() < deadline:
+    while (storm_pods() or not quotas_empty(tb, storm_ns)) and time.monotonic() < deadline:
         await asyncio.sleep(1)
     return out
+
+
+def quotas_empty(tb: Testbed, namespaces: list[str]) -> bool:
+    for ns in namespaces:
+        for q in tb.request("GET", f"/api/v1/namespaces/{ns}/resourcequotas")["items"]:
+            if any(str(v) not in ("0", "0m") for v in (q.get("status", {}).get("used") or {}).values()):
+                return False
+    return True
 
 
 async def hub_fault(run: Run, populated: list[dict[str, Any]]) -> dict[str, Any]:
@@ -229,7 +243,8 @@ async def hub_fault(run: Run, populated: list[dict[str, Any]]) -> dict[str, Any]
     out_dir.mkdir(exist_ok=True)
     teams = [t for t in run.bed.teams if t not in run.storm_teams] or list(run.bed.teams)
     in_flight = [
-        server(f"fly{i:04d}", teams[i % len(teams)], ["cpu", "h100-half"][i % 2]) for i in range(args.in_flight)
+        server(f"fly{run.bed.suffix}-{i:04d}", teams[i % len(teams)], ["cpu", "h100-half"][i % 2])
+        for i in range(args.in_flight)
     ]
     spec = {**run.spec(), "running": [], "in_flight": in_flight}
     (run.tmp / "fault-hub.json").write_text(json.dumps(spec))
@@ -347,6 +362,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "storm_burst_gpus": r.storm_burst,
         "loadavg_at_start": os.getloadavg(),
     }
+    # A cluster-wide watch counts every labelled pod: an earlier run's (its namespaces are
+    # deleted in the background, 5,000 pods take minutes) would fill this run's teams.
+    wait(
+        lambda: not tb.request("GET", "/api/v1/pods?labelSelector=gpulab.io/gpu-milli&limit=1")["items"],
+        "an earlier run's server pods to be gone",
+        900,
+    )
     try:
         result["helm_install_s"] = r.bed.install(r.burst)
         r.kubeconfig = str(r.bed.identity(HUB, cluster_wide=True))

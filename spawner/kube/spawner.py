@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import List, TraitError, Unicode, default, validate
@@ -60,6 +61,7 @@ from .conventions import (
     api_refusal,
     privileged_containers,
     profile_list_conflict,
+    unreachable_sentence,
 )
 from .informer import EventInformer
 from .kai_queues import kai_queue_exists, missing_queue_sentence
@@ -543,7 +545,14 @@ class GPUKubeSpawner(ClusterLedger, KubeSpawner):
                 self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
                 sentence, reason = api_refusal(self.namespace, message)
                 raise refusal(sentence, 403, reason) from None
+            if e.status >= 500:  # "apiserver is shutting down" (503) during a rolling restart
+                self.log.warning("gpulab: API server answered %s while starting %s: %s", e.status, self._log_name, e)
+                raise refusal(unreachable_sentence(api_message(e)), 503, "cluster") from None
             raise
+        except aiohttp.ClientError as e:  # connection refused, reset or closed: the API server restarting
+            self._release_reservation()
+            self.log.warning("gpulab: lost the API server while starting %s: %r", self._log_name, e)
+            raise refusal(unreachable_sentence(e), 503, "cluster") from None
         except BaseException:
             self._release_reservation()
             raise

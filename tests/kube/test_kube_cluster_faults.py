@@ -41,6 +41,8 @@ from tests.support.kube_spawner import chart_config, chart_team, spawner_for
 #: Users in the storm: a third CPU-only, the rest half a GPU into crowd (burst 6 GPUs):
 #: 20 ask for 10 GPUs, so 8 are refused by the ledger.
 STORM = 30
+#: Seconds between two users' clicks: the storm arrives over 7.5 s.
+ARRIVAL_SECONDS = 0.25
 
 
 def storm_config(release: Release):
@@ -63,7 +65,13 @@ async def _storm_through(release: Release, kube: Cluster, component: str) -> dic
     plan = [(f"storm{i:02d}", "cpu" if i % 3 == 0 else "h100-half") for i in range(STORM)]
     spawners = [spawner_for(config, u, {"team": crowd, "profile": p}, groups=("crowd",)) for u, p in plan]
     offset = kube.tb.audit_offset()
-    tasks = [asyncio.ensure_future(s.start()) for s in spawners]
+
+    async def arrive(i: int, s: KubeSpawner) -> str:
+        # Users click over a few seconds, so that some spawns come while the fault lasts.
+        await asyncio.sleep(i * ARRIVAL_SECONDS)
+        return await s.start()
+
+    tasks = [asyncio.ensure_future(arrive(i, s)) for i, s in enumerate(spawners)]
     # The fault while the storm is under way: after the first pods exist, before most run.
     await asyncio.to_thread(kube.wait, lambda: len(kube.pods(ns)) >= 3, "the storm's first pods", 60, 0.05)
     in_flight = sum(not t.done() for t in tasks)
