@@ -168,6 +168,18 @@ def api_refusal(namespace: str, api_message: str) -> tuple[str, str]:
     return f"The cluster refused to create the server in namespace {namespace}: {api_message}", "forbidden"
 
 
+def unreachable_sentence(error: BaseException | str) -> str:
+    """A spawn that lost the Kubernetes API server (restarting, its connection cut, or a 5xx
+    answer such as "apiserver is shutting down") in words for the spawn page: KubeSpawner retries only timeouts, so the start ends here, and
+    JupyterHub's stop after a failed start deletes a pod the API server may have stored."""
+    cause = re.sub(r"\[Errno \d+\]\s*", "", str(error)).strip() or "the connection closed"
+    return (
+        f"The hub lost its connection to the cluster's API server while starting your server "
+        f"({cause}). Try again in a minute; if this repeats, "
+        f"ask an admin to check the Kubernetes control plane."
+    )
+
+
 def quota_refusal_message(namespace: str, api_message: str) -> str:
     """Turn the API server's ResourceQuota 403 into a sentence for the spawn page."""
     m = _QUOTA_RE.search(api_message)

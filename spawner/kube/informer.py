@@ -138,6 +138,13 @@ class ResumingWatch(ResourceReflector):
 
     def _apply_event(self, event: dict[str, Any]) -> None:
         """One watch event into ``resources``; raises :class:`WatchGone` on 410."""
+        if "type" not in event or "object" not in event:
+            # Not a watch event: the API server refused the watch request itself (403 while
+            # its authorizer syncs after a restart, 410, 429, 5xx) and the body is a Status.
+            # The stream is read raw, so this is kubernetes_asyncio's unmarshal_event check;
+            # stored as an object, it would reach KubeSpawner's readers as an empty event.
+            code = event.get("code")
+            raise ApiException(status=code or 500, reason=f"{event.get('reason')}: {event.get('message')}")
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
             code = obj.get("code")
@@ -274,6 +281,14 @@ class GPUPodInformer(ResumingWatch, PodReflector):
         """``{workload key: workload}`` of the pods held (``derive`` must be set before
         ``start``), kept up to date event by event: no walk over thousands of pods."""
         return self._derived_by_key
+
+    def pod_of(self, key: str) -> dict | None:
+        """The pod that holds workload ``key``, if this informer has it (a walk over the
+        pods: for the rare server whose pod the hub must find by its labels)."""
+        for ref_key, workload in self._derived_by_ref.items():
+            if workload.key == key:
+                return self.resources.get(ref_key)
+        return None
 
 
 class EventInformer(ResumingWatch, EventReflector):

@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import List, TraitError, Unicode, default, validate
@@ -60,6 +61,7 @@ from .conventions import (
     api_refusal,
     privileged_containers,
     profile_list_conflict,
+    unreachable_sentence,
 )
 from .form_template import form_template
 from .informer import EventInformer
@@ -564,7 +566,14 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
                 self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
                 sentence, reason = api_refusal(self.namespace, message)
                 raise refusal(sentence, 403, reason) from None
+            if e.status >= 500:  # "apiserver is shutting down" (503) during a rolling restart
+                self.log.warning("gpulab: API server answered %s while starting %s: %s", e.status, self._log_name, e)
+                raise refusal(unreachable_sentence(api_message(e)), 503, "cluster") from None
             raise
+        except aiohttp.ClientError as e:  # connection refused, reset or closed: the API server restarting
+            self._release_reservation()
+            self.log.warning("gpulab: lost the API server while starting %s: %r", self._log_name, e)
+            raise refusal(unreachable_sentence(e), 503, "cluster") from None
         except BaseException:
             self._release_reservation()
             raise
@@ -604,6 +613,8 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
                 await self.refresh_ledger()
             except Exception:
                 self.log.exception("gpulab: cannot read GPU usage from the cluster; polling %s anyway", self._log_name)
+        if self._granted is None:
+            await self._adopt_unsaved_pod()
         status = await super().poll()
         if status is not None and self._granted is None and self.pod_name:
             status = await self._poll_unlabelled_pod(status)
@@ -612,6 +623,40 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
             if w is not None and w.state != "running":
                 await self._confirm_if_seen()
         return status
+
+    async def _adopt_unsaved_pod(self) -> None:
+        """Find the pod of a server whose start never got saved, and make it this server's.
+
+        JupyterHub commits a server's row before ``start()`` and its state only after it
+        returns (jupyterhub/user.py ``spawn``): a hub process that died while the server
+        started comes back with the row and no state, so KubeSpawner would poll a pod in
+        the hub's namespace, report it stopped and delete nothing, leaving the real pod in
+        the team's namespace holding quota with no server. The pod informers know that pod
+        by this server's workload key (its labels): take its namespace, name and grant, so
+        the poll reports it and a stop deletes it."""
+        try:
+            informers = (await self._ledger_reflectors())[0]
+        except Exception:  # poll() goes on; the ledger refresh logged why
+            return
+        for informer in informers:
+            pod = informer.pod_of(self.workload_key)
+            if pod is None:
+                continue
+            workload = informer.workloads()[self.workload_key]
+            md = pod["metadata"]
+            self.log.info(
+                "gpulab: %s has no saved state but its pod %s/%s exists (the hub stopped while it "
+                "started); this server owns it now",
+                self._log_name,
+                md["namespace"],
+                md["name"],
+            )
+            self.namespace, self.pod_name = md["namespace"], md["name"]
+            self.dns_name = self.dns_name_template.format(namespace=self.namespace, name=self.pod_name)
+            self._granted = GrantedShare(
+                team=workload.team, profile=workload.profile, milli=workload.milli, over_quota=workload.over_quota
+            )
+            return
 
     async def _poll_unlabelled_pod(self, status: int) -> int | None:
         """A server gpulab never granted (started by plain KubeSpawner before the hub

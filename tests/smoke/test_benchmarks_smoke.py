@@ -324,6 +324,20 @@ def test_kube_scale_smoke(tmp_path, kube_testbed):
     assert "Watches:" in stdout and "Hub restart" in stdout
 
 
+@pytest.mark.kube
+def test_kube_faults_smoke(tmp_path, kube_testbed):
+    """The faults benchmark's hub part on the suite's bed, tiny: a hub killed with spawns
+    in flight leaves no orphan pod, the ledger exact and the next spawn admitted (the
+    API server and etcd restarts are tests/kube/test_kube_cluster_faults.py's)."""
+    doc, stdout = run_bench("kube_faults.py", tmp_path, "--smoke", timeout=180)
+    h = doc["hub"]
+    assert h["servers_running"] == doc["pods"] and h["in_flight"] == doc["in_flight"]
+    assert h["orphan_count"] == 0 and h["ledger_exact"] is True and h["first_spawn"] == "Running", h
+    assert h["in_flight_owned"] + h["in_flight_gone"] == h["in_flight"]
+    assert h["in_flight_with_a_pod_at_kill"] >= 1
+    assert "hub killed with" in stdout
+
+
 # -- login to JupyterLab --------------------------------------------------------
 
 

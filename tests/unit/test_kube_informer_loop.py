@@ -126,3 +126,34 @@ async def test_an_error_event_other_than_gone_is_an_api_error():
         informer._apply_event({"type": "ERROR", "object": {"code": 500, "reason": "InternalError", "message": "x"}})
     with pytest.raises(WatchGone):
         informer._apply_event(GONE_EVENT)
+
+
+#: The body of a watch request the API server refused outright (here its authorizer, not yet
+#: synced after a restart): a Status, not a watch event. Read raw, it is the stream's one line.
+FORBIDDEN_STATUS = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": 'pods is forbidden: User "system:serviceaccount:hub:hub" cannot watch resource "pods"',
+    "reason": "Forbidden",
+    "code": 403,
+}
+
+
+async def test_a_refused_watch_request_is_an_api_error_and_stores_nothing():
+    """A Status body stored as an object reached KubeSpawner's event sort as an empty event
+    (KeyError 'lastTimestamp' for every spawn waiting then, seen after an API server restart)."""
+    informer = ScriptedInformer([])
+    with pytest.raises(ApiException) as refused:
+        informer._apply_event(FORBIDDEN_STATUS)
+    assert refused.value.status == 403
+    assert informer.resources == {} and informer.revision == 0
+
+
+async def test_a_refused_watch_request_resumes_from_the_same_version():
+    informer = ScriptedInformer([[FORBIDDEN_STATUS], [{"type": "ADDED", "object": pod("c", "120")}]])
+    await run(informer)
+    assert informer.lists == 1
+    assert informer.watch_versions == ["100", "100", "120"]
+    assert set(informer.pods) == {"team-a/listed", "team-a/c"}

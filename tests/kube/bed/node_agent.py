@@ -58,10 +58,12 @@ import os
 import shutil
 import signal
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -83,6 +85,9 @@ KAI_RESERVED_GPU_ANNOTATION = "run.ai/reserve_for_gpu_index"
 CONTAINER_ENV_FILE = "container-env.json"
 #: Where, in a pod's folder, a really run container's output goes (what ``kubectl logs`` shows).
 CONTAINER_LOG_FILE = "container.log"
+#: Seconds a pod status the API server could not take is tried again (a restart of the
+#: API server or etcd takes 10-30 s on the bed).
+STATUS_RETRY_SECONDS = 180.0
 
 
 def now() -> datetime:
@@ -446,6 +451,26 @@ class NodeAgent:
         await self.write_status(pod, rejection.status())
 
     async def write_status(self, pod: client.V1Pod, status: dict[str, Any]) -> None:
+        """Replace the pod's status; while the API server cannot take it (restarting, or its
+        authorizer not yet synced after a restart), try again, as the kubelet's status
+        manager keeps the status it means to write and syncs it again
+        (pkg/kubelet/status/status_manager.go: every ``syncPeriod``, 10 s; 1 s here)."""
+        deadline = time.monotonic() + STATUS_RETRY_SECONDS
+        while True:
+            try:
+                return await self._write_status_once(pod, status)
+            except (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                status_code = getattr(e, "status", None)
+                if (status_code is not None and status_code < 500 and status_code != 403) or (
+                    time.monotonic() > deadline
+                ):
+                    raise
+                log.warning(
+                    "status of %s/%s not written (%s); again in 1 s", pod.metadata.namespace, pod.metadata.name, e
+                )
+                await asyncio.sleep(1)
+
+    async def _write_status_once(self, pod: client.V1Pod, status: dict[str, Any]) -> None:
         """Replace the pod's status (read-modify-write, retried on conflicts)."""
         ns, name = pod.metadata.namespace, pod.metadata.name
         for _ in range(10):

@@ -69,6 +69,8 @@ COMPONENTS = (
     "kueue",
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+#: The components :meth:`Testbed.restart` restarts in place (their state is in etcd or on disk).
+RESTARTABLE = ("etcd", "kube-apiserver")
 
 
 class TestbedError(RuntimeError):
@@ -229,6 +231,25 @@ class Testbed:
 
     def alive(self) -> dict[str, bool]:
         return {name: _pid_alive(pid) for name, pid in self.pids.items()}
+
+    def restart(self, component: str, timeout: float = 120) -> float:
+        """Restart ``etcd`` or ``kube-apiserver`` in place, as an operator's rolling restart
+        does: SIGTERM (the API server drains its requests and closes its watches; etcd
+        flushes), then the same binary with the same arguments (ports, data dir,
+        certificates), and wait until the API server is ready again (``/readyz`` checks etcd
+        too). Returns the seconds from the signal until ready."""
+        if component not in RESTARTABLE:
+            raise TestbedError(f"restart {component!r}: only {', '.join(RESTARTABLE)} restart in place")
+        pid = self.pids[component]
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError:
+            raise TestbedError(f"{component} (pid {pid}) is not running: start the bed afresh") from None
+        t0 = time.monotonic()
+        _stop_group(pid)
+        _spawn(self, component, [a.decode() for a in argv])
+        _wait(f"kube-apiserver /readyz after restarting {component}", self.ready, timeout, self, component)
+        return time.monotonic() - t0
 
 
 def _pid_alive(pid: int) -> bool:
@@ -643,6 +664,24 @@ def _healthz(tb: Testbed, port: int) -> bool:
         return False
 
 
+def _stop_group(pid: int, grace: float = 15) -> None:
+    """SIGTERM the process group ``pid`` leads, SIGKILL it after ``grace`` seconds."""
+    if not _pid_alive(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except OSError:
+        pass
+    deadline = time.monotonic() + grace
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def down(state_dir: Path = STATE_DIR) -> None:
     from tests.kube.bed.kai_scheduler import stop_processes as stop_kai
 
@@ -653,19 +692,8 @@ def down(state_dir: Path = STATE_DIR) -> None:
     # Stop the node agent first so that it kills the processes it started.
     for name in reversed(COMPONENTS):
         pid = tb.pids.get(name)
-        if pid and _pid_alive(pid):
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except OSError:
-                pass
-            deadline = time.monotonic() + 15
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _pid_alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        if pid:
+            _stop_group(pid)
     from tests.kube.bed import pod_network
 
     pod_network.remove(pod_network.bed_subnet(state_dir)[1])
