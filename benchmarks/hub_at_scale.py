@@ -12,7 +12,8 @@ How the hub holds 50,000 running servers on a 2-core machine:
   installed release); then one bulk ``INSERT`` per table writes the rows exactly
   as JupyterHub's ORM stores a running server -- a ``users`` row, a ``servers``
   row (ip, port, base_url) and a ``spawners`` row pointing at it with the
-  spawner's state (JSON), ``started``, ``last_activity`` and ``user_options``.
+  spawner's state (JSON), ``started``, ``last_activity`` and ``user_options`` --
+  and JupyterHub's default roles with each user holding ``user``.
   50,000 spawns through the REST API would take hours here and measure spawning,
   not listing.
 * **The hub is the real ``jupyterhub`` (6.1.1 here) on that database.** At start it
@@ -25,8 +26,10 @@ How the hub holds 50,000 running servers on a 2-core machine:
   a dict (JupyterHub's :class:`~jupyterhub.proxy.Proxy` API) instead of 50,000
   routes in configurable-http-proxy. Neither is on the listing's path. At start the
   hub also checks that each running server answers HTTP (``init_spawners``: "any
-  non-5XX response code will do, even 404"): every server row points at one plain
-  ``http.server`` process, which answers 404. The hub is asked to finish those checks
+  non-5XX response code will do, even 404"): every server row points at one small
+  tornado process (:func:`serve_servers`) answering as a single-user server does
+  (its version header), with a listen backlog for the hub's thousands of concurrent
+  checks. The hub is asked to finish those checks
   before it serves (``init_spawners_timeout = -1``), and keeps polling every spawner
   every 30 s afterwards, as a real hub does.
 
@@ -110,10 +113,27 @@ class InMemoryProxy(Proxy):
         return self._routes
 
 
+def serve_servers(port: int) -> None:
+    """Answer the hub's "is it up?" checks for every server row (all on this one port)."""
+    import jupyterhub
+    from tornado import ioloop, netutil, web
+    from tornado.httpserver import HTTPServer
+
+    class Up(web.RequestHandler):
+        def get(self, path: str) -> None:
+            self.set_header("X-JupyterHub-Version", jupyterhub.__version__)
+            self.finish("up")
+
+    http = HTTPServer(web.Application([(r"/(.*)", Up)]))
+    http.add_sockets(netutil.bind_sockets(port, "127.0.0.1", backlog=4096))
+    ioloop.IOLoop.current().start()
+
+
 def populate(db_url: str, users: list[dict[str, Any]], server_port: int) -> float:
     """Write ``users`` (name, created, last_activity, started, state, user_options) with one
     running default server each into a JupyterHub database; returns the seconds it took."""
     from jupyterhub import orm
+    from jupyterhub.roles import get_default_roles
     from sqlalchemy import insert
 
     t0 = time.perf_counter()
@@ -165,6 +185,22 @@ def populate(db_url: str, users: list[dict[str, Any]], server_port: int) -> floa
                 for i, u in enumerate(users)
             ],
         )
+        # JupyterHub's default roles, every user holding "user", as a hub that created these users
+        # stores them (without, the hub's start takes them for an upgrade and grants the role
+        # one user at a time).
+        roles = get_default_roles()
+        conn.execute(
+            insert(orm.Role.__table__),
+            [
+                {"id": k + 1, "name": r["name"], "description": r.get("description", ""), "scopes": r["scopes"]}
+                for k, r in enumerate(roles)
+            ],
+        )
+        user_role = next(k + 1 for k, r in enumerate(roles) if r["name"] == "user")
+        conn.execute(
+            insert(orm.Base.metadata.tables["user_role_map"]),
+            [{"user_id": i + 1, "role_id": user_role, "managed_by_auth": False} for i in range(len(users))],
+        )
     session.close()
     return time.perf_counter() - t0
 
@@ -209,13 +245,10 @@ class RealHub:
         self.servers: subprocess.Popen | None = None
         self.start_s = 0.0
 
-    def start(self, timeout: float = 900) -> RealHub:
+    def start(self, timeout: float = 3600) -> RealHub:
         jupyterhub = Path(sys.executable).with_name("jupyterhub")
-        empty = self.workdir / "servers"
-        empty.mkdir(exist_ok=True)
         self.servers = subprocess.Popen(
-            [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(self.server_port)],
-            cwd=empty,
+            [sys.executable, __file__, "--serve-servers", str(self.server_port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -389,6 +422,9 @@ def sample_users(n: int, at: float, window: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--serve-servers"]:
+        serve_servers(int(sys.argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--users", type=int, default=50000)
     ap.add_argument("--page-size", type=int, action="append", help="listing page sizes (default 200)")
