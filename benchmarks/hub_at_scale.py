@@ -59,6 +59,9 @@ from jupyterhub.spawner import Spawner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.ports import free_port  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_result  # noqa: E402
+
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 SERVICE = "benchmark-culler"
@@ -428,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--users", type=int, default=50000)
     ap.add_argument("--page-size", type=int, action="append", help="listing page sizes (default 200)")
+    ap.add_argument("--out", help="directory for the JSON result (default benchmarks/results)")
     args = ap.parse_args(argv)
     result = measure(
         sample_users(args.users, time.time() - 6 * 3600, 3600),
@@ -436,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         free_port(),
     )
     print(json.dumps(result, indent=1))
+    print(json.dumps({"result": str(write_result("hub_at_scale", result, args.out))}))
     return 0
 
 

@@ -564,7 +564,8 @@ def union(parts: list[str]) -> str:
     hashing every series of both sides, and ``a or b or c ...`` is left-associative, so a
     chain rehashes the growing left side at each step (each part here is one stat for every
     GPU, its own tag label keeping the parts disjoint): a tree hashes each series
-    log2(parts) times. At 5,000 GPUs it cut Prometheus' CPU for the cycle's query by 10-25 %."""
+    log2(parts) times (at 5,000 GPUs, Prometheus' CPU for the cycle's query went from
+    0.84-1.05 s to 0.78-0.87 s)."""
     if len(parts) <= 2:
         return " or ".join(parts)
     half = len(parts) // 2
