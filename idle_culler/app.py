@@ -40,9 +40,8 @@ from spawner.core.idle import (
     idle_timeout_of,
     max_gap_for,
 )
-from spawner.core.idle_cycle import UNATTRIBUTED_CODES, ReclaimClaim, WarningRecord
+from spawner.core.idle_cycle import ReclaimClaim, WarningRecord
 
-from .attribution import REASON_PREFIX, hub_has_these, unattributed_servers
 from .dcgm_exporter_source import DCGMExporterSource
 from .hub import CycleBatch, HubAPIError, HubClient, make_ssl_context
 from .metrics import CullerMetrics, serve_metrics
@@ -52,8 +51,13 @@ from .prometheus_source import AnswerTooLarge, NoSeries, PrometheusSource
 from .reclaim import record_and_reclaim
 from .sources import SourceUnavailable, UtilisationSource
 from .targets import ServerTarget, targets_from_users
+from .unattributed_report import UnattributedReport
 
-SOURCES = {"prometheus": PrometheusSource, "dcgm-exporter": DCGMExporterSource, "nvml": NVMLSource}
+SOURCES: dict[str, type[UtilisationSource]] = {
+    "prometheus": PrometheusSource,
+    "dcgm-exporter": DCGMExporterSource,
+    "nvml": NVMLSource,
+}
 
 
 class GPUIdleCuller(Application):
@@ -227,8 +231,6 @@ class GPUIdleCuller(Application):
     # tornado's coloured formatter, as JupyterHub's own log uses (traitlets declares a narrower type).
     _log_formatter_cls = LogFormatter  # type: ignore[assignment]
     _cycle_now = 0.0
-    #: ``(server key, session)`` already logged as unattributed: said once per server session.
-    _told_unattributed: set[tuple[str, str]]
 
     @default("log_level")
     def _log_level_default(self):
@@ -245,7 +247,7 @@ class GPUIdleCuller(Application):
         if self.config_file and os.path.exists(self.config_file):
             self.load_config_file(self.config_file)
         self.metrics = CullerMetrics()
-        self._told_unattributed = set()
+        self.unattributed = UnattributedReport(self.log, self.metrics)
         self.utilisation: UtilisationSource = SOURCES[self.source](parent=self, log=self.log)
         self.hub: HubClient | None = None
 
@@ -342,7 +344,7 @@ class GPUIdleCuller(Application):
             lifetimes=lifetimes_of(targets, read.profiles, read.teams),
         )
         batch = self.apply(plan, read.now, summary)
-        self.report_unattributed(targets, data, read, batch, summary)
+        self.unattributed.report(targets, data, read, batch, summary, self.unattributed_after)
         if not batch.empty and not self.dry_run:
             await record_and_reclaim(self.hub_client, batch, summary, self.metrics, self.log)
         self._finish(summary, started, queries_before)
@@ -462,32 +464,6 @@ class GPUIdleCuller(Application):
         for status in STATUSES:
             self.metrics.gpu_servers.labels(status).set(counts.get(status, 0))
         return batch
-
-    def report_unattributed(
-        self,
-        targets: list[ServerTarget],
-        data: dict[str, list],
-        read: HubRead,
-        batch: CycleBatch,
-        summary: CycleSummary,
-    ) -> None:
-        """Say which servers no series names, and why: in the log once per server session, in
-        the gauge every cycle, and to the hub (for the admin page and the user's sidebar)
-        whenever the list differs from the one the hub has."""
-        found = unattributed_servers(targets, data, read.now, self.unattributed_after)
-        for t, u in found:
-            summary.unattributed[t.key] = u.code
-            if (t.key, t.started) not in self._told_unattributed:
-                self._told_unattributed.add((t.key, t.started))
-                self.log.warning(
-                    "%s (pod %s/%s, %s): %s%s", t.key, t.namespace, t.pod, t.sharing or "?", REASON_PREFIX, u.reason
-                )
-        running = {(t.key, t.started) for t in targets}
-        self._told_unattributed &= running  # a server gone, or restarted, is told again when it recurs
-        for code in UNATTRIBUTED_CODES:
-            self.metrics.unattributed.labels(code).set(sum(1 for _, u in found if u.code == code))
-        if not hub_has_these([u for _, u in found], read.unattributed):
-            batch.unattributed = tuple(u for _, u in found)
 
     def _finish(self, summary: CycleSummary, started: float, queries_before: int) -> None:
         summary.queries = self.utilisation.queries - queries_before

@@ -258,7 +258,7 @@ class PrometheusSource(UtilisationSource):
                         for stat, e in exprs.items()
                         if stat != "evaluations"
                     )
-        return " or ".join(parts)
+        return union(parts)
 
     def kai_for(self, backends: Iterable[str] | None) -> bool:
         """Whether to join through KAI's GPU groups: configured, and a KAI server can exist."""
@@ -276,7 +276,7 @@ class PrometheusSource(UtilisationSource):
                 name = _uuid_label(metric)
                 extra = f'{name}=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
             parts.append(self._element(self._max_age(self._selector(metric, extra), w), "max_age", metric, w))
-        return " or ".join(parts)
+        return union(parts)
 
     def evaluation_time(self, now: float) -> float:
         """``now`` rounded down to a multiple of the scrape interval (the subquery's step grid)."""
@@ -557,6 +557,19 @@ class NoSeries(SourceUnavailable):
 
 class AnswerTooLarge(SourceUnavailable):
     """The metrics answer is larger than the culler accepts."""
+
+
+def union(parts: list[str]) -> str:
+    """``parts`` joined with ``or`` as a balanced tree. Prometheus evaluates ``a or b`` by
+    hashing every series of both sides, and ``a or b or c ...`` is left-associative, so a
+    chain rehashes the growing left side at each step (each part here is one stat for every
+    GPU, its own tag label keeping the parts disjoint): a tree hashes each series
+    log2(parts) times (at 5,000 GPUs, Prometheus' CPU for the cycle's query went from
+    0.84-1.05 s to 0.78-0.87 s)."""
+    if len(parts) <= 2:
+        return " or ".join(parts)
+    half = len(parts) // 2
+    return f"({union(parts[:half])}) or ({union(parts[half:])})"
 
 
 def _uuid_label(metric: str) -> str:

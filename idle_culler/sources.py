@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from traitlets import MetaHasTraits
 from traitlets.config import LoggingConfigurable
 
 from spawner.core.idle import DeviceSeries, DeviceSummary
@@ -52,8 +54,13 @@ class SourceUnavailable(Exception):
     """The source could not answer; the culler culls nothing this cycle."""
 
 
-class UtilisationSource(LoggingConfigurable):
-    """Interface: GPU utilisation samples for a set of servers."""
+class _ConfigurableABCMeta(MetaHasTraits, ABCMeta):
+    """traitlets' metaclass and abc's together: a configurable class with abstract methods."""
+
+
+class UtilisationSource(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
+    """Interface: GPU utilisation samples for a set of servers (a source that does not
+    implement :meth:`collect` cannot be instantiated)."""
 
     #: Requests made to the metrics backend since start (the benchmark reads it).
     queries = 0
@@ -69,14 +76,11 @@ class UtilisationSource(LoggingConfigurable):
     def cancel_prefetch(self) -> None:
         """Drop a read ahead the cycle will not use (the hub did not answer, no GPU server)."""
 
+    @abstractmethod
     async def collect(
         self, targets: list[ServerTarget], now: float, windows: Mapping[str, float]
     ) -> dict[str, list[DeviceSeries | DeviceSummary]]:
-        """Samples (or summaries) per server key; ``windows`` maps each key to its idle window.
-
-        Every source overrides it (a traitlets class cannot also be an ``abc.ABC``: their
-        metaclasses differ), so the base raises for a source that forgot to."""
-        raise NotImplementedError(f"{type(self).__name__} does not collect utilisation")
+        """Samples (or summaries) per server key; ``windows`` maps each key to its idle window."""
 
     def kernel_holders(self, target: ServerTarget) -> list[dict]:
         """Kernels of ``target`` holding GPU memory (only sources with per-process data)."""

@@ -2,7 +2,9 @@
 
 - benchmarks/culler_cycle.py --smoke runs as a real process (real Prometheus with
   backfilled history, stand-in hub API): warn, reclaim and steady cycles beside
-  jupyterhub-idle-culler, one metric query per cycle, one hub request recording it.
+  jupyterhub-idle-culler, with and without the recording rules, one metric query per
+  cycle, one hub request recording it; then the real JupyterHub's own listing of the
+  same servers (its database filled directly), read in full by both cullers.
 - benchmarks/idle_trace.py replays a synthetic duty-cycle trace through the
   culler's decision: the reclaim goal and "never a busy reclaim" are correctness
   properties of the decision, so they are asserted here.
@@ -38,23 +40,33 @@ def test_culler_cycle_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "culler_cycle.json").read_text())
     assert doc["benchmark"] == "culler_cycle" and doc["smoke"] is True
-    assert "real Prometheus" in doc["parts"] and "stand-in hub" in doc["parts"]
+    assert "real Prometheus" in doc["parts"] and "stand-in hub" in doc["parts"] and "real JupyterHub" in doc["parts"]
     servers = doc["parameters"]["servers"]
-    assert set(doc["cycles"]) == {"warn", "reclaim", "steady"}
-    for kind, c in doc["cycles"].items():
-        assert c["wall_ratio"] > 0 and c["cpu_ratio"] > 0, kind
-    by_kind = {r["cycle"]: r for r in doc["rows"]}
-    assert by_kind["warn"]["gpulab_warned"] == servers // 2 and by_kind["warn"]["gpulab_reclaimed"] == 0
-    assert by_kind["reclaim"]["gpulab_reclaimed"] == servers // 2
-    # Listing, idle state, ONE cycle record, then one stop per reclaimed server.
+    assert doc["parameters"]["holes"] == "both"
     pages = -(-servers // 200)
-    assert by_kind["reclaim"]["gpulab_hub_requests"] == pages + 2 + servers // 2
-    assert by_kind["steady"]["gpulab_hub_requests"] == pages + 1
-    # The peer stops by hub activity: every closed tab, busy or not, and no open tab.
-    assert by_kind["steady"]["peer_wrong_stops"] == servers // 4
-    assert by_kind["steady"]["peer_missed_idle"] == servers // 4
-    # A few numbers per GPU, not every sample of the hour.
-    assert by_kind["steady"]["gpulab_answer_bytes"] < 1500 * 5 * servers
+    for cycles in ("cycles", "cycles_subquery"):
+        assert set(doc[cycles]) == {"warn", "reclaim", "steady"}
+        for kind, c in doc[cycles].items():
+            assert c["wall_ratio"] > 0 and c["cpu_ratio"] > 0, kind
+            assert c["cpu_ratio_with_prometheus"] >= c["cpu_ratio"], kind
+    for holes in ("rule", "subquery"):
+        by_kind = {r["cycle"]: r for r in doc["rows"] if r["holes"] == holes}
+        assert by_kind["warn"]["gpulab_warned"] == servers // 2 and by_kind["warn"]["gpulab_reclaimed"] == 0
+        assert by_kind["reclaim"]["gpulab_reclaimed"] == servers // 2
+        # Listing, idle state, ONE cycle record, then one stop per reclaimed server.
+        assert by_kind["reclaim"]["gpulab_hub_requests"] == pages + 2 + servers // 2
+        assert by_kind["steady"]["gpulab_hub_requests"] == pages + 1
+        # The peer stops by hub activity: every closed tab, busy or not, and no open tab.
+        assert by_kind["steady"]["peer_wrong_stops"] == servers // 4
+        assert by_kind["steady"]["peer_missed_idle"] == servers // 4
+        # A few numbers per GPU, not every sample of the hour.
+        assert 0 < by_kind["steady"]["gpulab_answer_bytes"] < 1500 * 5 * servers
+    # The real hub served every running server to both cullers' listings.
+    listing = doc["real_hub_listing"]
+    assert listing["users"] == servers and listing["jupyterhub"]
+    (row,) = listing["listings"]
+    assert row["gpulab"]["users"] == servers and row["gpulab"]["pages"] == pages
+    assert row["gpulab"]["hub_cpu_s"] >= 0 and row["peer"]["wall_s"] > 0
     assert "Cull cycles over 40 GPU servers" in proc.stdout
 
 

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -220,28 +221,45 @@ class RunningPrometheus:
             raise RuntimeError(f"prometheus did not become ready: {self.log_path.read_text()[-2000:]}") from None
         return self
 
-    def backfill(self, series: list[tuple[str, dict[str, str], list[tuple[float, float]]]]) -> None:
+    def backfill(
+        self, series: Iterable[tuple[str, dict[str, str], list[tuple[float, float]]]], timeout: float = 300
+    ) -> None:
         """Write history into the TSDB before :meth:`start` with ``promtool tsdb create-blocks-from
         openmetrics``: ``(metric, labels, [(unix_seconds, value), ...])`` per series. Tests then
-        query any moment of that history at once instead of waiting for it to happen."""
-        families: dict[str, list[str]] = {}
-        for metric, labels, samples in series:
-            lines = families.setdefault(metric, [])
-            for t, v in sorted(samples):
-                value = "NaN" if v != v else repr(float(v))
-                lines.append(f"{metric}{{{_labels(labels)}}} {value} {t:.3f}")
-        text = "".join(f"# TYPE {m} gauge\n" + "\n".join(lines) + "\n" for m, lines in families.items()) + "# EOF\n"
+        query any moment of that history at once instead of waiting for it to happen. The
+        OpenMetrics file is written as the series come (a benchmark's is a gigabyte)."""
+        families: dict[str, Path] = {}
+        handles = {}
+        try:
+            for metric, labels, samples in series:
+                if metric not in handles:
+                    families[metric] = self.workdir / f"backfill-{len(families)}.part"
+                    handles[metric] = open(families[metric], "w")
+                handle, tags = handles[metric], _labels(labels)
+                for t, v in sorted(samples):
+                    value = "NaN" if v != v else repr(float(v))
+                    handle.write(f"{metric}{{{tags}}} {value} {t:.3f}\n")
+        finally:
+            for handle in handles.values():
+                handle.close()
         source = self.workdir / "backfill.om"
-        source.write_text(text)
+        with open(source, "w") as out:
+            for metric, part in families.items():
+                out.write(f"# TYPE {metric} gauge\n")
+                with open(part) as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+                part.unlink()
+            out.write("# EOF\n")
         promtool = shutil.which("promtool") or "/usr/bin/promtool"
         subprocess.run(
             [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.workdir / "data")],
             check=True,
             capture_output=True,
-            timeout=300,
+            timeout=timeout,
         )
+        source.unlink()
 
-    def backfill_rules(self, start: float, end: float) -> None:
+    def backfill_rules(self, start: float, end: float, timeout: float = 300) -> None:
         """Evaluate the recording rules over ``[start, end]`` of the history already in the TSDB, as
         Prometheus would have while it happened (``promtool tsdb create-blocks-from rules``, which
         asks this running Prometheus), then restart so the new blocks are read."""
@@ -261,12 +279,12 @@ class RunningPrometheus:
             ],
             check=True,
             capture_output=True,
-            timeout=300,
+            timeout=timeout,
         )
         self.stop()
         for block in out.iterdir():
             shutil.move(str(block), str(self.workdir / "data" / block.name))
-        self.start()
+        self.start(timeout=timeout)
         # The rule blocks overlap the history's, which Prometheus merges in the background
         # after it starts: wait until both rules the culler reads show every evaluation. Each
         # evaluation records one age sample per series it saw and the count of those series,
@@ -275,7 +293,7 @@ class RunningPrometheus:
         expected = math.floor((end - start) / interval)
         span = f"{end - start:.0f}s"
         seen: dict[str, tuple[float, float, float]] = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + max(60.0, timeout / 5)
         while time.monotonic() < deadline:
             for metric in METRICS:
                 age = SAMPLE_AGE_RULE.format(metric=metric)
@@ -297,7 +315,7 @@ class RunningPrometheus:
 
     def _scalar(self, query: str, at: float) -> float:
         """The value of a one-element instant query at ``at`` (0 when it has no result)."""
-        r = requests.get(self.url + "/api/v1/query", params={"query": query, "time": at}, timeout=10)
+        r = requests.get(self.url + "/api/v1/query", params={"query": query, "time": at}, timeout=60)
         result = r.json().get("data", {}).get("result", [])
         return float(result[0]["value"][1]) if result else 0.0
 

@@ -119,3 +119,51 @@ def test_kais_gpu_groups_are_joined_only_when_configured_and_the_query_parses(tm
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     proc = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_an_unattributed_server_is_logged_once_per_session_counted_every_cycle_and_sent_when_the_hub_differs(caplog):
+    import logging
+
+    from idle_culler.hub import CycleBatch
+    from idle_culler.metrics import CullerMetrics
+    from idle_culler.plan import CycleSummary, HubRead
+    from idle_culler.unattributed_report import UnattributedReport
+
+    log = logging.getLogger("test-unattributed")
+    metrics = CullerMetrics()
+    report = UnattributedReport(log, metrics)
+    t = target("kai", 1000)
+
+    def cycle(started_at: float, hub_has: list | None) -> tuple[CycleBatch, CycleSummary]:
+        batch, summary = CycleBatch(), CycleSummary()
+        server = target("kai", 1000, started_at=started_at, started=f"session-{started_at:g}")
+        read = HubRead([], {}, {}, {}, {}, set(), 400.0 + started_at, hub_has)
+        report.report([server], {server.key: []}, read, batch, summary, after_seconds=300)
+        return batch, summary
+
+    with caplog.at_level(logging.WARNING, logger="test-unattributed"):
+        batch, summary = cycle(0.0, None)
+        assert summary.unattributed == {t.key: "no-series"}
+        assert batch.unattributed is not None and [u.code for u in batch.unattributed] == ["no-series"]
+        sent = [u.to_json() for u in batch.unattributed]
+        again, _ = cycle(0.0, sent)  # the hub has the list now: nothing to send, nothing logged again
+        assert again.unattributed is None
+        assert len([r for r in caplog.records if "idle GPU reclaim is off" in r.getMessage()]) == 1
+        cycle(50.0, sent)  # the server restarted: its new session is told again
+        assert len([r for r in caplog.records if "idle GPU reclaim is off" in r.getMessage()]) == 2
+    gauge = metrics.unattributed.labels("no-series")
+    assert gauge._value.get() == 1
+
+
+def test_a_utilisation_source_must_collect():
+    import inspect
+
+    from idle_culler.app import SOURCES
+    from idle_culler.sources import UtilisationSource
+
+    class Forgetful(UtilisationSource):
+        """A source that does not say how it collects."""
+
+    with pytest.raises(TypeError, match="abstract method collect"):
+        Forgetful()
+    assert all(not inspect.isabstract(cls) for cls in SOURCES.values())
