@@ -31,6 +31,7 @@ import enum
 import uuid
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.client.rest import ApiException
 
@@ -105,6 +106,9 @@ class LostCreateRecovery:
     _attempt_pod_uid: str | None = None
     #: Whether this attempt sent a create (else a failed start has no pod to look for).
     _create_sent = False
+    #: Why the last create of this attempt got no answer: the connection to the API server
+    #: refused, reset or closed (it is restarting), or its 5xx; ``None`` after an answer.
+    _create_lost: BaseException | None = None
 
     # KubeSpawner's attributes this code uses.
     api: Any
@@ -118,6 +122,7 @@ class LostCreateRecovery:
         self._spawn_attempt = new_attempt()
         self._attempt_pod_uid = None
         self._create_sent = False
+        self._create_lost = None
         return self._spawn_attempt
 
     def _mark_attempt(self, pod: Any) -> Any:
@@ -139,7 +144,7 @@ class LostCreateRecovery:
                 return ABSENT, None
             self.log.warning("gpulab: cannot read pod %s/%s (%s)", self.namespace, self.pod_name, e.status)
             return UNREAD, None
-        except (asyncio.TimeoutError, OSError) as e:
+        except (asyncio.TimeoutError, OSError, aiohttp.ClientError) as e:
             self.log.warning("gpulab: cannot read pod %s/%s (%r)", self.namespace, self.pod_name, e)
             return UNREAD, None
         return attempt_of(pod), pod.metadata.uid
@@ -153,13 +158,20 @@ class LostCreateRecovery:
             self.log.info("Attempting to create pod %s, with timeout %s", pod.metadata.name, request_timeout)
             created = await asyncio.wait_for(self.api.create_namespaced_pod(self.namespace, pod), request_timeout)
             self._attempt_pod_uid = created.metadata.uid
+            self._create_lost = None
             return True
         except asyncio.TimeoutError:
             status, error = None, None
+        except aiohttp.ClientError as e:
+            # Refused, reset or closed: the API server restarting. The create may have been
+            # stored before the connection went, so it reads like a create without an answer.
+            status, error, self._create_lost = None, None, e
         except ApiException as e:
             if e.status not in LOOK_UP:
                 raise
             status, error = e.status, e
+            if e.status in MAYBE_STORED:
+                self._create_lost = e
         found, uid = await self._read_attempt()
         step = decide(status, found, self._spawn_attempt)
         answer = "no answer in time" if status is None else f"status {status}"

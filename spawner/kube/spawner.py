@@ -561,19 +561,10 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
             # Never report a failure while this attempt's pod lives (lost_create.py).
             await self._delete_own_pod()
             self._release_reservation()
-            if isinstance(e, ApiException) and e.status == 403:
-                message = api_message(e)
-                self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
-                sentence, reason = api_refusal(self.namespace, message)
-                raise refusal(sentence, 403, reason) from None
-            if e.status >= 500:  # "apiserver is shutting down" (503) during a rolling restart
-                self.log.warning("gpulab: API server answered %s while starting %s: %s", e.status, self._log_name, e)
-                raise refusal(unreachable_sentence(api_message(e)), 503, "cluster") from None
-            raise
-        except aiohttp.ClientError as e:  # connection refused, reset or closed: the API server restarting
-            self._release_reservation()
-            self.log.warning("gpulab: lost the API server while starting %s: %r", self._log_name, e)
-            raise refusal(unreachable_sentence(e), 503, "cluster") from None
+            failure = self._start_failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         except BaseException:
             self._release_reservation()
             raise
@@ -587,6 +578,27 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
                 break
             await asyncio.sleep(0.1)
         return url
+
+    def _start_failure(self, e: Exception) -> Exception | None:
+        """The refusal with a sentence for a failed start, or ``None`` to let ``e`` stand."""
+        if isinstance(e, ApiException) and e.status == 403:
+            message = api_message(e)
+            self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
+            sentence, reason = api_refusal(self.namespace, message)
+            return refusal(sentence, 403, reason)
+        lost: BaseException | None = None
+        if isinstance(e, ApiException) and e.status >= 500:  # "apiserver is shutting down" (503)
+            lost = e
+        elif isinstance(e, aiohttp.ClientError):  # connection refused, reset or closed
+            lost = e
+        elif isinstance(e, TimeoutError) and self._create_lost is not None and self._attempt_pod_uid is None:
+            # KubeSpawner's create retries ran out while the API server stayed away.
+            lost = self._create_lost
+        if lost is None:
+            return None
+        self.log.warning("gpulab: lost the API server while starting %s: %r", self._log_name, lost)
+        cause = api_message(lost) if isinstance(lost, ApiException) else lost
+        return refusal(unreachable_sentence(cause), 503, "cluster")
 
     def _remember_choice(self) -> None:
         """Record the started choice for "Start again" (a failure only costs the suggestion)."""

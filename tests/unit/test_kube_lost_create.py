@@ -6,12 +6,18 @@ The same paths on the real API server: tests/kube/test_kube_cluster_lost_create.
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
+import aiohttp
 import pytest
 from kubernetes_asyncio.client import V1ObjectMeta, V1Pod
+from kubernetes_asyncio.client.rest import ApiException
 
 from spawner.core.labels import SPAWN_ATTEMPT_ANNOTATION
 from spawner.kube.informer import GPUPodInformer, watch_request_timeout
-from spawner.kube.lost_create import ABSENT, UNREAD, Next, attempt_of, decide, new_attempt
+from spawner.kube.lost_create import ABSENT, UNREAD, LostCreateRecovery, Next, attempt_of, decide, new_attempt
+from spawner.kube.spawner import GPUKubeSpawner
 
 OURS = "a" * 32
 THEIRS = "b" * 32
@@ -91,3 +97,100 @@ async def test_the_informer_asks_for_the_read_timeout_of_each_watch(monkeypatch)
     assert informer.watch_timeout_seconds <= timeout <= 2 * informer.watch_timeout_seconds
     assert seen["_request_timeout"] == (10, timeout + 30)
     assert seen["allow_watch_bookmarks"] is True
+
+
+class _FakePods:
+    """The two calls LostCreateRecovery makes, answering as an API server that is restarting:
+    the connection refused or closed (aiohttp's errors, as kubernetes_asyncio raises them)."""
+
+    def __init__(self, create_errors: list[BaseException], stored: V1Pod | None = None):
+        self.create_errors = create_errors
+        self.stored = stored
+        self.creates = 0
+
+    async def create_namespaced_pod(self, namespace, pod):
+        self.creates += 1
+        if self.create_errors:
+            raise self.create_errors.pop(0)
+        return pod
+
+    async def read_namespaced_pod(self, name, namespace):
+        if self.stored is None:
+            raise aiohttp.ClientOSError(111, "Connect call failed")
+        return self.stored
+
+
+def _recovery(api: _FakePods) -> LostCreateRecovery:
+    r = LostCreateRecovery()
+    r.api, r.log = api, logging.getLogger("test")
+    r.namespace, r.pod_name, r.k8s_api_request_timeout, r.delete_grace_period = "team-a", "jupyter-a", 3, 1
+    r._new_spawn_attempt()
+    return r
+
+
+def _pod(r: LostCreateRecovery) -> V1Pod:
+    return r._mark_attempt(V1Pod(metadata=V1ObjectMeta(name="jupyter-a", uid="u1")))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [aiohttp.ServerDisconnectedError(), aiohttp.ClientOSError(111, "Connect call failed ('127.0.0.1', 6443)")],
+    ids=["disconnected", "refused"],
+)
+async def test_a_create_that_lost_the_connection_is_tried_again_not_failed(error):
+    api = _FakePods([error])
+    r = _recovery(api)
+    pod = _pod(r)
+    assert await r._make_create_pod_request(pod, 3) is False  # KubeSpawner's backoff tries again
+    assert r._create_lost is error
+    assert await r._make_create_pod_request(pod, 3) is True
+    assert api.creates == 2 and r._create_lost is None
+
+
+async def test_a_create_stored_before_the_connection_closed_is_adopted():
+    r = _recovery(_FakePods([aiohttp.ServerDisconnectedError()]))
+    pod = _pod(r)
+    r.api.stored = pod  # the API server wrote the pod, then went away before answering
+    assert await r._make_create_pod_request(pod, 3) is True
+    assert r._attempt_pod_uid == "u1"
+
+
+def _failing_start(lost: BaseException | None, uid: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(
+        log=logging.getLogger("test"),
+        namespace="team-a",
+        pod_name="jupyter-a",
+        _log_name="a",
+        _create_lost=lost,
+        _attempt_pod_uid=uid,
+    )
+
+
+def _words(e: Exception | None) -> str:
+    assert e is not None
+    return str(getattr(e, "jupyterhub_message", None) or getattr(e, "log_message", None) or e)
+
+
+def test_retries_running_out_while_the_api_server_is_away_read_as_a_sentence():
+    lost = aiohttp.ClientOSError(111, "Connect call failed ('127.0.0.1', 6443)")
+    failure = GPUKubeSpawner._start_failure(_failing_start(lost), TimeoutError("Could not create pod team-a/x"))
+    words = _words(failure)
+    assert "lost its connection to the cluster's API server" in words and "Errno" not in words
+    assert getattr(failure, "status_code", None) == 503
+
+
+def test_a_503_answer_and_a_closed_connection_read_as_a_sentence():
+    shutting_down = ApiException(status=503, reason="Service Unavailable")
+    shutting_down.body = b'{"kind":"Status","message":"apiserver is shutting down","code":503}'
+    for e in (shutting_down, aiohttp.ServerDisconnectedError()):
+        words = _words(GPUKubeSpawner._start_failure(_failing_start(None), e))
+        assert words.startswith("The hub lost its connection to the cluster's API server"), words
+    assert "apiserver is shutting down" in _words(GPUKubeSpawner._start_failure(_failing_start(None), shutting_down))
+
+
+def test_other_failures_stand_as_kubespawner_raises_them():
+    # A pod that never started (its own timeout) is not an API server lost, even after one was.
+    assert GPUKubeSpawner._start_failure(_failing_start(None), TimeoutError("pod did not start")) is None
+    lost = aiohttp.ServerDisconnectedError()
+    assert GPUKubeSpawner._start_failure(_failing_start(lost, uid="u1"), TimeoutError("did not start")) is None
+    assert GPUKubeSpawner._start_failure(_failing_start(None), ApiException(status=422)) is None
