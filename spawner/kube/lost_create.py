@@ -35,7 +35,11 @@ import aiohttp
 from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.client.rest import ApiException
 
+from spawner.admission import refusal
 from spawner.core.labels import SPAWN_ATTEMPT_ANNOTATION
+
+from .conventions import api_refusal, unreachable_sentence
+from .ledger import api_message
 
 #: Statuses the API server answers for a request it may still complete, or did: its
 #: overload and timeout answers (429 Too Many Requests, 500, 502, 503, 504).
@@ -117,6 +121,7 @@ class LostCreateRecovery:
     pod_name: str
     k8s_api_request_timeout: int
     delete_grace_period: int
+    _log_name: str
 
     def _new_spawn_attempt(self) -> str:
         self._spawn_attempt = new_attempt()
@@ -223,3 +228,24 @@ class LostCreateRecovery:
                 self.log.error("gpulab: could not delete pod %s/%s: %s", self.namespace, self.pod_name, e)
         except Exception as e:  # the start's own failure is what gets reported
             self.log.error("gpulab: could not delete pod %s/%s: %r", self.namespace, self.pod_name, e)
+
+    def _start_failure(self, e: Exception) -> Exception | None:
+        """The refusal with a sentence for a failed start, or ``None`` to let ``e`` stand."""
+        if isinstance(e, ApiException) and e.status == 403:
+            message = api_message(e)
+            self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
+            sentence, reason = api_refusal(self.namespace, message)
+            return refusal(sentence, 403, reason)
+        lost: BaseException | None = None
+        if isinstance(e, ApiException) and e.status >= 500:  # "apiserver is shutting down" (503)
+            lost = e
+        elif isinstance(e, aiohttp.ClientError):  # connection refused, reset or closed
+            lost = e
+        elif isinstance(e, TimeoutError) and self._create_lost is not None and self._attempt_pod_uid is None:
+            # KubeSpawner's create retries ran out while the API server stayed away.
+            lost = self._create_lost
+        if lost is None:
+            return None
+        self.log.warning("gpulab: lost the API server while starting %s: %r", self._log_name, lost)
+        cause = api_message(lost) if isinstance(lost, ApiException) else lost
+        return refusal(unreachable_sentence(cause), 503, "cluster")

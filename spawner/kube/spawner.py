@@ -28,8 +28,6 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import List, TraitError, Unicode, default, validate
 
@@ -58,16 +56,15 @@ from spawner.queue_page import queue_form_parts
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
 from .conventions import (
-    api_refusal,
     privileged_containers,
     profile_list_conflict,
-    unreachable_sentence,
 )
 from .form_template import form_template
 from .informer import EventInformer
 from .kai_queues import kai_queue_exists, missing_queue_sentence
-from .ledger import _LOADED_RUNTIMES, POD_INFORMER, ClusterLedger, api_message
+from .ledger import _LOADED_RUNTIMES, POD_INFORMER, ClusterLedger
 from .lost_create import LostCreateRecovery
+from .pods_without_state import PodsWithoutState
 
 FORM_TEMPLATE = Path(__file__).with_name("templates") / "kube_form.html"
 #: The spawner whose ``_start`` this code runs in, if any (see :meth:`GPUKubeSpawner.stop`).
@@ -108,7 +105,7 @@ def _escape(value: str) -> str:
     return value.replace("{", "{{").replace("}", "}}")
 
 
-class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
+class GPUKubeSpawner(LostCreateRecovery, PodsWithoutState, ClusterLedger, KubeSpawner):
     """KubeSpawner with GPU profiles per team, quota admission and GPU sharing backends."""
 
     #: What this spawner is (:func:`spawner.runtime.spawner_facts`).
@@ -579,27 +576,6 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
             await asyncio.sleep(0.1)
         return url
 
-    def _start_failure(self, e: Exception) -> Exception | None:
-        """The refusal with a sentence for a failed start, or ``None`` to let ``e`` stand."""
-        if isinstance(e, ApiException) and e.status == 403:
-            message = api_message(e)
-            self.log.warning("gpulab: API server refused pod %s/%s: %s", self.namespace, self.pod_name, message)
-            sentence, reason = api_refusal(self.namespace, message)
-            return refusal(sentence, 403, reason)
-        lost: BaseException | None = None
-        if isinstance(e, ApiException) and e.status >= 500:  # "apiserver is shutting down" (503)
-            lost = e
-        elif isinstance(e, aiohttp.ClientError):  # connection refused, reset or closed
-            lost = e
-        elif isinstance(e, TimeoutError) and self._create_lost is not None and self._attempt_pod_uid is None:
-            # KubeSpawner's create retries ran out while the API server stayed away.
-            lost = self._create_lost
-        if lost is None:
-            return None
-        self.log.warning("gpulab: lost the API server while starting %s: %r", self._log_name, lost)
-        cause = api_message(lost) if isinstance(lost, ApiException) else lost
-        return refusal(unreachable_sentence(cause), 503, "cluster")
-
     def _remember_choice(self) -> None:
         """Record the started choice for "Start again" (a failure only costs the suggestion)."""
         try:
@@ -635,60 +611,6 @@ class GPUKubeSpawner(LostCreateRecovery, ClusterLedger, KubeSpawner):
             if w is not None and w.state != "running":
                 await self._confirm_if_seen()
         return status
-
-    async def _adopt_unsaved_pod(self) -> None:
-        """Find the pod of a server whose start never got saved, and make it this server's.
-
-        JupyterHub commits a server's row before ``start()`` and its state only after it
-        returns (jupyterhub/user.py ``spawn``): a hub process that died while the server
-        started comes back with the row and no state, so KubeSpawner would poll a pod in
-        the hub's namespace, report it stopped and delete nothing, leaving the real pod in
-        the team's namespace holding quota with no server. The pod informers know that pod
-        by this server's workload key (its labels): take its namespace, name and grant, so
-        the poll reports it and a stop deletes it."""
-        try:
-            informers = (await self._ledger_reflectors())[0]
-        except Exception:  # poll() goes on; the ledger refresh logged why
-            return
-        for informer in informers:
-            pod = informer.pod_of(self.workload_key)
-            if pod is None:
-                continue
-            workload = informer.workloads()[self.workload_key]
-            md = pod["metadata"]
-            self.log.info(
-                "gpulab: %s has no saved state but its pod %s/%s exists (the hub stopped while it "
-                "started); this server owns it now",
-                self._log_name,
-                md["namespace"],
-                md["name"],
-            )
-            self.namespace, self.pod_name = md["namespace"], md["name"]
-            self.dns_name = self.dns_name_template.format(namespace=self.namespace, name=self.pod_name)
-            self._granted = GrantedShare(
-                team=workload.team, profile=workload.profile, milli=workload.milli, over_quota=workload.over_quota
-            )
-            return
-
-    async def _poll_unlabelled_pod(self, status: int) -> int | None:
-        """A server gpulab never granted (started by plain KubeSpawner before the hub
-        switched to gpulab) has a pod without gpulab's labels, which the pod informer does
-        not see: read it, so the hub does not forget a server that still runs."""
-        try:
-            pod = await self.api.read_namespaced_pod(self.pod_name, self.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return status
-            raise
-        if (pod.status and pod.status.phase in ("Succeeded", "Failed")) or pod.metadata.deletion_timestamp:
-            return status
-        self.log.info(
-            "gpulab: %s runs in pod %s/%s from before gpulab (no gpulab labels); read it directly",
-            self._log_name,
-            self.namespace,
-            self.pod_name,
-        )
-        return None
 
     async def progress(self):
         """KubeSpawner's progress events, with the scheduler's refusals in plain words."""
