@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 from jupyterhub.spawner import SpawnException  # JupyterHub >= 6: a refusal shown without a traceback
 
 from spawner.core.budgets import ALLOW, REFUSE
-from spawner.core.identity import TeamGrant
 from spawner.core.ledger import Decision
 from spawner.core.policy import PolicyError, SpawnRequest, resolve_request
 from spawner.runtime import GPULabRuntime, current_runtime
@@ -44,13 +43,14 @@ def policy_refusal(e: PolicyError, message: str | None = None) -> SpawnException
 
 def user_groups(user: Any) -> list[str]:
     """The JupyterHub group names of a user (a team may name groups as members), and the
-    teams the identity provider's rules grant them (:class:`TeamGrant`, :mod:`spawner.core.identity`)."""
+    teams and departments the identity provider's rules grant them (:class:`TeamGrant`,
+    :class:`DepartmentGrant`, :mod:`spawner.core.identity`)."""
     names = [getattr(g, "name", g) for g in getattr(user, "groups", None) or []]
     runtime = current_runtime()
     name = getattr(user, "name", None)
     if runtime is None or not isinstance(name, str):
         return names
-    return [*names, *(TeamGrant(t) for t in runtime.identity_teams(name, names))]
+    return [*names, *runtime.identity_grants(name, names)]
 
 
 class Admission:

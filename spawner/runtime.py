@@ -193,7 +193,7 @@ def _no_pod(key: str) -> tuple[str, str] | None:
     return None
 
 
-def _no_identity_teams(user: str, groups: list[str]) -> tuple[str, ...]:
+def _no_identity_grants(user: str, groups: list[str]) -> tuple[str, ...]:
     return ()
 
 
@@ -247,9 +247,10 @@ class GPULabRuntime:
         #: stored budgets and usage history (``budgets``, a ``hub_config.domain.budgets.BudgetBook``).
         self.budget_verdict: Callable[[str, str, bool], BudgetVerdict] = _no_budgets
         self.budgets: Any = None
-        #: ``identity_teams(user, groups) -> team names``: the teams the identity provider's
-        #: groups and claims grant (``c.GPULabIdentity.team_rules``); the hub installs it.
-        self.identity_teams: Callable[[str, list[str]], tuple[str, ...]] = _no_identity_teams
+        #: ``identity_grants(user, groups) -> grants``: the teams (``TeamGrant``) and whole
+        #: departments (``DepartmentGrant``) the identity provider's groups and claims grant
+        #: (``c.GPULabIdentity.team_rules``, :mod:`spawner.core.identity`); the hub installs it.
+        self.identity_grants: Callable[[str, list[str]], tuple[str, ...]] = _no_identity_grants
         #: The hub's spawn queue (``hub_config.domain.queue_runner.QueueRunner``: "queue me", its
         #: runner and each user's view of it), set by the hub's runtime hook; ``None`` elsewhere.
         self.queue: Any = None

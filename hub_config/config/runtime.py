@@ -53,7 +53,7 @@ def attach_runtime(runtime: GPULabRuntime, settings: GPULab) -> None:
     runtime.queue.idle_warnings = partial(warned_reclaims, sessions)
     runtime.queue.job_ends = partial(job_time_limits, sessions)
     attach_budgets(runtime, sessions, config)
-    runtime.identity_teams = IdentityBook(sessions, GPULabIdentity(config=config).rules()).teams
+    runtime.identity_grants = IdentityBook(sessions, GPULabIdentity(config=config).rules()).grants
 
 
 def attach_budgets(runtime: GPULabRuntime, sessions: Any, config: Any) -> BudgetBook:

@@ -25,10 +25,13 @@ from traitlets.config import Configurable
 
 from hub_config.storage.db import Base, iso, utcnow
 from spawner.core.identity import (
+    DepartmentGrant,
     IdentityRuleError,
     IdentityTeams,
+    TeamGrant,
     TeamRule,
     claim_values,
+    grants,
     map_identity,
     rules_from_config,
 )
@@ -46,10 +49,11 @@ class GPULabIdentity(Configurable):
         keeps with `c.Authenticator.manage_groups = True`) or
         `{"claim": "oauth_user.department", "value": "research", "team": "nlp"}` (a value the
         authenticator put in `auth_state`: a string equal to `value` or a list holding it;
-        OAuthenticator keeps the provider's user info under `oauth_user`). Optional
-        `"department"` names the department the rule places the user in (recorded and shown;
-        departments over teams are configured elsewhere). A team granted by a rule is joined as
-        if the team listed the user. Checked at start: a bad rule stops the hub with its index.""",
+        OAuthenticator keeps the provider's user info under `oauth_user`). A rule with
+        `"department"` and no `"team"` grants every team the catalog places in that department
+        (as the catalog stands at each spawn); beside a `"team"` the department is recorded and
+        shown only. A team granted by a rule is joined as if the team listed the user. Checked at
+        start: a bad rule stops the hub with its index.""",
     )
 
     operator_post_auth_hook = TAny(
@@ -131,7 +135,12 @@ class IdentityBook:
             row.at = utcnow()
         for problem in granted.ignored:
             log.warning("gpulab identity: %s at the login of %s", problem, user)
-        log.info("gpulab identity: %s logged in; the rules grant team(s) %s", user, ", ".join(granted.teams) or "none")
+        log.info(
+            "gpulab identity: %s logged in; the rules grant team(s) %s%s",
+            user,
+            ", ".join(granted.teams) or "none",
+            "".join(f", every team of department {d}" for d in granted.whole_departments),
+        )
         return granted
 
     def _claims(self, user: str) -> dict[str, Any]:
@@ -141,12 +150,13 @@ class IdentityBook:
             return {}
         return _nested(json.loads(row.evidence_json).get("claims", {}))
 
-    def teams(self, user: str, groups: list[str]) -> tuple[str, ...]:
-        """The teams the rules grant ``user`` now: their groups now, their last login's claims."""
+    def grants(self, user: str, groups: list[str]) -> tuple[TeamGrant | DepartmentGrant, ...]:
+        """The teams and whole departments the rules grant ``user`` now: their groups now,
+        their last login's claims."""
         if not self.rules:
             return ()
         claims = self._claims(user) if self.claim_paths else {}
-        return map_identity(self.rules, [g for g in groups if type(g) is str], claims).teams
+        return grants(map_identity(self.rules, [g for g in groups if type(g) is str], claims))
 
     def explain(self, user: str, groups: list[str]) -> dict[str, Any]:
         """For the admin: what the rules grant ``user`` now and why, and what their last login said."""
@@ -158,6 +168,7 @@ class IdentityBook:
             "user": user,
             "teams": list(now.teams),
             "departments": list(now.departments),
+            "whole_departments": list(now.whole_departments),
             "matched": list(now.matched),
             "last_login": iso(row.at) if row is not None else None,
             "teams_at_last_login": json.loads(row.teams_json) if row is not None else [],

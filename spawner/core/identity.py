@@ -1,5 +1,5 @@
 """Teams from the identity provider: rules that map an authenticator's groups and claims to
-gpulab teams (and, once departments exist, to a department).
+gpulab teams, or to every team of a department.
 
 Two sources, as JupyterHub's authenticators supply them:
 
@@ -18,6 +18,11 @@ A claim of any other shape (a number, an object, a list holding anything but sho
 printable strings, more than :data:`MAX_CLAIM_VALUES` values) grants nothing, and the
 reason is kept as evidence; a rule never turns a claim into a team name by itself (the
 rules name the teams), so a forged value cannot name a team no rule names.
+
+A rule may name a ``department`` instead of a team: it grants every team the catalog
+places in that department (:class:`DepartmentGrant`), as the catalog stands at each spawn,
+so a team an admin moves into or out of the department follows. A rule naming both a
+team and a department grants the team; its department is recorded and shown.
 
 The rule for changes (docs/configuration.md): the teams are taken at each login and on each
 spawn or job from the groups JupyterHub holds then; a running server keeps the team it was
@@ -54,15 +59,25 @@ class TeamGrant(str):
     __slots__ = ()
 
 
+class DepartmentGrant(str):
+    """A department the identity rules grant whole: every team the catalog places in it.
+
+    Travels among a user's group names like :class:`TeamGrant`, as its own type.
+    """
+
+    __slots__ = ()
+
+
 class IdentityRuleError(ValueError):
     """A ``team_rules`` entry that cannot be used; the message says which and why."""
 
 
 @dataclass(frozen=True)
 class TeamRule:
-    """One mapping: a JupyterHub group (``claim`` None) or a claim value -> a team."""
+    """One mapping: a JupyterHub group (``claim`` None) or a claim value -> a team, or
+    (``team`` None) every team of ``department``."""
 
-    team: str
+    team: str | None
     group: str | None = None
     claim: str | None = None
     value: str | None = None
@@ -70,6 +85,8 @@ class TeamRule:
 
     def describe(self) -> str:
         source = f"group {self.group!r}" if self.group is not None else f"claim {self.claim}={self.value!r}"
+        if self.team is None:
+            return f"{source} -> every team of department {self.department}"
         return f"{source} -> team {self.team}" + (f" (department {self.department})" if self.department else "")
 
 
@@ -95,11 +112,13 @@ def rules_from_config(data: object) -> tuple[TeamRule, ...]:
             if unknown:
                 raise IdentityRuleError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
             team = entry.get("team")
-            if not is_slug(team):
-                raise IdentityRuleError(f"{where}: 'team' must be a team name (lower-case letters, digits and '-')")
             department = entry.get("department")
             if department is not None and not is_slug(department):
                 raise IdentityRuleError(f"{where}: 'department' must be a name like a team's")
+            if team is None and department is None:
+                raise IdentityRuleError(f"{where}: give a 'team', or a 'department' for every team in it")
+            if team is not None and not is_slug(team):
+                raise IdentityRuleError(f"{where}: 'team' must be a team name (lower-case letters, digits and '-')")
             if ("group" in entry) == ("claim" in entry):
                 raise IdentityRuleError(f"{where}: give either 'group' or 'claim' (with 'value')")
             if "group" in entry:
@@ -141,7 +160,10 @@ class IdentityTeams:
     """What the rules grant a user: teams, departments, and the evidence for each."""
 
     teams: tuple[str, ...] = ()
+    #: Every department a matching rule names (granted whole or recorded beside a team).
     departments: tuple[str, ...] = ()
+    #: The departments granted whole: every team the catalog places in them.
+    whole_departments: tuple[str, ...] = ()
     #: The rules that matched, in words.
     matched: tuple[str, ...] = ()
     #: Claims that were present but of a shape no rule reads.
@@ -156,6 +178,7 @@ def map_identity(
     cache: dict[str, tuple[frozenset[str], str]] = {}
     teams: set[str] = set()
     departments: set[str] = set()
+    whole: set[str] = set()
     matched: list[str] = []
     ignored: list[str] = []
     for rule in rules:
@@ -169,8 +192,18 @@ def map_identity(
                     ignored.append(cache[rule.claim][1])
             hit = rule.value in cache[rule.claim][0]
         if hit:
-            teams.add(rule.team)
+            if rule.team is not None:
+                teams.add(rule.team)
+            elif rule.department:
+                whole.add(rule.department)
             if rule.department:
                 departments.add(rule.department)
             matched.append(rule.describe())
-    return IdentityTeams(tuple(sorted(teams)), tuple(sorted(departments)), tuple(matched), tuple(ignored))
+    return IdentityTeams(
+        tuple(sorted(teams)), tuple(sorted(departments)), tuple(sorted(whole)), tuple(matched), tuple(ignored)
+    )
+
+
+def grants(granted: IdentityTeams) -> tuple[TeamGrant | DepartmentGrant, ...]:
+    """What travels among a user's group names for :meth:`Catalog.teams_for` to resolve."""
+    return (*(TeamGrant(t) for t in granted.teams), *(DepartmentGrant(d) for d in granted.whole_departments))

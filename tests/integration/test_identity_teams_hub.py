@@ -22,19 +22,22 @@ CATALOG = (
     + "profiles:\n"
     + CPU_PROFILE
     + H100_HALF
+    + "departments:\n  - {name: research, guarantee: 2, burst: 2}\n"
     + """teams:
   - {name: vision, users: [], guarantee: 1, burst: 2}
-  - {name: nlp, users: [], guarantee: 1, burst: 2}
+  - {name: nlp, users: [], guarantee: 1, burst: 2, department: research}
 """
 )
 RULES = [
     {"group": "ml-vision", "team": "vision"},
     {"group": "nlp-people", "team": "nlp"},
     {"claim": "oauth_user.department", "value": "research", "team": "nlp", "department": "research"},
+    {"group": "research-all", "department": "research"},
 ]
 DIRECTORY = {
     "alice": {"password": "pw-alice", "groups": ["ml-vision", "staff"], "claims": {"department": "eng"}},
     "carol": {"password": "pw-carol", "groups": [], "claims": {"department": "research"}},
+    "dora": {"password": "pw-dora", "groups": ["research-all"], "claims": {}},
     # a claim of a shape no rule reads (an injected object, a team named in a claim)
     "mallory": {
         "password": "pw-mallory",
@@ -123,3 +126,26 @@ def test_when_groups_change_a_running_server_keeps_its_team_and_the_next_spawn_u
         hub.api("DELETE", f"/users/alice/servers/{name}" if name else "/users/alice/server")
         hub.wait_server("alice", name, ready=False)
     assert identity(hub, "alice")["kept_servers"] == []
+
+
+def test_a_department_rule_grants_the_teams_the_catalog_places_in_it_at_each_spawn(hub):
+    dora = hub.login("dora", "pw-dora")
+    view = identity(hub, "dora")
+    assert view["member_of"] == ["nlp"] and view["whole_departments"] == ["research"]
+    assert view["matched"] == ["group 'research-all' -> every team of department research"]
+    page = html.unescape(hub.spawn_page(dora).text)
+    assert 'value="nlp:h100-half"' in page and 'value="vision:' not in page
+    r = hub.api("POST", "/users/dora/server", json={"team": "vision", "profile": "cpu"})
+    assert r.status_code == 403 and "not a member of team 'vision'" in r.json()["message"], r.text
+    # an admin moves vision into the department: dora's next spawn has it, no login needed
+    assert hub.api("PATCH", "/gpulab/teams/vision", json={"department": "research"}).status_code == 200
+    try:
+        assert identity(hub, "dora")["member_of"] == ["nlp", "vision"]
+        r = hub.api("POST", "/users/dora/server", json={"team": "vision", "profile": "cpu"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_server("dora")
+        hub.api("DELETE", "/users/dora/server")
+        hub.wait_server("dora", ready=False)
+    finally:
+        assert hub.api("PATCH", "/gpulab/teams/vision", json={"department": None}).status_code == 200
+    assert identity(hub, "dora")["member_of"] == ["nlp"]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from spawner.core.catalog import catalog_from_dict
-from spawner.core.identity import IdentityRuleError, TeamGrant, map_identity, rules_from_config
+from spawner.core.identity import (
+    DepartmentGrant,
+    IdentityRuleError,
+    TeamGrant,
+    grants,
+    map_identity,
+    rules_from_config,
+)
 
 RULES = rules_from_config(
     [
@@ -69,7 +76,8 @@ def test_a_grant_is_its_own_type_no_group_name_can_pass_for_it():
     [
         ({"group": "x", "team": "vision"}, "must be a list"),
         (["ml"], "a rule is an object"),
-        ([{"group": "x"}], "'team' must be a team name"),
+        ([{"group": "x"}], "give a 'team', or a 'department'"),
+        ([{"group": "x", "department": "Research"}], "'department'"),
         ([{"group": "x", "team": "Vision"}], "'team' must be a team name"),
         ([{"team": "vision"}], "either 'group' or 'claim'"),
         ([{"group": "x", "claim": "y", "value": "z", "team": "vision"}], "either 'group' or 'claim'"),
@@ -84,3 +92,46 @@ def test_a_grant_is_its_own_type_no_group_name_can_pass_for_it():
 def test_bad_rules_are_refused_with_their_index(rules, words):
     with pytest.raises(IdentityRuleError, match=words):
         rules_from_config(rules)
+
+
+def _departments_catalog(vision_department: str | None):
+    return catalog_from_dict(
+        {
+            "profiles": [{"slug": "cpu", "display_name": "CPU", "gpus": 0}],
+            "departments": [{"name": "research", "guarantee": 2, "burst": 3}],
+            "teams": [
+                {"name": "vision", "users": [], "guarantee": 1, "burst": 1, "department": vision_department},
+                {"name": "nlp", "users": [], "guarantee": 1, "burst": 1, "department": "research"},
+                {"name": "ops", "users": [], "guarantee": 1, "burst": 1},
+            ],
+        },
+        "test",
+    )
+
+
+def test_a_department_rule_grants_every_team_the_catalog_places_in_it_now():
+    rules = rules_from_config([{"group": "research-all", "department": "research"}])
+    got = map_identity(rules, ["research-all"], None)
+    assert got.teams == () and got.whole_departments == ("research",) and got.departments == ("research",)
+    assert got.matched == ("group 'research-all' -> every team of department research",)
+    grant = grants(got)
+    assert grant == (DepartmentGrant("research"),) and type(grant[0]) is DepartmentGrant
+    assert [t.name for t in _departments_catalog("research").teams_for("carol", grant)] == ["nlp", "vision"]
+    # an admin moves vision out of the department: the next spawn no longer has it
+    assert [t.name for t in _departments_catalog(None).teams_for("carol", grant)] == ["nlp"]
+    # no rule matched: nothing
+    assert grants(map_identity(rules, ["staff"], None)) == ()
+
+
+def test_a_department_beside_a_team_is_recorded_and_grants_only_the_team():
+    rules = rules_from_config([{"group": "ml", "team": "ops", "department": "research"}])
+    got = map_identity(rules, ["ml"], None)
+    assert got.teams == ("ops",) and got.whole_departments == () and got.departments == ("research",)
+    assert [t.name for t in _departments_catalog("research").teams_for("dan", grants(got))] == ["ops"]
+
+
+def test_a_group_named_like_a_department_grants_nothing():
+    catalog = _departments_catalog("research")
+    assert catalog.teams_for("eve", ["research"]) == []  # a JupyterHub group, not a grant
+    assert catalog.teams_for("eve", [DepartmentGrant("ghost")]) == []  # no such department
+    assert catalog.teams_for("eve", [TeamGrant("research")]) == []  # a department is not a team

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from spawner.core.identity import TeamGrant
+from spawner.core.identity import DepartmentGrant, TeamGrant
 from spawner.core.model import Profile, Team
 from spawner.core.quota_tree import Department, GpuPool, pool_of
 
@@ -45,7 +45,8 @@ class Catalog:
         """The teams ``user`` (with JupyterHub ``groups``) belongs to, by name.
 
         A :class:`~spawner.core.identity.TeamGrant` among ``groups`` names a team the
-        identity provider's rules grant (:mod:`spawner.core.identity`).
+        identity provider's rules grant, a :class:`~spawner.core.identity.DepartmentGrant`
+        every team this catalog places in that department (:mod:`spawner.core.identity`).
 
         Looked up in a member index, so the cost follows the user's own teams,
         not the number of teams in the catalog.
@@ -57,8 +58,20 @@ class Catalog:
                 if group in self.teams:
                     found[group] = self.teams[group]
                 continue
+            if isinstance(group, DepartmentGrant):  # every team the catalog places in it now
+                found.update((t.name, t) for t in self._department_index.get(group, ()))
+                continue
             found.update((t.name, t) for t in by_group.get(group, ()))
         return [found[name] for name in sorted(found)]
+
+    @cached_property
+    def _department_index(self) -> dict[str, tuple[Team, ...]]:
+        """``department -> its teams``, built once per catalog."""
+        index: dict[str, list[Team]] = {}
+        for t in self.teams.values():
+            if t.department:
+                index.setdefault(t.department, []).append(t)
+        return {d: tuple(ts) for d, ts in index.items()}
 
     @cached_property
     def _member_index(self) -> tuple[dict[str, tuple[Team, ...]], dict[str, tuple[Team, ...]]]:
