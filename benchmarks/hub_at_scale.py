@@ -270,7 +270,9 @@ class RealHub:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"jupyterhub exited: {(self.workdir / 'jupyterhub.log').read_text()[-3000:]}")
             try:
-                if requests.get(self.api_url + "/", timeout=2).ok:
+                # A long timeout: at 50,000 servers the hub's event loop stalls for ~2 s at a
+                # time (its 30 s poll of every spawner), so a 2 s probe never gets an answer.
+                if requests.get(self.api_url + "/", timeout=60).ok:
                     self.start_s = time.perf_counter() - t0
                     return self
             except requests.RequestException:
