@@ -18,6 +18,7 @@ import os
 import textwrap
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.support import VENV_BIN
 from tests.support.hub import RunningHub
@@ -140,8 +141,9 @@ def test_sidebar_dialog_jobs_list_and_stop(hub: RunningHub, browser):
         confirm.get_by_role("button", name="Stop server").click()
         toast = page.locator(".Toastify__toast", has_text="This server is stopping")
         toast.wait_for(timeout=60_000)
+        # The toast and the panel follow the same signal; the panel re-renders a moment later.
         status = panel.locator(".gpulab-stop [role=status]")
-        assert "releases its GPU as soon as the server has shut down" in status.inner_text()
+        expect(status).to_contain_text("releases its GPU as soon as the server has shut down", timeout=30_000)
         assert panel.get_by_role("button", name="Stop server and release GPU").is_disabled()
         page.wait_for_timeout(1500)  # let the toast finish sliding in, for the picture
         shot_docs(page, "lab-server-stopping")
