@@ -370,7 +370,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         900,
     )
     try:
-        result["helm_install_s"] = r.bed.install(r.burst)
+        result["helm_install_s"] = r.bed.install(r.burst, SHARING, PROFILES)
         r.kubeconfig = str(r.bed.identity(HUB, cluster_wide=True))
         t0 = time.perf_counter()
         say(f"chart installed with {args.teams} teams; making {args.pods} running server pods")

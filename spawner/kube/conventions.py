@@ -168,6 +168,27 @@ def api_refusal(namespace: str, api_message: str) -> tuple[str, str]:
     return f"The cluster refused to create the server in namespace {namespace}: {api_message}", "forbidden"
 
 
+def node_rejection_sentence(pod: dict[str, Any]) -> str | None:
+    """The words for a server pod its node turned away at admission, else ``None``.
+
+    A kubelet admits a bound pod only if the node can serve it; otherwise the pod goes to
+    phase ``Failed`` with a reason such as ``OutOfnvidia.com/gpu`` or
+    ``UnexpectedAdmissionError`` (kubelet ``lifecycle.PodAdmitResult``), as when two
+    schedulers bind pods to the last free GPU at once. Nothing retries a bare pod, so
+    KubeSpawner would wait its whole ``start_timeout`` for a pod that will never run."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName") or "its node"
+    reason = status.get("reason") or "rejected"
+    message = (status.get("message") or "").strip().rstrip(".")
+    detail = f"{reason}: {message}" if message else reason
+    return (
+        f"The node {node} turned your server away when it arrived ({detail}): another workload "
+        f"took what the scheduler had counted on. Start it again; the scheduler places it anew."
+    )
+
+
 def unreachable_sentence(error: BaseException | str) -> str:
     """A spawn that lost the Kubernetes API server (restarting, its connection cut, or a 5xx
     answer such as "apiserver is shutting down") in words for the spawn page: KubeSpawner retries only timeouts, so the start ends here, and

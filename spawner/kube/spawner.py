@@ -56,6 +56,7 @@ from spawner.queue_page import queue_form_parts
 from spawner.runtime import KUBERNETES, GPULabRuntime, get_runtime
 
 from .conventions import (
+    node_rejection_sentence,
     privileged_containers,
     profile_list_conflict,
 )
@@ -575,6 +576,21 @@ class GPUKubeSpawner(LostCreateRecovery, PodsWithoutState, ClusterLedger, KubeSp
                 break
             await asyncio.sleep(0.1)
         return url
+
+    def is_pod_running(self, pod):
+        """KubeSpawner's check, which its start polls until the pod runs; while this spawner
+        starts, a pod its node turned away (phase Failed at admission) ends the start now
+        with a sentence, rather than after ``start_timeout``."""
+        annotations = (pod or {}).get("metadata", {}).get("annotations") or {}
+        # This attempt's own pod only: the reflector may still hold an earlier pod of the name.
+        ours = self._spawn_attempt and annotations.get(gl.SPAWN_ATTEMPT_ANNOTATION) == self._spawn_attempt
+        if ours and _starting_spawner.get() is self:
+            words = node_rejection_sentence(pod)
+            if words:
+                md = pod["metadata"]
+                self.log.warning("gpulab: pod %s/%s: %s", md.get("namespace"), md.get("name"), words)
+                raise refusal(words, 503, "node-rejected")
+        return super().is_pod_running(pod)
 
     def _remember_choice(self) -> None:
         """Record the started choice for "Start again" (a failure only costs the suggestion)."""

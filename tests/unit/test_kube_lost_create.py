@@ -15,6 +15,7 @@ from kubernetes_asyncio.client import V1ObjectMeta, V1Pod
 from kubernetes_asyncio.client.rest import ApiException
 
 from spawner.core.labels import SPAWN_ATTEMPT_ANNOTATION
+from spawner.kube.conventions import node_rejection_sentence
 from spawner.kube.informer import GPUPodInformer, watch_request_timeout
 from spawner.kube.lost_create import ABSENT, UNREAD, LostCreateRecovery, Next, attempt_of, decide, new_attempt
 from spawner.kube.spawner import GPUKubeSpawner
@@ -194,3 +195,48 @@ def test_other_failures_stand_as_kubespawner_raises_them():
     lost = aiohttp.ServerDisconnectedError()
     assert GPUKubeSpawner._start_failure(_failing_start(lost, uid="u1"), TimeoutError("did not start")) is None
     assert GPUKubeSpawner._start_failure(_failing_start(None), ApiException(status=422)) is None
+
+
+def _failed_pod(attempt: str, reason: str = "OutOfnvidia.com/gpu.shared") -> dict:
+    """A pod as a kubelet leaves one it cannot admit (phase Failed, its reason and message)."""
+    return {
+        "metadata": {"name": "jupyter-a", "namespace": "team-a", "annotations": {SPAWN_ATTEMPT_ANNOTATION: attempt}},
+        "spec": {"nodeName": "gpu-h100-timeslice-x48"},
+        "status": {
+            "phase": "Failed",
+            "reason": reason,
+            "message": "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu.shared, requested: 2, "
+            "used: 32, capacity: 32",
+        },
+    }
+
+
+def test_a_pod_its_node_turned_away_ends_the_start_with_a_sentence():
+    words = node_rejection_sentence(_failed_pod(OURS))
+    assert words is not None and words.startswith("The node gpu-h100-timeslice-x48 turned your server away")
+    assert "OutOfnvidia.com/gpu.shared: Pod was rejected" in words and words.endswith("places it anew.")
+    running = {"metadata": {}, "status": {"phase": "Running"}}
+    assert node_rejection_sentence(running) is None
+    deleting = _failed_pod(OURS)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
+    assert node_rejection_sentence(deleting) is None
+
+
+def test_only_this_attempts_rejected_pod_ends_the_start():
+    """GPUKubeSpawner.is_pod_running, as KubeSpawner's start polls it from the reflector."""
+    from spawner.kube.spawner import _starting_spawner
+
+    me = GPUKubeSpawner.__new__(GPUKubeSpawner)  # traitlets set up, no hub or user needed
+    me._spawn_attempt, me.log = OURS, logging.getLogger("test")
+    check = GPUKubeSpawner.is_pod_running
+    token = _starting_spawner.set(me)
+    try:
+        with pytest.raises(Exception, match="turned your server away") as raised:
+            check(me, _failed_pod(OURS))
+        assert getattr(raised.value, "status_code", None) == 503
+        # an earlier pod of the same name, still in the reflector: KubeSpawner's answer (not running)
+        assert check(me, _failed_pod(THEIRS)) is False
+    finally:
+        _starting_spawner.reset(token)
+    # outside a start (the hub's poll), a failed pod is KubeSpawner's business
+    assert check(me, _failed_pod(OURS)) is False
