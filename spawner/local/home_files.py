@@ -176,24 +176,31 @@ def read_beneath(base: str, path: str, offset: int = 0, limit: int = 0, max_size
 def write_new_file(base: str, path: str, data: bytes, mode: int = 0o600) -> bool:
     """Create ``path`` below ``base`` (its folders too, ``0700``) holding ``data``; ``False`` if it exists.
 
-    Never follows a symlink and never writes into an existing file.
+    Never follows a symlink and never writes into an existing file. The file appears whole
+    or not at all: ``data`` goes into a new temporary file beside it, which is then linked
+    under its name (``linkat`` fails on any existing name, a symlink included), so a reader
+    racing the writer (two spawns of one user claiming the home at once) never reads it
+    half-written.
     """
     parts = parts_below(base, path)
     fd = open_dir(base, parts[:-1], create=True)
     try:
+        temp = f".{parts[-1]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
         try:
-            out = os.open(
-                parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd
-            )
-        except FileExistsError:
-            return False
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(out, view) :]
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out, view) :]
+            finally:
+                os.close(out)
+            try:
+                os.link(temp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            return True
         finally:
-            os.close(out)
-        return True
+            os.unlink(temp, dir_fd=fd)
     finally:
         os.close(fd)
 

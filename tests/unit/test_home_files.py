@@ -114,6 +114,35 @@ def test_a_new_file_is_written_only_where_nothing_is(home: Path, tmp_path: Path)
     assert refused.value.state == "symlink" and not (tmp_path / "planted").exists()
 
 
+def test_a_new_file_is_never_seen_half_written_by_a_racing_claim(home: Path, tmp_path: Path):
+    """Two spawns of one user claim the home at once (the mediator's ``prepare_home``): each
+    writes its hub's marker if none is there, then reads what is. A reader must see one
+    writer's whole line, never an empty file that another writer has created but not yet
+    filled (seen in CI: "belongs to another gpulab hub ()")."""
+    import threading
+
+    marker = str(home / ".gpulab" / "hub")
+    for round_ in range(30):
+        if Path(marker).exists():
+            Path(marker).unlink()
+        seen: list[bytes] = []
+        start = threading.Barrier(8)
+
+        def claim(n: int) -> None:
+            start.wait()
+            write_new_file(str(home), marker, f"hub {n} {'x' * 4000}\n".encode())
+            seen.append(read_beneath(str(home), marker, 0, 8192, 8192).data)
+
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(seen)) == 1 and seen[0].startswith(b"hub ") and seen[0].endswith(b"\n"), (round_, seen)
+    # no temporary file is left beside it
+    assert sorted(p.name for p in (home / ".gpulab").iterdir()) == ["hub"]
+
+
 def test_a_notebook_is_kept_in_a_new_file_and_nothing_crosses_a_symlink(home: Path, tmp_path: Path):
     """A job's own copy of its notebook: a regular file below the home, up to the cap, into a
     new file; a symlinked source, target folder or existing target is refused, nothing written."""
