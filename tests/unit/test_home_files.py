@@ -128,12 +128,12 @@ def test_a_new_file_is_never_seen_half_written_by_a_racing_claim(home: Path, tmp
         seen: list[bytes] = []
         start = threading.Barrier(8)
 
-        def claim(n: int) -> None:
+        def claim(n: int, start: threading.Barrier, seen: list[bytes]) -> None:
             start.wait()
             write_new_file(str(home), marker, f"hub {n} {'x' * 4000}\n".encode())
             seen.append(read_beneath(str(home), marker, 0, 8192, 8192).data)
 
-        threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
+        threads = [threading.Thread(target=claim, args=(n, start, seen)) for n in range(8)]
         for t in threads:
             t.start()
         for t in threads:
