@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import re
 import time
 from collections.abc import Callable
@@ -104,16 +103,7 @@ def list_watch_requests(tb: Testbed, offset: int, username: str) -> dict[tuple[s
     """``{(verb, resource): n}`` of one user's requests after ``offset``, counted by the API
     server's audit log (watches when they started, everything else when complete)."""
     out: dict[tuple[str, str], int] = collections.Counter()
-    with open(tb.audit_log, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    for line in data.splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if (e.get("user") or {}).get("username") != username:
-            continue
+    for e in tb.audit_events(offset, username, stages=("ResponseStarted", "ResponseComplete")):
         started_watch = e.get("stage") == "ResponseStarted" and e.get("verb") == "watch"
         if started_watch or (e.get("stage") == "ResponseComplete" and e.get("verb") != "watch"):
             out[(e["verb"], (e.get("objectRef") or {}).get("resource", ""))] += 1

@@ -147,8 +147,11 @@ class Testbed:
         except OSError:
             return 0
 
-    def audit_events(self, offset: int, username: str | None = None) -> list[dict[str, Any]]:
-        """Completed requests logged after ``offset``, optionally only those of ``username``."""
+    def audit_events(
+        self, offset: int, username: str | None = None, stages: tuple[str, ...] = ("ResponseComplete",)
+    ) -> list[dict[str, Any]]:
+        """Requests logged after ``offset`` at ``stages`` (completed ones by default; add
+        ``ResponseStarted`` to see watches as they begin), optionally only ``username``'s."""
         out = []
         try:
             with open(self.audit_log, "rb") as f:
@@ -161,7 +164,7 @@ class Testbed:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("stage") != "ResponseComplete":
+            if event.get("stage") not in stages:
                 continue
             if username is None or event.get("user", {}).get("username") == username:
                 out.append(event)
