@@ -190,13 +190,13 @@ def judge_gpu_idle(
             problems.append((STALE, f"{s.device}: newest sample is {_secs(s.tail)} old"))
             continue
         if s.lead > max_gap_seconds:
-            problems.append(
-                (
-                    SHORT,
-                    f"{s.device}: samples start only {_secs(window_seconds - s.lead)} ago, "
-                    f"window is {_secs(window_seconds)}",
-                )
-            )
+            if math.isfinite(s.lead):
+                why = f"samples start only {_secs(window_seconds - s.lead)} ago"
+            else:
+                # Prometheus answers no sample at the window's start for a series born inside the
+                # window, and for one it marked stale after a failed scrape of its target.
+                why = "no sample at the window's start (a series younger than the window, or a failed scrape then)"
+            problems.append((SHORT, f"{s.device}: {why}, window is {_secs(window_seconds)}"))
             continue
         if s.max_gap > max_gap_seconds:
             wide = f"a {_secs(s.max_gap)}" if math.isfinite(s.max_gap) else "a long"

@@ -183,6 +183,7 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
         r = hub.post_spawn(session, "carol", {"profile": f"{nlp}:h200-1"})
         assert r.status_code == 302, r.text[-2000:]
         words = None
+        messages: list[str] = []
         with session.get(
             hub.url + "/hub/api/users/carol/server/progress",
             stream=True,
@@ -192,10 +193,11 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
             for line in events.iter_lines(decode_unicode=True):
                 if line.startswith("data:"):
                     message = json.loads(line[5:]).get("message", "")
+                    messages.append(message)
                     if "running now offers" in message:
                         words = message
                         break
-        assert words is not None
+        assert words is not None, (messages, hub.log_tail(120))
         assert words.startswith(
             "None of the 7 nodes running now offers 1 × H200 (7 nodes with another GPU model or pool)."
         ), words

@@ -342,6 +342,27 @@ class RunningPrometheus:
             time.sleep(0.3)
         raise TimeoutError(f"Prometheus never had {count} samples of {selector}")
 
+    def scraped_cleanly(self, seconds: float) -> bool:
+        """Whether every target was scraped up at each interval of the last ``seconds``.
+
+        A failed scrape (``up`` 0: a timeout of an exporter slow under load) makes Prometheus
+        mark that target's series stale, and a late one leaves a hole: the culler rightly
+        decides nothing on such a window, so a test that expects decisions needs a clean one.
+        ``up`` itself is written at every scrape, failed or not."""
+        want = max(1, math.floor(seconds) - 1)
+        expr = f"min_over_time(up[{seconds:g}s]) == 1 and count_over_time(up[{seconds:g}s]) >= {want}"
+        r = requests.get(self.url + "/api/v1/query", params={"query": expr}, timeout=5).json()
+        return len(r.get("data", {}).get("result", [])) == self.target_count
+
+    def wait_for_clean_window(self, seconds: float, timeout: float = 60) -> None:
+        """Poll until :meth:`scraped_cleanly` holds for the last ``seconds``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.scraped_cleanly(seconds):
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"Prometheus never scraped all {self.target_count} targets cleanly for {seconds:g}s")
+
     def wait_for_every_target(self, count: int, timeout: float = 60) -> None:
         """Poll until every scrape target has been scraped up at least ``count`` times.
 

@@ -273,6 +273,15 @@ def test_a_summary_with_an_unknown_wide_hole_is_not_idle():
     assert v.status == PARTIAL and "long hole" in v.reason
 
 
+def test_a_summary_without_a_sample_at_the_window_start_says_so():
+    # Prometheus' ``timestamp(x offset w)`` answers nothing after a staleness marker (a failed
+    # scrape) or before the series' birth: the summary's lead is unknown, not a length.
+    s = DeviceSummary("n/gpu0", samples=100, peak=0.0, mean=math.nan, lead=math.inf, tail=1.0, max_gap=30.0)
+    v = judge([s])
+    assert v.status == SHORT and not v.idle
+    assert "no sample at the window's start" in v.reason and "unbounded" not in v.reason
+
+
 def test_evidence_is_strict_json_even_for_prometheus_summaries():
     import json
 
