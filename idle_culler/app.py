@@ -249,6 +249,7 @@ class GPUIdleCuller(Application):
         self.metrics = CullerMetrics()
         self.unattributed = UnattributedReport(self.log, self.metrics)
         self.utilisation: UtilisationSource = SOURCES[self.source](parent=self, log=self.log)
+        self.utilisation.max_gap_seconds = self.max_sample_gap
         self.hub: HubClient | None = None
 
     def make_hub_client(self) -> HubClient:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,46 +24,40 @@ from traitlets import Float, Integer, Unicode
 
 from spawner.core.idle import DeviceSummary
 
+from .prometheus_holes import HoleMeasures
+from .promql import (
+    KEEP_BY_METRIC,
+    KEEP_LABELS,
+    TAG,
+    duration,
+    number,
+    prometheus_error,
+    regex_literal,
+    union,
+    uuid_label,
+    via_kai_group,
+)
 from .sources import (
-    GPU_UTIL,
-    GR_ENGINE_ACTIVE,
     HAMI_CONTAINER_UTIL,
     METRICS,
     SourceUnavailable,
     UtilisationSource,
     index_series,
     metrics_for,
-    percent,
     series_for_targets,
 )
 from .targets import ServerTarget
 
-#: Labels kept in Prometheus' answer: enough to join a series to a server and to name the GPU in the
-#: audit evidence. Everything else is aggregated away so the answer stays a few numbers per GPU.
-#: The workload's pod, as the exporter or (without honorLabels) Prometheus' rename names it.
-POD_LABELS = ("namespace", "pod", "exported_namespace", "exported_pod")
-#: Per metric: the pod, and dcgm-exporter's GPU / MIG instance or HAMi's vGPU.
-KEEP_BY_METRIC = {
-    GPU_UTIL: (*POD_LABELS, "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID"),
-    GR_ENGINE_ACTIVE: (*POD_LABELS, "Hostname", "hostname", "gpu", "GPU_I_ID", "GPU_I_PROFILE", "UUID"),
-    HAMI_CONTAINER_UTIL: (*POD_LABELS, "device_uuid", "vdevice_index"),
-}
-KEEP_LABELS = tuple(dict.fromkeys(label for labels in KEEP_BY_METRIC.values() for label in labels))
 #: Per series and window, what Prometheus computes (the ``stat`` part of each answer element's tag).
-STATS = ("peak", "samples", "start", "tail", "hole", "evaluations", "max_age")
+STATS = ("peak", "samples", "start", "tail", "hole", "evaluations", "max_age", "covered")
 #: The recording rules the culler reads when they exist (rules file in helm/gpulab/rules/, loaded
 #: by the tests' Prometheus too): per GPU series, the age of its newest sample; per metric, how
 #: many series that rule recorded (one series: its samples are the rule group's evaluations).
 SAMPLE_AGE_RULE = "gpulab:{metric}:sample_age_seconds"
 SAMPLE_AGE_COUNT_RULE = "gpulab:{metric}:sample_age_series"
-#: Label carrying ``stat/metric/window`` on each answer element (one label_replace per element).
-TAG = "gpulab_stat"
-#: Most series whose holes are measured with the subquery by name (a ``UUID=~`` set) rather
-#: than for the whole selector.
-MAX_NAMED_SERIES = 1000
 
 
-class PrometheusSource(UtilisationSource):
+class PrometheusSource(HoleMeasures, UtilisationSource):
     """dcgm-exporter metrics through Prometheus: one query per cycle, aggregated in Prometheus.
 
     For each idle window in use (one per distinct timeout) and each metric,
@@ -73,10 +66,12 @@ class PrometheusSource(UtilisationSource):
     - ``peak``: ``max_over_time`` of the raw samples in the window, plus
       ``0 * sum_over_time``, so a single NaN sample makes it NaN (unusable);
     - ``samples``: ``count_over_time``;
-    - ``start``: the age of the newest sample at the window's start (absent
-      when the series has no sample in Prometheus' lookback before it: a
-      series that began inside the window, or a hole across its start longer
-      than the lookback);
+    - ``start``: how many samples the series has in the widest tolerated hole
+      (``hole_tolerance``) before the window's start (absent when none: a
+      series that began inside the window, or a hole across its start wider
+      than tolerated). A range, not ``timestamp(x offset w)``: after a failed
+      scrape Prometheus marks the target's series stale, and an instant
+      selector then answers nothing although the previous sample is seconds old;
     - ``tail``: the age of the newest sample now;
     - ``hole``: from the recording rule :data:`SAMPLE_AGE_RULE` (the newest
       raw sample's age, recorded at every rule evaluation): the largest
@@ -103,6 +98,16 @@ class PrometheusSource(UtilisationSource):
     scrape, so the widest hole is ``max_age - phase + scrape_interval``.
     With ``sample_age_rule`` empty, the one query asks ``max_age`` for every
     series instead of ``hole``.
+
+    Neither age sees a hole made of failed scrapes: Prometheus marks a target's
+    series stale when a scrape of it fails, and an instant selector (the rule's,
+    the subquery's steps) answers nothing after a staleness marker, so no large
+    age is ever recorded. Range selectors skip the markers, and ``samples``
+    counts only real ones: an idle-looking series missing more samples than a
+    tolerated hole can hide gets a third number, ``covered``, from one more query
+    for those series only: how many steps of a ``[window:scrape_interval]``
+    subquery have a sample within ``hole_tolerance`` before them. Fewer than
+    the subquery's steps means a hole wider than tolerated (``stale``).
 
     The queries are evaluated at a multiple of ``scrape_interval`` so the
     subquery's last step is the evaluation time. ``max_answer_bytes`` caps
@@ -187,9 +192,8 @@ class PrometheusSource(UtilisationSource):
     last_subquery_series = 0
     _warned_no_rule = False
 
-    @property
-    def evaluation_step(self) -> float:
-        return self.rule_interval or self.scrape_interval
+    #: Idle-looking series whose stale holes the last fetch measured (they missed samples).
+    last_stale_checked_series = 0
 
     def _selector(self, metric: str, extra: str = "") -> str:
         matchers = ",".join(m for m in (self.series_selector.strip(), extra) if m)
@@ -200,23 +204,8 @@ class PrometheusSource(UtilisationSource):
         return f'label_replace(max by ({by}) ({expr}), "{TAG}", "{stat}/{metric}/{window}", "", "")'
 
     def via_kai_group(self, expr: str) -> str:
-        """``expr`` (per dcgm-exporter series) moved from KAI's reservation pods to the pods in
-        their GPU group: the reservation pod's (namespace, pod), exported or not, to its group
-        (kube_pod_labels), the group to every other pod carrying it. Each GPU group is one
-        reservation pod, so the join is one-to-many."""
-        group, labels = self.kai_gpu_group_label, self.pod_labels_metric
-        reservations = f'{labels}{{namespace="{self.kai_reservation_namespace}",{group}!=""}}'
-        members = f'{labels}{{namespace!="{self.kai_reservation_namespace}",{group}!=""}}'
-        gpu = "Hostname,hostname,gpu,GPU_I_ID,GPU_I_PROFILE,UUID"
-        named = (
-            f'label_replace(label_replace({expr}, "namespace", "$1", "exported_namespace", "(.+)"), '
-            f'"pod", "$1", "exported_pod", "(.+)")'
-        )
-        held = (
-            f"max by (namespace,pod,{gpu}) ({named}) * on (namespace,pod) group_left ({group}) "
-            f"max by (namespace,pod,{group}) ({reservations})"
-        )
-        return f"({held}) * on ({group}) group_right ({gpu}) max by (namespace,pod,{group}) ({members})"
+        """``expr`` moved from KAI's reservation pods to the pods in their GPU group (:func:`promql.via_kai_group`)."""
+        return via_kai_group(expr, self.kai_reservation_namespace, self.kai_gpu_group_label, self.pod_labels_metric)
 
     def query(
         self,
@@ -235,19 +224,19 @@ class PrometheusSource(UtilisationSource):
         use_rule = bool(self.sample_age_rule) if rule is None else rule
         parts: list[str] = []
         for window in sorted(set(windows)):
-            w = _duration(window)
+            w = duration(window)
             for metric in metrics:
                 sel = self._selector(metric)
                 exprs = {
                     "peak": f"max_over_time({sel}[{w}]) + 0 * sum_over_time({sel}[{w}])",
                     "samples": f"count_over_time({sel}[{w}])",
-                    "start": f"time() - {_seconds(window)} - timestamp({sel} offset {w})",
+                    "start": f"count_over_time({sel}[{duration(self.hole_tolerance)}] offset {w})",
                     "tail": f"time() - timestamp({sel})",
                 }
                 if use_rule:
                     age = self._selector(self.sample_age_rule.format(metric=metric))
                     runs = SAMPLE_AGE_COUNT_RULE.format(metric=metric)
-                    exprs["hole"] = f"max_over_time({age}[{w}]) - {age} % {_seconds(self.evaluation_step)}"
+                    exprs["hole"] = f"max_over_time({age}[{w}]) - {age} % {number(self.evaluation_step)}"
                     exprs["evaluations"] = f"count_over_time({runs}[{w}])"
                 else:
                     exprs["max_age"] = self._max_age(sel, w)
@@ -265,7 +254,7 @@ class PrometheusSource(UtilisationSource):
         return bool(self.kai_reservation_namespace) and (backends is None or bool(set(backends) & {"kai", ""}))
 
     def _max_age(self, sel: str, w: str) -> str:
-        return f"max_over_time((time() - timestamp({sel}))[{w}:{_duration(self.scrape_interval)}])"
+        return f"max_over_time((time() - timestamp({sel}))[{w}:{duration(self.scrape_interval)}])"
 
     def hole_query(self, wanted: Mapping[tuple[str, str], set[str] | None]) -> str:
         """The subquery stat (``max_age``) for ``{(window, metric): UUIDs or None for all}``."""
@@ -273,8 +262,8 @@ class PrometheusSource(UtilisationSource):
         for (w, metric), uuids in sorted(wanted.items(), key=lambda kv: kv[0]):
             extra = ""
             if uuids is not None:
-                name = _uuid_label(metric)
-                extra = f'{name}=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
+                name = uuid_label(metric)
+                extra = f'{name}=~"{"|".join(regex_literal(u) for u in sorted(uuids))}"'
             parts.append(self._element(self._max_age(self._selector(metric, extra), w), "max_age", metric, w))
         return union(parts)
 
@@ -315,7 +304,7 @@ class PrometheusSource(UtilisationSource):
             )
         except HTTPClientError as e:
             detail = b"".join(chunks)[:500].decode(errors="replace")
-            error = f"Prometheus at {url} answered {e.code}: {_prometheus_error(detail) or e}"
+            error = f"Prometheus at {url} answered {e.code}: {prometheus_error(detail) or e}"
             if "too many samples" in detail or "exceeded" in detail:
                 error += (
                     " -- narrow c.PrometheusSource.series_selector, shorten the idle timeouts, or raise "
@@ -431,7 +420,8 @@ class PrometheusSource(UtilisationSource):
         if self.sample_age_rule:
             self._keep_covered_holes(stats, windows)
             await self._measure_uncovered_holes(stats, windows, at, threshold_percent)
-        seconds = {_duration(w): w for w in windows}
+        await self._measure_stale_holes(stats, windows, at, threshold_percent)
+        seconds = {duration(w): w for w in windows}
         by_window: dict[str, list] = {w: [] for w in seconds}
         for key, st in stats.items():
             if key[0] in seconds:
@@ -445,66 +435,13 @@ class PrometheusSource(UtilisationSource):
         )
         return {w: index_series(rows) for w, rows in by_window.items()}
 
-    def _keep_covered_holes(self, stats: dict, windows: list[float]) -> None:
-        """Drop the ``hole`` numbers of windows the rule group did not run over at every interval."""
-        runs: dict[tuple[str, str], float] = {}
-        for key in [k for k, st in stats.items() if "evaluations" in st]:
-            runs[key[:2]] = stats.pop(key)["evaluations"]
-        needed = {_duration(w): math.floor(w / self.evaluation_step + 1e-9) for w in windows}
-        for key, st in stats.items():
-            if "hole" in st and not runs.get(key[:2], 0.0) >= needed.get(key[0], math.inf):
-                del st["hole"]
-
-    async def _measure_uncovered_holes(
-        self, stats: dict, windows: list[float], at: float, threshold_percent: float | None
-    ) -> None:
-        """Second query: the subquery's ``max_age`` for idle-looking series the rule does not cover."""
-        wanted: dict[tuple[str, str], set[str] | None] = {}
-        keys = []
-        for key, st in stats.items():
-            window, metric = key[0], key[1]
-            peak, hole = st.get("peak", math.nan), st.get("hole", math.nan)
-            if math.isfinite(hole) or not math.isfinite(peak) or "start" not in st:
-                continue  # covered by the rule, or not idle whatever its holes
-            if threshold_percent is not None and percent(metric, peak) > threshold_percent:
-                continue
-            keys.append(key)
-            uuid = key[2 + KEEP_LABELS.index(_uuid_label(metric))]
-            group = wanted.setdefault((window, metric), set())
-            if group is not None:
-                if uuid and _regex_literal(uuid):
-                    group.add(uuid)
-                else:
-                    wanted[(window, metric)] = None
-        self.last_subquery_series = len(keys)
-        if not keys:
-            return
-        for k, uuids in wanted.items():
-            if uuids is not None and len(uuids) > MAX_NAMED_SERIES:
-                wanted[k] = None
-        if not self._warned_no_rule:
-            self._warned_no_rule = True
-            self.log.warning(
-                "Prometheus' recording rule %s does not cover the window for %d GPU series: measuring their holes with a "
-                "subquery (slower; it grows with window / scrape interval). Install the recording rules "
-                "(helm/gpulab/rules/idle-culler.rules.yaml, docs/idle-culler.md) with an evaluation "
-                "interval of %gs; a rule newer than the idle timeout covers the window only later.",
-                self.sample_age_rule.format(metric="<metric>"),
-                len(keys),
-                self.evaluation_step,
-            )
-        more, _ = await self._ask(self.hole_query(wanted), at)
-        for key in keys:
-            if "max_age" in more.get(key, {}):
-                stats[key]["max_age"] = more[key]["max_age"]
-
     def join(
         self, answer: Mapping[str, tuple], targets: list[ServerTarget], windows: Mapping[str, float]
     ) -> dict[str, list]:
         """Each server's summaries over its own window (none when its window was not asked for)."""
         out: dict[str, list] = {}
         for w, (by_pod, by_device) in answer.items():
-            wanted = [t for t in targets if _duration(windows[t.key]) == w]
+            wanted = [t for t in targets if duration(windows[t.key]) == w]
             out.update(series_for_targets(wanted, by_pod, by_device))
         for t in targets:
             out.setdefault(t.key, [])
@@ -514,12 +451,7 @@ class PrometheusSource(UtilisationSource):
         n = st.get("samples", 0.0)
         peak = st.get("peak", math.nan)
         tail = st.get("tail", math.inf)
-        hole = st.get("hole", math.nan)
-        if math.isfinite(hole):
-            widest = hole + self.evaluation_step
-        else:
-            phase = tail % self.scrape_interval if math.isfinite(tail) else 0.0
-            widest = st.get("max_age", math.inf) - phase + self.scrape_interval
+        widest = self._widest(st)
         finite = math.isfinite(peak)
         return DeviceSummary(
             device="",
@@ -557,45 +489,3 @@ class NoSeries(SourceUnavailable):
 
 class AnswerTooLarge(SourceUnavailable):
     """The metrics answer is larger than the culler accepts."""
-
-
-def union(parts: list[str]) -> str:
-    """``parts`` joined with ``or`` as a balanced tree. Prometheus evaluates ``a or b`` by
-    hashing every series of both sides, and ``a or b or c ...`` is left-associative, so a
-    chain rehashes the growing left side at each step (each part here is one stat for every
-    GPU, its own tag label keeping the parts disjoint): a tree hashes each series
-    log2(parts) times (at 5,000 GPUs, Prometheus' CPU for the cycle's query went from
-    0.84-1.05 s to 0.78-0.87 s)."""
-    if len(parts) <= 2:
-        return " or ".join(parts)
-    half = len(parts) // 2
-    return f"({union(parts[:half])}) or ({union(parts[half:])})"
-
-
-def _uuid_label(metric: str) -> str:
-    """The label naming a series' GPU: dcgm-exporter's ``UUID``, HAMi's ``device_uuid``."""
-    return "device_uuid" if metric == HAMI_CONTAINER_UTIL else "UUID"
-
-
-def _duration(seconds: float) -> str:
-    """A PromQL duration: whole seconds when possible, else milliseconds."""
-    ms = int(round(seconds * 1000))
-    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
-
-
-def _seconds(seconds: float) -> str:
-    return f"{seconds:g}"
-
-
-def _regex_literal(value: str) -> str:
-    """``value`` as an RE2 literal inside a PromQL string, or "" when it holds unusual characters."""
-    if not re.fullmatch(r"[A-Za-z0-9_.:-]+", value):
-        return ""
-    return value.replace(".", "\\\\.")
-
-
-def _prometheus_error(body: str) -> str:
-    try:
-        return str(json.loads(body).get("error", ""))
-    except (ValueError, AttributeError):
-        return body[:300]

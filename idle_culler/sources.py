@@ -64,6 +64,9 @@ class UtilisationSource(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
     #: Requests made to the metrics backend since start (the benchmark reads it).
     queries = 0
+    #: The widest hole between samples the culler tolerates (its ``max_sample_gap``), set by the
+    #: culler; a source that summarises holes itself needs it (None: the source's own default).
+    max_gap_seconds: float | None = None
 
     def prefetch(
         self, now: float, windows: Iterable[float], threshold_percent: float, backends: Iterable[str] | None = None

@@ -187,7 +187,12 @@ def judge_gpu_idle(
             busy.append(f"{s.device} peaked at {s.peak:g}% (threshold {threshold_percent:g}%)")
             continue
         if s.tail > max_gap_seconds:
-            problems.append((STALE, f"{s.device}: newest sample is {_secs(s.tail)} old"))
+            if math.isfinite(s.tail):
+                problems.append((STALE, f"{s.device}: newest sample is {_secs(s.tail)} old"))
+            else:
+                # Prometheus answers no newest sample once it marked the series stale (its last
+                # scrape failed, or the exporter stopped reporting it).
+                problems.append((STALE, f"{s.device}: no sample now (its last scrape failed, or the series ended)"))
             continue
         if s.lead > max_gap_seconds:
             if math.isfinite(s.lead):

@@ -53,12 +53,19 @@ class FakeDCGMExporter:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/metrics"
         self.scrapes = 0
+        #: Times (epoch seconds) of the scrapes answered 503 (:meth:`fail_scrapes`).
+        self.failed_at: list[float] = []
+        self._fail_count = 0
+        self._fail_until = 0.0
         exporter = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server API)
                 if self.path != "/metrics":
                     self.send_error(404)
+                    return
+                if exporter._failing():
+                    self.send_error(503)  # Prometheus: up 0, and the target's series marked stale
                     return
                 body = exporter.render().encode()
                 exporter.scrapes += 1
@@ -77,6 +84,22 @@ class FakeDCGMExporter:
     def start(self) -> FakeDCGMExporter:
         self._thread.start()
         return self
+
+    def fail_scrapes(self, count: int = 0, seconds: float = 0.0) -> None:
+        """Answer the next ``count`` scrapes, or every scrape for ``seconds``, with 503, as an
+        exporter that times out or restarts does (a failed scrape to Prometheus)."""
+        with self._lock:
+            self._fail_count = count
+            self._fail_until = time.time() + seconds if seconds else 0.0
+
+    def _failing(self) -> bool:
+        with self._lock:
+            now = time.time()
+            if self._fail_count > 0 or now < self._fail_until:
+                self._fail_count = max(0, self._fail_count - 1)
+                self.failed_at.append(now)
+                return True
+            return False
 
     def stop(self) -> None:
         self._httpd.shutdown()

@@ -282,6 +282,12 @@ def test_a_summary_without_a_sample_at_the_window_start_says_so():
     assert "no sample at the window's start" in v.reason and "unbounded" not in v.reason
 
 
+def test_a_summary_without_a_sample_now_says_so():
+    s = DeviceSummary("n/gpu0", samples=100, peak=0.0, mean=math.nan, lead=0.0, tail=math.inf, max_gap=30.0)
+    v = judge([s])
+    assert v.status == STALE and "no sample now" in v.reason and "unbounded" not in v.reason
+
+
 def test_evidence_is_strict_json_even_for_prometheus_summaries():
     import json
 
