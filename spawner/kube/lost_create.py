@@ -123,6 +123,22 @@ class LostCreateRecovery:
     delete_grace_period: int
     _log_name: str
 
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """KubeSpawner's events of this server's pod name, kept to the pod this attempt made.
+
+        Events outlive their pod (an hour by default), so the name's events include the
+        previous pod's. KubeSpawner drops those behind a marker that its start sets after
+        the events informer is ready, while its progress generator walks the list by index
+        from whenever the spawn page connected: a page open before the marker (z2jh sends
+        the browser there at once) showed the old pod's "Successfully assigned ... to
+        <node>" and then, the list having shrunk behind the marker, never the new pod's
+        events (its FailedScheduling, the reason it waits). By uid, the list only grows."""
+        uid = self._attempt_pod_uid
+        if not uid:
+            return []  # no pod of this attempt yet: none of the name's events are its own
+        return [e for e in super().events if (e.get("involvedObject") or {}).get("uid") == uid]  # type: ignore[misc]
+
     def _new_spawn_attempt(self) -> str:
         self._spawn_attempt = new_attempt()
         self._attempt_pod_uid = None

@@ -538,6 +538,7 @@ class GPUKubeSpawner(LostCreateRecovery, PodsWithoutState, ClusterLedger, KubeSp
         """KubeSpawner's start, with the profile's ``start_timeout`` set first: JupyterHub
         reads the timeout right after calling ``start()``, before the options are loaded."""
         self.start_timeout = self._configured_start_timeout
+        self._attempt_pod_uid = None  # the progress page shows no event of the last start's pod
         try:
             profile = self._resolve(self.user_options or {}).profile
         except Exception:  # load_user_options refuses it, with the message

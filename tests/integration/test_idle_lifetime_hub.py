@@ -20,7 +20,7 @@ from tests.support.dcgm_fake_exporter import FakeDCGMExporter, RunningPrometheus
 from tests.support.hub import RunningHub, free_port
 
 NODE = "gpulab-test-node"
-LIFETIME = 12  # the h100-life profile's max_lifetime
+LIFETIME = 20  # the h100-life profile's max_lifetime
 GRACE = 3
 DEVICES = 3
 
@@ -120,8 +120,10 @@ def _ts(iso: str) -> float:
 
 def test_a_busy_server_past_its_lifetime_is_warned_then_reclaimed_and_keepalive_does_not_save_it(hub):
     alice, bob, carol = (user_token(hub, u) for u in ("alice", "bob", "carol"))
-    old = spawn(hub, "alice", "life", "h100-life")
+    # bob's first: alice's lifetime runs from her start, and the press below must come within it
+    # even when a server takes seconds to start on a loaded machine.
     spawn(hub, "bob", "long", "h100-long")
+    old = spawn(hub, "alice", "life", "h100-life")
     ends = _ts(old["started"]) + LIFETIME
     # What the lab's sidebar reads: the lifetime, in seconds and in the idle sentence.
     offered = {p["slug"]: p for t in hub.me("alice")["teams"] for p in t["profiles"]}

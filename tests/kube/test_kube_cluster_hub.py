@@ -180,6 +180,17 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
     try:
         hub.start()
         session = hub.login("carol")
+        # A server a moment ago: its pod's events ("Successfully assigned ... to <node>") live on
+        # for an hour under the same pod name, and must not stand in for the new pod's. The hub
+        # restarts in between (an upgrade): its events informer then starts with the new spawn,
+        # while the spawn page already reads the progress.
+        r = hub.post_spawn(session, "carol", {"profile": f"{nlp}:h100-half"})
+        assert r.status_code == 302, r.text[-2000:]
+        hub.wait_server("carol", timeout=120)
+        hub.api("DELETE", "/users/carol/server")
+        hub.wait_server("carol", ready=False, timeout=60)
+        hub.restart()
+        session = hub.login("carol")
         r = hub.post_spawn(session, "carol", {"profile": f"{nlp}:h200-1"})
         assert r.status_code == 302, r.text[-2000:]
         words = None
@@ -197,7 +208,12 @@ def test_the_progress_page_says_why_a_pod_waits(tmp_path, release: Release, kube
                     if "running now offers" in message:
                         words = message
                         break
-        assert words is not None, (messages, hub.log_tail(120))
+        if words is None:  # the whole story in the captured output (an assertion message is cut short)
+            print("progress messages:", *messages, sep="\n  ")
+            print("pods:", json.dumps(kube.pods(release.team_ns(nlp), "gpulab.io/kind=notebook"), indent=1)[:6000])
+            print("hub log:\n" + hub.log_tail(200))
+        assert words is not None, messages
+        assert not any("Successfully assigned" in m for m in messages), messages  # the last pod's event
         assert words.startswith(
             "None of the 7 nodes running now offers 1 × H200 (7 nodes with another GPU model or pool)."
         ), words

@@ -240,3 +240,25 @@ def test_only_this_attempts_rejected_pod_ends_the_start():
         _starting_spawner.reset(token)
     # outside a start (the hub's poll), a failed pod is KubeSpawner's business
     assert check(me, _failed_pod(OURS)) is False
+
+
+class _NameEvents:
+    """KubeSpawner's view: every event of the pod name, the previous pod's included."""
+
+    @property
+    def events(self) -> list[dict]:
+        return [
+            {"involvedObject": {"name": "jupyter-carol", "uid": "old"}, "reason": "Scheduled"},
+            {"involvedObject": {"name": "jupyter-carol", "uid": "new"}, "reason": "FailedScheduling"},
+        ]
+
+
+class _Events(LostCreateRecovery, _NameEvents):
+    pass
+
+
+def test_progress_shows_only_the_events_of_this_attempts_pod():
+    s = _Events()
+    assert s.events == []  # before its create: none of the name's events are this attempt's
+    s._attempt_pod_uid = "new"
+    assert [e["reason"] for e in s.events] == ["FailedScheduling"]
