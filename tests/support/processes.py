@@ -40,14 +40,21 @@ def wait_ready(
     raise NotReady(f"did not answer {url} in {timeout:g} s", None)
 
 
-def kill_uids(uids: set[int], rounds: int = 3) -> None:
-    """SIGKILL every process owned by one of ``uids`` (a few rounds: children fork as parents die)."""
-    for _ in range(rounds):
+def kill_uids(uids: set[int], timeout: float = 30.0) -> None:
+    """SIGKILL every process owned by one of ``uids`` until none is left (children fork as
+    parents die, and on a loaded machine a killed process takes a while to be gone: ``userdel``
+    refuses an account while /proc still lists one of its processes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = 0
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
                     if entry.stat().st_uid in uids:
+                        found += 1
                         os.kill(int(entry.name), signal.SIGKILL)
                 except (OSError, ProcessLookupError):
                     pass
+        if not found or time.monotonic() > deadline:
+            return
         time.sleep(0.2)
