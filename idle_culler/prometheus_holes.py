@@ -65,29 +65,19 @@ class HoleMeasures:
         self, stats: dict, windows: list[float], at: float, threshold_percent: float | None
     ) -> None:
         """Second query: the subquery's ``max_age`` for idle-looking series the rule does not cover."""
-        wanted: dict[tuple[str, str], set[str] | None] = {}
         keys = []
         for key, st in stats.items():
-            window, metric = key[0], key[1]
+            metric = key[1]
             peak, hole = st.get("peak", math.nan), st.get("hole", math.nan)
             if math.isfinite(hole) or not math.isfinite(peak) or "start" not in st:
                 continue  # covered by the rule, or not idle whatever its holes
             if threshold_percent is not None and percent(metric, peak) > threshold_percent:
                 continue
             keys.append(key)
-            uuid = key[2 + KEEP_LABELS.index(uuid_label(metric))]
-            group = wanted.setdefault((window, metric), set())
-            if group is not None:
-                if uuid and regex_literal(uuid):
-                    group.add(uuid)
-                else:
-                    wanted[(window, metric)] = None
         self.last_subquery_series = len(keys)
         if not keys:
             return
-        for k, uuids in wanted.items():
-            if uuids is not None and len(uuids) > MAX_NAMED_SERIES:
-                wanted[k] = None
+        wanted = named_series(keys)
         if not self._warned_no_rule:
             self._warned_no_rule = True
             self.log.warning(
@@ -136,18 +126,9 @@ class HoleMeasures:
         if not keys:
             return
         step, tolerance = duration(self.scrape_interval), duration(self.hole_tolerance)
-        wanted: dict[tuple[str, str], set[str] | None] = {}
-        for key in keys:
-            uuid = key[2 + KEEP_LABELS.index(uuid_label(key[1]))]
-            group = wanted.setdefault((key[0], key[1]), set())
-            if group is not None:
-                if uuid and regex_literal(uuid) and len(group) < MAX_NAMED_SERIES:
-                    group.add(uuid)
-                else:
-                    wanted[(key[0], key[1])] = None
         parts = []
-        for (w, metric), uuids in sorted(wanted.items(), key=lambda kv: kv[0]):
-            extra = f'{uuid_label(metric)}=~"{"|".join(regex_literal(u) for u in sorted(uuids))}"' if uuids else ""
+        for (w, metric), uuids in sorted(named_series(keys).items(), key=lambda kv: kv[0]):
+            extra = uuid_matcher(metric, uuids)
             near = f"count_over_time(count_over_time({self._selector(metric, extra)}[{tolerance}])[{w}:{step}])"
             # Staleness is per scrape target: every series of one device is stale together, so
             # the worst series of the device speaks for each of its pods (and KAI's joins).
@@ -179,3 +160,25 @@ def device_of(key: tuple) -> tuple[str, ...]:
     """An answer key's window, metric and device (GPU, MIG instance or vGPU), without its pod."""
     labels = dict(zip(KEEP_LABELS, key[2:], strict=True))
     return (key[0], key[1], *(labels[k] for k in KEEP_BY_METRIC.get(key[1], KEEP_LABELS) if k not in POD_LABELS))
+
+
+def named_series(keys: list[tuple]) -> dict[tuple[str, str], set[str] | None]:
+    """``{(window, metric): UUIDs}`` of answer keys, to ask for those series by name; ``None``
+    (every series of the selector) where a UUID is not a plain literal or there are too many."""
+    wanted: dict[tuple[str, str], set[str] | None] = {}
+    for key in keys:
+        uuid = key[2 + KEEP_LABELS.index(uuid_label(key[1]))]
+        group = wanted.setdefault((key[0], key[1]), set())
+        if group is not None:
+            if uuid and regex_literal(uuid):
+                group.add(uuid)
+            else:
+                wanted[(key[0], key[1])] = None
+    return {k: None if v is not None and len(v) > MAX_NAMED_SERIES else v for k, v in wanted.items()}
+
+
+def uuid_matcher(metric: str, uuids: set[str] | None) -> str:
+    """The label matcher naming ``uuids`` of ``metric`` ("" for every series)."""
+    if uuids is None:
+        return ""
+    return f'{uuid_label(metric)}=~"{"|".join(regex_literal(u) for u in sorted(uuids))}"'

@@ -24,7 +24,7 @@ from traitlets import Float, Integer, Unicode
 
 from spawner.core.idle import DeviceSummary
 
-from .prometheus_holes import HoleMeasures
+from .prometheus_holes import HoleMeasures, uuid_matcher
 from .promql import (
     KEEP_BY_METRIC,
     KEEP_LABELS,
@@ -32,9 +32,7 @@ from .promql import (
     duration,
     number,
     prometheus_error,
-    regex_literal,
     union,
-    uuid_label,
     via_kai_group,
 )
 from .sources import (
@@ -260,10 +258,7 @@ class PrometheusSource(HoleMeasures, UtilisationSource):
         """The subquery stat (``max_age``) for ``{(window, metric): UUIDs or None for all}``."""
         parts = []
         for (w, metric), uuids in sorted(wanted.items(), key=lambda kv: kv[0]):
-            extra = ""
-            if uuids is not None:
-                name = uuid_label(metric)
-                extra = f'{name}=~"{"|".join(regex_literal(u) for u in sorted(uuids))}"'
+            extra = uuid_matcher(metric, uuids)
             parts.append(self._element(self._max_age(self._selector(metric, extra), w), "max_age", metric, w))
         return union(parts)
 
